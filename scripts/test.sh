@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv and run the test suite on the CPU (GPU tests are skipped without CUDA).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export GENREC_DATA_DIR="${GENREC_DATA_DIR:-$(cd .. && pwd)/shared/datasets}"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

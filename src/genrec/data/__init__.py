@@ -1,0 +1,1 @@
+"""Canonical tables (events, items, feedviews), ingestors, the bucketed Iceberg store and the in-trainer join."""
