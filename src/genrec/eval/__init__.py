@@ -1,0 +1,1 @@
+"""Offline evaluation: protocols, metrics (field-standard definitions), baselines, reports."""
