@@ -52,3 +52,11 @@ def test_hit_at_3():
     y = [np.array([1, 1, 0, 0]), np.array([0, 0]), np.array([0, 0, 0, 1])]
     # slate 1: top3 = {0,2,3}: 1 of 2 positives -> 1/2 ; slate 2 skipped ; slate 3: 0/1
     assert hit_at_k_slates(s, y, k=3) == pytest.approx((0.5 + 0.0) / 2)
+
+
+def test_popularity_orders_by_train_count():
+    from genrec.eval.baselines import Popularity
+
+    pop = Popularity(np.array([10, 20, 30]), np.array([30, 30, 20, 30, 20, 10, 99]))
+    assert pop.topk(3).tolist() == [30, 20, 10]
+    assert pop.counts.tolist() == [1, 2, 3]
