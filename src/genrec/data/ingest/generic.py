@@ -1,0 +1,336 @@
+"""Generic ingestor: your own events as Parquet or CSV, named through a :class:`ColumnMapping`.
+
+``source`` is the events file, or a folder holding ``events.parquet`` / ``events.csv``. The
+items file is optional (``IngestOptions.items_path``, else ``items.parquet`` / ``items.csv``
+beside the events). Without it, items are synthesised from the events (policy: one row per
+item, ``title = None``). With it, an event whose item has no row is a DataError naming the
+events line (CSV) or row (Parquet, 1-based; reported in the ``line`` slot).
+
+Ids must be integers: string ids are rejected (the message says so) unless
+``map_ids=True``, which numbers users and items 0..n-1 in order of first appearance in the
+events file (items only in the items file come after) and keeps the original item id in
+``items.attributes["original_id"]`` and the original user id in
+``DatasetInfo.extra["user_ids"]`` (original ids listed by new id).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from genrec.data.ingest.build import ItemRows, build_dataset
+from genrec.data.ingest.common import Column, file_record, int_col, read_delimited, record_line
+from genrec.data.ingest.options import ColumnMapping, IngestOptions
+from genrec.data.schema import Dataset, DatasetInfo
+from genrec.errors import DataError, MissingDataError
+
+DEFAULT_ACTION = "interact"
+DEFAULT_SURFACE = "default"
+_INT_RE = r"^\s*[+-]?\d+\s*$"
+
+
+@dataclass
+class Loaded:
+    """Columns of a generic file plus how to turn a row index into a line number."""
+
+    path: Path
+    columns: dict[str, Any]
+    n: int
+    is_csv: bool
+    parsed: Any = None
+
+    def line(self, row: int) -> int:
+        if self.is_csv:
+            return record_line(self.parsed, row, quoted=True)
+        return row + 1
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for ext in (".parquet", ".csv"):
+        if (folder / f"{stem}{ext}").is_file():
+            return folder / f"{stem}{ext}"
+    return None
+
+
+def _is_csv(path: Path) -> bool:
+    return path.suffix.lower() in (".csv", ".tsv", ".txt") or path.name.lower().endswith(".csv.gz")
+
+
+def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
+    """Validate one Parquet column like the CSV reader does; errors name the 1-based row."""
+    if col.name not in table.column_names:
+        raise DataError(f"column missing; the file has {table.column_names}", path=path, field=col.name)
+    arr = table.column(col.name).combine_chunks()
+    if arr.null_count:
+        r = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError("empty value (null)", path=path, line=r + 1, field=col.name)
+    if col.kind == "str":
+        arr = pc.cast(arr, pa.string()) if not pa.types.is_dictionary(arr.type) else arr
+        return arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
+    if col.kind == "int":
+        if pa.types.is_integer(arr.type):
+            a = arr.to_numpy().astype(np.int64)
+        elif pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            ok = pc.match_substring_regex(arr, _INT_RE).to_numpy(zero_copy_only=False)
+            if not ok.all():
+                r = int(np.flatnonzero(~ok)[0])
+                raise DataError(f"not an integer: {arr[r].as_py()!r}", path=path, line=r + 1, field=col.name)
+            a = pc.cast(pc.utf8_trim_whitespace(arr), pa.int64()).to_numpy()
+        elif pa.types.is_floating(arr.type):
+            f = arr.to_numpy()
+            bad = ~np.isfinite(f) | (f != np.round(f))
+            if bad.any():
+                r = int(np.flatnonzero(bad)[0])
+                raise DataError(f"not an integer: {f[r]!r}", path=path, line=r + 1, field=col.name)
+            a = f.astype(np.int64)
+        elif pa.types.is_timestamp(arr.type):
+            a = pc.cast(pc.cast(arr, pa.timestamp("s")), pa.int64()).to_numpy()
+        else:
+            raise DataError(f"expected an integer column, found type {arr.type}", path=path, field=col.name)
+    else:
+        a = pc.cast(arr, pa.float64()).to_numpy()
+    if col.check is not None and not (ok := col.check(a)).all():
+        r = int(np.flatnonzero(~ok)[0])
+        raise DataError(f"invalid value {a[r]!r}: expected {col.check_msg}", path=path, line=r + 1, field=col.name)
+    return a
+
+
+def load_columns(path: Path, columns: list[Column], delimiter: str) -> Loaded:
+    """Read ``columns`` from a CSV (header line names them) or a Parquet file."""
+    if _is_csv(path):
+        parsed = read_delimited(path, columns, delimiter=delimiter, header=True, quoted=True)
+        return Loaded(path, dict(parsed.columns), parsed.n, True, parsed)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"not a readable Parquet file: {e}", path=path) from None
+    if table.num_rows == 0:
+        raise DataError("file has no rows", path=path, line=1, field=columns[0].name)
+    return Loaded(path, {c.name: _parquet_column(path, table, c) for c in columns}, table.num_rows, False)
+
+
+def _first_appearance_codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """Dense codes 0..K-1 in order of first appearance, and the originals by code. [N] -> [N]."""
+    d = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+    idx = d.indices.to_numpy().astype(np.int64)
+    uniq, first = np.unique(idx, return_index=True)
+    order = np.argsort(first, kind="stable")  # codes by first appearance
+    rank = np.empty(len(d.dictionary), dtype=np.int64)
+    rank[uniq[order]] = np.arange(len(uniq))
+    originals = d.dictionary.take(pa.array(uniq[order])).to_pylist()
+    return rank[idx], originals
+
+
+def _string_ids_hint(e: DataError, id_fields: tuple[str, ...]) -> DataError:
+    if e.field in id_fields and e.reason.startswith("not an integer"):
+        return DataError(e.reason + " (string ids need map_ids=True)", path=e.path, line=e.line, field=e.field)
+    return e
+
+
+def _locate_items_csv_error(path: Path, n_fields: int, delimiter: str) -> DataError | None:
+    """Slow scan of an items CSV for the first record with the wrong number of fields."""
+    import csv
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        return DataError(f"not UTF-8: {e.reason}", path=path, line=path.read_bytes()[: e.start].count(b"\n") + 1)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    for rec in reader:
+        if rec and len(rec) != n_fields:
+            return DataError(f"expected {n_fields} fields (as in the header), found {len(rec)}", path=path,
+                             line=reader.line_num)
+    return None
+
+
+def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: dict[Any, int],
+                    delimiter: str) -> ItemRows:
+    """Items file -> rows; every column other than id/title/text goes into ``attributes``."""
+    if _is_csv(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head_line = f.readline()
+        if not head_line.strip():
+            raise DataError("file is empty", path=path, line=1, field=m.item)
+        import csv
+
+        head = [h.strip() for h in next(csv.reader([head_line.rstrip("\r\n")], delimiter=delimiter))]
+        try:
+            table = pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                                   convert_options=pacsv.ConvertOptions(column_types={h: pa.string() for h in head},
+                                                                        strings_can_be_null=False))
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+            raise _locate_items_csv_error(path, len(head), delimiter) or DataError(f"could not parse: {e}",
+                                                                                  path=path) from None
+    else:
+        table = pq.read_table(path)
+    if m.item not in table.column_names:
+        raise DataError(f"column missing; the file has {table.column_names}", path=path, line=1, field=m.item)
+    loaded = Loaded(path, {}, table.num_rows, _is_csv(path))
+    if loaded.is_csv:
+        from genrec.data.ingest.common import Parsed
+
+        loaded.parsed = Parsed(path, {}, table.num_rows, True, delimiter)
+    ids_raw = table.column(m.item).to_pylist()
+    rows, ids = ItemRows.empty(), []
+    others = [c for c in table.column_names if c not in (m.item, m.title, m.text)]
+    titles = table.column(m.title).to_pylist() if m.title in table.column_names else [None] * table.num_rows
+    texts = table.column(m.text).to_pylist() if m.text in table.column_names else [None] * table.num_rows
+    other_vals = {c: table.column(c).to_pylist() for c in others}
+    next_code = len(item_codes)
+    for r, raw in enumerate(ids_raw):
+        if raw is None:
+            raise DataError("empty item id", path=path, line=loaded.line(r), field=m.item)
+        attrs: dict[str, Any] = {c: other_vals[c][r] for c in others}
+        if map_ids:
+            key = str(raw)
+            if key not in item_codes:
+                item_codes[key] = next_code
+                next_code += 1
+            iid = item_codes[key]
+            attrs["original_id"] = key
+        else:
+            s = str(raw).strip()
+            if isinstance(raw, float) and raw.is_integer():
+                s = str(int(raw))
+            if not (s.isdigit() or (s[:1] in "+-" and s[1:].isdigit())):
+                raise DataError(f"not an integer: {raw!r} (string ids need map_ids=True)", path=path,
+                                line=loaded.line(r), field=m.item)
+            iid = int(s)
+        title = titles[r] if titles[r] not in ("", None) else None
+        text = texts[r] or ". ".join([title or f"item {raw}"] + [f"{k}: {v}" for k, v in attrs.items()
+                                                               if k != "original_id" and v not in (None, "")])
+        rows.add(iid, title, str(text), json.loads(json.dumps(attrs, default=str)))
+        ids.append(iid)
+    if not ids:
+        raise DataError("file has no item rows", path=path, line=2, field=m.item)
+    seen: dict[int, int] = {}
+    for r, iid in enumerate(ids):
+        if iid in seen:
+            raise DataError(f"duplicate item id {ids_raw[r]!r} (first defined on line {loaded.line(seen[iid])})",
+                            path=path, line=loaded.line(r), field=m.item)
+        seen[iid] = r
+    return rows
+
+
+def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
+    """Ingest a generic events file (Parquet/CSV) described by ``options.columns``."""
+    m = options.columns
+    source = Path(source)
+    events_path = source if source.is_file() else _find(source, "events")
+    if events_path is None:
+        raise MissingDataError(f"generic: no events.parquet or events.csv in {source}; pass the events file itself "
+                               f"as source, or put it there")
+    if options.map_ids:
+        cols = [Column(m.user, "str"), Column(m.item, "str")]
+    else:
+        cols = [int_col(m.user), int_col(m.item)]
+    if m.timestamp is not None:
+        cols.append(Column(m.timestamp, "int"))
+    if m.action is not None:
+        if options.actions is not None:
+            vocab = list(options.actions)
+            cols.append(Column(m.action, "str", lambda a: np.isin(a, vocab), f"one of {vocab}"))
+        else:
+            cols.append(Column(m.action, "str"))
+    if m.surface is not None:
+        cols.append(Column(m.surface, "str"))
+    try:
+        ev = load_columns(events_path, cols, options.delimiter)
+    except DataError as e:
+        raise _string_ids_hint(e, (m.user, m.item)) from None
+
+    user_ids: list[Any] | None = None
+    item_codes: dict[Any, int] = {}
+    if options.map_ids:
+        user, user_ids = _first_appearance_codes(ev.columns[m.user])
+        item, item_orig = _first_appearance_codes(ev.columns[m.item])
+        item_codes = {str(v): i for i, v in enumerate(item_orig)}
+    else:
+        user, item = ev.columns[m.user], ev.columns[m.item]
+
+    def vocab_codes(arr: pa.Array, fixed: list[str] | None) -> tuple[np.ndarray, list[str]]:
+        values = arr.dictionary.to_pylist()
+        names = list(fixed) if fixed is not None else sorted(set(values))
+        pos = {v: i for i, v in enumerate(names)}
+        remap = np.asarray([pos[v] for v in values], dtype=np.int16)
+        return remap[arr.indices.to_numpy()], names
+
+    if m.action is not None:
+        action_idx, actions = vocab_codes(ev.columns[m.action], list(options.actions) if options.actions else None)
+    else:
+        action_idx, actions = np.zeros(ev.n, dtype=np.int16), [DEFAULT_ACTION]
+    if m.surface is not None:
+        surface_idx, surfaces = vocab_codes(ev.columns[m.surface], None)
+    else:
+        surface_idx, surfaces = np.zeros(ev.n, dtype=np.int16), [DEFAULT_SURFACE]
+    if len(actions) > 31:
+        raise DataError(f"{len(actions)} distinct actions; feedview labels are an int32 bitmask (at most 31)",
+                        path=events_path, field=m.action)
+    positives = list(options.positive_actions) if options.positive_actions else list(actions)
+    for a in positives:
+        if a not in actions:
+            raise DataError(f"positive action {a!r} is not in the action vocabulary {actions}", path=events_path,
+                            field=m.action)
+    has_ts = m.timestamp is not None
+    timestamp = ev.columns[m.timestamp] if m.timestamp is not None else np.arange(ev.n, dtype=np.int64)
+
+    files = [file_record(events_path, checksum=options.checksum)]
+    items_path = Path(options.items_path) if options.items_path else _find(events_path.parent, "items")
+    if items_path is not None and not items_path.is_file():
+        raise MissingDataError(f"generic: items file {items_path} does not exist")
+    inv = {v: k for k, v in item_codes.items()}
+
+    def synthesise(i: int) -> tuple[str | None, str, dict[str, Any]]:
+        orig = inv.get(i, i)
+        attrs: dict[str, Any] = {"synthesised": True}
+        if options.map_ids:
+            attrs["original_id"] = orig
+        return None, f"item {orig}", attrs
+
+    if items_path is not None:
+        items = read_items_file(items_path, m, map_ids=options.map_ids, item_codes=item_codes,
+                                delimiter=options.delimiter)
+        files.append(file_record(items_path, checksum=options.checksum))
+    else:
+        items = ItemRows.empty()
+
+    def missing_item(r: int) -> DataError:
+        orig = ev.columns[m.item][r]
+        orig = orig.as_py() if hasattr(orig, "as_py") else int(orig)
+        return DataError(f"item {orig!r} is not in the items file {items_path}", path=events_path,
+                         line=ev.line(r), field=m.item)
+
+    info = DatasetInfo(
+        name=name,
+        actions=actions,
+        positive_actions=positives,
+        surfaces=surfaces,
+        feedview_rule="",
+        action_rule=f"actions as given in column {m.action!r}" if m.action else
+        f"no action column: every event is {DEFAULT_ACTION!r}",
+        has_timestamps=has_ts,
+        extra={"columns": options.columns.__dict__, "map_ids": options.map_ids,
+               **({"user_ids": user_ids} if user_ids is not None else {})},
+    )
+    return build_dataset(
+        info,
+        user=np.asarray(user),
+        item=np.asarray(item),
+        timestamp=np.asarray(timestamp),
+        action_idx=action_idx,
+        surface_idx=surface_idx,
+        items=items,
+        source={"dataset": name, "folder": str(events_path.parent), "files": files},
+        slate_size=options.slate_size,
+        missing_item=missing_item if items_path is not None else None,
+        synthesise=synthesise if items_path is None else None,
+    )

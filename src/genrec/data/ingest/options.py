@@ -1,0 +1,64 @@
+"""Ingest options: one dataclass shared by every ingestor (each reads the fields it needs)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from genrec.data.ingest.common import RatingRule
+from genrec.data.ingest.feedviews import DEFAULT_SLATE_SIZE
+from genrec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Column names of a generic events file. ``None`` = the column does not exist.
+
+    No ``timestamp`` column: file order is time (``has_timestamps=False``, timestamp = position).
+    No ``action`` column: every row is action ``"interact"``. No ``surface``: one surface ``"default"``.
+    """
+
+    user: str = "user_id"
+    item: str = "item_id"
+    timestamp: str | None = "timestamp"
+    action: str | None = "action"
+    surface: str | None = None
+    title: str = "title"
+    """Items file: title column (optional in the file)."""
+    text: str = "text"
+    """Items file: text column (optional; built from the title + attributes when absent)."""
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    rating_rule: RatingRule = field(default_factory=RatingRule)
+    """MovieLens: explicit rating -> action."""
+    slate_size: int = DEFAULT_SLATE_SIZE
+    """Feedviews: interactions per synthesised request."""
+    download: bool = False
+    """Fetch missing MovieLens files from GroupLens (never done implicitly)."""
+    checksum: bool = True
+    """Record the sha256 of every file read in ``Dataset.source``."""
+    columns: ColumnMapping = field(default_factory=ColumnMapping)
+    """generic: column names."""
+    map_ids: bool = False
+    """generic: map string user/item ids to ints (original item id kept in items.attributes)."""
+    actions: tuple[str, ...] | None = None
+    """generic: the action vocabulary in bit order (default: sorted distinct values)."""
+    positive_actions: tuple[str, ...] | None = None
+    """generic: which actions are engagement (default: all)."""
+    delimiter: str = ","
+    """generic CSV: field delimiter."""
+    items_path: str | None = None
+    """generic: items file (Parquet/CSV); default ``items.parquet``/``items.csv`` beside the events."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slate_size, int) or self.slate_size < 1:
+            raise ConfigError(f"slate_size: must be a positive integer, got {self.slate_size!r}")
+        if not isinstance(self.rating_rule, RatingRule):
+            raise ConfigError(f"rating_rule: expected a RatingRule, got {type(self.rating_rule).__name__}")
+        if not self.delimiter:
+            raise ConfigError("delimiter: must not be empty")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

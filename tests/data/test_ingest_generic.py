@@ -1,0 +1,117 @@
+"""Generic Parquet/CSV ingestion: column mapping, string ids, items file policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from genrec.data.ingest import ColumnMapping, IngestOptions, prepare_dataset
+from genrec.errors import DataError, MissingDataError
+
+MAP = ColumnMapping(user="uid", item="iid", timestamp="ts", action="act", surface="where")
+
+
+def _events_table() -> pa.Table:
+    return pa.table({
+        "uid": [2, 1, 1, 2, 1],
+        "iid": [10, 11, 10, 12, 12],
+        "ts": [5, 9, 3, 5, 9],
+        "act": ["click", "buy", "click", "skip", "click"],
+        "where": ["home", "home", "search", "home", "home"],
+        "extra": [0, 0, 0, 0, 0],
+    })
+
+
+def test_parquet_events_with_mapping(tmp_path: Path) -> None:
+    pq.write_table(_events_table(), tmp_path / "events.parquet")
+    opts = IngestOptions(columns=MAP, actions=("click", "buy", "skip"), positive_actions=("click", "buy"))
+    ds = prepare_dataset("generic", tmp_path, options=opts)
+    rows = [(r["user_id"], r["item_id"], r["action"], r["surface"], r["seq"]) for r in ds.events.to_pylist()]
+    assert rows == [(1, 10, "click", "search", 0), (1, 11, "buy", "home", 1), (1, 12, "click", "home", 2),
+                    (2, 10, "click", "home", 0), (2, 12, "skip", "home", 1)]
+    assert ds.info.actions == ["click", "buy", "skip"] and ds.info.positive_actions == ["click", "buy"]
+    assert ds.info.surfaces == ["home", "search"]
+    assert ds.items.column("item_id").to_pylist() == [10, 11, 12]
+    assert ds.feedviews.column("labels").to_pylist() == [[1], [2, 1], [1, 4]]
+
+
+def test_csv_events_and_items_file(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("uid,iid,ts\n1,10,4\n1,11,2\n2,11,1\n")
+    (tmp_path / "items.csv").write_text('iid,title,color\n10,"Red, shoe",red\n11,Hat,blue\n12,Unused,green\n')
+    opts = IngestOptions(columns=ColumnMapping(user="uid", item="iid", timestamp="ts", action=None))
+    ds = prepare_dataset("generic", tmp_path / "events.csv", options=opts)
+    assert ds.info.actions == ["interact"] and ds.info.surfaces == ["default"]
+    assert ds.events.column("item_id").to_pylist() == [11, 10, 11]
+    items = ds.items.to_pylist()
+    assert [i["title"] for i in items] == ["Red, shoe", "Hat", "Unused"]
+    assert json.loads(items[0]["attributes"]) == {"color": "red"}
+    assert items[0]["text"] == "Red, shoe. color: red"
+
+
+def test_string_ids_rejected_without_map_ids(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,4\nbob,11,2\n")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path / "events.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
+    e = ei.value
+    assert (e.line, e.field) == (3, "user_id") and "map_ids=True" in str(e)
+    t = pa.table({"user_id": ["a", "b"], "item_id": [1, 2], "timestamp": [1, 2]})
+    pq.write_table(t, tmp_path / "e.parquet")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path / "e.parquet", options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert (ei.value.line, ei.value.field) == (1, "user_id") and "map_ids=True" in str(ei.value)
+
+
+def test_map_ids_keeps_originals(tmp_path: Path) -> None:
+    t = pa.table({"user_id": ["zed", "amy", "zed"], "item_id": ["B07", "A01", "A01"], "timestamp": [3, 1, 2]})
+    pq.write_table(t, tmp_path / "events.parquet")
+    pq.write_table(pa.table({"item_id": ["A01", "B07", "C99"], "title": ["a", "b", "c"]}), tmp_path / "items.parquet")
+    ds = prepare_dataset("generic", tmp_path, options=IngestOptions(map_ids=True, columns=ColumnMapping(action=None)))
+    assert ds.info.extra["user_ids"] == ["zed", "amy"]
+    assert ds.events.column("user_id").to_pylist() == [0, 0, 1]
+    assert ds.events.column("item_id").to_pylist() == [1, 0, 1]  # zed: A01@2, B07@3 ; B07 first seen -> 0
+    orig = {r["item_id"]: json.loads(r["attributes"])["original_id"] for r in ds.items.to_pylist()}
+    assert orig == {0: "B07", 1: "A01", 2: "C99"}
+
+
+def test_generic_event_item_not_in_items(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,4\n1,99,2\n")
+    (tmp_path / "items.csv").write_text("item_id,title\n10,A\n")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path, options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert (ei.value.path, ei.value.line, ei.value.field) == (str(tmp_path / "events.csv"), 3, "item_id")
+
+
+def test_generic_duplicate_items_and_missing_column(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,4\n")
+    (tmp_path / "items.csv").write_text("item_id,title\n10,A\n11,B\n10,C\n")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path, options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert (ei.value.line, ei.value.field) == (4, "item_id") and "first defined on line 2" in str(ei.value)
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path)  # default mapping expects an 'action' column
+    assert (ei.value.line, ei.value.field) == (1, "action")
+
+
+def test_generic_no_timestamp_and_unknown_action(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("user_id,item_id,action\n1,10,a\n1,11,b\n1,12,zzz\n")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path,
+                        options=IngestOptions(columns=ColumnMapping(timestamp=None), actions=("a", "b")))
+    assert (ei.value.line, ei.value.field) == (4, "action")
+    ds = prepare_dataset("generic", tmp_path, options=IngestOptions(columns=ColumnMapping(timestamp=None)))
+    assert ds.info.has_timestamps is False and ds.info.actions == ["a", "b", "zzz"]
+    assert ds.events.column("timestamp").to_pylist() == [0, 1, 2]
+    with pytest.raises(MissingDataError):
+        prepare_dataset("generic", tmp_path / "nothing_here")
+
+
+def test_generic_items_csv_bad_row(tmp_path: Path) -> None:
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,4\n")
+    (tmp_path / "items.csv").write_text("item_id,title\n10,A\n11,B,extra\n")
+    with pytest.raises(DataError) as ei:
+        prepare_dataset("generic", tmp_path, options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert (ei.value.path, ei.value.line) == (str(tmp_path / "items.csv"), 3)
