@@ -1,0 +1,117 @@
+"""Pre-norm transformer backbone whose attention visibility is the one metadata predicate.
+
+Non-standard: no causal flag anywhere — every attention call gets its mask from
+:func:`genrec.model.mask.make_mask_mod` over (query metadata, key metadata), so the full
+training forward, the KV-cache prefill and the decode steps (SID beams, candidate scoring) are
+the same function restricted to different token sets. Positions are learned item-level
+embeddings added at the input (not rotary), so cached keys never depend on later tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from genrec.kernels.attention import attention, prepare_mask, resolve_impl
+from genrec.model.config import ModelConfig
+from genrec.model.kv_cache import KVCache
+from genrec.model.layout import TokenMeta
+from genrec.model.mask import make_mask_mod
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.dh = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(
+        self, x: torch.Tensor, mask: Any, past: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x ``[B, S, D]`` -> (out ``[B, S, D]``, k, v ``[B, H, S, Dh]`` of these tokens)."""
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.h, self.dh).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, Dh]
+        kk, vv = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        p = self.dropout if self.training else 0.0
+        o = attention(q, kk, vv, mask=mask, dropout_p=p)  # [B, H, S, Dh]
+        return self.out(o.transpose(1, 2).reshape(b, s, d)), k, v
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n1, self.n2 = make_norm(cfg), make_norm(cfg)
+        self.attn = SelfAttention(cfg)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: Any, past: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, k, v = self.attn(self.n1(x), mask, past)
+        x = x + self.drop(a)
+        x = x + self.drop(self.mlp(self.n2(x)))
+        return x, k, v
+
+
+class Backbone(nn.Module):
+    """``n_layers`` pre-norm blocks + final norm. All paths take token metadata and a layout name."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = make_norm(cfg)
+
+    def _mask(self, q_meta: TokenMeta, k_meta: TokenMeta, layout: str, device: torch.device) -> Any:
+        b, sq = q_meta.shape
+        sk = k_meta.shape[1]
+        impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
+        if impl == "flex" and self.training and self.cfg.dropout > 0:
+            impl = "reference"  # flex has no attention dropout
+        return prepare_mask(make_mask_mod(q_meta, k_meta, layout), b, sq, sk, impl, device)
+
+    def forward(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> torch.Tensor:
+        """Full forward: x ``[B, S, D]`` -> hidden ``[B, S, D]``."""
+        return self._run(x, meta, layout, None)[0]
+
+    def prefill(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> tuple[KVCache, torch.Tensor]:
+        """Encode history tokens, returning a filled :class:`KVCache` and hidden ``[B, S, D]``."""
+        h, ks, vs = self._run(x, meta, layout, None)
+        return KVCache(layout=layout).prefill(ks, vs, meta), h
+
+    def decode(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, append: bool = False) -> torch.Tensor:
+        """New tokens x ``[B, t, D]`` attend to cache + themselves under the predicate -> hidden ``[B, t, D]``.
+
+        ``append=True`` adds their K/V to the cache (history extension); ``False`` leaves the cache
+        untouched (SID beam steps, candidate scoring).
+        """
+        if cache.meta is None:
+            raise ValueError("decode: the KV cache is empty; call prefill first")
+        if x.shape[0] != cache.batch_size:
+            raise ValueError(f"decode: batch {x.shape[0]} != cache batch {cache.batch_size}")
+        h, ks, vs = self._run(x, meta, cache.layout, cache)
+        if append:
+            cache.append(ks, vs, meta)
+        return h
+
+    def _run(
+        self, x: torch.Tensor, meta: TokenMeta, layout: str, cache: KVCache | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        k_meta = meta if cache is None else cache.meta.cat(meta)  # type: ignore[union-attr]
+        mask = self._mask(meta, k_meta, layout, x.device)
+        ks, vs = [], []
+        for i, blk in enumerate(self.blocks):
+            past = None if cache is None else (cache.k[i], cache.v[i])
+            x, k, v = blk(x, mask, past)
+            ks.append(k)
+            vs.append(v)
+        return self.norm(x), ks, vs

@@ -1,0 +1,141 @@
+"""Input encoders: item vectors, MAM dense inputs, SID embeddings, item-level positions.
+
+Follows UniPinRec §3.0.1 (item MLP -> L2-normalised vector, the vector the ANN index holds and
+the sampled softmax scores against) and §3.1.1 (Masked Action Modeling: the action one-hot over
+C actions + one [MASK] class goes through a Linear layer and is concatenated with the item vector
+on the FEATURE axis, then projected to d_model — no extra tokens), plus PinGER §3.3.2 (one SID
+embedding table per level + a level embedding; positions count items, not tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genrec.model.config import ModelConfig
+
+
+class ItemEncoder(nn.Module):
+    """MLP([content ‖ engagement]) -> L2-normalised item vector ``[..., item_dim]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.feat_dim = cfg.item_feat_dim
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.item_feat_dim, cfg.item_hidden), nn.GELU(), nn.Linear(cfg.item_hidden, cfg.item_dim)
+        )
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        if feats.shape[-1] != self.feat_dim:
+            raise ValueError(f"item_feats: last dim must be item_feat_dim={self.feat_dim}, got {tuple(feats.shape)}")
+        return F.normalize(self.mlp(feats.float()), dim=-1)
+
+
+def apply_action_mask(actions: torch.Tensor, mask: torch.Tensor | None, mask_class: int) -> torch.Tensor:
+    """Replace actions where ``mask`` is True with the [MASK] class (UniPinRec §3.1.1 (2))."""
+    if mask is None:
+        return actions
+    if mask.shape != actions.shape:
+        raise ValueError(f"action_mask: shape {tuple(mask.shape)} != actions shape {tuple(actions.shape)}")
+    return torch.where(mask, torch.full_like(actions, mask_class), actions)
+
+
+def random_action_mask(shape: tuple[int, ...], p_mask: float, generator: torch.Generator | None = None,
+                       device: torch.device | str = "cpu") -> torch.Tensor:
+    """Independent Bernoulli(p_mask) mask over past positions (True = masked)."""
+    if not 0.0 <= p_mask <= 1.0:
+        raise ValueError(f"p_mask: must lie in [0, 1], got {p_mask}")
+    return torch.rand(shape, generator=generator, device=device) < p_mask
+
+
+class DenseInputEncoder(nn.Module):
+    """MAM input: proj([item_vec ‖ Linear(one_hot(action, C+1))]) + surface embedding -> ``[..., d_model]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_classes = cfg.n_actions + 1
+        self.n_surfaces = cfg.n_surfaces
+        self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
+        self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
+        self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
+
+    def forward(self, item_vec: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
+        _check_range(actions, self.n_classes, "actions")
+        _check_range(surfaces, self.n_surfaces, "surfaces")
+        a = self.action(F.one_hot(actions, self.n_classes).to(item_vec.dtype))  # [..., A]
+        return self.proj(torch.cat([item_vec, a], -1)) + self.surface(surfaces)
+
+
+class ActionTokenEncoder(nn.Module):
+    """HSTU-style action token: Linear(one_hot(action, C+1)) + surface embedding -> ``[..., d_model]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_classes = cfg.n_actions + 1
+        self.action = nn.Linear(self.n_classes, cfg.d_model)
+        self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
+
+    def forward(self, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
+        _check_range(actions, self.n_classes, "actions")
+        return self.action(F.one_hot(actions, self.n_classes).float()) + self.surface(surfaces)
+
+
+class SidEmbedding(nn.Module):
+    """One embedding table per SID level + a level embedding. ``codes`` ``[..., d]`` -> ``[..., d, D]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.sizes = list(cfg.sid_codebook_sizes)
+        self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
+        self.level = nn.Embedding(len(self.sizes), cfg.d_model)
+
+    def forward(self, codes: torch.Tensor, first_level: int = 1) -> torch.Tensor:
+        """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``."""
+        d = codes.shape[-1]
+        if first_level < 1 or first_level + d - 1 > len(self.sizes):
+            raise ValueError(f"sid_codes: levels {first_level}..{first_level + d - 1} outside 1..{len(self.sizes)}")
+        outs = []
+        for j in range(d):
+            lvl = first_level - 1 + j
+            _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
+            outs.append(self.tables[lvl](codes[..., j]) + self.level.weight[lvl])
+        return torch.stack(outs, -2)
+
+
+class TimeGapEmbedding(nn.Module):
+    """Embedding of ``floor(log2(1 + gap_seconds))`` clamped to ``time_buckets - 1`` (negative gaps -> 0)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n = cfg.time_buckets
+        self.emb = nn.Embedding(cfg.time_buckets, cfg.d_model)
+
+    @staticmethod
+    def bucket(gap: torch.Tensor, n: int) -> torch.Tensor:
+        g = gap.clamp(min=0).to(torch.float64)
+        return torch.floor(torch.log2(1.0 + g)).to(torch.int64).clamp(0, n - 1)
+
+    def forward(self, gap: torch.Tensor) -> torch.Tensor:
+        return self.emb(self.bucket(gap, self.n))
+
+
+class ItemPositionEmbedding(nn.Module):
+    """Learned embedding of the item index (shared by all tokens of an item); ``max_items + 1`` ids."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.max_items = cfg.max_items
+        self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        if pos.numel() and int(pos.max()) > self.max_items:
+            raise ValueError(f"history too long: item position {int(pos.max())} > max_items={self.max_items}")
+        return self.emb(pos.clamp(min=0))
+
+
+def _check_range(x: torch.Tensor, n: int, name: str) -> None:
+    if x.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: expected an integer tensor, got {x.dtype}")
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= n):
+        raise ValueError(f"{name}: values must lie in [0, {n}), got min {int(x.min())}, max {int(x.max())}")

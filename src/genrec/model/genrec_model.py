@@ -1,0 +1,395 @@
+"""GenRecModel: one backbone for SID generation (PinGER), dense retrieval and MAM ranking (UniPinRec).
+
+Training ``forward`` lays out a batch per ``config.layout`` (PinGER interleaved SID + dense tokens,
+TIGER, dense-only, HSTU) plus M-FALCON candidates, runs the backbone once and returns logits and
+vectors (no losses — see ``genrec.model.losses``). Serving methods reuse the SAME token builders
+and the same attention predicate over a KV cache:
+
+* ``encode_history``  PinGER serving layout (history SID tokens removed: one token per item),
+  prefill -> (cache, user vector, last hidden);
+* ``sid_logits_next`` one beam-search step: the W beams' SID tokens of the next item attend to the
+  cached history + their own shallower SID tokens (cache expanded per beam; cascade comes later);
+* ``rank``            candidates with action [MASK] at position n attend to the cached history;
+* ``item_vectors``    item MLP for the ANN index.
+
+Non-standard: the target-condition embedding is added after the backbone (heads only), so one
+cache serves every target; candidates' and SID tokens' inputs are built by the same helpers in
+training and serving, which is what the equivalence tests pin down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from genrec.errors import ConfigError
+from genrec.model.backbone import Backbone
+from genrec.model.config import ModelConfig
+from genrec.model.encoders import (
+    ActionTokenEncoder,
+    DenseInputEncoder,
+    ItemEncoder,
+    ItemPositionEmbedding,
+    SidEmbedding,
+    TimeGapEmbedding,
+    apply_action_mask,
+)
+from genrec.model.fusion import SidFusion
+from genrec.model.heads import ActionHead, SidHeads, TargetCondition, UserHead
+from genrec.model.kv_cache import KVCache
+from genrec.model.layout import ACTION, CAND, DENSE, PAD, TokenLayout, TokenMeta, build_layout
+
+
+@dataclass
+class ModelBatch:
+    """A batch of right-padded histories (+ optional candidates). Values at padding slots are ignored.
+
+    Exactly one of ``item_feats`` ``[B, n, F]`` / ``item_vecs`` ``[B, n, item_dim]`` is given (same for
+    candidates). ``actions`` ``[B, n]`` in ``[0, C]`` (C = [MASK]); ``action_mask`` ``[B, n]`` True =
+    replace by [MASK]. ``target_actions`` ``[B, n]`` (C = none) and ``request_surface`` /
+    ``request_action`` ``[B]`` feed target conditioning (target of item i = its surface / action;
+    target after the last item = the request's). ``timestamps`` ``[B, n]`` (seconds) and
+    ``request_ts`` ``[B]`` feed the optional time-gap embedding (gap to the previous item; the
+    candidates' gap is ``request_ts`` minus the last item's timestamp).
+    """
+
+    actions: torch.Tensor
+    surfaces: torch.Tensor
+    lengths: torch.Tensor
+    sid_codes: torch.Tensor | None = None
+    item_feats: torch.Tensor | None = None
+    item_vecs: torch.Tensor | None = None
+    action_mask: torch.Tensor | None = None
+    target_actions: torch.Tensor | None = None
+    request_surface: torch.Tensor | None = None
+    request_action: torch.Tensor | None = None
+    cand_feats: torch.Tensor | None = None
+    cand_vecs: torch.Tensor | None = None
+    cand_sid_codes: torch.Tensor | None = None
+    cand_surface: torch.Tensor | None = None  # [B] or [B, k]
+    timestamps: torch.Tensor | None = None
+    request_ts: torch.Tensor | None = None
+
+    @property
+    def n_items(self) -> int:
+        return self.actions.shape[1]
+
+    @property
+    def n_cand(self) -> int:
+        for t in (self.cand_vecs, self.cand_feats):
+            if t is not None:
+                return t.shape[1]
+        return 0
+
+
+@dataclass
+class ModelOutput:
+    """Training outputs. ``sid_logits[l-1]`` ``[B, n, K_l]`` are the logits for level l of item i
+    (valid where ``sid_valid[l-1]``); ``user_vecs[:, i]`` predicts item i+1 (valid where
+    ``item_valid``); ``next_sid_logits`` ``[B, K_1]`` / ``next_user_vec`` ``[B, item_dim]`` predict the
+    item after the last; ``action_logits`` ``[B, n, C]`` at past positions, ``cand_action_logits``
+    ``[B, k, C]``; ``item_vecs`` / ``cand_vecs`` are the L2-normalised vectors of the batch items."""
+
+    hidden: torch.Tensor
+    layout: TokenLayout
+    item_valid: torch.Tensor
+    item_vecs: torch.Tensor
+    sid_logits: list[torch.Tensor] | None = None
+    sid_valid: list[torch.Tensor] | None = None
+    next_sid_logits: torch.Tensor | None = None
+    user_vecs: torch.Tensor | None = None
+    next_user_vec: torch.Tensor | None = None
+    action_logits: torch.Tensor | None = None
+    cand_action_logits: torch.Tensor | None = None
+    cand_vecs: torch.Tensor | None = None
+
+
+def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x ``[B, S, D]``, idx ``[B]`` -> ``[B, D]``."""
+    return x[torch.arange(x.shape[0], device=x.device), idx]
+
+
+class GenRecModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = cfg = config
+        self.item_encoder = ItemEncoder(cfg)
+        self.dense_input = DenseInputEncoder(cfg)
+        self.position = ItemPositionEmbedding(cfg)
+        self.sid_emb = SidEmbedding(cfg) if cfg.uses_sids else None
+        self.fusion = SidFusion(cfg) if cfg.sid_fusion else None
+        self.action_tokens = ActionTokenEncoder(cfg) if cfg.layout == "hstu" else None
+        self.time_gap = TimeGapEmbedding(cfg) if cfg.time_buckets > 0 else None
+        self.backbone = Backbone(cfg)
+        self.sid_heads = SidHeads(cfg) if cfg.layout in ("pinger", "tiger") else None
+        self.user_head = UserHead(cfg) if cfg.layout != "tiger" else None
+        self.action_head = ActionHead(cfg) if cfg.layout != "tiger" else None
+        self.target = TargetCondition(cfg) if cfg.target_condition else None
+
+    # ------------------------------------------------------------------ shared token builders
+    def item_vectors(self, item_feats: torch.Tensor) -> torch.Tensor:
+        """``[N, F]`` (or ``[..., F]``) -> L2-normalised ``[N, item_dim]`` (what the ANN index holds)."""
+        return self.item_encoder(item_feats)
+
+    def _vecs(self, feats: torch.Tensor | None, vecs: torch.Tensor | None, name: str) -> torch.Tensor:
+        if (feats is None) == (vecs is None):
+            raise ValueError(f"{name}: pass exactly one of {name}_feats / {name}_vecs")
+        if vecs is not None:
+            if vecs.shape[-1] != self.config.item_dim:
+                raise ValueError(f"{name}_vecs: last dim must be item_dim={self.config.item_dim}, got {tuple(vecs.shape)}")
+            return vecs.float()
+        return self.item_encoder(feats)  # type: ignore[arg-type]
+
+    def dense_tokens(
+        self, item_vecs: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor, sid_codes: torch.Tensor | None,
+        time_gaps: torch.Tensor | None = None, sid_emb: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per-item dense token (MAM input [+ time gap], then SID fusion if on): ``[..., D]``.
+
+        A per-item function (no cross-item interaction). ``sid_emb`` ``[..., L, D]`` may be passed
+        precomputed (else it is embedded from ``sid_codes`` ``[..., L]``).
+        """
+        x = self.dense_input(item_vecs, actions, surfaces)  # [..., D]
+        if self.time_gap is not None:
+            if time_gaps is None:
+                raise ValueError("timestamps: required when time_buckets > 0 (request_ts too for candidates)")
+            x = x + self.time_gap(time_gaps)
+        if self.fusion is not None:
+            if sid_emb is None:
+                if sid_codes is None:
+                    raise ValueError("sid_codes: required when sid_fusion is on")
+                sid_emb = self.sid_emb(sid_codes)  # type: ignore[misc]
+            x = self.fusion(sid_emb, x)
+        return x
+
+    def _cand_tokens(self, cand_vecs: torch.Tensor, cand_sid: torch.Tensor | None, cand_surface: torch.Tensor | None,
+                     lengths: torch.Tensor, gap: torch.Tensor | None = None) -> torch.Tensor:
+        """Candidate tokens ``[B, k, D]``: action [MASK], position ``lengths[b]``, time gap ``gap`` ``[B]``."""
+        b, k = cand_vecs.shape[:2]
+        if cand_surface is None:
+            raise ValueError("cand_surface: required with candidates ([B] request surface or [B, k])")
+        surf = cand_surface[:, None].expand(b, k) if cand_surface.dim() == 1 else cand_surface
+        acts = torch.full((b, k), self.config.mask_action, dtype=torch.int64, device=cand_vecs.device)
+        gaps = None if gap is None else gap[:, None].expand(b, k)
+        x = self.dense_tokens(cand_vecs, acts, surf, cand_sid, gaps)
+        return x + self.position(lengths)[:, None, :]
+
+    def _time_gaps(self, batch: ModelBatch, lengths: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """-> (history gaps ``[B, n]`` (item 0: 0), candidate gap ``[B]`` or None)."""
+        if self.time_gap is None:
+            return None, None
+        ts = batch.timestamps
+        if ts is None or ts.shape != batch.actions.shape:
+            got = None if ts is None else tuple(ts.shape)
+            raise ValueError(f"batch.timestamps: expected shape {tuple(batch.actions.shape)} (time_buckets > 0), got {got}")
+        gaps = torch.cat([torch.zeros_like(ts[:, :1]), ts[:, 1:] - ts[:, :-1]], 1)
+        cand_gap = None
+        if batch.request_ts is not None:
+            cand_gap = batch.request_ts - _gather_rows(ts[..., None], (lengths - 1).clamp(min=0))[:, 0]
+        return gaps, cand_gap
+
+    def _check_batch(self, batch: ModelBatch) -> None:
+        b, n = batch.actions.shape
+        for name in ("surfaces", "action_mask", "target_actions"):
+            t = getattr(batch, name)
+            if t is not None and t.shape != (b, n):
+                raise ValueError(f"batch.{name}: expected shape {(b, n)}, got {tuple(t.shape)}")
+        if batch.lengths.shape != (b,):
+            raise ValueError(f"batch.lengths: expected shape ({b},), got {tuple(batch.lengths.shape)}")
+        if n > self.config.max_items:
+            raise ValueError(f"batch: {n} item slots > max_items={self.config.max_items}")
+        if self.config.uses_sids:
+            L = self.config.sid_levels
+            if batch.sid_codes is None or batch.sid_codes.shape != (b, n, L):
+                got = None if batch.sid_codes is None else tuple(batch.sid_codes.shape)
+                raise ValueError(f"batch.sid_codes: expected shape {(b, n, L)}, got {got}")
+
+    def _history_tokens(self, batch: ModelBatch, serving: bool, n_cand: int
+                        ) -> tuple[torch.Tensor, TokenLayout, torch.Tensor, torch.Tensor]:
+        """-> (x ``[B, S, D]`` incl. positions (no candidates yet), layout, item_vecs, clean surfaces)."""
+        self._check_batch(batch)
+        cfg = self.config
+        lay = build_layout(batch.lengths.to(batch.actions.device), batch.n_items, cfg.layout, cfg.sid_levels,
+                           n_cand, serving)
+        valid = lay.item_valid  # [B, n]
+        zero = torch.zeros_like(batch.actions)
+        acts = torch.where(valid, apply_action_mask(batch.actions, batch.action_mask, cfg.mask_action), zero)
+        surf = torch.where(valid, batch.surfaces, zero)
+        sid_all = None  # [B, n, L, D], shared by the SID tokens and the fusion layer
+        if batch.sid_codes is not None and cfg.uses_sids:
+            codes = torch.where(valid[..., None], batch.sid_codes, torch.zeros_like(batch.sid_codes))
+            sid_all = self.sid_emb(codes)  # type: ignore[misc]
+        gaps, _ = self._time_gaps(batch, lay.lengths)
+        vecs = self._vecs(batch.item_feats, batch.item_vecs, "item")  # [B, n, Di]
+        b, n = acts.shape
+        slots: list[torch.Tensor] = []
+        for kind in lay.slot_kinds:
+            if kind == DENSE:
+                # HSTU's item token carries no action (the action sits in its own, later token)
+                a = torch.full_like(acts, cfg.mask_action) if cfg.layout == "hstu" else acts
+                slots.append(self.dense_tokens(vecs, a, surf, None, gaps, sid_all))
+            elif kind == ACTION:
+                slots.append(self.action_tokens(acts, surf))  # type: ignore[misc]
+            else:
+                slots.append(sid_all[:, :, kind - 1])  # type: ignore[index]
+        x = torch.stack(slots, 2).reshape(b, n * lay.tokens_per_item, -1)  # [B, n*T, D]
+        x = x + self.position(lay.meta.pos[:, : x.shape[1]])
+        x = x * (lay.meta.kind[:, : x.shape[1], None] != PAD)
+        return x, lay, vecs, surf
+
+    def _cond(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None) -> torch.Tensor:
+        if self.target is None:
+            return h
+        cfg = self.config
+        lead = h.shape[:-1]
+        s = torch.full(lead, cfg.n_surfaces, dtype=torch.int64, device=h.device) if surface is None else surface.expand(lead)
+        a = torch.full(lead, cfg.n_actions, dtype=torch.int64, device=h.device) if action is None else action.expand(lead)
+        return self.target(h, s, a)
+
+    def _context_slot(self) -> int:
+        """Kind of the token whose hidden state predicts the NEXT item (level 1 / user vector)."""
+        return {"pinger": DENSE, "dense": DENSE, "hstu": ACTION, "tiger": self.config.sid_levels}[self.config.layout]
+
+    # ------------------------------------------------------------------ training forward
+    def forward(self, batch: ModelBatch, serving_layout: bool = False) -> ModelOutput:
+        """One forward over the training layout (``serving_layout=True``: PinGER without history SID tokens)."""
+        cfg = self.config
+        k = batch.n_cand
+        if k and cfg.layout == "tiger":
+            raise ConfigError("layout 'tiger' has no dense tokens: it cannot score candidates (use pinger/dense/hstu)")
+        x, lay, vecs, surf = self._history_tokens(batch, serving_layout, k)
+        cand_vecs = None
+        if k:
+            cand_vecs = self._vecs(batch.cand_feats, batch.cand_vecs, "cand")
+            _, cand_gap = self._time_gaps(batch, lay.lengths)
+            if self.time_gap is not None and cand_gap is None:
+                raise ValueError("batch.request_ts: required for candidates when time_buckets > 0")
+            cand = self._cand_tokens(cand_vecs, batch.cand_sid_codes, batch.cand_surface, lay.lengths, cand_gap)
+            x = torch.cat([x, cand], 1)
+        h = self.backbone(x, lay.meta, cfg.layout)  # [B, S, D]
+        b, n = batch.actions.shape
+        valid = lay.item_valid
+        out = ModelOutput(hidden=h, layout=lay, item_valid=valid, item_vecs=vecs, cand_vecs=cand_vecs)
+
+        # targets: of item i (its own surface/action) and of the item after i (shifted; last -> request)
+        none_s = torch.full((b, 1), cfg.n_surfaces, dtype=torch.int64, device=h.device)
+        none_a = torch.full((b, 1), cfg.n_actions, dtype=torch.int64, device=h.device)
+        t_surf = torch.where(valid, surf, none_s)  # [B, n]
+        t_act = (torch.where(valid, batch.target_actions, none_a) if batch.target_actions is not None
+                 else none_a.expand(b, n))
+        req_s = none_s[:, 0] if batch.request_surface is None else batch.request_surface
+        req_a = none_a[:, 0] if batch.request_action is None else batch.request_action
+        last = (lay.lengths - 1).clamp(min=0)  # [B]
+        nxt_s = torch.cat([t_surf[:, 1:], none_s], 1)
+        nxt_a = torch.cat([t_act[:, 1:], none_a], 1)
+        ar = torch.arange(b, device=h.device)
+        nxt_s[ar, last] = req_s
+        nxt_a[ar, last] = req_a
+
+        ctx_idx = lay.slot_index(self._context_slot())  # [n]
+        h_ctx = self._cond(h[:, ctx_idx], nxt_s, nxt_a)  # [B, n, D] conditioned on the NEXT item's target
+        if self.user_head is not None:
+            out.user_vecs = self.user_head(h_ctx)
+            out.next_user_vec = _gather_rows(out.user_vecs, last)
+        if self.action_head is not None:
+            out.action_logits = self.action_head(h[:, lay.dense_index])
+            if k:
+                out.cand_action_logits = self.action_head(h[:, lay.cand_index])
+        if self.sid_heads is not None and not serving_layout:
+            lvl1 = self.sid_heads(h_ctx, 1)  # [B, n, K1]: level 1 of item i+1
+            out.next_sid_logits = _gather_rows(lvl1, last)
+            logits = [torch.cat([torch.zeros_like(lvl1[:, :1]), lvl1[:, :-1]], 1)]
+            ar_n = torch.arange(n, device=h.device)[None, :]
+            valids = [valid & (ar_n >= 1)]
+            for level in range(2, cfg.sid_levels + 1):
+                h_sid = self._cond(h[:, lay.slot_index(level - 1)], t_surf, t_act)  # [B, n, D]
+                logits.append(self.sid_heads(h_sid, level))
+                valids.append(valid)
+            out.sid_logits, out.sid_valid = logits, valids
+        return out
+
+    # ------------------------------------------------------------------ serving
+    def encode_history(
+        self, batch: ModelBatch, target_surface: torch.Tensor | None = None, target_action: torch.Tensor | None = None
+    ) -> tuple[KVCache, torch.Tensor | None, torch.Tensor]:
+        """Prefill the serving layout -> (cache, user_vec ``[B, item_dim]`` or None for TIGER, last hidden ``[B, D]``)."""
+        if batch.lengths.numel() and int(batch.lengths.min()) < 1:
+            raise ValueError("encode_history: every row needs at least one history item (lengths >= 1)")
+        x, lay, _, _ = self._history_tokens(batch, serving=True, n_cand=0)
+        cache, h = self.backbone.prefill(x, lay.meta, self.config.layout)
+        last_tok = lay.slot_index(self._context_slot())[lay.lengths - 1]  # [B]
+        last_h = _gather_rows(h, last_tok)  # [B, D]
+        cache.lengths, cache.last_hidden = lay.lengths, last_h
+        if batch.timestamps is not None:
+            cache.last_ts = _gather_rows(batch.timestamps[..., None], lay.lengths - 1)[:, 0]
+        user = None
+        if self.user_head is not None:
+            user = self.user_head(self._cond(last_h, target_surface, target_action))
+        return cache, user, last_h
+
+    def sid_logits_next(
+        self, cache: KVCache, prefix_codes: torch.Tensor,
+        target_surface: torch.Tensor | None = None, target_action: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Beam step: prefix_codes ``[B, W, d]`` (levels 1..d of the next item) -> logits ``[B, W, K_{d+1}]``."""
+        cfg = self.config
+        if self.sid_heads is None:
+            raise ConfigError(f"layout {cfg.layout!r} has no SID heads")
+        if cache.last_hidden is None or cache.lengths is None:
+            raise ValueError("sid_logits_next: cache was not filled by encode_history")
+        if prefix_codes.dim() != 3 or prefix_codes.shape[0] != cache.batch_size:
+            raise ValueError(f"prefix_codes: expected [B={cache.batch_size}, W, d], got {tuple(prefix_codes.shape)}")
+        b, w, d = prefix_codes.shape
+        if d >= cfg.sid_levels:
+            raise ValueError(f"prefix_codes: depth {d} must be < sid_levels={cfg.sid_levels}")
+        ts = None if target_surface is None else target_surface[:, None]
+        ta = None if target_action is None else target_action[:, None]
+        if d == 0:
+            h1 = self._cond(cache.last_hidden, target_surface, target_action)
+            return self.sid_heads(h1, 1)[:, None, :].expand(b, w, -1)
+        pos = cache.lengths.repeat_interleave(w)  # [B*W]
+        x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1)  # type: ignore[misc]  # [B*W, d, D]
+        x = x + self.position(pos)[:, None, :]
+        dev = x.device
+        meta = TokenMeta(
+            pos[:, None].expand(b * w, d).contiguous(),
+            torch.arange(1, d + 1, device=dev)[None, :].expand(b * w, d).contiguous(),
+            (cache.n_tokens + torch.arange(d, device=dev))[None, :].expand(b * w, d).contiguous(),
+        )
+        h = self.backbone.decode(x, meta, cache.expand(w), append=False)  # [B*W, d, D]
+        h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
+        return self.sid_heads(h_last, d + 1)
+
+    def rank(
+        self, cache: KVCache, cand_vecs: torch.Tensor, cand_sid_codes: torch.Tensor | None = None,
+        cand_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """M-FALCON scoring over the cached history: cand_vecs ``[B, k, item_dim]`` -> action logits ``[B, k, C]``.
+
+        ``cand_sid_codes`` ``[B, k, L]`` is needed when SID fusion is on; ``cand_surface`` is the
+        request surface ``[B]`` (or ``[B, k]``); ``request_ts`` ``[B]`` when ``time_buckets > 0``.
+        """
+        if self.action_head is None:
+            raise ConfigError(f"layout {self.config.layout!r} cannot rank candidates")
+        if cache.lengths is None:
+            raise ValueError("rank: cache was not filled by encode_history")
+        b, k = cand_vecs.shape[:2]
+        if b != cache.batch_size:
+            raise ValueError(f"cand_vecs: batch {b} != cache batch {cache.batch_size}")
+        gap = None
+        if self.time_gap is not None:
+            if request_ts is None or cache.last_ts is None:
+                raise ValueError("rank: request_ts (and history timestamps) are required when time_buckets > 0")
+            gap = request_ts - cache.last_ts
+        x = self._cand_tokens(cand_vecs.float(), cand_sid_codes, cand_surface, cache.lengths, gap)  # [B, k, D]
+        dev = x.device
+        meta = TokenMeta(
+            cache.lengths[:, None].expand(b, k).contiguous(),
+            torch.full((b, k), CAND, dtype=torch.int64, device=dev),
+            (cache.n_tokens + torch.arange(k, device=dev))[None, :].expand(b, k).contiguous(),
+        )
+        h = self.backbone.decode(x, meta, cache, append=False)
+        return self.action_head(h)
