@@ -1,0 +1,355 @@
+"""The bucketed Iceberg table store: ``events``, ``feedviews`` and ``items`` (UniPinRec §3.2).
+
+UniPinRec keeps user action sequences and feedview (request) records in two separate
+tables, both hash-bucketed by ``user_id``, and joins them inside the trainer one bucket at
+a time (see :mod:`genrec.data.join`), so context length, sampling ratio and filters are
+read-time parameters instead of baked into a pre-joined training table.
+
+What is non-standard here:
+
+* **Bucketing is an explicit ``bucket`` int32 column with an identity partition**, not an
+  Iceberg ``bucket[N](user_id)`` transform. pyiceberg 0.12 can only *write* bucket
+  transforms with the optional Rust extension ``pyiceberg-core``, and a scan cannot
+  filter on a transform's partition value anyway; an identity partition on ``bucket``
+  lets ``EqualTo("bucket", b)`` prune to exactly that bucket's data files. The column's
+  value is nevertheless *the Iceberg spec's bucket function* (:func:`user_bucket`):
+  ``(murmur3_x86_32(int64 little-endian bytes, seed 0) & 0x7FFFFFFF) % n_buckets``, so
+  any engine (Spark ``bucket(n, user_id)``) computes the same assignment.
+* **Writes are staged in a fresh versioned namespace** ``<namespace>_v0001``,
+  ``_v0002``, ...; ``tables_dir/manifest.json`` names the namespace in use and is written
+  last (atomically). A failed write purges what it staged and leaves the previous version
+  (and manifest) untouched; a successful one purges the previous version afterwards.
+  Readers only ever follow the manifest, so they see the old tables or the new ones,
+  never a mix. A ``TableStore`` object pins the version it first read; an overwrite by
+  another process purges that version, so long-lived readers should reopen the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from genrec.data.schema import EVENTS_SCHEMA, FEEDVIEWS_SCHEMA, ITEMS_SCHEMA, Dataset, DatasetInfo
+from genrec.errors import DataError, GenrecError
+from genrec.workdir import MANIFEST, atomic_write_json, manifest, read_json
+
+BUCKET = "bucket"
+TABLES = ("events", "feedviews", "items")
+_SCHEMAS = {"events": EVENTS_SCHEMA, "feedviews": FEEDVIEWS_SCHEMA, "items": ITEMS_SCHEMA}
+_BUCKETED = ("events", "feedviews")
+_SORT_KEYS = {
+    "events": [("user_id", "ascending"), ("seq", "ascending")],
+    "feedviews": [("user_id", "ascending"), ("request_seq", "ascending")],
+    "items": [("item_id", "ascending")],
+}
+
+# ----------------------------------------------------------------------------- hashing
+
+_C1 = np.uint32(0xCC9E2D51)
+_C2 = np.uint32(0x1B873593)
+
+
+def _rotl32(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def murmur3_int64(values: np.ndarray) -> np.ndarray:
+    """Vectorised 32-bit MurmurHash3 (x86, seed 0) of each int64's 8 little-endian bytes.
+
+    This is the hash the Iceberg spec uses for ``bucket[N]`` of ``long`` columns
+    (spec test vector: ``34 -> 2017239379``). Returns int32 (signed, like Java).
+    """
+    v = np.ascontiguousarray(values, dtype="<i8").view("<u4").reshape(-1, 2)  # [N, 2] lo, hi words
+    h = np.zeros(v.shape[0], dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        for j in range(2):
+            k = v[:, j].astype(np.uint32) * _C1
+            k = _rotl32(k, 15) * _C2
+            h = h ^ k
+            h = _rotl32(h, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+        h = h ^ np.uint32(8)  # total length in bytes
+        h = _fmix32(h)
+    return h.view(np.int32)
+
+
+def user_bucket(user_ids: np.ndarray | pa.Array | pa.ChunkedArray, n_buckets: int) -> np.ndarray:
+    """Iceberg ``bucket[n_buckets](user_id)``: ``(murmur3(user_id) & 0x7FFFFFFF) % n_buckets`` as int32."""
+    if n_buckets < 1:
+        raise ValueError(f"n_buckets must be >= 1, got {n_buckets}")
+    if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
+        user_ids = user_ids.to_numpy()
+    h = murmur3_int64(np.asarray(user_ids, dtype=np.int64)).astype(np.int64)  # [N]
+    return ((h & 0x7FFFFFFF) % n_buckets).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def conform(table: pa.Table, name: str) -> pa.Table:
+    """Select and cast ``table`` to the canonical schema of ``name``; bad input raises DataError."""
+    schema = _SCHEMAS[name]
+    cols = []
+    for f in schema:
+        if f.name not in table.column_names:
+            raise DataError(f"missing column (has {table.column_names})", path=name, field=f.name)
+        col = table.column(f.name)
+        try:
+            col = col.cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise DataError(f"cannot convert {col.type} to {f.type}: {e}", path=name, field=f.name) from e
+        if not f.nullable and col.null_count:
+            row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"null value in row {row} (column must not be null)", path=name, field=f.name)
+        cols.append(col)
+    out = pa.Table.from_arrays(cols, schema=schema)
+    if name == "feedviews" and out.num_rows:
+        n_items = pc.list_value_length(out.column("item_ids")).to_numpy()
+        n_labels = pc.list_value_length(out.column("labels")).to_numpy()
+        bad = np.flatnonzero(n_items != n_labels)
+        if bad.size:
+            r = int(bad[0])
+            raise DataError(
+                f"row {r}: {n_labels[r]} labels for {n_items[r]} slate items", path=name, field="labels"
+            )
+        if pc.any(pc.equal(n_items, 0)).as_py():
+            r = int(np.flatnonzero(n_items == 0)[0])
+            raise DataError(f"row {r}: empty slate", path=name, field="item_ids")
+    return out
+
+
+# ----------------------------------------------------------------------------- store
+
+
+class TableStore:
+    """The three canonical tables in an Iceberg catalog, events/feedviews bucketed by user.
+
+    ``catalog=None`` uses a SQLite-backed ``SqlCatalog`` at ``tables_dir/catalog.db`` with
+    warehouse ``tables_dir/warehouse``; a dict is passed to
+    :func:`pyiceberg.catalog.load_catalog` (``{"type": "rest", "uri": ...}``, Hive, Glue).
+    ``tables_dir/manifest.json`` is always local and says which namespace holds the tables.
+    """
+
+    def __init__(self, tables_dir: str | Path, catalog: dict[str, Any] | None = None,
+                 *, namespace: str = "genrec") -> None:
+        self.tables_dir = Path(tables_dir).expanduser().resolve()
+        self.namespace = namespace
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", namespace):
+            raise ValueError(f"namespace must be an identifier, got {namespace!r}")
+        self._catalog_conf = dict(catalog) if catalog is not None else None
+        self._catalog: Any = None
+        self._manifest: dict[str, Any] | None = None
+
+    # -- catalog ---------------------------------------------------------------
+
+    @property
+    def catalog(self) -> Any:
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            if self._catalog_conf is None:
+                from pyiceberg.catalog.sql import SqlCatalog
+
+                wh = self.tables_dir / "warehouse"
+                wh.mkdir(parents=True, exist_ok=True)
+                self._catalog = SqlCatalog(
+                    "genrec", uri=f"sqlite:///{self.tables_dir / 'catalog.db'}", warehouse=wh.as_uri()
+                )
+            else:
+                conf = dict(self._catalog_conf)
+                self._catalog = load_catalog(conf.pop("name", "genrec"), **conf)
+        return self._catalog
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.tables_dir / MANIFEST
+
+    def exists(self) -> bool:
+        """True when a complete write has finished (its manifest is present)."""
+        return self.manifest_path.exists()
+
+    def manifest(self) -> dict[str, Any]:
+        if self._manifest is None:
+            if not self.manifest_path.exists():
+                raise GenrecError(
+                    f"no tables at {self.tables_dir} ({self.manifest_path} missing): write a dataset first"
+                )
+            self._manifest = read_json(self.manifest_path)
+        return self._manifest
+
+    def _versions(self) -> list[int]:
+        pat = re.compile(rf"{re.escape(self.namespace)}_v(\d+)")
+        out = []
+        for ns in self.catalog.list_namespaces():
+            m = pat.fullmatch(".".join(ns))
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def _purge_namespace(self, ns: str) -> None:
+        """Drop every table in ``ns`` (deleting its files) and then ``ns`` itself; best effort."""
+        with contextlib.suppress(Exception):
+            for ident in self.catalog.list_tables(ns):
+                with contextlib.suppress(Exception):
+                    self.catalog.purge_table(ident)
+            self.catalog.drop_namespace(ns)
+
+    def clean_stale(self) -> int:
+        """Purge staged namespaces the manifest does not point at (left by killed writers)."""
+        current = self.manifest()["namespace"] if self.exists() else None
+        n = 0
+        for v in self._versions():
+            ns = f"{self.namespace}_v{v:04d}"
+            if ns != current:
+                self._purge_namespace(ns)
+                n += 1
+        return n
+
+    # -- write -----------------------------------------------------------------
+
+    def _append(self, table: Any, data: pa.Table, name: str) -> None:
+        """One Iceberg append (a separate method so tests can inject a failure mid-write)."""
+        table.append(data)
+
+    def write(self, ds: Dataset, n_buckets: int = 16, *, overwrite: bool = False) -> dict[str, Any]:
+        """Write ``ds`` as a new table version and return the manifest written.
+
+        The manifest is written last; until then the previous version stays current.
+        """
+        if not isinstance(n_buckets, int) or n_buckets < 1:
+            raise ValueError(f"n_buckets must be a positive int, got {n_buckets!r}")
+        if self.manifest_path.exists() and not overwrite:
+            raise GenrecError(f"{self.tables_dir} already holds tables; pass overwrite=True to replace them")
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+        self._manifest = None  # re-read: another process may have written since
+
+        data = {name: conform(getattr(ds, name), name) for name in TABLES}
+        for name in _BUCKETED:
+            t = data[name]
+            b = pa.array(user_bucket(t.column("user_id"), n_buckets), pa.int32())
+            t = t.append_column(pa.field(BUCKET, pa.int32(), nullable=False), b)
+            data[name] = t.sort_by([(BUCKET, "ascending"), *_SORT_KEYS[name]])
+        data["items"] = data["items"].sort_by(_SORT_KEYS["items"])
+
+        self.tables_dir.mkdir(parents=True, exist_ok=True)
+        previous = self.manifest()["namespace"] if self.exists() else None
+        self.clean_stale()
+        version = max(self._versions(), default=0) + 1
+        if previous is not None:
+            version = max(version, int(previous.rsplit("_v", 1)[1]) + 1)
+        ns = f"{self.namespace}_v{version:04d}"
+        try:
+            with contextlib.suppress(NamespaceAlreadyExistsError):
+                self.catalog.create_namespace(ns)
+            for name in TABLES:
+                tbl = self.catalog.create_table(f"{ns}.{name}", schema=data[name].schema)
+                if name in _BUCKETED:
+                    with tbl.update_spec() as spec:
+                        spec.add_identity(BUCKET)
+                self._append(tbl, data[name], name)
+            counts = {name: data[name].num_rows for name in TABLES}
+            counts["users"] = len(pc.unique(data["events"].column("user_id")))
+            body = manifest(
+                "tables",
+                inputs=ds.source,
+                params={"n_buckets": n_buckets,
+                        "bucket_hash": "iceberg bucket[n](user_id): (murmur3_x86_32 & 0x7FFFFFFF) % n"},
+                counts=counts,
+                info=ds.info.to_dict(),
+                n_buckets=n_buckets,
+                namespace=ns,
+                version=version,
+                tables={name: f"{ns}.{name}" for name in TABLES},
+                catalog="sqlite" if self._catalog_conf is None else str(self._catalog_conf.get("type", "custom")),
+            )
+            atomic_write_json(self.manifest_path, body)  # the commit point
+        except BaseException:
+            self._purge_namespace(ns)
+            raise
+        self._manifest = body
+        if previous is not None and previous != ns:
+            self._purge_namespace(previous)
+        return body
+
+    # -- read ------------------------------------------------------------------
+
+    def info(self) -> DatasetInfo:
+        return DatasetInfo.from_dict(self.manifest()["info"])
+
+    @property
+    def n_buckets(self) -> int:
+        return int(self.manifest()["n_buckets"])
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.manifest()["counts"])
+
+    def table(self, name: str) -> Any:
+        """The pyiceberg ``Table`` currently holding ``name`` (events / feedviews / items)."""
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; expected one of {TABLES}")
+        return self.catalog.load_table(self.manifest()["tables"][name])
+
+    def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
+        from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference
+        from pyiceberg.expressions.literals import literal
+
+        row_filter: Any = AlwaysTrue()
+        if bucket is not None:
+            if name not in _BUCKETED:
+                raise ValueError(f"table {name!r} is not bucketed")
+            if not (isinstance(bucket, (int, np.integer)) and 0 <= int(bucket) < self.n_buckets):
+                raise ValueError(f"bucket must be an int in [0, {self.n_buckets}), got {bucket!r}")
+            row_filter = EqualTo(term=Reference(BUCKET), value=literal(int(bucket)))
+        fields = tuple(columns) if columns is not None else ("*",)
+        return self.table(name).scan(row_filter=row_filter, selected_fields=fields)
+
+    def planned_files(self, name: str, bucket: int | None = None) -> list[str]:
+        """Data files a read of ``name`` (one bucket or all) would open: shows partition pruning."""
+        return [task.file.file_path for task in self._scan(name, bucket).plan_files()]
+
+    def _read(self, name: str, bucket: int | None, columns: list[str] | None) -> pa.Table:
+        schema = _SCHEMAS[name]
+        if columns is not None:
+            unknown = [c for c in columns if c not in schema.names]
+            if unknown:
+                raise ValueError(f"unknown column(s) {unknown} for table {name!r}; has {schema.names}")
+            schema = pa.schema([schema.field(c) for c in columns])
+        raw = self._scan(name, bucket, columns).to_arrow()
+        cols = [raw.column(f.name).cast(f.type) for f in schema]
+        return pa.Table.from_arrays(cols, schema=schema)
+
+    def read_events(self, bucket: int | None = None, *, columns: list[str] | None = None) -> pa.Table:
+        """Events of one bucket (only that bucket's files are scanned) or all; canonical schema."""
+        return self._read("events", bucket, columns)
+
+    def read_feedviews(self, bucket: int | None = None, *, columns: list[str] | None = None) -> pa.Table:
+        return self._read("feedviews", bucket, columns)
+
+    def read_items(self) -> pa.Table:
+        return self._read("items", None, None)
+
+    def iter_buckets(self) -> Iterator[tuple[int, pa.Table, pa.Table]]:
+        """``(bucket, events, feedviews)`` for each bucket in turn; one bucket in memory at a time."""
+        for b in range(self.n_buckets):
+            yield b, self.read_events(b), self.read_feedviews(b)
+
+    def read(self) -> Dataset:
+        """The whole dataset back in memory (small data, tests)."""
+        m = self.manifest()
+        return Dataset(self.info(), self.read_events(), self.read_items(), self.read_feedviews(),
+                       source=dict(m.get("inputs", {})))
