@@ -1,0 +1,96 @@
+"""The pipeline steps as library functions (the CLI and notebooks call these).
+
+data -> features -> sid -> train -> eval / serve, each reading and writing one run
+directory (:class:`genrec.workdir.WorkDir`). Every step records what it read in its
+manifest, so a later step can check it is looking at the versions it expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.data.ingest import IngestOptions, prepare_dataset
+from genrec.data.splits import SplitSpec, train_events
+from genrec.data.store import TableStore
+from genrec.errors import GenrecError
+from genrec.workdir import WorkDir, clean_stale_tmp
+
+
+def open_store(workdir: str | Path) -> TableStore:
+    wd = WorkDir(workdir)
+    store = TableStore(wd.tables)
+    if not store.exists():
+        raise GenrecError(f"{wd.root} has no prepared tables: run `genrec data prepare DATASET {wd.root}` first")
+    return store
+
+
+def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = None,
+            data_dir: str | Path | None = None, n_buckets: int = 16, overwrite: bool = True,
+            options: IngestOptions | None = None) -> dict[str, Any]:
+    """Ingest ``dataset`` into canonical Iceberg tables under ``WORKDIR/tables``; returns the manifest."""
+    wd = WorkDir(workdir).ensure()
+    ds = prepare_dataset(dataset, source, data_dir=data_dir, options=options)
+    store = TableStore(wd.tables)
+    return store.write(ds, n_buckets=n_buckets, overwrite=overwrite)
+
+
+def default_split(store: TableStore) -> SplitSpec:
+    return SplitSpec(kind="loo")
+
+
+def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_dim: int = 64,
+                        engagement_dim: int = 64, seed: int = 0, split: SplitSpec | None = None) -> Any:
+    """Content + engagement vectors; engagement sees the TRAIN split only (no valid/test leakage)."""
+    from genrec.features.build import build_features
+
+    wd = WorkDir(workdir)
+    store = open_store(wd.root)
+    spec = split or default_split(store)
+    events = store.read_events()
+    tr = train_events(events, spec)
+    clean_stale_tmp(wd.root)
+    return build_features(store.read_items(), tr, wd.features, content=content, content_dim=content_dim,
+                          engagement_dim=engagement_dim, seed=seed,
+                          inputs={"tables_manifest": str(store.manifest_path), "split": spec.kind})
+
+
+def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
+                       method: str = "rqkmeans", seed: int = 0) -> Any:
+    """Quantise the content vectors into a new SID version under ``WORKDIR/sid``."""
+    from genrec.features.store import ItemVectors
+    from genrec.sid.build import build_sids
+
+    wd = WorkDir(workdir)
+    vecs = ItemVectors.load(wd.features)
+    return build_sids(np.asarray(vecs.content), np.asarray(vecs.item_ids), wd.sid, levels=levels,
+                      codebook_size=codebook_size, method=method, seed=seed,
+                      inputs={"features": str(wd.features)})
+
+
+def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
+    """The per-item tensors the model reads: features, SID codes (current version) and titles."""
+    from genrec.features.store import ItemVectors
+    from genrec.train.batches import ItemCatalog
+
+    wd = WorkDir(workdir)
+    vecs = ItemVectors.load(wd.features, mmap=False)
+    ids = np.asarray(vecs.item_ids, dtype=np.int64)
+    feats = torch.from_numpy(np.ascontiguousarray(vecs.concat(), dtype=np.float32))
+    codes = None
+    if with_sids:
+        from genrec.sid.build import open_current
+
+        sb = open_current(wd.sid)
+        rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
+        codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    titles = None
+    store = TableStore(wd.tables)
+    if store.exists():
+        items = store.read_items()
+        t = dict(zip(items.column("item_id").to_pylist(), items.column("title").to_pylist()))
+        titles = [t.get(int(i)) for i in ids]
+    return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles)

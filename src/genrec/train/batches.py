@@ -1,0 +1,212 @@
+"""From joined user records to model batches (UniPinRec §3.2: past sequence + future feedview).
+
+Each training example is one user's train history, optionally cut at one of the user's
+feedviews: with probability ``p_rank`` (and when the user has a feedview with a non-empty
+history before it), a feedview is drawn, the history is cut at its request (so no slate
+item is visible to the candidates: their labels would leak), and the slate becomes the
+candidates. Otherwise the whole train history (last ``context_len`` items) is used with no
+candidates, which keeps most of the next-item / next-SID signal.
+
+Batches are deterministic functions of ``(seed, epoch, index)``: the materialised example
+list is shuffled per epoch with ``seed + epoch``, the feedview choice hashes ``(seed, epoch,
+user)``. That is what lets :class:`genrec.train.trainer.Trainer` resume to the same loss
+trajectory. Examples are materialised once (compact int arrays): fine up to tens of millions
+of events; a streaming variant would shuffle within a bucket window instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from genrec.data.join import UserExample
+from genrec.errors import DataError
+
+
+@dataclass
+class ItemCatalog:
+    """Everything per item the model reads, aligned by row: ids, features, SID codes."""
+
+    item_ids: np.ndarray  # int64 [N], sorted ascending
+    feats: torch.Tensor  # float32 [N, F]: [content ‖ engagement]
+    codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
+    titles: list[str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if not np.all(self.item_ids[1:] > self.item_ids[:-1]):
+            order = np.argsort(self.item_ids)
+            self.item_ids = self.item_ids[order]
+            t = torch.from_numpy(order)
+            self.feats = self.feats[t]
+            self.codes = None if self.codes is None else self.codes[t]
+            if self.titles is not None:
+                self.titles = [self.titles[i] for i in order]
+
+    def __len__(self) -> int:
+        return len(self.item_ids)
+
+    def rows(self, ids: np.ndarray, *, strict: bool = True) -> np.ndarray:
+        """Row of each item id; unknown ids raise (strict) or map to -1."""
+        ids = np.asarray(ids, dtype=np.int64)
+        r = np.searchsorted(self.item_ids, ids)
+        r = np.clip(r, 0, len(self.item_ids) - 1)
+        ok = self.item_ids[r] == ids
+        if strict and not ok.all():
+            raise DataError(f"unknown item id {int(ids[~ok][0])} (not in the item catalogue)", field="item_id")
+        return np.where(ok, r, -1)
+
+
+@dataclass
+class TrainExample:
+    rows: np.ndarray  # int64 [n] catalogue rows of the history
+    actions: np.ndarray  # int64 [n]
+    surfaces: np.ndarray  # int64 [n]
+    timestamps: np.ndarray  # int64 [n]
+    fv_rows: list[np.ndarray]  # per feedview: catalogue rows of the slate
+    fv_labels: list[np.ndarray]  # per feedview: int32 label bitmasks
+    fv_hist: np.ndarray  # int64 [F]: history items before each feedview
+    fv_surface: np.ndarray  # int64 [F]
+    fv_ts: np.ndarray  # int64 [F]
+    user_id: int
+
+
+def materialise(examples: Iterable[UserExample], catalog: ItemCatalog, *, min_len: int = 2) -> list[TrainExample]:
+    """Turn joined records into compact examples (users with < ``min_len`` history items dropped)."""
+    out: list[TrainExample] = []
+    for ex in examples:
+        if len(ex.items) < min_len:
+            continue
+        fvs = [f for f in ex.feedviews if f.history_len >= 1 and len(f.item_ids) > 0]
+        out.append(TrainExample(
+            rows=catalog.rows(ex.items), actions=ex.actions.astype(np.int64),
+            surfaces=ex.surfaces.astype(np.int64), timestamps=ex.timestamps.astype(np.int64),
+            fv_rows=[catalog.rows(f.item_ids) for f in fvs], fv_labels=[f.labels for f in fvs],
+            fv_hist=np.array([f.history_len for f in fvs], dtype=np.int64),
+            fv_surface=np.array([f.surface for f in fvs], dtype=np.int64),
+            fv_ts=np.array([f.request_ts for f in fvs], dtype=np.int64), user_id=int(ex.user_id)))
+    return out
+
+
+@dataclass
+class TrainBatch:
+    """Padded index tensors; features are gathered on the device inside the objective."""
+
+    rows: torch.Tensor  # [B, n] catalogue rows (0 at padding)
+    actions: torch.Tensor  # [B, n]
+    surfaces: torch.Tensor  # [B, n]
+    timestamps: torch.Tensor  # [B, n]
+    lengths: torch.Tensor  # [B]
+    cand_rows: torch.Tensor | None  # [B, k]
+    cand_labels: torch.Tensor | None  # [B, k, C] float
+    cand_valid: torch.Tensor | None  # [B, k] bool
+    cand_surface: torch.Tensor | None  # [B]
+    request_ts: torch.Tensor | None  # [B]
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return TrainBatch(*(mv(getattr(self, f)) for f in self.__dataclass_fields__))  # type: ignore[arg-type]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def _hash_unit(seed: int, epoch: int, user: int) -> float:
+    x = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + user * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    x ^= x >> 31
+    x = (x * 0xD6E8FEB86659FD93) & ((1 << 64) - 1)
+    x ^= x >> 32
+    return (x & ((1 << 53) - 1)) / float(1 << 53)
+
+
+def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
+            p_rank: float, max_cands: int) -> TrainBatch:
+    """Build one padded batch. Histories keep their newest ``context_len`` items."""
+    hist: list[slice] = []
+    picks: list[int] = []
+    for ex in exs:
+        n = len(ex.rows)
+        f = -1
+        if p_rank > 0 and len(ex.fv_rows) > 0 and _hash_unit(seed, epoch, ex.user_id) < p_rank:
+            f = int(_hash_unit(seed + 1, epoch, ex.user_id) * len(ex.fv_rows))
+            n = int(ex.fv_hist[f])
+        picks.append(f)
+        hist.append(slice(max(0, n - context_len), n))
+    B = len(exs)
+    n_max = max(s.stop - s.start for s in hist)
+    rows = np.zeros((B, n_max), np.int64)
+    acts = np.zeros((B, n_max), np.int64)
+    surf = np.zeros((B, n_max), np.int64)
+    ts = np.zeros((B, n_max), np.int64)
+    lengths = np.zeros(B, np.int64)
+    for b, (ex, s) in enumerate(zip(exs, hist)):
+        m = s.stop - s.start
+        rows[b, :m], acts[b, :m], surf[b, :m], ts[b, :m] = ex.rows[s], ex.actions[s], ex.surfaces[s], ex.timestamps[s]
+        lengths[b] = m
+    batch = TrainBatch(torch.from_numpy(rows), torch.from_numpy(acts), torch.from_numpy(surf), torch.from_numpy(ts),
+                       torch.from_numpy(lengths), None, None, None, None, None)
+    if any(f >= 0 for f in picks):
+        k = min(max_cands, max(len(ex.fv_rows[f]) for ex, f in zip(exs, picks) if f >= 0))
+        crow = np.zeros((B, k), np.int64)
+        clab = np.zeros((B, k, n_actions), np.float32)
+        cval = np.zeros((B, k), bool)
+        csurf = np.zeros(B, np.int64)
+        rts = np.zeros(B, np.int64)
+        bits = 1 << np.arange(n_actions)
+        for b, (ex, f) in enumerate(zip(exs, picks)):
+            if f < 0:
+                continue
+            r = ex.fv_rows[f][:k]
+            crow[b, :len(r)] = r
+            clab[b, :len(r)] = (ex.fv_labels[f][:k, None] & bits[None, :]) > 0
+            cval[b, :len(r)] = True
+            csurf[b] = ex.fv_surface[f]
+            rts[b] = ex.fv_ts[f]
+        batch.cand_rows, batch.cand_labels = torch.from_numpy(crow), torch.from_numpy(clab)
+        batch.cand_valid, batch.cand_surface = torch.from_numpy(cval), torch.from_numpy(csurf)
+        batch.request_ts = torch.from_numpy(rts)
+    return batch
+
+
+class BatchStream:
+    """Deterministic epochs of shuffled batches over materialised examples.
+
+    ``iter_from(step)`` yields the batches of global steps ``step, step+1, ...`` (one rank's
+    share when ``rank/world`` are given: a contiguous slice of each global batch).
+    """
+
+    def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
+                 n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1) -> None:
+        if not examples:
+            raise DataError("no training examples (every user has fewer than 2 train events?)")
+        if batch_size % world:
+            raise DataError(f"global batch size {batch_size} is not divisible by world size {world}",
+                            field="batch_size")
+        self.examples = examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.context_len = context_len
+        self.n_actions = n_actions
+        self.p_rank = p_rank
+        self.max_cands = max_cands
+        self.rank, self.world = rank, world
+        self.steps_per_epoch = max(1, len(examples) // batch_size)
+
+    def batch_at(self, step: int) -> TrainBatch:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        order = np.random.default_rng(self.seed + epoch).permutation(len(self.examples))
+        glob = order[i * self.batch_size:(i + 1) * self.batch_size]
+        per = self.batch_size // self.world
+        mine = glob[self.rank * per:(self.rank + 1) * per]
+        return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
+                       n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands)
+
+    def iter_from(self, step: int) -> Iterator[TrainBatch]:
+        while True:
+            yield self.batch_at(step)
+            step += 1

@@ -1,0 +1,168 @@
+"""The joint objective: L = w_sid·L_sid + w_item·L_item + w_action·L_action on one forward.
+
+* L_sid (PinGER): next-SID cross-entropy over every (history item × level) label of the
+  interleaved layout (TIGER layout: over its all-SID token sequence).
+* L_item (PinRec / UniPinRec eq. 1/3): the user vector at each dense position against the
+  next item, sampled softmax over in-batch positives + uniformly sampled catalogue negatives,
+  each corrected by its log sampling probability: in-batch candidates by a count-min sketch
+  of item frequency (updated online with the batch's positives), uniform ones by log(M/N).
+  ``item_loss="full"`` is full-softmax cross-entropy over the whole catalogue (the
+  SASRec-CE baseline the issue measures genrec against).
+* L_action (UniPinRec eq. 4, MAM): history actions are replaced by [MASK] with probability
+  ``p_mask``; masked past positions and the feedview candidates (always masked) are scored
+  by per-action BCE heads, two separately averaged terms.
+
+Next-item and SID targets are restricted to items whose action is positive engagement
+(``positive_actions`` of the dataset): a disliked movie is not a retrieval target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genrec.errors import ConfigError
+from genrec.model.genrec_model import GenRecModel, ModelBatch
+from genrec.model.losses import action_loss, sampled_softmax_loss, sid_loss
+from genrec.model.sketch import CountMinSketch
+from genrec.train.batches import ItemCatalog, TrainBatch
+
+
+@dataclass
+class ObjectiveConfig:
+    w_sid: float = 1.0
+    w_item: float = 1.0
+    w_action: float = 1.0
+    p_mask: float = 0.2
+    item_loss: str = "sampled"  # sampled | full
+    n_negatives: int = 512
+    temperature: float = 0.05
+    action_weights: tuple[float, ...] | None = None  # w_c; default 1 per action
+
+    def validate(self) -> None:
+        if self.item_loss not in ("sampled", "full"):
+            raise ConfigError(f"objective.item_loss must be 'sampled' or 'full', got {self.item_loss!r}")
+        if not 0.0 <= self.p_mask < 1.0:
+            raise ConfigError(f"objective.p_mask must be in [0, 1), got {self.p_mask}")
+        if self.temperature <= 0:
+            raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
+
+
+class JointObjective(nn.Module):
+    """Wraps a :class:`GenRecModel` with the catalogue tensors; ``training_step`` returns the loss terms."""
+
+    def __init__(self, model: GenRecModel, catalog: ItemCatalog, cfg: ObjectiveConfig,
+                 positive_actions: list[int], sketch_seed: int = 0) -> None:
+        super().__init__()
+        cfg.validate()
+        self.model = model
+        self.cfg = cfg
+        self.register_buffer("feats", catalog.feats.float(), persistent=False)  # [N, F]
+        codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
+        self.register_buffer("codes", codes.long(), persistent=False)  # [N, L]
+        pos = torch.zeros(model.config.n_actions, dtype=torch.bool)
+        pos[positive_actions] = True
+        self.register_buffer("pos_action", pos, persistent=False)  # [C]
+        C = model.config.n_actions
+        w = cfg.action_weights if cfg.action_weights is not None else (1.0,) * C
+        if len(w) != C:
+            raise ConfigError(f"objective.action_weights needs {C} values, got {len(w)}")
+        self.register_buffer("action_w", torch.tensor(w, dtype=torch.float32), persistent=False)
+        self.sketch = CountMinSketch.from_error(1e-4, 1e-3, seed=sketch_seed)
+        # the sketch lives on the CPU; its counts travel in the state dict (exact resume)
+        self._register_state_dict_hook(_save_sketch)
+        self._register_load_state_dict_pre_hook(_load_sketch, with_module=True)
+
+    def model_batch(self, b: TrainBatch, *, mask_actions: bool) -> tuple[ModelBatch, torch.Tensor]:
+        cfg = self.model.config
+        n = b.rows.shape[1]
+        valid = torch.arange(n, device=b.rows.device)[None, :] < b.lengths[:, None]  # [B, n]
+        amask = (torch.rand(b.rows.shape, device=b.rows.device) < self.cfg.p_mask) & valid if mask_actions \
+            else torch.zeros_like(valid)
+        has_c = b.cand_rows is not None
+        mb = ModelBatch(
+            actions=b.actions, surfaces=b.surfaces, lengths=b.lengths,
+            sid_codes=self.codes[b.rows] if cfg.uses_sids else None,
+            item_feats=self.feats[b.rows], action_mask=amask,
+            cand_feats=self.feats[b.cand_rows] if has_c else None,
+            cand_sid_codes=self.codes[b.cand_rows] if has_c and cfg.uses_sids else None,
+            cand_surface=b.cand_surface if has_c else None,
+            timestamps=b.timestamps, request_ts=b.request_ts if has_c else None,
+        )
+        return mb, valid
+
+    def training_step(self, b: TrainBatch) -> dict[str, torch.Tensor]:
+        cfg, mcfg = self.cfg, self.model.config
+        mb, valid = self.model_batch(b, mask_actions=cfg.w_action > 0 and mcfg.layout != "tiger")
+        out = self.model(mb)
+        positive = self.pos_action[b.actions] & valid  # [B, n]
+        terms: dict[str, torch.Tensor] = {}
+        total = out.hidden.new_zeros(())
+        if cfg.w_sid > 0 and out.sid_logits is not None:
+            tgt = self.codes[b.rows]  # [B, n, L]
+            logits, targets = [], []
+            for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
+                m = ok & positive
+                logits.append(lg[m])
+                targets.append(tgt[..., lvl][m])
+            per_level = [F.cross_entropy(lg.float(), t, reduction="sum") for lg, t in zip(logits, targets)]
+            count = sum(int(t.numel()) for t in targets)
+            terms["sid"] = torch.stack(per_level).sum() / max(count, 1)
+            total = total + cfg.w_sid * terms["sid"]
+        if cfg.w_item > 0 and out.user_vecs is not None:
+            # position i predicts item i+1 (when i+1 is a positive, valid item)
+            nxt = torch.zeros_like(positive)
+            nxt[:, :-1] = positive[:, 1:]
+            users = out.user_vecs[nxt]  # [P, D]
+            pos_rows = b.rows[:, 1:][nxt[:, :-1]]  # [P]
+            terms["item"] = self._item_loss(users, pos_rows)
+            total = total + cfg.w_item * terms["item"]
+        if cfg.w_action > 0 and out.action_logits is not None:
+            C = mcfg.n_actions
+            m_past = mb.action_mask & valid  # [B, n]
+            lab_past = F.one_hot(b.actions.clamp(max=C - 1), C).float()
+            if out.cand_action_logits is not None and b.cand_rows is not None:
+                lc, yc, mc = out.cand_action_logits[b.cand_valid], b.cand_labels[b.cand_valid], None
+            else:
+                lc = out.action_logits.new_zeros(0, C)
+                yc, mc = lc, None
+            terms["action"] = action_loss(out.action_logits[m_past].float(), lab_past[m_past], None,
+                                          lc.float(), yc, mc, self.action_w)
+            total = total + cfg.w_action * terms["action"]
+        return {"loss": total, **terms, "n_items": valid.sum(), "n_tokens": valid.sum() * out.layout.tokens_per_item}
+
+    def _item_loss(self, users: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        N = self.feats.shape[0]
+        if users.shape[0] == 0:
+            return users.sum() * 0.0
+        if cfg.item_loss == "full":
+            all_vecs = self.model.item_vectors(self.feats)  # [N, D]
+            logits = users.float() @ all_vecs.float().T / cfg.temperature  # [P, N]
+            return F.cross_entropy(logits, pos_rows)
+        pos_vecs = self.model.item_vectors(self.feats[pos_rows])  # [P, D]
+        M = min(cfg.n_negatives, N)
+        neg_rows = torch.randint(0, N, (M,), device=pos_rows.device)
+        neg_vecs = self.model.item_vectors(self.feats[neg_rows])
+        ids_cpu = pos_rows.detach().cpu()
+        self.sketch.add(ids_cpu)
+        # in-batch: an item appears as a negative with prob ∝ its frequency among positives
+        log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=int(pos_rows.numel())).to(users.device, torch.float32)
+        log_q_neg = torch.full((M,), math.log(M / N), device=users.device)
+        return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
+                                    log_q_pos, log_q_neg, cfg.temperature)
+
+
+def _save_sketch(module: JointObjective, state: dict, prefix: str, _meta: object) -> None:
+    state[prefix + "sketch.table"] = module.sketch.table.clone()
+    state[prefix + "sketch.total"] = torch.tensor(module.sketch.total, dtype=torch.float64)
+
+
+def _load_sketch(module: JointObjective, state: dict, prefix: str, *_args: object) -> None:
+    if prefix + "sketch.table" in state:
+        module.sketch.table.copy_(state.pop(prefix + "sketch.table").cpu())
+        module.sketch.total = float(state.pop(prefix + "sketch.total"))

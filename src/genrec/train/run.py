@@ -1,0 +1,228 @@
+"""``genrec train``: one joint training run from a prepared run directory.
+
+A :class:`RunConfig` bundles the model, objective, data and optimiser settings; named
+presets (``RunConfig.from_name``) reproduce every reported number, ``key=value`` overrides
+change any field (``model.d_model=128``, ``train.lr=3e-4``, ``objective.w_item=0``), and a
+``variant`` switches the papers' ablations and baselines with the same code:
+
+=============  ==========================================================================
+pinger         interleaved SID + dense tokens, SID fusion, joint SID + item + action loss
+tiger          TIGER layout: all L SID tokens per item, causal, SID loss only
+sasrec         dense-only layout, full-softmax cross-entropy next-item loss (the bar)
+dense          dense-only layout, sampled softmax + logQ, + action loss (PinRec/UniPinRec)
+no-fusion      pinger without SID fusion
+ranking-only   pinger layout, action loss only (UniPinRec "w/o item loss")
+=============  ==========================================================================
+
+The resolved config is written beside the checkpoints (``checkpoints/config.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.data.join import BucketJoinReader
+from genrec.data.splits import SplitSpec
+from genrec.errors import ConfigError
+from genrec.model.config import ModelConfig
+from genrec.model.genrec_model import GenRecModel
+from genrec.train.batches import BatchStream, ItemCatalog, materialise
+from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
+from genrec.train.objective import JointObjective, ObjectiveConfig
+from genrec.workdir import WorkDir
+
+VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only")
+
+
+@dataclass
+class DataConfig:
+    context_len: int = 50
+    p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
+    max_cands: int = 16
+    split: str = "loo"  # loo | temporal
+    valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
+    eval_beam: int = 20
+
+
+@dataclass
+class ModelOverrides:
+    """Model fields a run may override; the rest come from the preset and the data."""
+
+    d_model: int = 0
+    n_layers: int = 0
+    n_heads: int = 0
+    d_ff: int = 0
+    dropout: float = -1.0
+    item_dim: int = 0
+    sid_fusion: bool = True
+    target_condition: bool = False
+    attn_impl: str = "auto"
+
+
+@dataclass
+class RunConfig:
+    variant: str = "pinger"
+    model_preset: str = "cpu-small"
+    model: ModelOverrides = field(default_factory=ModelOverrides)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @classmethod
+    def from_name(cls, name: str, overrides: list[str] | None = None) -> "RunConfig":
+        if name not in RUN_PRESETS:
+            raise ConfigError(f"unknown run preset {name!r}; choose one of {sorted(RUN_PRESETS)}")
+        cfg = from_dict(cls, RUN_PRESETS[name])
+        cfg = apply_overrides(cfg, overrides or [])
+        if cfg.variant not in VARIANTS:
+            raise ConfigError(f"config key 'variant': {cfg.variant!r} is not one of {VARIANTS}")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def _preset(model_preset: str, train: dict[str, Any], data: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"model_preset": model_preset, "train": train, "data": data, **kw}
+
+
+RUN_PRESETS: dict[str, dict[str, Any]] = {
+    # the quickstart: ~1-3 minutes on 2 CPU cores (MovieLens 100K)
+    "quickstart": _preset("cpu-small", dict(lr=2e-3, warmup_steps=20, total_steps=150, batch_size=64, bf16=False,
+                                            device="cpu", log_every=25, eval_every=0, ckpt_every=0,
+                                            tensorboard=True, progress="auto"),
+                          dict(context_len=50, valid_cases=300)),
+    # tests: seconds
+    "cpu-tiny": _preset("cpu-small", dict(lr=3e-3, warmup_steps=2, total_steps=12, batch_size=16, bf16=False,
+                                          device="cpu", log_every=4, eval_every=0, ckpt_every=6, keep_last=2,
+                                          tensorboard=False, progress="off"),
+                        dict(context_len=20, valid_cases=64, eval_beam=10),
+                        model=dict(d_model=32, n_layers=1, n_heads=2, d_ff=64)),
+    # a real CPU run (tens of minutes on 2 cores)
+    "cpu-small": _preset("cpu-small", dict(lr=1e-3, warmup_steps=100, total_steps=3000, batch_size=128,
+                                           bf16=False, device="cpu", log_every=50, eval_every=500,
+                                           ckpt_every=500),
+                         dict(context_len=50)),
+    # one H200
+    "gpu-base": _preset("gpu-base", dict(lr=1e-3, warmup_steps=300, total_steps=6000, batch_size=256, bf16=True,
+                                         device="cuda", log_every=100, eval_every=1000, ckpt_every=1000,
+                                         early_stopping=EarlyStoppingConfig(metric="valid/ann/recall@10",
+                                                                            mode="max", patience=3)),
+                        dict(context_len=50, valid_cases=0)),
+}
+
+
+def variant_overrides(cfg: RunConfig) -> tuple[dict[str, Any], ObjectiveConfig]:
+    """Model-field overrides and the objective each variant implies."""
+    v = cfg.variant
+    obj = cfg.objective
+    m: dict[str, Any] = {}
+    if v == "tiger":
+        m["layout"] = "tiger"
+        obj = dataclasses.replace(obj, w_item=0.0, w_action=0.0)
+    elif v == "sasrec":
+        m["layout"] = "dense"
+        obj = dataclasses.replace(obj, w_sid=0.0, w_action=0.0, item_loss="full")
+    elif v == "dense":
+        m["layout"] = "dense"
+        obj = dataclasses.replace(obj, w_sid=0.0)
+    elif v == "no-fusion":
+        m["sid_fusion"] = False
+    elif v == "ranking-only":
+        obj = dataclasses.replace(obj, w_sid=0.0, w_item=0.0)
+    return m, obj
+
+
+def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_surfaces: int,
+                       sid_sizes: list[int] | None) -> ModelConfig:
+    mv, _ = variant_overrides(cfg)
+    o = cfg.model
+    kw: dict[str, Any] = {"n_actions": n_actions, "n_surfaces": max(1, n_surfaces),
+                          "item_feat_dim": int(catalog.feats.shape[1]), "max_items": cfg.data.context_len + 1,
+                          "sid_fusion": o.sid_fusion, "target_condition": o.target_condition,
+                          "attn_impl": o.attn_impl}
+    for name in ("d_model", "n_layers", "n_heads", "d_ff", "item_dim"):
+        if getattr(o, name) > 0:
+            kw[name] = getattr(o, name)
+    if o.dropout >= 0:
+        kw["dropout"] = o.dropout
+    if sid_sizes is not None:
+        kw["sid_levels"] = len(sid_sizes)
+        kw["sid_codebook_sizes"] = list(sid_sizes)
+    kw.update(mv)
+    if sid_sizes is None and kw.get("layout", "pinger") in ("pinger", "tiger"):
+        raise ConfigError(f"variant {cfg.variant!r} needs Semantic IDs: run `genrec sid build` first")
+    return ModelConfig.from_name(cfg.model_preset, **kw)
+
+
+def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
+    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
+    from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
+    from genrec.pipeline import load_catalog, open_store
+    from genrec.train.trainer import Trainer
+
+    wd = WorkDir(workdir)
+    store = open_store(wd.root)
+    info = store.info()
+    mv, obj_cfg = variant_overrides(cfg)
+    needs_sids = mv.get("layout", "pinger") in ("pinger", "tiger")
+    catalog = load_catalog(wd.root, with_sids=needs_sids or (wd.sid / "CURRENT").exists())
+    sid_build = None
+    sid_sizes = None
+    if catalog.codes is not None:
+        from genrec.sid.build import open_current
+
+        sid_build = open_current(wd.sid)
+        sid_sizes = [int(k) for k in sid_build.codebook_sizes]
+    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes)
+    torch.manual_seed(cfg.train.seed)
+    model = GenRecModel(mcfg)
+    pos = [info.actions.index(a) for a in info.positive_actions]
+    objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
+
+    split = SplitSpec(kind=cfg.data.split)
+    reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
+    examples = materialise(reader, catalog)
+    valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
+                          catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
+
+    trie = leaf_rows = None
+    if sid_build is not None:
+        from genrec.decode.trie_torch import TorchTrie
+
+        t = sid_build.trie
+        leaf_rows = catalog.rows(np.asarray(t.leaf_items))
+
+    def eval_fn(m: torch.nn.Module) -> dict[str, float]:
+        nonlocal trie
+        dev = next(m.parameters()).device
+        if sid_build is not None and (trie is None or trie.device != dev):
+            t = sid_build.trie
+            trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sid_sizes, device=dev)
+        res = evaluate_retrieval(m, valid, beam_width=cfg.data.eval_beam, context_len=cfg.data.context_len,
+                                 trie=trie, leaf_rows=leaf_rows)
+        return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
+
+    def factory(spec: Any) -> Any:
+        stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
+                             context_len=cfg.data.context_len, n_actions=len(info.actions),
+                             p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
+                             max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size)
+        return stream.iter_from(spec.start_step)
+
+    extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
+             "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
+    trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
+                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
+    result = trainer.fit(resume=resume)
+    final = eval_fn(objective)
+    return {"step": result.step, "best_step": result.best_step, "valid": final,
+            "train_examples": len(examples), "valid_cases": len(valid),
+            "last_loss": result.history[-1] if result.history else None,
+            "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None}
