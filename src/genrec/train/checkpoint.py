@@ -1,0 +1,314 @@
+"""Crash-safe, pickle-free checkpoints: safetensors for tensors, JSON for everything else.
+
+Layout of one checkpoint (``CKPT_ROOT/step-000123/``)::
+
+    model.safetensors   model weights; tied tensors stored once, their other names in the metadata
+    state.safetensors   optimizer + scheduler tensors and RNG states, flattened to "optim/...", "rng/..."
+    state.json          the non-tensor skeleton of that state (tensors replaced by references)
+    extra.json          caller's extra (e.g. SID / feature versions, trainer counters)
+    config.json         resolved config (if given)
+    meta.json           step, file list, format version
+
+Non-standard: nested optimizer/scheduler state is encoded exactly (int dict keys, tuples,
+inf/nan) by a tagged JSON skeleton plus a flat tensor file, so nothing is ever pickled and
+``torch.load`` is never called. The folder is written under a temp name and renamed
+(:func:`genrec.workdir.atomic_dir`); only then is ``LATEST`` rewritten atomically, so a kill at
+any moment leaves the previous checkpoint loadable and ``LATEST`` pointing at it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from genrec.errors import GenrecError
+from genrec.workdir import atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, read_json
+
+FORMAT_VERSION = 1
+LATEST = "LATEST"
+BEST = "BEST"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(GenrecError):
+    """A checkpoint is missing, incomplete, or does not fit the model/optimizer."""
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+# ---------------------------------------------------------------------------- flatten / unflatten
+
+def flatten_state(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
+    """JSON skeleton of ``obj`` with every tensor moved into ``tensors`` under a unique key."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{prefix}#{len(tensors)}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        key = f"{prefix}#{len(tensors)}"
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "iub"
+                                                                         else np.float64))
+        return {"__ndarray__": key, "dtype": obj.dtype.str}
+    if isinstance(obj, dict):
+        return {"__dict__": [[flatten_state(k, tensors, prefix), flatten_state(v, tensors, prefix)]
+                             for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [flatten_state(v, tensors, prefix) for v in obj]}
+    if isinstance(obj, list):
+        return [flatten_state(v, tensors, prefix) for v in obj]
+    if isinstance(obj, float):
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            return {"__float__": repr(obj)}
+        return obj
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return flatten_state(obj.item(), tensors, prefix)
+    raise CheckpointError(f"cannot store a {type(obj).__name__} in a checkpoint without pickle (at {prefix!r})")
+
+
+def unflatten_state(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [unflatten_state(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__ndarray__" in obj:
+            return tensors[obj["__ndarray__"]].numpy().astype(np.dtype(obj["dtype"]))
+        if "__dict__" in obj:
+            return {unflatten_state(k, tensors): unflatten_state(v, tensors) for k, v in obj["__dict__"]}
+        if "__tuple__" in obj:
+            return tuple(unflatten_state(v, tensors) for v in obj["__tuple__"])
+        if "__float__" in obj:
+            return float(obj["__float__"])
+        raise CheckpointError(f"unknown tagged object in checkpoint state: {sorted(obj)}")
+    return obj
+
+
+# ---------------------------------------------------------------------------- RNG
+
+def get_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+# ---------------------------------------------------------------------------- save / load
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model
+
+
+def save_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, str] | None = None) -> None:
+    """``model.state_dict()`` to safetensors. Exact aliases (tied weights) are stored once and
+    listed in the metadata; partial views of one storage (e.g. cuDNN's flattened RNN weights)
+    are copied apart, which ``safetensors.torch.save_model`` refuses to do."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    for name, t in model.state_dict().items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+               t.dtype)
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().to("cpu", copy=True).contiguous()  # own storage per tensor
+    meta = {**dict(metadata or {}), "aliases": json.dumps(aliases, sort_keys=True)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True,
+                 device: str | torch.device = "cpu") -> None:
+    """Inverse of :func:`save_weights` (copies into the model's existing parameters)."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path), device=str(device))
+    except Exception as e:  # a torn or foreign file
+        raise CheckpointError(f"{path}: cannot read safetensors weights: {e}") from e
+    for alias, canonical in json.loads(meta.get("aliases", "{}")).items():
+        state[alias] = state[canonical]
+    try:
+        model.load_state_dict(state, strict=strict)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} does not fit {type(model).__name__}: {e}") from e
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every complete checkpoint under ``root``, by step."""
+    root = Path(root)
+    out = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir() and (p / "meta.json").exists():
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    config: Mapping[str, Any] | None = None,
+    keep_last: int = 3,
+    save_rng: bool = True,
+    mark_best: bool = False,
+) -> Path:
+    """Write ``root/step-{step:06d}`` atomically, point ``LATEST`` (and ``BEST`` if asked) at it,
+    and delete older ``step-*`` folders beyond the last ``keep_last`` (never the ``BEST`` one)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp(root)
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    name = step_dirname(step)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton: dict[str, Any] = {}
+    if optimizer is not None:
+        skeleton["optimizer"] = flatten_state(optimizer.state_dict(), tensors, "optim")
+    if scheduler is not None:
+        skeleton["scheduler"] = flatten_state(scheduler.state_dict(), tensors, "sched")
+    if save_rng:
+        skeleton["rng"] = flatten_state(get_rng_state(), tensors, "rng")
+    extra_skel = flatten_state(dict(extra or {}), {}, "extra")  # validates: extra must be JSON-able
+    del extra_skel
+    with atomic_dir(root / name, overwrite=True) as tmp:
+        save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
+        save_file(tensors, str(tmp / "state.safetensors"))
+        atomic_write_json(tmp / "state.json", skeleton)
+        atomic_write_json(tmp / "extra.json", dict(extra or {}))
+        if config is not None:
+            atomic_write_json(tmp / "config.json", dict(config))
+        atomic_write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "step": step,
+                                              "files": sorted(p.name for p in tmp.iterdir()) + ["meta.json"]})
+    atomic_write_bytes(root / LATEST, (name + "\n").encode())
+    if mark_best:
+        atomic_write_bytes(root / BEST, (name + "\n").encode())
+    _prune(root, keep_last)
+    return root / name
+
+
+def _read_pointer(root: Path, which: str) -> Path | None:
+    p = root / which
+    if not p.exists():
+        return None
+    name = p.read_text().strip()
+    if not _STEP_RE.match(name):
+        raise CheckpointError(f"{p}: does not name a checkpoint folder: {name!r}")
+    return root / name
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    keep = {p for _, p in list_checkpoints(root)[-keep_last:]}
+    for which in (LATEST, BEST):
+        ptr = _read_pointer(root, which)
+        if ptr is not None:
+            keep.add(ptr)
+    for _, p in list_checkpoints(root):
+        if p not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | Path, which: str = LATEST) -> Path | None:
+    """The checkpoint folder for ``path``: a checkpoint itself, or a root holding ``LATEST``/``BEST``.
+
+    Returns None when ``path`` is a root with no checkpoint yet; raises when the pointer is dangling.
+    """
+    path = Path(path)
+    if (path / "meta.json").exists():
+        return path
+    if not path.exists():
+        return None
+    ptr = _read_pointer(path, which)
+    if ptr is None:
+        return None
+    if not (ptr / "meta.json").exists():
+        raise CheckpointError(f"{path / which} points at {ptr.name}, which is missing or incomplete")
+    return ptr
+
+
+def checkpoint_step(path: str | Path) -> int:
+    ckpt = resolve_checkpoint(path)
+    if ckpt is None:
+        raise CheckpointError(f"no checkpoint at {path}")
+    return int(read_json(ckpt / "meta.json")["step"])
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    *,
+    which: str = LATEST,
+    restore_rng: bool = True,
+    strict: bool = True,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Load weights (and optimizer/scheduler/RNG state when given) from a checkpoint folder or a
+    root's ``LATEST``/``BEST``; returns the saved ``extra`` dict."""
+    ckpt = resolve_checkpoint(path, which)
+    if ckpt is None:
+        raise CheckpointError(f"no checkpoint at {path} (no {which} file and no meta.json)")
+    meta = read_json(ckpt / "meta.json")
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{ckpt / 'meta.json'}: unsupported checkpoint format {meta.get('format')!r}")
+    for f in ("model.safetensors", "state.safetensors", "state.json", "extra.json"):
+        if not (ckpt / f).exists():
+            raise CheckpointError(f"{ckpt / f} is missing: the checkpoint is incomplete")
+    load_weights(_unwrap(model), ckpt / "model.safetensors", strict=strict, device=device)
+    tensors = load_file(str(ckpt / "state.safetensors"), device="cpu")
+    skeleton = read_json(ckpt / "state.json")
+    if optimizer is not None:
+        if "optimizer" not in skeleton:
+            raise CheckpointError(f"{ckpt} has no optimizer state")
+        optimizer.load_state_dict(unflatten_state(skeleton["optimizer"], tensors))
+    if scheduler is not None:
+        if "scheduler" not in skeleton:
+            raise CheckpointError(f"{ckpt} has no scheduler state")
+        scheduler.load_state_dict(unflatten_state(skeleton["scheduler"], tensors))
+    if restore_rng and "rng" in skeleton:
+        set_rng_state(unflatten_state(skeleton["rng"], tensors))
+    return dict(read_json(ckpt / "extra.json"))
+
+
+def load_config_dict(path: str | Path) -> dict[str, Any] | None:
+    """The ``config.json`` saved with a checkpoint (None if it was saved without one)."""
+    ckpt = resolve_checkpoint(path)
+    if ckpt is None or not (ckpt / "config.json").exists():
+        return None
+    return read_json(ckpt / "config.json")

@@ -1,0 +1,454 @@
+"""A model-agnostic training loop: AdamW + warm-up/decay, clipping, bf16 on CUDA, checkpoints,
+exact resume, early stopping, TensorBoard, DDP.
+
+Protocol: ``model.training_step(batch) -> dict[str, Tensor]`` with a scalar ``"loss"`` plus any
+named scalar terms (logged as-is); the optional keys ``"n_items"`` (targets in this batch: the
+count that metrics and DDP gradients are weighted by) and ``"n_tokens"`` (for tokens/s) are
+not logged as terms. ``train_iter_factory(IterSpec) -> Iterator[batch]`` must yield, for this
+rank, the batches from global step ``spec.start_step`` onwards, deterministically from
+``spec.seed`` — that is what makes resume exact.
+
+Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
+``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
+uninterrupted run's loss trajectory without gathering per-rank RNG states; the LR schedule is a
+plain closure over the *current* config (not restored from the checkpoint), so ``total_steps``
+may be extended on resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from genrec.errors import ConfigError, GenrecError
+from genrec.train import checkpoint as ckpt
+from genrec.train.config import TrainConfig
+from genrec.train.distributed import (
+    DistInfo,
+    all_reduce_weighted,
+    barrier,
+    broadcast_object,
+    count_weighted_loss,
+    init_distributed,
+    pick_device,
+    wrap_model,
+)
+from genrec.workdir import WorkDir, atomic_write_bytes, atomic_write_json
+
+_RESERVED = {"loss", "n_items", "n_tokens"}
+TRAINER_KEY = "_trainer"
+
+
+@dataclass(frozen=True)
+class IterSpec:
+    """What the data-iterator factory needs to produce this rank's batches from ``start_step``."""
+
+    start_step: int
+    seed: int
+    rank: int
+    world_size: int
+    batch_size: int  # GLOBAL batch; a rank's share is shard_bounds(batch_size, rank, world_size)
+    num_workers: int = 0
+
+
+@dataclass
+class TrainResult:
+    step: int
+    stopped_early: bool
+    best_step: int | None
+    best_metric: float | None
+    history: list[dict[str, float]] = field(default_factory=list)  # per step run in this process
+    evals: list[dict[str, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+
+
+# ---------------------------------------------------------------------------- optimizer / schedule
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two AdamW groups: decay on ≥2-D weights; none on biases, norms, and embedding tables.
+
+    A model may name more no-decay parameters via ``model.no_weight_decay() -> set[str]``.
+    """
+    emb_params: set[int] = set()
+    for mod in model.modules():
+        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+            emb_params.update(id(p) for p in mod.parameters(recurse=False))
+        elif "norm" in type(mod).__name__.lower():
+            emb_params.update(id(p) for p in mod.parameters(recurse=False))
+    nwd = getattr(model, "no_weight_decay", None)
+    extra: set[str] = set(nwd()) if callable(nwd) else set()
+    decay, no_decay = [], []
+    seen = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.dim() < 2 or id(p) in emb_params or name in extra:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def lr_multiplier(cfg: TrainConfig) -> Callable[[int], float]:
+    """Linear warm-up to 1 over ``warmup_steps``, then cosine/linear decay to ``min_lr_ratio``."""
+    warm, total, floor, kind = cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio, cfg.decay
+
+    def mult(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        if kind == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * (1 - progress)
+
+    return mult
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    fused = all(p.is_cuda for p in model.parameters()) and any(True for _ in model.parameters())
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
+                             eps=cfg.eps, **({"fused": True} if fused else {}))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """Deterministic per-(seed, rank, step) seed (a simple 64-bit mix)."""
+    x = (seed * 0x9E3779B97F4A7C15 + rank * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) % (2**64)
+    x ^= x >> 31
+    return x % (2**63 - 1)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(to_device(v, device) for v in batch)
+    if isinstance(batch, list):
+        return [to_device(v, device) for v in batch]
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
+                                             for f in dataclasses.fields(batch) if f.init})
+    if hasattr(batch, "to") and callable(batch.to):
+        return batch.to(device)
+    return batch
+
+
+def _leading_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        for v in batch.values():
+            return _leading_size(v)
+    if isinstance(batch, (list, tuple)) and batch:
+        return _leading_size(batch[0])
+    return 1
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log records past ``step`` (written by a run that crashed after its last checkpoint)."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    keep = []
+    for line in lines:
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line
+    if len(keep) != len(lines):
+        atomic_write_bytes(path, "".join(x + "\n" for x in keep).encode())
+
+
+class _StepModule(nn.Module):
+    """Routes ``forward`` to ``training_step`` so DDP's hooks see the call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.model.training_step(batch)  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------- trainer
+
+class Trainer:
+    """Train ``model`` on batches from ``train_iter_factory``; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_iter_factory: Callable[[IterSpec], Iterator[Any]],
+        cfg: TrainConfig,
+        workdir: str | Path | WorkDir,
+        *,
+        eval_fn: Callable[[nn.Module], Mapping[str, float]] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        config_extra: Mapping[str, Any] | None = None,
+        dist_info: DistInfo | None = None,
+    ) -> None:
+        if not hasattr(model, "training_step"):
+            raise TypeError(f"{type(model).__name__} has no training_step(batch) -> dict method")
+        self.cfg = cfg
+        self.info = dist_info if dist_info is not None else init_distributed(cfg.device)
+        self.device = pick_device(cfg.device, self.info.local_rank)
+        if self.info.is_distributed and self.device != self.info.device:
+            raise ConfigError(f"config key 'device': {cfg.device!r} resolves to {self.device}, but the process "
+                              f"group was initialised for {self.info.device}")
+        self.wd = workdir if isinstance(workdir, WorkDir) else WorkDir(workdir)
+        self.ckpt_dir = self.wd.checkpoints
+        self.model = model.to(self.device)
+        self.wrapped = wrap_model(_StepModule(self.model), self.info,
+                                  find_unused_parameters=cfg.find_unused_parameters)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg))
+        self.factory = train_iter_factory
+        self.eval_fn = eval_fn
+        self.extra = dict(extra or {})
+        if TRAINER_KEY in self.extra:
+            raise ValueError(f"extra may not use the reserved key {TRAINER_KEY!r}")
+        self.config_dict = {"train": cfg.to_dict(), **dict(config_extra or {})}
+        self.step = 0
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.bad_evals = 0
+        self._last_saved: int | None = None
+
+    # ------------------------------------------------------------------ state
+    def _trainer_state(self) -> dict[str, Any]:
+        return {"step": self.step, "best_metric": self.best_metric, "best_step": self.best_step,
+                "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size}
+
+    def save(self, *, mark_best: bool = False) -> Path | None:
+        """Checkpoint the current step (rank 0 writes; all ranks wait)."""
+        path = None
+        if self.info.is_main:
+            path = ckpt.save_checkpoint(
+                self.ckpt_dir, self.step, self.model, self.optimizer, self.scheduler,
+                {**self.extra, TRAINER_KEY: self._trainer_state()},
+                config=self.config_dict, keep_last=self.cfg.keep_last, mark_best=mark_best)
+        self._last_saved = self.step
+        barrier(self.info)
+        return path
+
+    def resume(self) -> bool:
+        """Load ``LATEST`` if there is one; True when a checkpoint was loaded."""
+        found = ckpt.resolve_checkpoint(self.ckpt_dir)
+        if found is None:
+            return False
+        saved_cfg = ckpt.load_config_dict(found)
+        extra = ckpt.load_checkpoint(found, self.model, self.optimizer, self.scheduler,
+                                     device=str(self.device))
+        state = extra.pop(TRAINER_KEY, {})
+        self.step = int(state.get("step", ckpt.checkpoint_step(found)))
+        self.best_metric = state.get("best_metric")
+        self.best_step = state.get("best_step")
+        self.bad_evals = int(state.get("bad_evals", 0))
+        self._last_saved = self.step
+        for k, v in extra.items():
+            self.extra.setdefault(k, v)
+        if saved_cfg is not None and self.info.is_main:
+            old = saved_cfg.get("train", {})
+            diff = sorted(k for k, v in self.config_dict["train"].items() if old.get(k) != v)
+            if diff:
+                print(f"[genrec.train] resuming {found.name} with changed config keys: {diff}", file=sys.stderr)
+        return True
+
+    # ------------------------------------------------------------------ loop
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.bf16 and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _progress(self) -> Any:
+        show = {"on": True, "off": False, "auto": sys.stderr.isatty()}[self.cfg.progress] and self.info.is_main
+        if not show:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.cfg.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
+
+    def evaluate(self) -> dict[str, float]:
+        """Run ``eval_fn`` on rank 0 (no grad, eval mode); every rank gets the same metrics."""
+        metrics: dict[str, float] = {}
+        if self.eval_fn is not None and self.info.is_main:
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                metrics = {k: float(v) for k, v in self.eval_fn(self.model).items()}
+            self.model.train()
+        return broadcast_object(metrics, self.info)
+
+    def _early_stop_update(self, metrics: Mapping[str, float]) -> tuple[bool, bool]:
+        """(improved, should_stop) for the configured metric."""
+        es = self.cfg.early_stopping
+        if not es.metric:
+            return False, False
+        if es.metric not in metrics:
+            raise GenrecError(f"early_stopping.metric {es.metric!r} not among eval metrics {sorted(metrics)}")
+        v = metrics[es.metric]
+        better = (self.best_metric is None or
+                  (v > self.best_metric + es.min_delta if es.mode == "max" else v < self.best_metric - es.min_delta))
+        if better:
+            self.best_metric, self.best_step, self.bad_evals = v, self.step, 0
+        else:
+            self.bad_evals += 1
+        return better, es.patience > 0 and self.bad_evals >= es.patience
+
+    def fit(self, *, resume: bool = True) -> TrainResult:
+        """Train until ``cfg.total_steps`` (or early stop / data end); returns the trajectory."""
+        cfg, info = self.cfg, self.info
+        if resume:
+            self.resume()
+        if self.step == 0:
+            seed_everything(cfg.seed + info.rank)
+        log_path = self.wd.root / "train_log.jsonl"
+        if info.is_main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.ckpt_dir / "config.json", self.config_dict)
+            _truncate_log(log_path, self.step)
+        writer = None
+        if cfg.tensorboard and info.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(self.wd.root / "tb"))
+        bar = self._progress()
+        result = TrainResult(self.step, False, self.best_step, self.best_metric)
+        it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
+                                        cfg.batch_size, cfg.num_workers)))
+        pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
+        win_sum: dict[str, float] = {}
+        win_n = 0.0
+        win_items = win_tokens = 0.0
+        t0 = time.perf_counter()
+        self.model.train()
+        try:
+            while self.step < cfg.total_steps:
+                torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                batch = to_device(batch, self.device)
+                with self._autocast():
+                    out = self.wrapped(batch)
+                if not isinstance(out, Mapping) or "loss" not in out:
+                    raise GenrecError(f"{type(self.model).__name__}.training_step must return a dict with 'loss'")
+                loss = out["loss"]
+                if loss.dim() != 0:
+                    raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
+                n_items = float(out["n_items"]) if "n_items" in out else float(_leading_size(batch))
+                n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
+                count_weighted_loss(loss, n_items, info).backward()
+                grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                             if cfg.grad_clip > 0 else torch.zeros(()))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                terms = {k: v.detach().float() for k, v in out.items()
+                         if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
+                terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
+                pending.append((self.step, terms, n_items))
+                win_items += n_items
+                win_tokens += n_tokens
+                if bar is not None:
+                    bar.update(1)
+
+                last = self.step >= cfg.total_steps
+                if (cfg.log_every and self.step % cfg.log_every == 0) or last:
+                    rows = self._drain(pending)
+                    for r in rows:
+                        n = r.pop("_n")
+                        result.history.append(r)
+                        for k, v in r.items():
+                            if k != "step":
+                                win_sum[k] = win_sum.get(k, 0.0) + v * n
+                        win_n += n
+                    means, _ = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
+                                                   win_n, info)
+                    dt = max(time.perf_counter() - t0, 1e-9)
+                    rates, _ = all_reduce_weighted({"items_per_s": win_items / dt, "tokens_per_s": win_tokens / dt},
+                                                   1.0, info)
+                    rates = {k: v * info.world_size for k, v in rates.items()}  # sum over ranks
+                    lr = float(self.scheduler.get_last_lr()[0])
+                    if not math.isfinite(means.get("loss", 0.0)):
+                        raise GenrecError(f"training loss became non-finite in the log window ending at step "
+                                          f"{self.step}: {means}")
+                    if info.is_main:
+                        rec = {"step": self.step, "lr": lr, **means, **rates}
+                        with open(log_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(rec) + "\n")
+                        if writer is not None:
+                            for k, v in {**means, **rates, "lr": lr}.items():
+                                writer.add_scalar(f"train/{k}", v, self.step)
+                        if bar is not None:
+                            post = {"loss": f"{means.get('loss', float('nan')):.4f}",
+                                    "items/s": f"{rates['items_per_s']:.0f}"}
+                            if win_tokens:
+                                post["tok/s"] = f"{rates['tokens_per_s']:.0f}"
+                            bar.set_postfix(post)
+                    win_sum, win_n, win_items, win_tokens = {}, 0.0, 0.0, 0.0
+                    t0 = time.perf_counter()
+
+                stop = False
+                if self.eval_fn is not None and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                    metrics = self.evaluate()
+                    result.evals.append({"step": self.step, **metrics})
+                    if writer is not None:
+                        for k, v in metrics.items():
+                            writer.add_scalar(f"eval/{k}", v, self.step)
+                    improved, stop = self._early_stop_update(metrics)
+                    if improved:
+                        result.last_checkpoint = self.save(mark_best=True)
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
+                    result.last_checkpoint = self.save()
+                if stop:
+                    result.stopped_early = True
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+            if writer is not None:
+                writer.close()
+        for r in self._drain(pending):
+            r.pop("_n")
+            result.history.append(r)
+        if self._last_saved != self.step:
+            result.last_checkpoint = self.save()
+        result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
+        return result
+
+    @staticmethod
+    def _drain(pending: list[Any]) -> list[dict[str, float]]:
+        """Materialise queued per-step terms (one host sync per log window, not per step)."""
+        rows = []
+        for step, terms, n in pending:
+            vals = torch.stack(list(terms.values())).cpu().tolist()
+            rows.append({"step": step, **dict(zip(terms.keys(), vals)), "_n": n})
+        pending.clear()
+        return rows

@@ -1,0 +1,233 @@
+"""Trainer: exact resume after a crash, early stopping with the best checkpoint, schedule,
+weight-decay groups, logs (JSONL + TensorBoard), protocol errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from genrec.errors import GenrecError
+from genrec.train.checkpoint import load_checkpoint, resolve_checkpoint
+from genrec.train.config import TrainConfig
+from genrec.train.distributed import DistInfo
+from genrec.train.trainer import IterSpec, Trainer, lr_multiplier, param_groups
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("genrec_test_standin", HERE / "test_standin_model.py")
+standin = importlib.util.module_from_spec(_spec)
+assert _spec.loader is not None
+_spec.loader.exec_module(standin)
+
+
+def _run(workdir: Path, *, seed_init: int, crash_at: int | None = None, total: int = 12, **kw):
+    torch.manual_seed(seed_init)
+    model = standin.TinyNextItem(dropout=0.1)  # dropout: per-step randomness must also replay
+    cfg = standin.tiny_config(total_steps=total, ckpt_every=4, log_every=5, **kw)
+    trainer = Trainer(model, standin.make_factory(standin.make_sequences(), crash_at=crash_at), cfg, workdir,
+                      extra={"sid_version": "v0001"}, dist_info=DistInfo())
+    return model, trainer
+
+
+def test_resume_after_crash_replays_the_same_losses(tmp_path: Path) -> None:
+    model_a, tr_a = _run(tmp_path / "a", seed_init=0)
+    full = tr_a.fit()
+    assert [r["step"] for r in full.history] == list(range(1, 13))
+    assert full.history[-1]["loss"] < full.history[0]["loss"]
+
+    _, tr_b = _run(tmp_path / "b", seed_init=0, crash_at=6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        tr_b.fit()
+    assert resolve_checkpoint(tmp_path / "b" / "checkpoints").name == "step-000004"
+
+    # a new process: different init, everything must come from the checkpoint + the data position
+    model_c, tr_c = _run(tmp_path / "b", seed_init=123)
+    resumed = tr_c.fit()
+    assert [r["step"] for r in resumed.history] == list(range(5, 13))
+    for got, ref in zip(resumed.history, full.history[4:]):
+        for key in ("loss", "user_norm", "grad_norm"):
+            assert got[key] == pytest.approx(ref[key], abs=1e-6), (got["step"], key)
+    for (k, a), (_, b) in zip(model_a.state_dict().items(), model_c.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=lambda s, k=k: f"{k}: {s}")
+    assert tr_c.extra["sid_version"] == "v0001"
+    # the crashed run's log lines past the checkpoint were dropped, then rewritten once
+    logged = [json.loads(x)["step"] for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
+    assert logged == [5, 10, 12]
+    assert resumed.step == 12 and resolve_checkpoint(tmp_path / "b" / "checkpoints").name == "step-000012"
+    # resuming a finished run is a no-op
+    assert _run(tmp_path / "b", seed_init=5)[1].fit().history == []
+
+
+def test_without_resume_state_the_trajectory_differs(tmp_path: Path) -> None:
+    """Guards the test above: restarting from scratch at step 4's data position does NOT match."""
+    _, tr_a = _run(tmp_path / "a", seed_init=0, total=6)
+    full = tr_a.fit()
+    torch.manual_seed(0)
+    model = standin.TinyNextItem(dropout=0.1)
+    cfg = standin.tiny_config(total_steps=6, ckpt_every=4, log_every=5)
+    fresh = Trainer(model, standin.make_factory(standin.make_sequences()), cfg, tmp_path / "c", dist_info=DistInfo())
+    fresh.step = 4  # same data position, but no weights/optimizer state
+    hist = fresh.fit(resume=False).history
+    assert abs(hist[0]["loss"] - full.history[4]["loss"]) > 1e-3
+
+
+def test_early_stopping_keeps_the_best_checkpoint(tmp_path: Path) -> None:
+    scores = iter([0.1, 0.3, 0.2, 0.25, 0.9, 0.9])
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    torch.manual_seed(0)
+    model = standin.TinyNextItem()
+
+    def eval_fn(m: nn.Module) -> dict[str, float]:
+        assert not m.training and not torch.is_grad_enabled()
+        snapshots[len(snapshots) + 1] = {k: v.clone() for k, v in m.state_dict().items()}
+        return {"recall@10": next(scores), "ndcg@10": 0.0}
+
+    cfg = standin.tiny_config(total_steps=20, eval_every=2, ckpt_every=0, **{
+        "early_stopping.metric": "recall@10", "early_stopping.patience": 2, "early_stopping.mode": "max"})
+    res = Trainer(model, standin.make_factory(standin.make_sequences()), cfg, tmp_path, eval_fn=eval_fn,
+                  dist_info=DistInfo()).fit()
+    assert res.stopped_early and res.step == 8
+    assert res.best_step == 4 and res.best_metric == pytest.approx(0.3)
+    assert [e["step"] for e in res.evals] == [2, 4, 6, 8]
+    ckpts = tmp_path / "checkpoints"
+    assert resolve_checkpoint(ckpts, "BEST").name == "step-000004"
+    assert resolve_checkpoint(ckpts).name == "step-000008"
+    torch.manual_seed(9)
+    probe = standin.TinyNextItem()
+    extra = load_checkpoint(ckpts, probe, which="BEST", restore_rng=False)
+    assert extra["_trainer"]["best_step"] == 4
+    for k, v in probe.state_dict().items():
+        assert torch.equal(v, snapshots[2][k]), k
+
+
+def test_early_stopping_metric_must_exist(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = standin.tiny_config(total_steps=2, eval_every=1, **{"early_stopping.metric": "mrr"})
+    tr = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, tmp_path,
+                 eval_fn=lambda m: {"recall@10": 0.5}, dist_info=DistInfo())
+    with pytest.raises(GenrecError, match="'mrr' not among eval metrics"):
+        tr.fit()
+
+
+def test_lr_schedule_by_hand() -> None:
+    cfg = TrainConfig(warmup_steps=4, total_steps=14, decay="cosine", min_lr_ratio=0.1)
+    f = lr_multiplier(cfg)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == pytest.approx(1.0)
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert f(14) == pytest.approx(0.1) and f(100) == pytest.approx(0.1)
+    lin = lr_multiplier(TrainConfig(warmup_steps=0, total_steps=10, decay="linear", min_lr_ratio=0.0))
+    assert [lin(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
+    const = lr_multiplier(TrainConfig(warmup_steps=2, total_steps=10, decay="constant"))
+    assert [const(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_no_weight_decay_on_norms_biases_embeddings() -> None:
+    model = standin.TinyNextItem()
+    groups = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = sorted(names[id(p)] for p in groups[0]["params"])
+    no_decay = sorted(names[id(p)] for p in groups[1]["params"])
+    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
+    assert decay == ["gru.weight_hh_l0", "gru.weight_ih_l0", "proj.weight"]
+    assert no_decay == ["emb.weight", "gru.bias_hh_l0", "gru.bias_ih_l0", "norm.bias", "norm.weight", "proj.bias"]
+    assert len(decay) + len(no_decay) == len(list(model.parameters()))
+
+
+def test_logs_tensorboard_and_config(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = standin.tiny_config(total_steps=6, log_every=3, tensorboard="true")
+    res = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, tmp_path,
+                  config_extra={"model": {"d": 16}}, dist_info=DistInfo()).fit()
+    logs = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logs] == [3, 6]
+    # the logged loss is the count-weighted mean of the per-step losses in the window
+    assert logs[0]["items_per_s"] > 0 and logs[0]["tokens_per_s"] > 0
+    assert {"loss", "item", "user_norm", "grad_norm", "lr"} <= set(logs[0])
+    assert all(r["loss"] == pytest.approx(r["item"]) for r in res.history)
+    assert any((tmp_path / "tb").glob("events.out.tfevents.*"))
+    saved = json.loads((tmp_path / "checkpoints" / "config.json").read_text())
+    assert saved == {"train": cfg.to_dict(), "model": {"d": 16}}
+    assert TrainConfig.from_dict(saved["train"]) == cfg
+
+
+def test_logged_window_mean_is_count_weighted(tmp_path: Path) -> None:
+    class Fixed(nn.Module):
+        """loss_t = w·t with n_items = t: the window mean must be Σ loss·n / Σ n."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+            self.t = 0
+
+        def training_step(self, batch):
+            self.t += 1
+            return {"loss": self.w * 0 + float(self.t), "n_items": torch.tensor(self.t)}
+
+    cfg = standin.tiny_config(total_steps=3, log_every=3, grad_clip=0)
+    Trainer(Fixed(), lambda spec: iter([torch.zeros(2)] * 10), cfg, tmp_path, dist_info=DistInfo()).fit()
+    rec = json.loads((tmp_path / "train_log.jsonl").read_text().splitlines()[0])
+    assert rec["loss"] == pytest.approx((1 * 1 + 2 * 2 + 3 * 3) / 6)  # not (1+2+3)/3
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path: Path) -> None:
+    class Diverges(nn.Linear):
+        def training_step(self, batch):
+            return {"loss": self(batch).sum() * float("nan")}
+
+    cfg = standin.tiny_config(total_steps=6, log_every=2)
+    tr = Trainer(Diverges(2, 2), lambda s: iter([torch.ones(1, 2)] * 9), cfg, tmp_path, dist_info=DistInfo())
+    with pytest.raises(GenrecError, match="non-finite .* step 2"):
+        tr.fit()
+
+
+def test_protocol_errors(tmp_path: Path) -> None:
+    cfg = standin.tiny_config(total_steps=2)
+    with pytest.raises(TypeError, match="training_step"):
+        Trainer(nn.Linear(2, 2), lambda s: iter([]), cfg, tmp_path, dist_info=DistInfo())
+
+    class NoLoss(nn.Linear):
+        def training_step(self, batch):
+            return {"item": self(batch).sum()}
+
+    tr = Trainer(NoLoss(2, 2), lambda s: iter([torch.zeros(1, 2)] * 3), cfg, tmp_path, dist_info=DistInfo())
+    with pytest.raises(GenrecError, match="'loss'"):
+        tr.fit()
+
+    class VecLoss(nn.Linear):
+        def training_step(self, batch):
+            return {"loss": self(batch).sum(0)}
+
+    tr = Trainer(VecLoss(2, 2), lambda s: iter([torch.zeros(1, 2)] * 3), cfg, tmp_path / "v", dist_info=DistInfo())
+    with pytest.raises(GenrecError, match="scalar"):
+        tr.fit()
+
+
+def test_iterator_exhaustion_ends_training(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    data = standin.make_sequences()
+    seen: list[IterSpec] = []
+
+    def factory(spec: IterSpec):
+        seen.append(spec)
+        return iter([{"seq": data[:16]}] * 3)
+
+    res = Trainer(standin.TinyNextItem(), factory, standin.tiny_config(total_steps=10), tmp_path,
+                  dist_info=DistInfo()).fit()
+    assert res.step == 3 and seen == [IterSpec(0, 0, 0, 1, 16, 0)]
+    assert resolve_checkpoint(tmp_path / "checkpoints").name == "step-000003"
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_smoke(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = standin.tiny_config(total_steps=8, device="cuda", bf16="true")
+    res = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, tmp_path,
+                  dist_info=DistInfo()).fit()
+    assert all(math.isfinite(r["loss"]) for r in res.history)
+    assert res.history[-1]["loss"] < res.history[0]["loss"]
