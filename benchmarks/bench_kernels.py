@@ -1,0 +1,346 @@
+"""GPU benchmark of the genrec attention kernels (PinGER §3.3.4 item-block kernel, cascade decoding).
+
+Usage (GPU only; on a CPU machine it prints a message and exits 0):
+
+    python benchmarks/bench_kernels.py [--iters 20] [--warmup 5] [--quick]
+
+1. Checks every fast path against its slow twin (fp32 reference) on small random inputs.
+2. Training attention, fwd+bwd, bf16, batch 8, 1,024 items x T=5 tokens (5,120 tokens):
+   item-block Triton kernel vs FlexAttention (BlockMask from the same rules, compiled) vs SDPA
+   with an explicit boolean mask vs causal SDPA (flash) over 5,120 tokens (the TIGER layout);
+   at 12 heads x 64 and 8 heads x 128. A small block-size sweep of the kernel is included.
+3. Cascade decoding attention (forward, bf16): 8 requests, 1,000-item history, 12 x 64,
+   3 SID tokens per beam, W = 10, 60, 100, 400: Triton cascade vs PyTorch two-pass cascade vs
+   per-beam SDPA over the expanded history KV.
+4. H200 ceilings in the same run: a large bf16 matmul (TFLOP/s) and a device-to-device copy (GB/s).
+
+Timing: torch.cuda.Event, warmup, median of N. Prints a table last; writes the full results to
+``$OUT/bench_kernels.json`` when ``OUT`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+DEV = "cuda"  # "cpu" only for --tiny under TRITON_INTERPRET=1 (a smoke test of this script)
+# Benchmark shapes (the brief's); --tiny shrinks them.
+TRAIN = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
+CASCADE = {"B": 8, "n": 1000, "H": 12, "D": 64, "t": 3, "W": [10, 60, 100, 400]}
+CEIL = {"N": 8192, "copy_bytes": 2 * 1024**3}
+CHECK = {"n": 150, "hist": 200}
+RESULTS: dict[str, Any] = {"checks": {}, "train": [], "sweep": [], "cascade": [], "ceilings": {}, "errors": []}
+
+
+def _time(fn: Callable[[], Any], warmup: int, iters: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    if DEV == "cpu":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _empty_cache() -> None:
+    if DEV == "cuda":
+        _empty_cache()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _guard(name: str, fn: Callable[[], Any]) -> Any:
+    """Run one measurement; record (not raise) failures such as OOM or a compile error."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a benchmark records failures and goes on
+        msg = f"{name}: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+        RESULTS["errors"].append({"name": name, "error": msg, "trace": traceback.format_exc()[-2000:]})
+        print(f"  ! {msg}", flush=True)
+        _empty_cache()
+        return None
+
+
+# ---------------------------------------------------------------- training attention (item block)
+
+
+def _flex_block_mask(lengths: torch.Tensor, n_items: int, T: int):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    S = n_items * T
+
+    def mask_mod(b, h, q_idx, kv_idx):  # the PinGER rules, same as reference.item_block_mask
+        qi, ki = q_idx // T, kv_idx // T
+        qd, kd = (q_idx % T) == T - 1, (kv_idx % T) == T - 1
+        dense = kd & ((qd & (ki <= qi)) | (~qd & (ki < qi)))
+        sid = ~kd & ~qd & (ki == qi) & ((kv_idx % T) <= (q_idx % T))
+        n = lengths[b]
+        return (dense | sid) & (qi < n) & (ki < n)
+
+    return create_block_mask(mask_mod, lengths.shape[0], None, S, S, device=DEV)
+
+
+def _visible_pairs(lengths: torch.Tensor, n_items: int, T: int) -> int:
+    """Number of (query, key) pairs the rules allow, summed over the batch (for useful FLOPs)."""
+    total = 0
+    for n in lengths.tolist():
+        # dense query of item i: i+1 dense keys; SID level l of item i: i dense + l SID keys.
+        i = torch.arange(n, dtype=torch.float64)
+        total += float((i + 1).sum() + sum((i + l).sum() for l in range(1, T)))
+    return int(total)
+
+
+def check_correctness() -> None:
+    from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton
+    from genrec.kernels.item_block import item_block_attention
+    from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref
+
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for D, H in ((64, 2), (128, 2)):
+        for dtype in (torch.float32, torch.bfloat16):
+            T, n = 5, CHECK["n"]
+            q, k, v, do = (torch.randn(2, H, n * T, D, device=DEV, generator=g).to(dtype) for _ in range(4))
+            lengths = torch.tensor([n, (2 * n) // 3], device=DEV, dtype=torch.int32)
+            xs = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = item_block_attention(*xs, lengths, T)
+            grads = torch.autograd.grad(out, xs, do)
+            rs = [x.float().requires_grad_() for x in (q, k, v)]
+            ref = item_block_attention_ref(*rs, lengths, T)
+            grads_ref = torch.autograd.grad(ref, rs, do.float())
+            errs = {"out": _rel(out, ref), **{f"d{c}": _rel(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
+            RESULTS["checks"][f"item_block D={D} {str(dtype)[6:]}"] = errs
+            if dtype == torch.float32 and DEV == "cuda":
+                from torch.nn.attention.flex_attention import flex_attention
+
+                bm = _flex_block_mask(lengths, n, T)
+                fo = flex_attention(q, k, v, block_mask=bm)
+                RESULTS["checks"][f"flex D={D} {str(dtype)[6:]}"] = {"out": _rel(fo, ref)}
+    for dtype in (torch.float32, torch.bfloat16):
+        B, W, H, t, n, D = 2, 10, 2, 3, CHECK["hist"], 64
+        q, ks, vs = (torch.randn(B, W, H, t, D, device=DEV, generator=g).to(dtype) for _ in range(3))
+        kh, vh = (torch.randn(B, H, n, D, device=DEV, generator=g).to(dtype) for _ in range(2))
+        hl = torch.tensor([n, n // 4], device=DEV)
+        ref = cascade_attention_ref(q.float(), kh.float(), vh.float(), ks.float(), vs.float(), hl)
+        RESULTS["checks"][f"cascade triton {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl), ref)}
+        RESULTS["checks"][f"cascade torch {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_torch(q, kh, vh, ks, vs, hl), ref)}
+    for name, errs in RESULTS["checks"].items():
+        limit = 1e-4 if "float32" in name else 2e-2
+        status = "ok" if max(errs.values()) < limit else "FAIL"
+        errs["status"] = status
+        print(f"  check {name:32s} " + " ".join(f"{k}={v:.1e}" for k, v in errs.items() if k != "status") + f"  {status}", flush=True)
+
+
+def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from genrec.kernels.item_block import item_block_attention
+
+    B, n_items, T = TRAIN["B"], TRAIN["n_items"], TRAIN["T"]
+    S = n_items * T
+    dt = torch.bfloat16
+    q, k, v, do = (torch.randn(B, H, S, D, device=DEV, dtype=dt) for _ in range(4))
+    lengths = torch.full((B,), n_items, device=DEV, dtype=torch.int32)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    pairs = _visible_pairs(lengths.cpu(), n_items, T)
+    causal_pairs = B * S * (S + 1) // 2
+    shape = f"B={B} S={S} H={H} D={D}"
+
+    def fwd_bwd(f: Callable[[], torch.Tensor]) -> Callable[[], Any]:
+        return lambda: torch.autograd.grad(f(), xs, do)
+
+    def record(name: str, f: Callable[[], torch.Tensor], n_pairs: int) -> None:
+        fwd = _guard(f"{name} fwd {shape}", lambda: _time(f, warmup, iters))
+        both = _guard(f"{name} fwd+bwd {shape}", lambda: _time(fwd_bwd(f), warmup, iters))
+        flops = 4 * n_pairs * D * H  # forward matmul FLOPs over visible pairs; backward is 2.5x that
+        row = {"shape": shape, "impl": name, "fwd_ms": fwd, "fwd_bwd_ms": both,
+               "useful_tflops_fwd_bwd": (3.5 * flops / both / 1e9) if both else None}
+        RESULTS["train"].append(row)
+        print(f"  {shape} {name:28s} fwd {fwd or float('nan'):8.3f} ms  fwd+bwd {both or float('nan'):8.3f} ms", flush=True)
+
+    record("item-block triton", lambda: item_block_attention(*xs, lengths, T), pairs)
+    bm = _guard("flex block mask", lambda: _flex_block_mask(lengths, n_items, T)) if DEV == "cuda" else None
+    flex = torch.compile(flex_attention, dynamic=False)
+    if bm is not None:
+        record("flex (same rules)", lambda: flex(*xs, block_mask=bm), pairs)
+        RESULTS.setdefault("flex_block_sparsity", {})[shape] = float(bm.sparsity())
+
+    def sdpa_masked() -> Callable[[], torch.Tensor]:
+        from genrec.kernels.reference import item_block_mask
+
+        mask = item_block_mask(lengths, n_items, T)[:, None]  # [B, 1, S, S]
+        return lambda: F.scaled_dot_product_attention(*xs, attn_mask=mask)
+
+    f = _guard("sdpa mask build", sdpa_masked)
+    if f is not None:
+        record("sdpa explicit mask", f, pairs)
+    record(f"sdpa causal (TIGER {S})", lambda: F.scaled_dot_product_attention(*xs, is_causal=True), causal_pairs)
+    if bm is not None:
+        out_k = item_block_attention(q, k, v, lengths, T)
+        out_f = flex(q, k, v, block_mask=bm)
+        err = _rel(out_k, out_f)
+        RESULTS["checks"][f"kernel vs flex {shape}"] = {"out": err, "status": "ok" if err < 2e-2 else "FAIL"}
+        print(f"  check kernel vs flex {shape}: out={err:.1e}", flush=True)
+    if sweep:
+        for block_m in (64, 128):
+            for block_n in (32, 64, 128):
+                for warps in (4, 8):
+                    f = lambda bm_=block_m, bn_=block_n, w_=warps: item_block_attention(*xs, lengths, T, block_m=bm_, block_n=bn_, num_warps=w_)
+                    ms = _guard(f"sweep bm={block_m} bn={block_n} w={warps} {shape}", lambda: _time(fwd_bwd(f), 2, max(5, iters // 2)))
+                    RESULTS["sweep"].append({"shape": shape, "block_m": block_m, "block_n": block_n, "num_warps": warps, "fwd_bwd_ms": ms})
+        best = min((r for r in RESULTS["sweep"] if r["shape"] == shape and r["fwd_bwd_ms"]), key=lambda r: r["fwd_bwd_ms"], default=None)
+        print(f"  sweep best {shape}: {best}", flush=True)
+    del xs, q, k, v, do
+    _empty_cache()
+
+
+# ---------------------------------------------------------------- cascade decoding attention
+
+
+def bench_cascade(W: int, warmup: int, iters: int) -> None:
+    from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton
+
+    B, H, D, t, n = CASCADE["B"], CASCADE["H"], CASCADE["D"], CASCADE["t"], CASCADE["n"]
+    dt = torch.bfloat16
+    q, ks, vs = (torch.randn(B, W, H, t, D, device=DEV, dtype=dt) for _ in range(3))
+    kh, vh = (torch.randn(B, H, n, D, device=DEV, dtype=dt) for _ in range(2))
+    hl = torch.full((B,), n, device=DEV)
+    causal = torch.ones(t, t, dtype=torch.bool, device=DEV).tril()
+    mask = torch.cat([torch.ones(t, n, dtype=torch.bool, device=DEV), causal], 1)  # [t, n+t]
+
+    def per_beam() -> torch.Tensor:  # the baseline: expand the shared history to every beam
+        kk = torch.cat([kh[:, None].expand(B, W, H, n, D), ks], 3).reshape(B * W, H, n + t, D)
+        vv = torch.cat([vh[:, None].expand(B, W, H, n, D), vs], 3).reshape(B * W, H, n + t, D)
+        return F.scaled_dot_product_attention(q.reshape(B * W, H, t, D), kk, vv, attn_mask=mask)
+
+    row: dict[str, Any] = {"W": W, "B": B, "hist": n, "t": t, "H": H, "D": D}
+    with torch.no_grad():
+        ref = per_beam().reshape(B, W, H, t, D)
+        row["rel_err_triton_vs_per_beam"] = _guard(f"cascade check W={W}", lambda: _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl), ref))
+        row["triton_ms"] = _guard(f"cascade triton W={W}", lambda: _time(lambda: cascade_attention_triton(q, kh, vh, ks, vs, hl), warmup, iters))
+        row["torch_two_pass_ms"] = _guard(f"cascade torch W={W}", lambda: _time(lambda: cascade_attention_torch(q, kh, vh, ks, vs, hl), warmup, iters))
+        row["per_beam_sdpa_ms"] = _guard(f"per-beam sdpa W={W}", lambda: _time(per_beam, warmup, iters))
+    RESULTS["cascade"].append(row)
+    print(f"  cascade W={W:4d}: triton {row['triton_ms']} ms  torch {row['torch_two_pass_ms']} ms  per-beam {row['per_beam_sdpa_ms']} ms", flush=True)
+    _empty_cache()
+
+
+# ---------------------------------------------------------------- hardware ceilings
+
+
+def bench_ceilings(warmup: int, iters: int) -> None:
+    N = CEIL["N"]
+    a, b = (torch.randn(N, N, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    ms = _time(lambda: a @ b, warmup, iters)
+    RESULTS["ceilings"][f"bf16_matmul_{N}_tflops"] = 2 * N**3 / ms / 1e9
+    del a, b
+    n_bytes = CEIL["copy_bytes"]
+    src = torch.empty(n_bytes, device=DEV, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ms = _time(lambda: dst.copy_(src), warmup, iters)
+    RESULTS["ceilings"][f"d2d_copy_{n_bytes >> 20}MiB_GBps"] = 2 * n_bytes / ms / 1e6  # read + write
+    del src, dst
+    _empty_cache()
+    print(f"  ceilings: {RESULTS['ceilings']}", flush=True)
+
+
+def _table() -> str:
+    lines = ["", "== training attention, bf16, fwd+bwd (ms; lower is better) =="]
+    lines.append(f"{'shape':28s} {'impl':28s} {'fwd':>9s} {'fwd+bwd':>9s} {'useful TF/s':>11s}")
+    for r in RESULTS["train"]:
+        f = lambda x, p=3: "   n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
+        lines.append(f"{r['shape']:28s} {r['impl']:28s} {f(r['fwd_ms']):>9s} {f(r['fwd_bwd_ms']):>9s} {f(r['useful_tflops_fwd_bwd'], 1):>11s}")
+    lines.append("")
+    c = CASCADE
+    lines.append(f"== cascade decode attention, bf16 fwd (ms), {c['B']} req x {c['n']} hist x {c['H']}x{c['D']}, t={c['t']} ==")
+    lines.append(f"{'W':>5s} {'triton':>9s} {'torch 2-pass':>13s} {'per-beam sdpa':>14s} {'speedup':>8s}")
+    for r in RESULTS["cascade"]:
+        sp = (r["per_beam_sdpa_ms"] / r["triton_ms"]) if r.get("triton_ms") and r.get("per_beam_sdpa_ms") else None
+        g = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+        lines.append(f"{r['W']:>5d} {g(r['triton_ms']):>9s} {g(r['torch_two_pass_ms']):>13s} {g(r['per_beam_sdpa_ms']):>14s} {g(sp):>8s}")
+    lines.append("")
+    lines.append(f"ceilings: {json.dumps({k: round(v, 1) for k, v in RESULTS['ceilings'].items()})}")
+    bad = [k for k, v in RESULTS["checks"].items() if v.get("status") == "FAIL"]
+    lines.append(f"correctness checks: {len(RESULTS['checks']) - len(bad)} ok, {len(bad)} FAIL {bad if bad else ''}")
+    lines.append(f"errors: {len(RESULTS['errors'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="skip the block-size sweep and the 8x128 shape")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes; with TRITON_INTERPRET=1 also runs on CPU (smoke test)")
+    args = ap.parse_args(argv)
+    global DEV
+    if args.tiny:
+        TRAIN.update(B=2, n_items=12, heads=[(2, 16)])
+        CASCADE.update(B=2, n=20, H=2, D=16, W=[2, 5])
+        CEIL.update(N=256, copy_bytes=1 << 20)
+        CHECK.update(n=9, hist=12)
+    if not torch.cuda.is_available():
+        if not (args.tiny and os.environ.get("TRITON_INTERPRET") == "1"):
+            print("bench_kernels: no CUDA GPU found; this benchmark runs on a GPU only (nothing to do).")
+            return 0
+        DEV = "cpu"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    t0 = time.time()
+    RESULTS["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)"
+    RESULTS["versions"] = {"torch": torch.__version__}
+    try:
+        import triton
+
+        RESULTS["versions"]["triton"] = triton.__version__
+    except ImportError:
+        print("bench_kernels: triton is not importable; install it to benchmark the kernels.")
+        return 1
+    print(f"device: {RESULTS['device']}  torch {torch.__version__}  triton {RESULTS['versions']['triton']}", flush=True)
+    print("[1] correctness", flush=True)
+    _guard("correctness", check_correctness)
+    print("[2] training attention", flush=True)
+    shapes = TRAIN["heads"][:1] if args.quick else TRAIN["heads"]
+    for H, D in shapes:
+        _guard(f"train H={H} D={D}", lambda: bench_train(H, D, args.warmup, args.iters, sweep=not args.quick))
+    print("[3] cascade", flush=True)
+    for W in CASCADE["W"]:
+        _guard(f"cascade W={W}", lambda: bench_cascade(W, args.warmup, args.iters))
+    print("[4] ceilings", flush=True)
+    _guard("ceilings", lambda: bench_ceilings(args.warmup, args.iters))
+    RESULTS["wall_s"] = time.time() - t0
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "bench_kernels.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+    print(_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""benchmarks/bench_kernels.py imports on a CPU machine and exits cleanly with a message."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path only exists without a GPU")
+def test_bench_exits_cleanly_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("bench_kernels", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick"]) == 0
+    assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
+    """The whole script (checks, timings, JSON) on tiny shapes, CPU + TRITON_INTERPRET=1."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    args = [sys.executable, str(BENCH), "--tiny", "--quick", "--iters", "1", "--warmup", "0"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "bench_kernels.json").read_text())
+    assert result["errors"] == []
+    assert result["checks"] and all(c["status"] == "ok" for c in result["checks"].values())
+    assert {r["impl"] for r in result["train"]} >= {"item-block triton", "sdpa explicit mask"}
+    assert len(result["cascade"]) == 2 and all(r["triton_ms"] is not None for r in result["cascade"])
+    assert "correctness checks" in proc.stdout

@@ -1,0 +1,152 @@
+"""Triton item-block attention (PinGER §3.3.4) vs the PyTorch twin, under the CPU interpreter.
+
+TRITON_INTERPRET must be set before triton is imported, hence the module-level setdefault.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton")
+
+from genrec.kernels import item_block  # noqa: E402
+from genrec.kernels.item_block import item_block_attention, item_block_attention_fwd  # noqa: E402
+from genrec.kernels.reference import item_block_attention_ref, item_block_mask  # noqa: E402
+
+_INTERPRETED = type(item_block._item_block_fwd_kernel).__name__ == "InterpretedFunction"
+pytestmark = pytest.mark.skipif(
+    not (_INTERPRETED or torch.cuda.is_available()),
+    reason="genrec.kernels.item_block was imported before TRITON_INTERPRET=1 was set and there is no GPU",
+)
+DEVICE = "cpu" if _INTERPRETED else "cuda"
+
+
+def _inputs(B: int, H: int, n_items: int, T: int, D: int, dtype: torch.dtype, seed: int, transposed: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    shape = (B, n_items * T, H, D) if transposed else (B, H, n_items * T, D)
+    xs = [torch.randn(shape, generator=g).to(dtype) for _ in range(4)]
+    if transposed:  # [B, S, H, D] storage seen as [B, H, S, D]: non-contiguous head/seq strides
+        xs = [x.transpose(1, 2) for x in xs]
+    return [x.to(DEVICE) for x in xs]
+
+
+def _run_both(q, k, v, do, lengths, T, block_m, block_n):
+    qk = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = item_block_attention(*qk, lengths, T, block_m=block_m, block_n=block_n)
+    grads = torch.autograd.grad(out, qk, do)
+    qr = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    ref = item_block_attention_ref(*qr, lengths.cpu(), T)
+    grads_ref = torch.autograd.grad(ref, qr, do.float())
+    return out, grads, ref, grads_ref
+
+
+# No shrinking: every example runs the interpreter, and a failing draw is already small.
+@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(
+    T=st.sampled_from([1, 2, 3, 5]),
+    n_items=st.integers(1, 12),
+    D=st.sampled_from([16, 32]),
+    B=st.integers(1, 2),
+    H=st.integers(1, 2),
+    block_m=st.sampled_from([16, 32]),
+    transposed=st.booleans(),
+    data=st.data(),
+)
+def test_fp32_forward_backward_match_reference(T, n_items, D, B, H, block_m, transposed, data) -> None:
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=B, max_size=B)), dtype=torch.int32)
+    q, k, v, do = _inputs(B, H, n_items, T, D, torch.float32, seed=data.draw(st.integers(0, 2**16)), transposed=transposed)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths.to(DEVICE), T, block_m, 16)
+    assert (out.cpu() - ref).abs().max() < 1e-4
+    for name, g, gr in zip("qkv", grads, grads_ref):
+        assert (g.cpu() - gr).abs().max() < 1e-4, f"d{name}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,n_items,D", [(5, 9, 32), (3, 12, 16)])
+def test_half_precision_close_to_fp32_reference(dtype: torch.dtype, T: int, n_items: int, D: int) -> None:
+    q, k, v, do = _inputs(2, 2, n_items, T, D, dtype, seed=7)
+    lengths = torch.tensor([n_items, n_items - 4], dtype=torch.int32, device=DEVICE)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths, T, 16, 16)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
+    for name, a, b in [("out", out, ref), *zip(("dq", "dk", "dv"), grads, grads_ref)]:
+        rel = (a.float().cpu() - b).norm() / b.norm()
+        assert rel < tol, f"{name}: relative error {rel:.2e}"
+
+
+def test_many_blocks_long_row() -> None:
+    # 40 items: several query blocks, several dense-key tiles in the dense dk/dv kernel.
+    T, n_items, D = 2, 40, 16
+    q, k, v, do = _inputs(2, 1, n_items, T, D, torch.float32, seed=13)
+    lengths = torch.tensor([n_items, 23], dtype=torch.int32, device=DEVICE)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths, T, 16, 16)
+    assert (out.cpu() - ref).abs().max() < 1e-4
+    for name, g, gr in zip("qkv", grads, grads_ref):
+        assert (g.cpu() - gr).abs().max() < 1e-4, f"d{name}"
+
+
+def test_poisoned_buffers_are_fully_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
+    def nan_empty(shape, like, dtype=None):
+        return torch.full(tuple(shape), float("nan"), device=like.device, dtype=dtype or like.dtype)
+
+    monkeypatch.setattr(item_block, "_empty", nan_empty)
+    T, n_items, D = 3, 11, 16
+    q, k, v, do = _inputs(2, 2, n_items, T, D, torch.float32, seed=3)
+    lengths = torch.tensor([n_items, 4], dtype=torch.int32, device=DEVICE)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths, T, 16, 16)
+    for name, a, b in [("out", out, ref), *zip(("dq", "dk", "dv"), grads, grads_ref)]:
+        assert not torch.isnan(a).any(), f"{name}: NaN left in the buffer"
+        assert (a.cpu() - b).abs().max() < 1e-4, name
+    pad = slice(4 * T, None)
+    assert torch.all(out[1, :, pad] == 0) and all(torch.all(g[1, :, pad] == 0) for g in grads)
+    _, lse = item_block_attention_fwd(q, k, v, lengths, T, block_m=16, block_n=16)
+    assert not torch.isnan(lse).any()
+
+
+def test_logsumexp_matches_masked_scores() -> None:
+    T, n_items, D = 5, 7, 16
+    q, k, v, _ = _inputs(1, 2, n_items, T, D, torch.float32, seed=11)
+    lengths = torch.tensor([6], dtype=torch.int32, device=DEVICE)
+    _, lse = item_block_attention_fwd(q, k, v, lengths, T, block_m=16, block_n=16)
+    mask = item_block_mask(lengths.cpu(), n_items, T)[:, None]  # [B, 1, S, S]
+    s = (q.cpu() @ k.cpu().transpose(-1, -2) / D**0.5).masked_fill(~mask, float("-inf"))
+    expect = torch.logsumexp(s, -1)
+    valid = mask.any(-1).expand_as(expect)
+    torch.testing.assert_close(lse.cpu()[valid], expect[valid], atol=1e-5, rtol=1e-5)
+    assert torch.all(lse.cpu()[~valid] == 0)
+
+
+@pytest.mark.parametrize("T,n_items", [(2, 16), (3, 10), (5, 6)])
+def test_attention_pattern_equals_rule_mask(T: int, n_items: int) -> None:
+    # One-hot V (V = identity over the S tokens) reads back each query's attention row:
+    # out[s, j] = p(s, j) > 0 exactly where key j is visible to query s.
+    S, D = n_items * T, 32
+    g = torch.Generator().manual_seed(5)
+    q, k = (0.1 * torch.randn(1, 1, S, D, generator=g) for _ in range(2))
+    v = torch.eye(S, D)[None, None].contiguous()
+    lengths = torch.tensor([n_items - 1], dtype=torch.int32)
+    out = item_block_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), lengths.to(DEVICE), T, block_m=16, block_n=16)
+    torch.testing.assert_close(out.cpu(), item_block_attention_ref(q, k, v, lengths, T), atol=1e-5, rtol=1e-5)
+    pattern = out.cpu()[0, 0, :, :S] > 0
+    assert torch.equal(pattern, item_block_mask(lengths, n_items, T)[0])
+    torch.testing.assert_close(out.cpu().sum(-1)[0, 0, : (n_items - 1) * T], torch.ones((n_items - 1) * T))
+
+
+def test_rejects_bad_input() -> None:
+    q = torch.randn(1, 1, 6, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="T"):
+        item_block_attention(q, q, q, torch.tensor([1], device=DEVICE), 4)
+    with pytest.raises(ValueError, match="lengths"):
+        item_block_attention(q, q, q, torch.tensor([3], device=DEVICE), 3)
+    with pytest.raises(ValueError, match="head dim"):
+        x = torch.randn(1, 1, 6, 24, device=DEVICE)
+        item_block_attention(x, x, x, torch.tensor([2], device=DEVICE), 3)
+    with pytest.raises(ValueError, match="dtype"):
+        item_block_attention(q, q.double(), q, torch.tensor([2], device=DEVICE), 3)
