@@ -8,8 +8,10 @@ the flex path hands to ``create_block_mask``. The same function therefore define
 Implementations: ``reference`` (SDPA + explicit mask; the CPU default and, measured, the faster
 one on GPU at moderate lengths), ``flex`` (FlexAttention; compiled on CUDA, the unfused eager
 fallback on CPU — it runs there in torch 2.13, slowly), ``triton`` (PinGER §3.3.4 item-block
-kernel — not available yet: raises). ``GENREC_ATTN=<impl>`` in the environment overrides
-everything, so every fast path can be forced off.
+kernel, :mod:`genrec.kernels.item_block`: CUDA only, full forward of the PinGER training layout
+without candidates; anything else — CPU, decode steps, candidate segments — falls back to
+``reference``; the kernel has no attention-probability dropout). ``GENREC_ATTN=<impl>`` in the
+environment overrides everything, so every fast path can be forced off.
 
 ``attention_with_lse`` / ``merge_attention`` are the two halves of cascade attention (PinGER
 §3.3.4 / serving): attend to disjoint key sets separately, then combine with the online-softmax
@@ -56,12 +58,17 @@ def resolve_impl(
     if choice not in IMPLS:
         src = "environment variable GENREC_ATTN" if env else "attn_impl"
         raise ConfigError(f"{src}: unknown attention implementation {choice!r}; choose one of {IMPLS} or 'auto'")
-    if choice == "triton":
-        raise ConfigError(
-            "attn_impl 'triton': the PinGER item-block Triton kernel is not wired into the model yet; "
-            "use 'reference' or 'flex' (or set GENREC_ATTN=reference)"
-        )
+    if choice == "triton" and torch.device(device).type != "cuda":
+        choice = "reference"  # fast paths are forced off on CPU
     return choice
+
+
+class ItemBlockMask:
+    """The PinGER training mask in the form the Triton kernel takes: valid items per row + tokens per item."""
+
+    def __init__(self, lengths: torch.Tensor, tokens_per_item: int) -> None:
+        self.lengths = lengths.to(torch.int32)  # [B]
+        self.T = int(tokens_per_item)
 
 
 def _dense_mask(mask_mod: MaskMod, b: int, sq: int, sk: int, device: torch.device) -> torch.Tensor:
@@ -120,6 +127,10 @@ def attention(
         if mask_mod is None:
             raise ValueError("attention: pass mask= or mask_mod=")
         mask = prepare_mask(mask_mod, b, sq, sk, resolve_impl(impl, q.device, b * sq * sk), q.device)
+    if isinstance(mask, ItemBlockMask):
+        from genrec.kernels.item_block import item_block_attention
+
+        return item_block_attention(q, k, v, mask.lengths, mask.T)
     if isinstance(mask, torch.Tensor):
         if mask.shape[-2:] != (sq, sk):
             raise ValueError(f"attention: mask shape {tuple(mask.shape)} does not match Sq={sq}, Sk={sk}")

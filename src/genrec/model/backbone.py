@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from genrec.kernels.attention import attention, prepare_mask, resolve_impl
+from genrec.kernels.attention import ItemBlockMask, attention, prepare_mask, resolve_impl
 from genrec.model.config import ModelConfig
 from genrec.model.kv_cache import KVCache
-from genrec.model.layout import TokenMeta
+from genrec.model.layout import CAND, DENSE, TokenMeta
 from genrec.model.mask import make_mask_mod
 
 
@@ -77,6 +77,12 @@ class Backbone(nn.Module):
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout
+        if impl == "triton":
+            # the item-block kernel covers the full PinGER training layout (no candidates, no cache)
+            if layout == "pinger" and q_meta is k_meta and not bool((q_meta.kind == CAND).any()):
+                lengths = (q_meta.kind == DENSE).sum(1)  # [B] valid items
+                return ItemBlockMask(lengths, self.cfg.sid_levels)
+            impl = "reference"
         return prepare_mask(make_mask_mod(q_meta, k_meta, layout), b, sq, sk, impl, device)
 
     def forward(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> torch.Tensor:
