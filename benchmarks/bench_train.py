@@ -1,0 +1,100 @@
+"""Training throughput of genrec's layouts at equal context, measured side by side in one run.
+
+    python benchmarks/bench_train.py WORKDIR --preset cpu-small --steps 20 [--variants pinger,tiger]
+
+For each variant: build the model + objective exactly as ``genrec train`` does, run
+``--warmup`` steps, then time ``--steps`` optimiser steps (forward + backward + AdamW),
+synchronising the device. Reports items/s (history items consumed per second — the
+comparable figure) and tokens/s (tokens through the backbone: L per item for PinGER's
+training layout and for TIGER), and the ratio to the TIGER layout. Prints a table last; full
+numbers go to $OUT/bench_train.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from genrec.data.join import BucketJoinReader
+from genrec.data.splits import SplitSpec
+from genrec.model.genrec_model import GenRecModel
+from genrec.pipeline import load_catalog, open_store
+from genrec.train.batches import BatchStream, materialise
+from genrec.train.objective import JointObjective
+from genrec.train.run import RunConfig, build_model_config, variant_overrides
+
+
+def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str]) -> dict:
+    cfg = RunConfig.from_name(preset, [f"variant={variant}", *extra])
+    store = open_store(workdir)
+    info = store.info()
+    catalog = load_catalog(workdir)
+    from genrec.sid.build import open_current
+
+    sizes = [int(k) for k in open_current(os.path.join(workdir, "sid")).codebook_sizes]
+    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sizes)
+    torch.manual_seed(0)
+    dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    model = GenRecModel(mcfg)
+    _, ocfg = variant_overrides(cfg)
+    obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
+    ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
+    stream = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,
+                         n_actions=len(info.actions), p_rank=cfg.data.p_rank if ocfg.w_action > 0 else 0.0)
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
+    use_bf16 = dev.type == "cuda" and cfg.train.bf16
+    items = tokens = 0
+    t0 = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            items = tokens = 0
+        b = stream.batch_at(i).to(dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            out = obj.training_step(b)
+        out["loss"].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        items += int(out["n_items"])
+        tokens += int(out["n_tokens"])
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return {"variant": variant, "layout": mcfg.layout, "attn_impl": mcfg.attn_impl, "device": str(dev),
+            "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
+            "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
+            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--preset", default="cpu-small")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--variants", default="pinger,tiger")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_intermixed_args()
+    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides) for v in a.variants.split(",")]
+    base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
+    for r in rows:
+        r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_train.json"), "w") as f:
+            json.dump(rows, f, indent=2)
+    print(f"{'variant':14s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
+          f"{'tokens/s':>9s} {'vs tiger':>8s}")
+    for r in rows:
+        print(f"{r['variant']:14s} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
+              f"{r['ms_per_step']:8.1f} {r['items_per_s']:9.0f} {r['tokens_per_s']:9.0f} "
+              f"{r['items_per_s_vs_tiger']:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
