@@ -68,7 +68,7 @@ def _time(fn: Callable[[], Any], warmup: int, iters: int) -> float:
 
 def _empty_cache() -> None:
     if DEV == "cuda":
-        _empty_cache()
+        torch.cuda.empty_cache()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
