@@ -40,6 +40,7 @@ class ObjectiveConfig:
     p_mask: float = 0.2
     item_loss: str = "sampled"  # sampled | full
     n_negatives: int = 512
+    n_inbatch: int = 1024  # in-batch positives reused as negatives per step
     temperature: float = 0.05
     action_weights: tuple[float, ...] | None = None  # w_c; default 1 per action
 
@@ -145,16 +146,24 @@ class JointObjective(nn.Module):
             logits = users.float() @ all_vecs.float().T / cfg.temperature  # [P, N]
             return F.cross_entropy(logits, pos_rows)
         pos_vecs = self.model.item_vectors(self.feats[pos_rows])  # [P, D]
-        M = min(cfg.n_negatives, N)
-        neg_rows = torch.randint(0, N, (M,), device=pos_rows.device)
-        neg_vecs = self.model.item_vectors(self.feats[neg_rows])
+        P = pos_rows.numel()
         ids_cpu = pos_rows.detach().cpu()
         self.sketch.add(ids_cpu)
-        # in-batch: an item appears as a negative with prob ∝ its frequency among positives
-        log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=int(pos_rows.numel())).to(users.device, torch.float32)
-        log_q_neg = torch.full((M,), math.log(M / N), device=users.device)
+        # in-batch negatives: other rows' positives, at most n_inbatch of them (a P x P logit
+        # matrix over every history position would dominate the step); an item shows up there
+        # with probability ~ its frequency, hence the count-min logQ correction
+        n_ib = min(cfg.n_inbatch, P)
+        ib = torch.randperm(P, device=pos_rows.device)[:n_ib]
+        log_q_ib = self.sketch.log_q(ids_cpu[ib.cpu()], n_sampled=P).to(users.device, torch.float32)
+        # uniform catalogue negatives: probability M/N each
+        M = min(cfg.n_negatives, N)
+        uni = torch.randint(0, N, (M,), device=pos_rows.device)
+        neg_rows = torch.cat([pos_rows[ib], uni])
+        neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.feats[uni])])
+        log_q_neg = torch.cat([log_q_ib, torch.full((M,), math.log(M / N), device=users.device)])
+        log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
-                                    log_q_pos, log_q_neg, cfg.temperature)
+                                    log_q_pos, log_q_neg, cfg.temperature, in_batch_negatives=False)
 
 
 def _save_sketch(module: JointObjective, state: dict, prefix: str, _meta: object) -> None:
