@@ -1,6 +1,6 @@
 """Serving latency/QPS on loopback: one-process vs two-process mode (and ranking on/off), side by side.
 
-    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank]
+    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank,batch8]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port, drives ``POST
 /v1/recommend`` with ``--concurrency`` closed-loop httpx clients for ``--duration`` seconds
@@ -23,6 +23,7 @@ MODES = {
     "one": dict(two_process=False, rank=True),
     "two": dict(two_process=True, rank=True),
     "norank": dict(two_process=False, rank=False),
+    "batch8": dict(two_process=False, rank=True, micro_batch=8),
 }
 
 

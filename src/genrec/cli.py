@@ -197,5 +197,162 @@ def quickstart(
     run_quickstart(workdir, dataset=dataset, data_dir=data_dir, download=download, steps=steps)
 
 
+# ----------------------------------------------------------------------------- serve / bench (genrec.serve)
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks against a running pipeline.")
+app.add_typer(bench_app, name="bench")
+
+
+@app.command()
+@_friendly
+def serve(
+    workdir: Path = WORKDIR,
+    checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder or root (default WORKDIR/checkpoints)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless told otherwise)."),
+    port: int = typer.Option(8000),
+    workers: int = typer.Option(1, help="uvicorn worker processes (each loads its own bundle)."),
+    two_process: bool = typer.Option(False, help="Ranking in a separate process over a shared KV pool."),
+    threads: int = typer.Option(2, help="Inference threads per server process."),
+    max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
+    pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
+    device: str = typer.Option("cpu"),
+    micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
+) -> None:
+    """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP)."""
+    from genrec.serve.app import ServeConfig
+    from genrec.serve.app import serve as run_server
+
+    cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
+                      max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch)
+    run_server(cfg, host=host, port=port, workers=workers)
+
+
+@bench_app.command("serve")
+@_friendly
+def bench_serve(
+    workdir: Path = WORKDIR,
+    duration: float = typer.Option(60.0, help="Seconds of load."),
+    concurrency: int = typer.Option(8, help="Closed-loop clients."),
+    max_requests: int = typer.Option(1_000_000, help="Stop after this many requests."),
+    url: Optional[str] = typer.Option(None, help="Target a running loopback server (default: start one)."),
+    history_len: int = typer.Option(50),
+    beam_width: int = typer.Option(20),
+    k: int = typer.Option(10),
+    rank: bool = typer.Option(True),
+    two_process: bool = typer.Option(False),
+    micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
+) -> None:
+    """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors."""
+    from genrec.serve.loadgen import bench_serve as run_bench
+
+    res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,
+                    history_len=history_len, beam_width=beam_width, k=k, rank=rank, two_process=two_process,
+                    micro_batch=micro_batch)
+    typer.echo(res.table())
+    _echo_json(res.summary())
+
+
+# ----------------------------------------------------------------------------- recommend / eval
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    from genrec.errors import ConfigError
+
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+
+
+@app.command()
+@_friendly
+def recommend(
+    workdir: Path = typer.Argument(..., help="A trained run directory."),
+    user: Optional[int] = typer.Option(None, help="Use this user's full event history from the tables."),
+    history: Optional[str] = typer.Option(None, help="Comma-separated item ids, oldest first."),
+    k: int = typer.Option(10, help="How many items to return."),
+    beam: int = typer.Option(20, help="SID beam width."),
+    lam: float = typer.Option(0.0, "--lambda", help="PinGER prefix-depth diversity penalty."),
+    no_rank: bool = typer.Option(False, help="Skip the L1 ranking (order by retrieval)."),
+    sources: Optional[str] = typer.Option(None, help="sid,ann (default: every stage the model has)."),
+    overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r (each stage returns K*r)."),
+    exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
+    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Recommend items for a user (--user) or an ad-hoc history (--history): SID beams + ANN, ranked."""
+    from genrec.errors import ConfigError
+    from genrec.retrieve.recommender import Recommender, user_history
+
+    if (user is None) == (history is None):
+        raise ConfigError("give exactly one of --user ID or --history 'id,id,...'")
+    if user is not None:
+        hist: list = user_history(workdir, user)
+    else:
+        try:
+            hist = [int(x) for x in str(history).split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--history: expected comma-separated integer item ids, got {history!r}") from None
+    rec = Recommender.from_checkpoint(workdir, checkpoint)
+    srcs = None if sources is None else tuple(s.strip() for s in sources.split(",") if s.strip())
+    recs = rec.recommend(hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs,
+                         rank=False if no_rank else None, overretrieve=overretrieve, exclude_history=exclude_history)
+    if as_json:
+        _echo_json({"step": rec.step, **recs.to_dict()})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    who = f"user {user}" if user is not None else "the given history"
+    t = Table(title=f"genrec recommend - {who} ({recs.history_used} history items, step {rec.step})")
+    for col in ("#", "item", "title", "stage(s)", "SID", "score", "top actions"):
+        t.add_column(col, overflow="fold")
+    for i, r in enumerate(recs, 1):
+        acts = ""
+        if r.action_probs:
+            top = sorted(r.action_probs.items(), key=lambda kv: -kv[1])[:3]
+            acts = " ".join(f"{a}={p:.2f}" for a, p in top)
+        t.add_row(str(i), str(r.item_id), r.title or "", "+".join(r.sources),
+                  "-".join(map(str, r.sid)) if r.sid else "", f"{r.score:.4f}", acts)
+    con = Console()
+    con.print(t)
+    if recs.dropped_items:
+        con.print(f"[yellow]dropped {len(recs.dropped_items)} unknown history item(s): {recs.dropped_items[:10]}")
+    if recs.history_truncated:
+        con.print(f"kept the newest {recs.history_used} items (context); {recs.history_truncated} older ones dropped")
+    con.print("timings (ms): " + ", ".join(f"{k}={v:.1f}" for k, v in recs.timings_ms.items()))
+
+
+@app.command("eval")
+@_friendly
+def eval_cmd(
+    workdir: Path = typer.Argument(..., help="A trained run directory."),
+    split: str = typer.Option("test", help="valid | test (test: touch once; choose models on valid)."),
+    max_users: int = typer.Option(0, help="Evaluate a random subset of this many cases (0 = all)."),
+    beam: int = typer.Option(20, help="SID beam width."),
+    lam: float = typer.Option(0.0, "--lambda", help="Diversity penalty for the SID and L0+L1 paths."),
+    overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
+    sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
+    sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
+    sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
+    no_ranking: bool = typer.Option(False, help="Skip the feedview ranking metrics."),
+    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+) -> None:
+    """Leave-one-out (or temporal) full-catalogue evaluation of every path + popularity; writes reports/."""
+    from genrec.eval.evaluate import EvalConfig, run_eval
+
+    cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
+                     overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
+                     sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
+                     sweep_beam=tuple(int(x) for x in _floats(sweep_beam or "", "--sweep-beam")),
+                     sweep_context=tuple(int(x) for x in _floats(sweep_context or "", "--sweep-context")))
+    report, files = run_eval(workdir, cfg)
+    from genrec.eval.report import markdown
+
+    typer.echo(markdown(report))
+    if report.get("previous_test_reports"):
+        typer.secho(f"warning: this run dir already had test reports {report['previous_test_reports']}; "
+                    "the test split is meant to be measured once", fg=typer.colors.YELLOW, err=True)
+    for name, path in files.items():
+        typer.echo(f"{name}: {path}")
+
+
 if __name__ == "__main__":
     app(sys.argv[1:])

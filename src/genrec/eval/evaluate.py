@@ -1,0 +1,293 @@
+"""``genrec eval``: the offline protocol and its report (PinGER §4.1, UniPinRec §4, TIGER/SASRec metrics).
+
+One checkpoint (BEST if the trainer marked one on validation, else LATEST), one split, the full
+catalogue, history items NOT excluded (the TIGER / SASRec protocol behind the published Beauty
+numbers). Leave-one-out or temporal, whichever split the run was trained with. Paths, all in
+the same run and on the same cases:
+
+* ``sid``   constrained SID beams (PinGER), beam order = ranking (via
+  :func:`genrec.eval.retrieval.evaluate_retrieval`);
+* ``ann``   exact dense retrieval with the user vector (same function, chunked, no users x items);
+* ``l0l1``  the Recommender's union of SID beams and ANN top-(K·r), ranked by the action-head
+  utility over the same history cache (UniPinRec's L0 -> L1), added here;
+* ``popularity`` the training-split popularity baseline.
+
+Also: ranking metrics on the split's feedview slates (AUC per action, Hit@3, see
+:mod:`genrec.eval.ranking`), SID diagnostics (distinct first-level codes among the beams, the
+valid-SID rate when decoding UNconstrained, history tokens per item at serving), and optional
+sweeps (λ, beam width, context length) that :mod:`genrec.eval.report` plots.
+
+Non-standard: the test split is meant to be touched once. The report says which split it is,
+that model choice happened on valid (the trainer's early stopping), and lists the test reports
+that already existed in the run dir when this one was written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.errors import ConfigError
+from genrec.eval.metrics import rank_in_list, rank_of_targets, topk_metrics
+from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.retrieve.recommender import Recommender
+from genrec.train.batches import collate
+from genrec.workdir import WorkDir
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"  # valid | test
+    max_users: int = 0  # 0 = every case
+    ks: tuple[int, ...] = (5, 10, 20)
+    beam_width: int = 20
+    diversity_lambda: float = 0.0
+    overretrieve: int = 3
+    utility: dict[str, float] | None = None
+    batch_size: int = 128
+    sweep_lambda: tuple[float, ...] = ()
+    sweep_beam: tuple[int, ...] = ()
+    sweep_context: tuple[int, ...] = ()
+    checkpoint: str | None = None
+    seed: int = 0
+    ranking: bool = True
+
+    def validate(self) -> None:
+        if self.split not in ("valid", "test"):
+            raise ConfigError(f"--split must be 'valid' or 'test', got {self.split!r}")
+        if self.max_users < 0:
+            raise ConfigError(f"--max-users must be >= 0, got {self.max_users}")
+        if not self.ks or min(self.ks) < 1:
+            raise ConfigError(f"ks must be positive, got {self.ks}")
+        if self.beam_width < 1 or any(b < 1 for b in self.sweep_beam):
+            raise ConfigError("beam widths must be >= 1")
+        if self.diversity_lambda < 0 or any(x < 0 for x in self.sweep_lambda):
+            raise ConfigError("diversity lambda must be >= 0")
+        if self.overretrieve < 1:
+            raise ConfigError(f"overretrieve must be >= 1, got {self.overretrieve}")
+        if any(c < 1 for c in self.sweep_context):
+            raise ConfigError("context lengths must be >= 1")
+
+
+@dataclass
+class EvalData:
+    """The cases of one split: the retrieval set and, per case, the user's slates."""
+
+    es: EvalSet
+    records: list[Any]
+    feedviews: list[list[Any]]
+    split_kind: str
+    train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> EvalData:
+    """Read the split's cases from WORKDIR's tables (the split protocol the run was trained with)."""
+    from genrec.data.join import BucketJoinReader
+    from genrec.data.splits import SplitSpec, train_events
+    from genrec.pipeline import open_store
+
+    store = open_store(workdir)
+    kind = str((rec.run_config.get("data") or {}).get("split", "loo"))
+    spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
+    records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
+    fv = {r.user_id: list(r.feedviews) for r in records}
+    by_user = {r.user_id: r for r in records}
+    es = make_eval_set(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)  # clears r.feedviews
+    kept = [by_user[ex.user_id] for ex in es.examples]
+    tr = train_events(store.read_events(columns=["user_id", "item_id", "seq", "timestamp"]), spec)
+    return EvalData(es, kept, [fv[r.user_id] for r in kept], kind,
+                    np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64))
+
+
+def _batches(rec: Recommender, es: EvalSet, batch_size: int, context_len: int):  # type: ignore[no-untyped-def]
+    """(offset, ModelBatch) over the cases, built exactly as the trainer's validation does."""
+    for lo in range(0, len(es), batch_size):
+        tb = collate(es.examples[lo:lo + batch_size], epoch=0, seed=0, context_len=context_len,
+                     n_actions=rec.config.n_actions, p_rank=0.0, max_cands=0).to(rec.device)
+        mb, _ = rec.objective.model_batch(tb, mask_actions=False)  # type: ignore[attr-defined,operator]
+        yield lo, mb
+
+
+@torch.no_grad()
+def sid_pass(rec: Recommender, es: EvalSet, *, beam_width: int, diversity_lambda: float, ks: Sequence[int],
+             constrain: bool = True, batch_size: int = 128, context_len: int | None = None) -> dict[str, float]:
+    """SID path metrics + diagnostics: distinct first-level codes among the beams (mean per user)
+    and the share of decoded beams that are real SIDs (1.0 by construction when constrained)."""
+    ctx = context_len or rec.context_len
+    ranks = np.full(len(es), -1, np.int64)
+    distinct: list[int] = []
+    n_valid = n_alive = 0
+    for lo, mb in _batches(rec, es, batch_size, ctx):
+        cache, _ = rec.encode(mb)
+        beams = rec.decode_sids(cache, beam_width, diversity_lambda, constrain=constrain)
+        alive = torch.isfinite(beams.scores)  # [B, W]
+        n_alive += int(alive.sum())
+        n_valid += int(beams.valid.sum())
+        first = beams.codes[..., 0].cpu().numpy()
+        al = alive.cpu().numpy()
+        distinct.extend(len(np.unique(first[i][al[i]])) for i in range(len(first)))
+        rows, _ = rec.beam_rows(beams, max(ks))
+        ranks[lo:lo + len(rows)] = rank_in_list(rows, es.target_rows[lo:lo + len(rows)])
+    out = topk_metrics(ranks, ks)
+    out["distinct_first_codes"] = float(np.mean(distinct)) if distinct else float("nan")
+    out["valid_sid_rate"] = n_valid / max(n_alive, 1)
+    return out
+
+
+@torch.no_grad()
+def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: int, diversity_lambda: float,
+              overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128) -> dict[str, float]:
+    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (action-head utility) path on every case."""
+    kmax = max(ks)
+    ranks = np.full(len(es), -1, np.int64)
+    src_hits = {"sid": 0, "ann": 0, "both": 0}
+    for lo, mb in _batches(rec, es, batch_size, rec.context_len):
+        res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
+                            rank=True, overretrieve=overretrieve, utility=utility)
+        tgt = es.target_rows[lo:lo + len(res.rows)]
+        r = rank_in_list(res.rows, tgt)
+        ranks[lo:lo + len(r)] = r
+        for i in np.flatnonzero(r >= 0):
+            bits = int(res.src[i, r[i]])
+            src_hits["both" if bits == 3 else "sid" if bits == 1 else "ann"] += 1
+    out = topk_metrics(ranks, ks)
+    out.update({f"hits_from_{k}": float(v) for k, v in src_hits.items()})
+    return out
+
+
+def history_tokens_per_item(layout: str, sid_levels: int) -> int:
+    """Tokens one history item costs at serving (PinGER/dense: 1; HSTU: 2; TIGER: L)."""
+    from genrec.model.layout import slot_kinds
+
+    return len(slot_kinds(layout, sid_levels, serving=True))
+
+
+def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = None) -> dict[str, Any]:
+    """Run the protocol; returns the report dict (see :func:`run_eval` for the files)."""
+    cfg.validate()
+    t_start = time.perf_counter()
+    rec = rec or Recommender.from_checkpoint(workdir, cfg.checkpoint)
+    data = load_eval_data(rec, workdir, cfg)
+    es = data.es
+    if len(es) == 0:
+        raise ConfigError(f"split {cfg.split!r} has no evaluation cases in {workdir}")
+    ks = tuple(sorted(set(cfg.ks)))
+    mcfg = rec.config
+    timings: dict[str, float] = {}
+    paths: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
+    want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or (p == "sid" and rec.trie is not None))
+    res = evaluate_retrieval(rec.objective, es, paths=want, ks=ks, beam_width=cfg.beam_width,
+                             diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
+                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows)
+    for p in ("sid", "ann"):
+        if p in res:
+            paths[p] = res[p]
+    timings["sid+ann"] = time.perf_counter() - t0
+    if rec.trie is not None and rec.ann is not None and rec.model.action_head is not None:
+        t0 = time.perf_counter()
+        paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
+                                  overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size)
+        timings["l0l1"] = time.perf_counter() - t0
+    elif rec.model.action_head is not None and rec.ann is not None:
+        t0 = time.perf_counter()  # dense-only model: L0 is the ANN stage alone
+        paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
+                                  overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size)
+        timings["l0l1"] = time.perf_counter() - t0
+    from genrec.eval.baselines import Popularity
+
+    pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
+    paths["popularity"] = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(es), es.target_rows), ks)
+
+    diag: dict[str, Any] = {"history_tokens_per_item": history_tokens_per_item(mcfg.layout, mcfg.sid_levels)}
+    if rec.trie is not None:
+        t0 = time.perf_counter()
+        c = sid_pass(rec, es, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda, ks=ks,
+                     batch_size=cfg.batch_size)
+        u = sid_pass(rec, es, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda, ks=ks,
+                     constrain=False, batch_size=cfg.batch_size)
+        diag.update({"distinct_first_codes": c["distinct_first_codes"], "valid_sid_rate_constrained":
+                     c["valid_sid_rate"], "valid_sid_rate_unconstrained": u["valid_sid_rate"],
+                     "sid_unconstrained_recall@10": u.get("recall@10")})
+        timings["sid_diagnostics"] = time.perf_counter() - t0
+
+    ranking: dict[str, Any] | None = None
+    if cfg.ranking and rec.model.action_head is not None:
+        from genrec.eval.ranking import collect_slates, ranking_metrics
+
+        t0 = time.perf_counter()
+        slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len)
+        ranking = ranking_metrics(rec, slates, utility=cfg.utility, batch_size=cfg.batch_size)
+        ranking["skipped_slates"] = skipped
+        timings["ranking"] = time.perf_counter() - t0
+
+    sweeps = run_sweeps(rec, es, cfg, ks)
+    wd = WorkDir(workdir)
+    previous = sorted(p.name for p in wd.reports.glob("eval-test-*.json")) if wd.reports.exists() else []
+    timings["total"] = time.perf_counter() - t_start
+    run = rec.run_config or {}
+    return {
+        "kind": "genrec.eval", "workdir": str(wd.root), "split": cfg.split, "test_split": cfg.split == "test",
+        "protocol": {"split_kind": data.split_kind, "full_catalogue": True, "history_excluded": False,
+                     "cases": len(es), "catalogue_items": len(rec.catalog), "ks": list(ks),
+                     "beam_width": cfg.beam_width, "diversity_lambda": cfg.diversity_lambda,
+                     "overretrieve": cfg.overretrieve, "utility": rec.default_utility() if cfg.utility is None
+                     else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users},
+        "model_selection": "checkpoint chosen on the valid split by the trainer (BEST when early stopping marked "
+                           "one, else LATEST); the test split is for one final measurement",
+        "previous_test_reports": previous if cfg.split == "test" else [],
+        "checkpoint": str(rec.checkpoint), "step": rec.step, "variant": run.get("variant"),
+        "layout": mcfg.layout, "sid_levels": mcfg.sid_levels,
+        "paths": paths, "ranking": ranking, "sid_diagnostics": diag, "sweeps": sweeps,
+        "timings_s": timings, "config": {k: v for k, v in asdict(cfg).items()},
+    }
+
+
+def run_sweeps(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int]) -> dict[str, list[dict[str, Any]]]:
+    """λ sweep (SID path at the main beam width), beam sweep (SID at λ = cfg's), context sweep (ANN + SID)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if rec.trie is not None:
+        if cfg.sweep_lambda:
+            out["lambda"] = []
+            for lam in cfg.sweep_lambda:
+                m = sid_pass(rec, es, beam_width=cfg.beam_width, diversity_lambda=float(lam), ks=ks,
+                             batch_size=cfg.batch_size)
+                out["lambda"].append({"lambda": float(lam), "beam_width": cfg.beam_width, **_pick(m)})
+        if cfg.sweep_beam:
+            out["beam"] = []
+            for w in cfg.sweep_beam:
+                m = sid_pass(rec, es, beam_width=int(w), diversity_lambda=cfg.diversity_lambda, ks=ks,
+                             batch_size=cfg.batch_size)
+                out["beam"].append({"beam_width": int(w), "lambda": cfg.diversity_lambda, **_pick(m)})
+    if cfg.sweep_context:
+        out["context"] = []
+        tpi = history_tokens_per_item(rec.config.layout, rec.config.sid_levels)
+        want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or
+                     (p == "sid" and rec.trie is not None))
+        for c in cfg.sweep_context:
+            c = min(int(c), rec.context_len)
+            res = evaluate_retrieval(rec.objective, es, paths=want, ks=ks, beam_width=cfg.beam_width,
+                                     diversity_lambda=cfg.diversity_lambda, context_len=c,
+                                     batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows)
+            out["context"].append({"context_len": c, "history_tokens": c * tpi,
+                                   **{f"{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}})
+    return out
+
+
+def _pick(m: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in m.items() if k != "n"}
+
+
+def run_eval(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """:func:`evaluate` + write ``WORKDIR/reports/eval-<split>-step<N>.{json,md}`` (+ PNG plots of any sweeps)."""
+    from genrec.eval.report import write_report
+
+    report = evaluate(workdir, cfg, rec=rec)
+    files = write_report(report, WorkDir(workdir).reports, f"eval-{cfg.split}-step{report['step']}")
+    return report, files

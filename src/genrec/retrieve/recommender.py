@@ -1,0 +1,619 @@
+"""The serving-side Recommender: L0 retrieval (SID beams + ANN) and L1 ranking on ONE history encode.
+
+Follows UniPinRec §3.3 (L0 over-retrieval by a factor r, then L1 ranking by the action heads on
+the same backbone) and PinGER's decoding section (diverse, trie-constrained SID beams). What is
+non-standard here:
+
+* **One prefill for every stage.** ``GenRecModel.encode_history`` fills a KV cache once; the SID
+  beam steps (``sid_logits_next``), the ANN query (the user vector it returns) and the L1 ranking
+  (``rank``: candidates with action [MASK] attend to the cached history, not to each other -- the
+  M-FALCON rule) all read that cache. Because candidates never see each other, a candidate's
+  score does not depend on which other candidates are in the union.
+* **Ranking reuses the retrieval representation.** ANN candidates come with the vectors the
+  Faiss index stores (``search_and_reconstruct``); SID-only candidates take the same vectors from
+  the in-memory item-vector table the index was built from.
+* **Utility.** The L1 score is ``sum_c u_c * sigmoid(logit_c)``; by default ``u_c = 1`` for the
+  dataset's positive actions, ``-1`` for known negative actions (``dislike``, ``skip``, ...), 0
+  otherwise.
+* With ``rank=False`` the union is ordered by round-robin over the source lists (SID beam order,
+  then ANN order, alternating), score = 1 / (1 + merged position); a single source keeps its own
+  order and score (beam log-probability, or inner product).
+
+Public API (kept stable for ``genrec.serve``)::
+
+    rec = Recommender.from_checkpoint(workdir, checkpoint=None, device="cpu")
+    recs = rec.recommend(history, k=10, beam_width=20, diversity_lambda=0.0, sources=("sid", "ann"),
+                         rank=True, overretrieve=3, utility=None, exclude_history=False)
+    recs[0].item_id, recs[0].score, recs[0].sources, recs[0].sid, recs[0].action_probs
+    recs.timings_ms, recs.dropped_items, recs.history_used
+
+``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}``
+(or bare item ids), oldest first; a list of such lists is a batch and returns a list of results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from genrec.decode.beam import BeamResult, beam_search
+from genrec.decode.trie_torch import TorchTrie
+from genrec.errors import ConfigError, DataError
+from genrec.model.config import ModelConfig
+from genrec.model.genrec_model import GenRecModel, ModelBatch
+from genrec.model.kv_cache import KVCache
+from genrec.retrieve.ann import AnnConfig, AnnIndex
+from genrec.train.batches import ItemCatalog
+from genrec.workdir import WorkDir, read_json
+
+SOURCES = ("sid", "ann")
+NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
+_SRC_BIT = {"sid": 1, "ann": 2}
+
+
+@dataclass
+class Recommendation:
+    """One recommended item. ``sources``: the L0 stages that retrieved it; ``sid``: its full code;
+    ``action_probs``: sigmoid of each action head (None when not ranked); ``sid_logprob`` /
+    ``ann_score``: the stage scores (None when that stage did not retrieve it)."""
+
+    item_id: int
+    title: str | None
+    score: float
+    sources: tuple[str, ...]
+    sid: tuple[int, ...] | None
+    action_probs: dict[str, float] | None = None
+    sid_logprob: float | None = None
+    ann_score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        d["sid"] = None if self.sid is None else list(self.sid)
+        return d
+
+
+class RecommendationList(list):  # type: ignore[type-arg]
+    """``list[Recommendation]`` plus what happened: per-stage ``timings_ms``, ``dropped_items``
+    (unknown history ids), ``history_used`` (items fed to the model after truncation)."""
+
+    def __init__(self, items: Sequence[Recommendation] = (), *, timings_ms: dict[str, float] | None = None,
+                 dropped_items: list[int] | None = None, history_used: int = 0, history_truncated: int = 0) -> None:
+        super().__init__(items)
+        self.timings_ms = dict(timings_ms or {})
+        self.dropped_items = list(dropped_items or [])
+        self.history_used = history_used
+        self.history_truncated = history_truncated
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": [r.to_dict() for r in self], "timings_ms": self.timings_ms,
+                "dropped_items": self.dropped_items, "history_used": self.history_used,
+                "history_truncated": self.history_truncated}
+
+
+@dataclass
+class BatchResult:
+    """Batched core output, rows sorted by final score. ``rows`` int64 [B, K] catalogue rows (-1 pad);
+    ``scores`` [B, K]; ``src`` int8 [B, K] bitmask (1 = sid, 2 = ann); ``sid_lp`` / ``ann_score``
+    [B, K] (nan where the stage did not retrieve the item); ``probs`` [B, K, C] or None;
+    ``beams``: the SID beam result (None without the SID stage)."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    src: np.ndarray
+    sid_lp: np.ndarray
+    ann_score: np.ndarray
+    probs: np.ndarray | None
+    beams: BeamResult | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _sha(paths: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        if p.exists():
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:10]
+
+
+class Recommender:
+    """A trained model with its catalogue, SID trie / index and ANN index, ready to serve."""
+
+    def __init__(self, objective: torch.nn.Module, catalog: ItemCatalog, *, actions: list[str],
+                 positive_actions: list[str], surfaces: list[str], ann: AnnIndex | None,
+                 trie: TorchTrie | None = None, sid_index: Any = None, step: int = -1,
+                 checkpoint: Path | None = None, run_config: dict[str, Any] | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        self.objective = objective
+        self.model: GenRecModel = objective.model  # type: ignore[assignment]
+        self.model.eval()
+        self.config: ModelConfig = self.model.config
+        self.catalog = catalog
+        self.actions, self.positive_actions, self.surfaces = list(actions), list(positive_actions), list(surfaces)
+        self.ann = ann
+        self.trie = trie
+        self.sid_index = sid_index
+        self.step = step
+        self.checkpoint = checkpoint
+        self.run_config = run_config or {}
+        self.device = torch.device(device)
+        self.context_len = self.config.max_items - 1
+        self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
+        with torch.no_grad():
+            feats = cast(torch.Tensor, objective.feats)  # [N, F]
+            self.item_vecs = torch.cat([self.model.item_vectors(feats[i:i + 8192]).float()
+                                        for i in range(0, len(catalog), 8192)])  # [N, D]
+        self.codes: torch.Tensor | None = cast(torch.Tensor, objective.codes) if self.config.uses_sids else None  # [N, L]
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_checkpoint(cls, workdir: str | Path, checkpoint: str | Path | None = None,
+                        device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None) -> "Recommender":
+        """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; "BEST"/"LATEST";
+        or a checkpoint folder), catalogue, current SIDs (trie on ``device``) and the ANN index
+        (built once per checkpoint and cached atomically under ``WORKDIR/ann/``)."""
+        from genrec.pipeline import load_catalog
+        from genrec.train.checkpoint import BEST, LATEST, load_checkpoint, resolve_checkpoint
+        from genrec.train.objective import JointObjective, ObjectiveConfig
+
+        wd = WorkDir(workdir)
+        if checkpoint is None:
+            ckpt = resolve_checkpoint(wd.checkpoints, BEST) or resolve_checkpoint(wd.checkpoints, LATEST)
+        elif str(checkpoint).upper() in (BEST, LATEST):
+            ckpt = resolve_checkpoint(wd.checkpoints, str(checkpoint).upper())
+        else:
+            ckpt = resolve_checkpoint(Path(checkpoint))
+        if ckpt is None:
+            raise ConfigError(f"no checkpoint under {wd.checkpoints} ({checkpoint or 'BEST/LATEST'}): "
+                              f"run `genrec train {wd.root}` first")
+        cfg_path = ckpt / "config.json"
+        if not cfg_path.exists():
+            cfg_path = wd.checkpoints / "config.json"
+        if not cfg_path.exists():
+            raise ConfigError(f"{ckpt}: no config.json beside the weights; cannot rebuild the model")
+        cfg = read_json(cfg_path)
+        if "model" not in cfg:
+            raise DataError("missing key 'model'", path=cfg_path, field="model")
+        mcfg = ModelConfig.from_dict(cfg["model"])
+        catalog = load_catalog(wd.root, with_sids=mcfg.uses_sids)
+        if int(catalog.feats.shape[1]) != mcfg.item_feat_dim:
+            raise ConfigError(f"{wd.features}: item features have width {int(catalog.feats.shape[1])}, the model "
+                              f"was trained on {mcfg.item_feat_dim} (features rebuilt since training?)")
+        actions, positive, surfaces = _dataset_vocab(wd, mcfg)
+        model = GenRecModel(mcfg)
+        obj_kw = dict(cfg.get("run", {}).get("objective", {}))
+        ocfg = ObjectiveConfig(**{k: v for k, v in obj_kw.items() if k in ObjectiveConfig.__dataclass_fields__})
+        if ocfg.action_weights is not None:
+            ocfg.action_weights = tuple(ocfg.action_weights)
+        pos_idx = [actions.index(a) for a in positive if a in actions]
+        objective = JointObjective(model, catalog, ocfg, pos_idx)
+        load_checkpoint(ckpt, objective, restore_rng=False, device="cpu")
+        objective.to(device)
+        step = int(read_json(ckpt / "meta.json")["step"])
+        trie = sid_index = leaf_rows = None
+        if mcfg.uses_sids:
+            from genrec.sid.build import open_current
+
+            sb = open_current(wd.sid)
+            sizes = [int(k) for k in sb.codebook_sizes]
+            if sizes != list(mcfg.sid_codebook_sizes):
+                raise ConfigError(f"{wd.sid}: current SID version {sb.version} has codebooks {sizes}, the model was "
+                                  f"trained with {mcfg.sid_codebook_sizes}; retrain or point CURRENT back")
+            sid_index = sb.index
+            if mcfg.layout in ("pinger", "tiger"):  # SID heads -> a decoding stage (dense + fusion has none)
+                t = sb.trie
+                trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sizes, device=device)
+                leaf_rows = catalog.rows(np.asarray(t.leaf_items, dtype=np.int64), strict=False)
+        rec = cls(objective, catalog, actions=actions, positive_actions=positive, surfaces=surfaces, ann=None,
+                  trie=trie, sid_index=sid_index, step=step, checkpoint=ckpt, run_config=cfg.get("run"),
+                  device=device)
+        rec.leaf_rows = leaf_rows
+        if rec.model.user_head is not None:
+            rec.ann = rec._load_or_build_ann(wd, ckpt, ann_config or AnnConfig())
+        return rec
+
+    def _load_or_build_ann(self, wd: WorkDir, ckpt: Path, cfg: AnnConfig) -> AnnIndex:
+        """``WORKDIR/ann/step-NNNNNN-<hash of weights + features + index kind>``, built atomically once."""
+        fp = _sha([ckpt / "model.safetensors", wd.features / "manifest.json"])
+        folder = wd.root / "ann" / f"step-{self.step:06d}-{cfg.kind}-{fp}"
+        if (folder / "manifest.json").exists():
+            idx = AnnIndex.load(folder)
+            if len(idx) == len(self.catalog) and np.array_equal(idx.item_ids, self.catalog.item_ids):
+                return idx
+        idx = AnnIndex.build(self.item_vecs.cpu().numpy(), self.catalog.item_ids, cfg)
+        idx.save(folder, overwrite=True)
+        return idx
+
+    # ------------------------------------------------------------------ input
+    def default_utility(self) -> dict[str, float]:
+        """+1 for the dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), else 0."""
+        return {a: (1.0 if a in self.positive_actions else -1.0 if a.lower() in NEGATIVE_ACTIONS else 0.0)
+                for a in self.actions}
+
+    def utility_vector(self, utility: Mapping[str, float] | None) -> torch.Tensor:
+        u = self.default_utility() if utility is None else dict(utility)
+        unknown = sorted(set(u) - set(self.actions))
+        if unknown:
+            raise ConfigError(f"utility: unknown action(s) {unknown}; the actions are {self.actions}")
+        return torch.tensor([float(u.get(a, 0.0)) for a in self.actions], dtype=torch.float32, device=self.device)
+
+    def _vocab_index(self, value: Any, vocab: list[str], what: str, where: str) -> int:
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            if not 0 <= int(value) < len(vocab):
+                raise DataError(f"{what} index {value} out of range 0..{len(vocab) - 1}", field=where)
+            return int(value)
+        if isinstance(value, str) and value in vocab:
+            return vocab.index(value)
+        raise DataError(f"{what} {value!r} is not one of {vocab}", field=where)
+
+    vocab_index = _vocab_index  # public name: action / surface name or index -> index (DataError naming ``where``)
+
+    def parse_history(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
+        """One history -> catalogue rows / actions / surfaces / timestamps (newest ``context_len`` kept).
+
+        Unknown item ids are dropped and reported; an empty history (or one with no known item)
+        raises :class:`DataError`."""
+        if history is None or len(history) == 0:
+            raise DataError("empty history: give at least one item the user interacted with", field=where)
+        default_action = self.positive_actions[0] if self.positive_actions else self.actions[0]
+        ids, acts, surfs, ts = [], [], [], []
+        for i, h in enumerate(history):
+            w = f"{where}[{i}]"
+            if isinstance(h, Mapping):
+                if "item_id" not in h:
+                    raise DataError("missing 'item_id'", field=w)
+                iid, a, s, t = h["item_id"], h.get("action"), h.get("surface"), h.get("ts")
+            else:
+                iid, a, s, t = h, None, None, None
+            try:
+                ids.append(int(iid))
+            except (TypeError, ValueError):
+                raise DataError(f"item_id {iid!r} is not an integer", field=f"{w}.item_id") from None
+            acts.append(self._vocab_index(default_action if a is None else a, self.actions, "action", f"{w}.action"))
+            surfs.append(self._vocab_index(0 if s is None else s, self.surfaces, "surface", f"{w}.surface"))
+            ts.append(0 if t is None else int(t))
+        ids_a = np.asarray(ids, dtype=np.int64)
+        rows = self.catalog.rows(ids_a, strict=False)
+        known = rows >= 0
+        dropped = [int(x) for x in ids_a[~known]]
+        if not known.any():
+            raise DataError(f"none of the {len(ids)} history item ids is in the catalogue "
+                            f"(e.g. {dropped[:5]})", field=where)
+        sel = np.flatnonzero(known)
+        truncated = max(0, len(sel) - self.context_len)
+        sel = sel[truncated:]
+        return {"rows": rows[sel], "actions": np.asarray(acts)[sel], "surfaces": np.asarray(surfs)[sel],
+                "ts": np.asarray(ts, dtype=np.int64)[sel], "dropped": dropped, "truncated": truncated}
+
+    def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
+        """Right-padded ModelBatch of parsed histories (item vectors from the table the index holds)."""
+        b = len(parsed)
+        n = max(len(p["rows"]) for p in parsed)
+        rows = np.zeros((b, n), np.int64)
+        acts = np.zeros((b, n), np.int64)
+        surf = np.zeros((b, n), np.int64)
+        ts = np.zeros((b, n), np.int64)
+        lengths = np.zeros(b, np.int64)
+        for i, p in enumerate(parsed):
+            m = len(p["rows"])
+            rows[i, :m], acts[i, :m], surf[i, :m], ts[i, :m], lengths[i] = p["rows"], p["actions"], p["surfaces"], \
+                p["ts"], m
+        dev = self.device
+        r = torch.from_numpy(rows).to(dev)
+        return ModelBatch(actions=torch.from_numpy(acts).to(dev), surfaces=torch.from_numpy(surf).to(dev),
+                          lengths=torch.from_numpy(lengths).to(dev),
+                          sid_codes=self.codes[r] if self.codes is not None else None,
+                          item_vecs=self.item_vecs[r], timestamps=torch.from_numpy(ts).to(dev))
+
+    # ------------------------------------------------------------------ stages
+    def check_sources(self, sources: Sequence[str] | None, rank: bool | None) -> tuple[tuple[str, ...], bool]:
+        """Resolve defaults (None = every stage the model has) and refuse stages it lacks."""
+        can = tuple(s for s in SOURCES if (s == "sid" and self.trie is not None) or (s == "ann" and self.ann is not None))
+        if sources is None:
+            srcs = can
+        else:
+            srcs = tuple(dict.fromkeys(sources))
+            bad = [s for s in srcs if s not in SOURCES]
+            if bad:
+                raise ConfigError(f"sources: unknown stage(s) {bad}; choose from {SOURCES}")
+            missing = [s for s in srcs if s not in can]
+            if missing:
+                raise ConfigError(f"sources: layout {self.config.layout!r} has no {missing} stage (available: {can})")
+        if not srcs:
+            raise ConfigError("sources: no retrieval stage selected")
+        can_rank = self.model.action_head is not None
+        if rank is None:
+            rank = can_rank
+        elif rank and not can_rank:
+            raise ConfigError(f"rank: layout {self.config.layout!r} has no action heads (use rank=False)")
+        return srcs, bool(rank)
+
+    def encode(self, mb: ModelBatch) -> tuple[KVCache, torch.Tensor | None]:
+        """The one history prefill: (KV cache, user vector [B, item_dim] or None)."""
+        cache, user, _ = self.model.encode_history(mb)
+        return cache, user
+
+    def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0,
+                    constrain: bool = True) -> BeamResult:
+        """SID beams over the cached history: codes [B, W, L] (constrained through the trie)."""
+        if self.trie is None:
+            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
+        cfg = self.config
+
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            return F.log_softmax(self.model.sid_logits_next(cache, prefix).float(), dim=-1)  # [B, W, K]
+
+        return beam_search(step, cache.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
+                           diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain, device=self.device)
+
+    def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Valid beams -> catalogue rows via the SID index, beam order, deduplicated, at most ``limit``
+        per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
+        codes = beams.codes.cpu().numpy()  # [B, W, L]
+        valid = beams.valid.cpu().numpy()
+        scores = beams.scores.float().cpu().numpy()
+        b, w, _ = codes.shape
+        flat = codes.reshape(b * w, -1)
+        offs, items = self.sid_index.lookup_batch(np.where(valid.reshape(-1)[:, None], flat, -1), limit=limit)
+        item_rows = self.catalog.rows(items, strict=False)
+        out = np.full((b, limit), -1, np.int64)
+        lp = np.full((b, limit), np.nan, np.float32)
+        for i in range(b):
+            seen: set[int] = set()
+            m = 0
+            for j in range(w):
+                if not valid[i, j]:
+                    continue
+                q = i * w + j
+                for r in item_rows[offs[q]:offs[q + 1]]:
+                    if r < 0 or r in seen:
+                        continue
+                    seen.add(int(r))
+                    out[i, m], lp[i, m] = r, scores[i, j]
+                    m += 1
+                    if m == limit:
+                        break
+                if m == limit:
+                    break
+        return out, lp
+
+    def score_candidates(self, cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
+                         surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None) -> torch.Tensor:
+        """L1: action logits [B, M, C] of candidate rows [B, M] (pad rows may hold any valid row)
+        as a decode step over the cached history. ``vecs`` [B, M, item_dim] default: the item table."""
+        cand_vecs = self.item_vecs[rows] if vecs is None else vecs
+        if surface is None:
+            surface = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
+        if request_ts is None and self.config.time_buckets > 0:
+            request_ts = cache.last_ts
+        return self.model.rank(cache, cand_vecs, self.codes[rows] if self.codes is not None else None,
+                               surface, request_ts)
+
+    # ------------------------------------------------------------------ core
+    @torch.no_grad()
+    def run_batch(self, mb: ModelBatch, *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
+                  sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
+                  utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
+                  request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
+                  ) -> BatchResult:
+        """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring)."""
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        if overretrieve < 1:
+            raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
+        srcs, do_rank = self.check_sources(sources, rank)
+        u = self.utility_vector(utility)
+        t: dict[str, float] = {}
+        t0 = time.perf_counter()
+        cache, user = self.encode(mb)
+        t["encode"] = _ms(t0)
+        b = mb.actions.shape[0]
+        kr = k * overretrieve
+        extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
+        beams = None
+        sid_rows = np.full((b, 0), -1, np.int64)
+        sid_lp = np.zeros((b, 0), np.float32)
+        if "sid" in srcs:
+            t0 = time.perf_counter()
+            beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            sid_rows, sid_lp = self.beam_rows(beams, kr + extra)
+            t["sid"] = _ms(t0)
+        ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
+        ann_sc = np.zeros((b, 0), np.float32)
+        ann_vecs = None
+        if "ann" in srcs:
+            t0 = time.perf_counter()
+            assert self.ann is not None and user is not None
+            kk = min(kr + extra, len(self.ann))
+            ann_ids, ann_sc, ann_vecs = self.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
+            ann_rows = self.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
+            t["ann"] = _ms(t0)
+        # ---- union (dedup; remember stages and stage scores)
+        t0 = time.perf_counter()
+        excl = [set() if exclude_rows is None else {int(x) for x in exclude_rows[i]} for i in range(b)]
+        union: list[dict[int, list[Any]]] = []
+        for i in range(b):
+            d: dict[int, list[Any]] = {}  # row -> [src bits, sid lp, ann score, vec, merged position]
+            lists = []
+            for rows_i, sc_i, bit in ((sid_rows[i], sid_lp[i], 1), (ann_rows[i], ann_sc[i], 2)):
+                kept = [(int(r), float(s), j) for j, (r, s) in enumerate(zip(rows_i, sc_i)) if r >= 0 and r not in excl[i]]
+                lists.append((kept[:kr], bit))
+            order = _round_robin([[r for r, _, _ in kept] for kept, _ in lists])
+            for kept, bit in lists:
+                for r, s, j in kept:
+                    e = d.setdefault(r, [0, np.nan, np.nan, None, 0])
+                    e[0] |= bit
+                    if bit == 1:
+                        e[1] = s
+                    else:
+                        e[2] = s
+                        e[3] = ann_vecs[i, j]  # type: ignore[index]
+            for pos, r in enumerate(order):
+                d[r][4] = pos
+            union.append(d)
+        m = max(1, max(len(d) for d in union))
+        rows = np.zeros((b, m), np.int64)
+        valid = np.zeros((b, m), bool)
+        for i, d in enumerate(union):
+            rows[i, :len(d)] = list(d)
+            valid[i, :len(d)] = True
+        t["union"] = _ms(t0)
+        probs = None
+        if do_rank:
+            t0 = time.perf_counter()
+            rows_t = torch.from_numpy(rows).to(self.device)
+            vecs = self.item_vecs[rows_t].clone()  # [B, M, D]
+            if ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
+                for i, d in enumerate(union):
+                    for j, (r, e) in enumerate(d.items()):
+                        if e[3] is not None:
+                            vecs[i, j] = torch.from_numpy(np.asarray(e[3])).to(vecs)
+            logits = self.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
+            p = torch.sigmoid(logits.float())
+            score = (p * u).sum(-1).cpu().numpy()  # [B, M]
+            probs = p.cpu().numpy()
+            t["rank"] = _ms(t0)
+        else:
+            score = np.zeros((b, m), np.float64)
+            for i, d in enumerate(union):
+                for j, (r, e) in enumerate(d.items()):
+                    if srcs == ("sid",):
+                        score[i, j] = e[1]
+                    elif srcs == ("ann",):
+                        score[i, j] = e[2]
+                    else:
+                        score[i, j] = 1.0 / (1.0 + e[4])
+        # ---- top K
+        t0 = time.perf_counter()
+        kk = min(k, m)
+        out = BatchResult(rows=np.full((b, kk), -1, np.int64), scores=np.full((b, kk), np.nan),
+                          src=np.zeros((b, kk), np.int8), sid_lp=np.full((b, kk), np.nan),
+                          ann_score=np.full((b, kk), np.nan),
+                          probs=None if probs is None else np.full((b, kk, probs.shape[-1]), np.nan), beams=beams)
+        for i, d in enumerate(union):
+            ents = list(d.values())
+            masked = np.where(valid[i], score[i], -np.inf)
+            top = [j for j in np.argsort(-masked, kind="stable")[:kk] if valid[i, j]]
+            n = len(top)
+            out.rows[i, :n] = rows[i, top]
+            out.scores[i, :n] = score[i, top]
+            out.src[i, :n] = [ents[j][0] for j in top]
+            out.sid_lp[i, :n] = [ents[j][1] for j in top]
+            out.ann_score[i, :n] = [ents[j][2] for j in top]
+            if probs is not None and out.probs is not None:
+                out.probs[i, :n] = probs[i, top]
+        t["topk"] = _ms(t0)
+        t["total"] = sum(t.values())
+        out.timings_ms = t
+        return out
+
+    # ------------------------------------------------------------------ public
+    def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
+                  sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
+                  utility: Mapping[str, float] | None = None, exclude_history: bool = False,
+                  surface: str | int | None = None, request_ts: int | None = None
+                  ) -> RecommendationList | list[RecommendationList]:
+        """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
+
+        ``sources=None`` / ``rank=None`` mean "every stage this model has" (a TIGER-layout model has
+        no ANN or ranking stage; a dense-only one no SID stage). ``surface`` is the request surface
+        (default: the last history item's); ``request_ts`` the request time (default: the last
+        history item's timestamp)."""
+        is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
+        hs = list(history) if is_batch else [history]
+        if not hs:
+            raise DataError("empty batch of histories", field="history")
+        parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
+        mb = self.model_batch(parsed)
+        surf = None
+        if surface is not None:
+            s = self._vocab_index(surface, self.surfaces, "surface", "surface")
+            surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
+        else:
+            surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
+        rts = None
+        if request_ts is not None:
+            rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
+        excl = [p["rows"] for p in parsed] if exclude_history else None
+        res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
+                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
+                             request_surface=surf, request_ts=rts)
+        outs = []
+        for i, p in enumerate(parsed):
+            recs = []
+            for j in range(res.rows.shape[1]):
+                r = int(res.rows[i, j])
+                if r < 0:
+                    continue
+                bits = int(res.src[i, j])
+                recs.append(Recommendation(
+                    item_id=int(self.catalog.item_ids[r]),
+                    title=self.catalog.titles[r] if self.catalog.titles is not None else None,
+                    score=float(res.scores[i, j]),
+                    sources=tuple(s for s in SOURCES if bits & _SRC_BIT[s]),
+                    sid=None if self.codes is None else tuple(int(c) for c in self.codes[r].tolist()),
+                    action_probs=None if res.probs is None else
+                    {a: float(res.probs[i, j, c]) for c, a in enumerate(self.actions)},
+                    sid_logprob=None if np.isnan(res.sid_lp[i, j]) else float(res.sid_lp[i, j]),
+                    ann_score=None if np.isnan(res.ann_score[i, j]) else float(res.ann_score[i, j])))
+            outs.append(RecommendationList(recs, timings_ms=res.timings_ms, dropped_items=p["dropped"],
+                                           history_used=len(p["rows"]), history_truncated=p["truncated"]))
+        return outs if is_batch else outs[0]
+
+def user_history(workdir: str | Path, user_id: int) -> list[dict[str, Any]]:
+    """All events of ``user_id`` in WORKDIR's tables, in ``seq`` order, as history entries."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    from genrec.data.store import user_bucket
+    from genrec.pipeline import open_store
+
+    store = open_store(workdir)
+    bucket = int(user_bucket(np.array([user_id], dtype=np.int64), store.n_buckets)[0])
+    ev = store.read_events(bucket)
+    ev = ev.filter(pc.equal(ev.column("user_id"), user_id))
+    if ev.num_rows == 0:
+        raise DataError(f"user {user_id} has no events", path=WorkDir(workdir).tables, field="user_id")
+    ev = ev.sort_by("seq")
+    return [{"item_id": int(i), "action": a, "surface": s, "ts": int(t)} for i, a, s, t in zip(
+        ev.column("item_id").to_pylist(), ev.column("action").to_pylist(), ev.column("surface").to_pylist(),
+        ev.column("timestamp").to_pylist())]
+
+
+def _dataset_vocab(wd: WorkDir, mcfg: ModelConfig) -> tuple[list[str], list[str], list[str]]:
+    """(actions, positive actions, surfaces) from the tables; generic names when the tables are gone."""
+    from genrec.data.store import TableStore
+
+    store = TableStore(wd.tables)
+    if store.exists():
+        info = store.info()
+        if len(info.actions) != mcfg.n_actions:
+            raise ConfigError(f"{wd.tables}: {len(info.actions)} actions, the model has {mcfg.n_actions}")
+        surfaces = list(info.surfaces) or ["default"]
+        return list(info.actions), list(info.positive_actions), surfaces
+    acts = [f"action{i}" for i in range(mcfg.n_actions)]
+    return acts, acts, [f"surface{i}" for i in range(mcfg.n_surfaces)]
+
+
+def _round_robin(lists: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    seen: set[int] = set()
+    for j in range(max((len(x) for x in lists), default=0)):
+        for x in lists:
+            if j < len(x) and x[j] not in seen:
+                seen.add(x[j])
+                out.append(x[j])
+    return out
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0

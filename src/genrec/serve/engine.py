@@ -1,0 +1,211 @@
+"""The serving engine: :class:`genrec.retrieve.recommender.Recommender` behind the service (issue 6 item 2).
+
+The Recommender does ONE history prefill, then SID beams (over the cache) + ANN (user vector) and
+L1 ranking on the same cache (UniPinRec §3.3, PinGER decoding). This adapter adds what the
+service needs around it:
+
+* the input policy's last cases: a history with no known item is a cold start (popularity list,
+  not an error); the Recommender's ``DataError``/``ConfigError`` become :class:`InputError` (422
+  naming the field);
+* a **remote ranking hook**: in two-process mode the ranking stage (``score_candidates``) of a
+  per-request shallow copy of the Recommender is replaced by a call that writes the history KV
+  into the shared pool and asks the ranking process — so the retrieval half runs unchanged and
+  the one encode is kept. A dead ranker gives retrieval-only results (``degraded``).
+
+Non-standard: the engine is immutable once built; hot swap replaces it whole (:mod:`genrec.serve.swap`).
+Checkpoint weights are read through safetensors only (no pickle).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from genrec.errors import ConfigError, DataError, GenrecError
+from genrec.model.config import ModelConfig
+from genrec.model.genrec_model import GenRecModel
+from genrec.model.kv_cache import KVCache
+from genrec.workdir import read_json
+
+RemoteRank = Callable[[KVCache, np.ndarray, np.ndarray | None, int, int | None], torch.Tensor]
+"""(cache [1, ...], cand vecs [m, Di], cand SID codes [m, L] or None, surface, request_ts) -> logits [m, C]."""
+
+
+class InputError(GenrecError):
+    """A request field is invalid (the HTTP layer turns it into a 422 naming ``field``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class RankingFailed(GenrecError):
+    """The remote ranking stage failed (ranker down / timed out / slot stale after retries)."""
+
+
+def load_model(ckpt: str | Path, device: str = "cpu") -> GenRecModel:
+    """The :class:`GenRecModel` of a training checkpoint folder, weights via safetensors (eval mode)."""
+    ckpt = Path(ckpt)
+    cfg_path = ckpt / "config.json"
+    if cfg_path.exists() and "model" in read_json(cfg_path):
+        mdict = read_json(cfg_path)["model"]
+    else:
+        extra = read_json(ckpt / "extra.json")
+        if "model_config" not in extra:
+            raise ConfigError(f"{ckpt}: no model config in config.json or extra.json (not a genrec checkpoint)")
+        mdict = extra["model_config"]
+    model = GenRecModel(ModelConfig.from_dict(mdict))
+    state = load_file(str(ckpt / "model.safetensors"), device="cpu")
+    own = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")} or state
+    model.load_state_dict(own, strict=True)
+    return model.to(device).eval()
+
+
+def _input_error(e: Exception) -> InputError:
+    fld = getattr(e, "field", None) or "body"
+    msg = str(e)
+    return InputError(msg.split(": ", 1)[-1] if msg.startswith(fld) else msg, fld)
+
+
+class Engine:
+    """A loaded Recommender + popularity fallback; ``version`` = checkpoint + SID version."""
+
+    def __init__(self, rec: Any, popular: np.ndarray) -> None:
+        self.rec = rec
+        self.cfg: ModelConfig = rec.config
+        self.popular = popular
+        self.checkpoint: Path = rec.checkpoint
+        self.sid_version = getattr(rec.sid_index, "version", None) if rec.sid_index is not None else None
+        self.context_len = int(rec.context_len)
+
+    @classmethod
+    def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
+        from genrec.pipeline import open_store
+        from genrec.retrieve.recommender import Recommender
+
+        rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
+        ev = open_store(workdir).read_events(columns=["item_id"]).column("item_id").to_numpy()
+        rows = rec.catalog.rows(ev, strict=False)
+        counts = np.bincount(rows[rows >= 0], minlength=len(rec.catalog))
+        return cls(rec, np.argsort(-counts, kind="stable")[:1000])
+
+    @property
+    def version(self) -> str:
+        ck = self.checkpoint.name if self.checkpoint is not None else "model"
+        return f"{ck}+{self.sid_version}" if self.sid_version else ck
+
+    # ------------------------------------------------------------------ recommend
+    def _known(self, history: Sequence[dict[str, Any]]) -> tuple[list[int], bool]:
+        ids = np.array([int(h["item_id"]) for h in history], dtype=np.int64)
+        rows = self.rec.catalog.rows(ids, strict=False) if len(ids) else np.zeros(0, np.int64)
+        return [int(i) for i in ids[rows < 0]], bool((rows >= 0).any())
+
+    def cold_start(self, dropped: list[int], k: int) -> dict[str, Any]:
+        rows = self.popular[:k]
+        cat = self.rec.catalog
+        items = [{"item_id": int(cat.item_ids[r]), "score": 1.0 / (1.0 + j), "action_probs": None,
+                  "sid": None if self.rec.codes is None else [int(c) for c in self.rec.codes[int(r)].tolist()],
+                  "sources": ["popular"]} for j, r in enumerate(rows)]
+        return {"items": items, "dropped_items": dropped, "truncated_items": 0, "cold_start": True,
+                "timings_ms": {"encode": 0.0, "sid": 0.0, "ann": 0.0, "rank": 0.0, "total": 0.0}}
+
+    def recommend(self, history: Sequence[dict[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
+                  sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
+                  remote_rank: RemoteRank | None = None) -> dict[str, Any]:
+        """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``)."""
+        dropped, any_known = self._known(history)
+        if not any_known:
+            return self.cold_start(dropped, k)
+        rec = self.rec
+        if remote_rank is not None and rank:
+            rec = copy.copy(self.rec)  # shallow: shares model and indexes; only the ranking hook differs
+
+            def score_candidates(cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
+                                 surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
+                                 ) -> torch.Tensor:
+                r = rows[0]
+                v = (self.rec.item_vecs[r] if vecs is None else vecs[0]).float().cpu().numpy()  # [m, Di]
+                sid = None if self.rec.codes is None else self.rec.codes[r].cpu().numpy()  # [m, L]
+                s = 0 if surface is None else int(surface[0])
+                ts = None if request_ts is None else int(request_ts[0])
+                return remote_rank(cache, v, sid, s, ts)[None]  # [1, m, C]
+
+            rec.score_candidates = score_candidates  # type: ignore[method-assign]
+        try:
+            res = rec.recommend(list(history), k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                                sources=list(sources), rank=rank, surface=surface, request_ts=request_ts)
+        except (DataError, ConfigError) as e:
+            raise _input_error(e) from e
+        return self._format(res)
+
+    def recommend_many(self, histories: Sequence[Sequence[dict[str, Any]]], *, k: int, beam_width: int,
+                       diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
+                       request_ts: int | None = None) -> list[dict[str, Any]]:
+        """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows."""
+        outs: list[dict[str, Any] | None] = [None] * len(histories)
+        warm = []
+        for i, h in enumerate(histories):
+            dropped, any_known = self._known(h)
+            if any_known:
+                warm.append(i)
+            else:
+                outs[i] = self.cold_start(dropped, k)
+        if warm:
+            try:
+                res = self.rec.recommend([list(histories[i]) for i in warm], k=k, beam_width=beam_width,
+                                         diversity_lambda=diversity_lambda, sources=list(sources), rank=rank,
+                                         surface=surface, request_ts=request_ts)
+            except (DataError, ConfigError) as e:
+                raise _input_error(e) from e
+            for i, r in zip(warm, res):
+                outs[i] = self._format(r)
+        return outs  # type: ignore[return-value]
+
+    @staticmethod
+    def _format(res: Any) -> dict[str, Any]:
+        t = res.timings_ms
+        return {
+            "items": [{"item_id": r.item_id, "score": r.score, "action_probs": r.action_probs,
+                       "sid": None if r.sid is None else list(r.sid), "sources": list(r.sources)} for r in res],
+            "dropped_items": res.dropped_items, "truncated_items": res.history_truncated,
+            "timings_ms": {"encode": t.get("encode", 0.0), "sid": t.get("sid", 0.0), "ann": t.get("ann", 0.0),
+                           "rank": t.get("rank", 0.0), "total": t.get("total", 0.0)},
+        }
+
+    # ------------------------------------------------------------------ rank given candidates
+    @torch.no_grad()
+    def rank_items(self, history: Sequence[dict[str, Any]], item_ids: Sequence[int], surface: Any = None,
+                   request_ts: int | None = None) -> dict[str, Any]:
+        """``/v1/rank``: encode once, score the known candidates over the cache (M-FALCON)."""
+        rec = self.rec
+        try:
+            p = rec.parse_history(list(history), "history")
+            s = rec._vocab_index(surface, rec.surfaces, "surface", "surface") if surface is not None \
+                else int(p["surfaces"][-1])
+        except (DataError, ConfigError) as e:
+            raise _input_error(e) from e
+        ids = np.asarray(list(item_ids), dtype=np.int64)
+        rows = rec.catalog.rows(ids, strict=False)
+        ok = rows >= 0
+        items: list[dict[str, Any]] = []
+        if ok.any():
+            cache, _ = rec.encode(rec.model_batch([p]))
+            r = torch.as_tensor(rows[ok], device=rec.device)[None]  # [1, m]
+            dev = rec.device
+            rts = None if request_ts is None else torch.tensor([int(request_ts)], device=dev)
+            logits = rec.score_candidates(cache, r, None, torch.tensor([s], device=dev), rts)  # [1, m, C]
+            probs = torch.sigmoid(logits[0].float())  # [m, C]
+            u = rec.utility_vector(None)
+            score = (probs * u).sum(-1).cpu().numpy()
+            pr = probs.cpu().numpy()
+            for j, iid in enumerate(ids[ok]):
+                items.append({"item_id": int(iid), "score": float(score[j]),
+                              "action_probs": {a: float(pr[j, c]) for c, a in enumerate(rec.actions)}})
+        return {"items": items, "unknown_candidates": [int(i) for i in ids[~ok]], "dropped_items": p["dropped"],
+                "truncated_items": p["truncated"]}

@@ -1,0 +1,100 @@
+"""Request/response models of the HTTP service (issue 6 items 1 and 5: input policy).
+
+Non-standard: bounds are part of the models, so an out-of-range ``k`` / ``beam_width`` /
+``diversity_lambda`` fails validation with the field's name (422); NaN/inf are rejected for every
+float; unknown fields are rejected (a typo like ``beam_witdh`` is an error, not a silent default).
+Item ids are strict integers (no ``true``, no ``"12"``, no ``1.5``). Unknown item ids are NOT a
+validation error: the engine drops and reports them (cold start still answers).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+MAX_K = 1000
+MAX_BEAM = 256
+MAX_LAMBDA = 10.0
+MAX_HISTORY = 10_000
+MAX_CANDIDATES = 2_000
+INT64 = 2 ** 63 - 1
+
+ItemId = StrictInt
+Vocab = Optional[Union[StrictStr, StrictInt]]  # an action/surface name or its index
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class HistoryItem(_Strict):
+    item_id: ItemId = Field(ge=-INT64, le=INT64)
+    action: Vocab = None
+    surface: Vocab = None
+    ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
+
+
+class RecommendRequest(_Strict):
+    history: list[HistoryItem] = Field(max_length=MAX_HISTORY)
+    surface: Vocab = None
+    request_ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
+    k: StrictInt = Field(default=10, ge=1, le=MAX_K)
+    beam_width: StrictInt = Field(default=20, ge=1, le=MAX_BEAM)
+    diversity_lambda: float = Field(default=0.0, ge=0.0, le=MAX_LAMBDA)
+    sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: ["sid", "ann"], min_length=1, max_length=2)
+    rank: StrictBool = True
+
+
+class RankRequest(_Strict):
+    history: list[HistoryItem] = Field(max_length=MAX_HISTORY)
+    candidates: list[ItemId] = Field(min_length=1, max_length=MAX_CANDIDATES)
+    surface: Vocab = None
+    request_ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
+
+
+class Timings(BaseModel):
+    encode: float = 0.0
+    sid: float = 0.0
+    ann: float = 0.0
+    rank: float = 0.0
+    total: float = 0.0
+
+
+class RecommendedItem(BaseModel):
+    item_id: int
+    score: float
+    action_probs: Optional[dict[str, float]]
+    sid: Optional[list[int]]
+    sources: list[str]
+
+
+class RecommendResponse(BaseModel):
+    items: list[RecommendedItem]
+    dropped_items: list[int]
+    truncated_items: int
+    degraded: bool
+    cold_start: bool = False
+    index_version: str
+    timings_ms: Timings
+
+
+class RankedItem(BaseModel):
+    item_id: int
+    score: float
+    action_probs: dict[str, float]
+
+
+class RankResponse(BaseModel):
+    items: list[RankedItem]
+    unknown_candidates: list[int]
+    dropped_items: list[int]
+    truncated_items: int
+    index_version: str
+    timings_ms: Timings
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    message: str
+    fields: list[str] = Field(default_factory=list)

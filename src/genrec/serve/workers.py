@@ -1,0 +1,212 @@
+"""Two-process mode: retrieval in the server process, ranking in a supervised ranking process (UniPinRec §4).
+
+The server process prefills the history once, runs SID beams + ANN, writes the history KV into
+the shared :class:`genrec.serve.kv_pool.KVPool` under a lease ``(slot, gen)`` and sends the ranking
+process ``(slot, gen, candidate vectors + SID codes, surface)`` over a local pipe. The ranking
+process reads the KV from the pool (seqlock: never another request's KV), runs ``model.rank``
+over it and answers the action probabilities. Candidates travel as the exact vectors the ANN
+index holds, so both processes score identical inputs and the results equal one-process mode.
+
+Faults: every call has a timeout; a dead ranking process fails its pending calls at once
+(:class:`RankerUnavailable`, the server answers retrieval-only results flagged ``degraded``),
+and a supervisor thread restarts it. Non-standard: the ranker loads only the model (by checkpoint
+path, safetensors), caching one model per checkpoint, so a hot swap needs no ranker restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from genrec.errors import GenrecError
+from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError
+
+__all__ = ["RankerClient", "RankerUnavailable", "ranker_main"]
+
+
+class RankerUnavailable(GenrecError):
+    """The ranking process is down, restarting, or did not answer in time."""
+
+
+def ranker_main(conn: Connection, threads: int = 1) -> None:
+    """Ranking process loop: ``{"id", "pool", "slot", "gen", "ckpt", "vecs", "sid", "surface", "ts"}`` ->
+    ``{"id", "ok", "logits" | "error", "stale"}``. Exits when the pipe closes."""
+    import torch
+
+    from genrec.serve.engine import load_model
+
+    torch.set_num_threads(max(1, threads))
+    models: dict[str, Any] = {}
+    pools: dict[str, KVPool] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg.get("op") == "ping":
+            conn.send({"id": msg["id"], "ok": True, "pid": os.getpid()})
+            continue
+        try:
+            ck = msg["ckpt"]
+            if ck not in models:
+                models.clear()  # keep one model: the version being served
+                models[ck] = load_model(ck, "cpu")
+            model = models[ck]
+            pool = pools.get(msg["pool"])
+            if pool is None:
+                pool = pools[msg["pool"]] = KVPool.attach(msg["pool"])
+            if msg.get("delay"):
+                time.sleep(float(msg["delay"]))  # test hook: a slow reader
+            cache = pool.read(int(msg["slot"]), int(msg["gen"]), layout=model.config.layout)
+            with torch.no_grad():
+                vecs = torch.from_numpy(msg["vecs"])[None]  # [1, m, Di]
+                sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"])[None]  # [1, m, L]
+                ts = None if msg["ts"] is None else torch.tensor([int(msg["ts"])])
+                logits = model.rank(cache, vecs, sid, torch.tensor([int(msg["surface"])]), ts)  # [1, m, C]
+            conn.send({"id": msg["id"], "ok": True, "logits": logits[0].float().numpy()})
+        except StaleSlotError as e:
+            conn.send({"id": msg["id"], "ok": False, "stale": True, "error": str(e)})
+        except Exception as e:  # noqa: BLE001 - report, keep serving
+            conn.send({"id": msg["id"], "ok": False, "stale": False, "error": f"{type(e).__name__}: {e}"})
+
+
+class RankerClient:
+    """Owns the ranking process: sends requests, matches answers, restarts the process when it dies."""
+
+    def __init__(self, *, timeout_s: float = 2.0, restart_delay_s: float = 0.2, threads: int = 1) -> None:
+        self.timeout_s = timeout_s
+        self.restart_delay_s = restart_delay_s
+        self.threads = threads
+        self._ctx = mp.get_context("spawn")
+        self._ids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._stop = threading.Event()
+        self.restarts = 0
+        self._supervisor: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "RankerClient":
+        self._spawn()
+        self._supervisor = threading.Thread(target=self._supervise, name="genrec-ranker-supervisor", daemon=True)
+        self._supervisor.start()
+        return self
+
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=ranker_main, args=(child, self.threads), name="genrec-ranker", daemon=True)
+        proc.start()
+        child.close()
+        with self._state_lock:
+            self._proc, self._conn = proc, parent
+        threading.Thread(target=self._read_loop, args=(parent,), name="genrec-ranker-reader", daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._state_lock:
+            proc, conn = self._proc, self._conn
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        self._fail_all("ranking process stopped")
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.05):
+            proc = self._proc
+            if proc is not None and not proc.is_alive():
+                self._fail_all(f"ranking process {proc.pid} exited (code {proc.exitcode})")
+                time.sleep(self.restart_delay_s)
+                if self._stop.is_set():
+                    return
+                self.restarts += 1
+                self._spawn()
+
+    def _read_loop(self, conn: Connection) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                if conn is self._conn:  # an old pipe closing must not fail the restarted process's calls
+                    self._fail_all("ranking process pipe closed")
+                return
+            fut = self._pending.pop(int(msg["id"]), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _fail_all(self, why: str) -> None:
+        pend, self._pending = self._pending, {}
+        for fut in pend.values():
+            if not fut.done():
+                fut.set_exception(RankerUnavailable(why))
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if not self.alive or self._conn is None:
+            raise RankerUnavailable("ranking process is not running (restarting)")
+        rid = next(self._ids)
+        msg["id"] = rid
+        fut: Future = Future()
+        self._pending[rid] = fut
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError, BrokenPipeError) as e:
+            self._pending.pop(rid, None)
+            raise RankerUnavailable(f"cannot reach the ranking process: {e}") from e
+        try:
+            return fut.result(timeout=self.timeout_s if timeout is None else timeout)
+        except FutureTimeout:
+            self._pending.pop(rid, None)
+            raise RankerUnavailable(f"ranking process did not answer within {self.timeout_s}s") from None
+
+    def ping(self, timeout: float = 30.0) -> int:
+        return int(self._call({"op": "ping"}, timeout)["pid"])
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        t_end = time.time() + timeout
+        while True:
+            try:
+                self.ping(timeout=max(0.1, t_end - time.time()))
+                return
+            except RankerUnavailable:
+                if time.time() > t_end:
+                    raise
+                time.sleep(0.05)
+
+    def rank(self, pool: KVPool, lease: Lease, ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
+             surface: int, request_ts: int | None, delay: float = 0.0) -> np.ndarray:
+        """Action logits ``[m, C]``; raises StaleSlotError (retry / re-encode) or RankerUnavailable."""
+        msg = {"op": "rank", "pool": str(pool.path), "slot": lease.slot, "gen": lease.gen, "ckpt": str(ckpt),
+               "vecs": np.ascontiguousarray(vecs, np.float32), "sid": None if sid is None else np.ascontiguousarray(sid),
+               "surface": int(surface), "ts": request_ts, "delay": delay}
+        out = self._call(msg)
+        if out["ok"]:
+            return out["logits"]
+        if out.get("stale"):
+            raise StaleSlotError(out["error"])
+        raise RankerUnavailable(f"ranking process failed: {out['error']}")

@@ -1,0 +1,171 @@
+"""`genrec eval`: every path against a slow per-case twin, popularity by hand, the test-split record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from genrec.eval.evaluate import EvalConfig, evaluate, l0l1_pass, load_eval_data, run_eval, sid_pass
+from genrec.eval.metrics import auc, hit_at_k_slates, rank_in_list, topk_metrics
+from genrec.eval.ranking import collect_slates, score_slates
+from genrec.eval.retrieval import evaluate_retrieval
+from genrec.retrieve.recommender import Recommender
+
+KS = (5, 10, 20)
+
+
+def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
+    """A tiny trained run dir on MovieLens-100K: random item features (fast), 2-level SIDs, cpu-tiny."""
+    from genrec import pipeline as P
+    from genrec.features.store import ItemVectors
+    from genrec.train.run import RunConfig, train_run
+    from genrec.workdir import WorkDir
+
+    P.prepare(root, "movielens-100k", data_dir=datasets_root)
+    ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
+    rng = np.random.default_rng(1)
+    ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
+                rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
+    P.build_semantic_ids(root, levels=2, codebook_size=8)
+    train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
+                                                     "data.valid_cases=16", "data.context_len=12"]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> tuple[Path, Recommender]:
+    root = build_run(tmp_path_factory.mktemp("ev"), datasets_root)
+    return root, Recommender.from_checkpoint(root)
+
+
+def _history(rec: Recommender, ex) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [{"item_id": int(rec.catalog.item_ids[r]), "action": int(a), "surface": int(s), "ts": int(t)}
+            for r, a, s, t in zip(ex.rows, ex.actions, ex.surfaces, ex.timestamps)]
+
+
+def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) -> None:
+    root, rec = run
+    data = load_eval_data(rec, root, EvalConfig(split="valid", max_users=40))
+    es = data.es
+    assert len(es) == 40
+    got = l0l1_pass(rec, es, ks=KS, beam_width=12, diversity_lambda=0.5, overretrieve=2, utility=None,
+                    batch_size=16)
+    ranks, ann_ranks = [], []
+    for i, ex in enumerate(es.examples):  # one request at a time through the public API
+        recs = rec.recommend(_history(rec, ex), k=20, beam_width=12, diversity_lambda=0.5, sources=None,
+                             overretrieve=2)
+        rows = rec.catalog.rows(np.array([r.item_id for r in recs]))
+        ranks.append(int(rank_in_list(np.pad(rows, (0, 20 - len(rows)), constant_values=-1)[None],
+                                      es.target_rows[i:i + 1])[0]))
+        with torch.no_grad():
+            _, user = rec.encode(rec.model_batch([rec.parse_history(_history(rec, ex))]))
+        s = (rec.item_vecs @ user[0]).numpy()
+        ann_ranks.append(int((s >= s[es.target_rows[i]]).sum() - 1))
+    want = topk_metrics(np.array(ranks), KS)
+    for key, v in want.items():
+        assert got[key] == pytest.approx(v, abs=1e-9), key
+    ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len)["ann"]
+    for key, v in topk_metrics(np.array(ann_ranks), KS).items():
+        assert ann[key] == pytest.approx(v, abs=1e-9), key
+
+
+def test_sid_pass_matches_evaluate_retrieval_and_diagnostics(run: tuple[Path, Recommender]) -> None:
+    root, rec = run
+    es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=48)).es
+    for lam in (0.0, 1.5):
+        mine = sid_pass(rec, es, beam_width=10, diversity_lambda=lam, ks=KS, batch_size=16)
+        ref = evaluate_retrieval(rec.objective, es, paths=("sid",), ks=KS, beam_width=10, diversity_lambda=lam,
+                                 context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)["sid"]
+        for key in ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr"):
+            assert mine[key] == pytest.approx(ref[key], abs=1e-9), (lam, key)
+        assert mine["valid_sid_rate"] == 1.0
+        assert 1.0 <= mine["distinct_first_codes"] <= rec.config.sid_codebook_sizes[0]
+    plain = sid_pass(rec, es, beam_width=10, diversity_lambda=0.0, ks=KS)
+    diverse = sid_pass(rec, es, beam_width=10, diversity_lambda=5.0, ks=KS)
+    assert diverse["distinct_first_codes"] > plain["distinct_first_codes"]
+    # unconstrained decoding: the valid rate is measured against the trie, so it is a real fraction
+    unc = sid_pass(rec, es, beam_width=10, diversity_lambda=0.0, ks=KS, constrain=False)
+    assert 0.0 <= unc["valid_sid_rate"] <= 1.0
+
+
+def test_ranking_metrics_batched_equal_one_at_a_time(run: tuple[Path, Recommender]) -> None:
+    root, rec = run
+    data = load_eval_data(rec, root, EvalConfig(split="test", max_users=30))
+    slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len)
+    assert len(slates) >= 20
+    batched = score_slates(rec, slates, batch_size=8)
+    single = [score_slates(rec, [s])[0] for s in slates[:10]]
+    for a, b in zip(batched, single):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    from genrec.eval.ranking import ranking_metrics
+
+    m = ranking_metrics(rec, slates)
+    bits = np.concatenate([s.labels for s in slates])
+    p = np.concatenate(batched)
+    for c, a in enumerate(rec.actions):
+        assert m["auc"][a] == pytest.approx(auc(p[:, c], (bits >> c) & 1), abs=1e-9)
+    u = np.array([rec.default_utility()[a] for a in rec.actions])
+    pos = sum(1 << rec.actions.index(a) for a in rec.positive_actions)
+    assert m["hit@3"] == pytest.approx(hit_at_k_slates([q @ u for q in batched], [(s.labels & pos) > 0 for s in slates]))
+    assert m["n_items"] == len(p)
+
+
+def test_run_eval_writes_report_and_records_test_split(run: tuple[Path, Recommender]) -> None:
+    root, rec = run
+    cfg = EvalConfig(split="valid", max_users=32, beam_width=8, sweep_lambda=(0.0, 2.0), sweep_beam=(4, 8),
+                     sweep_context=(3, 12))
+    report, files = run_eval(root, cfg, rec=rec)
+    assert files["json"].name == f"eval-valid-step{rec.step}.json"
+    assert {"md", "beam", "lambda", "context", "tokens"} <= set(files)
+    saved = json.loads(files["json"].read_text())
+    assert saved["split"] == "valid" and saved["test_split"] is False
+    assert set(saved["paths"]) == {"sid", "ann", "l0l1", "popularity"}
+    for m in saved["paths"].values():
+        assert {"recall@5", "recall@10", "recall@20", "ndcg@5", "ndcg@10", "ndcg@20", "mrr"} <= set(m)
+    assert saved["protocol"]["history_excluded"] is False and saved["protocol"]["cases"] == 32
+    assert saved["sid_diagnostics"]["history_tokens_per_item"] == 1
+    assert [r["lambda"] for r in saved["sweeps"]["lambda"]] == [0.0, 2.0]
+    assert [r["history_tokens"] for r in saved["sweeps"]["context"]] == [3, 12]
+    # the beam sweep at the main setting reproduces the main SID path
+    main_sid = saved["paths"]["sid"]["recall@10"]
+    assert next(r for r in saved["sweeps"]["beam"] if r["beam_width"] == 8)["recall@10"] == pytest.approx(main_sid)
+    assert "| Popularity |" in files["md"].read_text()
+    # popularity by hand: train-split counts, ties against the target
+    data = load_eval_data(rec, root, cfg)
+    counts = np.bincount(rec.catalog.rows(data.train_item_ids), minlength=len(rec.catalog)).astype(float)
+    counts += np.linspace(0, 1e-6, len(counts))[::-1]
+    ranks = np.array([(counts >= counts[t]).sum() - 1 for t in data.es.target_rows])
+    assert saved["paths"]["popularity"]["recall@20"] == pytest.approx(topk_metrics(ranks, KS)["recall@20"])
+    # the test split: recorded as such, and a second measurement lists the first
+    t1, f1 = run_eval(root, EvalConfig(split="test", max_users=16, ranking=False), rec=rec)
+    assert t1["split"] == "test" and t1["test_split"] is True and t1["previous_test_reports"] == []
+    assert "valid" in t1["model_selection"]
+    t2 = evaluate(root, EvalConfig(split="test", max_users=16, ranking=False), rec=rec)
+    assert t2["previous_test_reports"] == [f1["json"].name]
+
+
+def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
+    from typer.testing import CliRunner
+
+    from genrec.cli import app
+
+    root, _ = run
+    r = CliRunner().invoke(app, ["recommend", str(root), "--history", "1,50,181,999999", "--k", "4"])
+    assert r.exit_code == 0, r.output
+    assert "dropped 1 unknown" in r.output and "stage" in r.output
+    r = CliRunner().invoke(app, ["recommend", str(root), "--user", "3", "--k", "3", "--json", "--no-rank",
+                                 "--sources", "ann"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(out["items"]) == 3 and all(i["sources"] == ["ann"] for i in out["items"])
+    r = CliRunner().invoke(app, ["recommend", str(root), "--k", "3"])
+    assert r.exit_code == 2 and "exactly one of --user" in r.output
+    r = CliRunner().invoke(app, ["eval", str(root), "--split", "valid", "--max-users", "8", "--beam", "4"])
+    assert r.exit_code == 0, r.output
+    assert "| SID beams (constrained) |" in r.output
+    r = CliRunner().invoke(app, ["eval", str(root), "--split", "train"])
+    assert r.exit_code == 2 and "--split must be" in r.output

@@ -1,0 +1,176 @@
+"""Recommender: L0 (SID beams + ANN) -> L1 ranking on one history encode, checked against slow twins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from genrec.errors import ConfigError, DataError
+from genrec.model.genrec_model import ModelBatch
+from genrec.retrieve.recommender import Recommender, user_history
+
+
+def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
+    """A tiny trained run dir on MovieLens-100K: random item features (fast), 2-level SIDs, cpu-tiny."""
+    from genrec import pipeline as P
+    from genrec.features.store import ItemVectors
+    from genrec.train.run import RunConfig, train_run
+    from genrec.workdir import WorkDir
+
+    P.prepare(root, "movielens-100k", data_dir=datasets_root)
+    ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
+    rng = np.random.default_rng(0)
+    ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
+                rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
+    P.build_semantic_ids(root, levels=2, codebook_size=8)
+    train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
+                                                     "data.valid_cases=16", "data.context_len=12"]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Recommender:
+    root = build_run(tmp_path_factory.mktemp("rec"), datasets_root)
+    return Recommender.from_checkpoint(root)
+
+
+HIST = [{"item_id": 1, "action": "like"}, {"item_id": 50, "action": "view"}, {"item_id": 181},
+        {"item_id": 100, "action": "dislike"}, {"item_id": 258}]
+
+
+def _forward_probs(rec: Recommender, history: list, cand_ids: list[int]) -> np.ndarray:
+    """Slow twin of L1: full prefill of history + candidates (M-FALCON) through model.forward."""
+    parsed = rec.parse_history(history)
+    mb = rec.model_batch([parsed])
+    rows = torch.from_numpy(rec.catalog.rows(np.asarray(cand_ids)))[None]  # [1, M]
+    full = ModelBatch(actions=mb.actions, surfaces=mb.surfaces, lengths=mb.lengths, sid_codes=mb.sid_codes,
+                      item_feats=rec.objective.feats[torch.from_numpy(parsed["rows"])][None],
+                      cand_feats=rec.objective.feats[rows], cand_sid_codes=rec.codes[rows],
+                      cand_surface=torch.tensor([int(parsed["surfaces"][-1])]), timestamps=mb.timestamps)
+    with torch.no_grad():
+        out = rec.model(full, serving_layout=True)
+    return torch.sigmoid(out.cand_action_logits[0].float()).numpy()  # [M, C]
+
+
+def test_l1_equals_full_prefill_forward(rec: Recommender) -> None:
+    recs = rec.recommend(HIST, k=40, beam_width=16, overretrieve=3)
+    assert len(recs) > 10
+    ids = [r.item_id for r in recs]
+    got = np.array([[r.action_probs[a] for a in rec.actions] for r in recs])
+    want = _forward_probs(rec, HIST, ids)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    u = np.array([rec.default_utility()[a] for a in rec.actions])
+    np.testing.assert_allclose([r.score for r in recs], want @ u, atol=1e-5)
+    assert [r.score for r in recs] == sorted((r.score for r in recs), reverse=True)
+
+
+def test_scores_independent_of_other_candidates(rec: Recommender) -> None:
+    both = {r.item_id: r for r in rec.recommend(HIST, k=60, beam_width=20)}
+    ann = {r.item_id: r for r in rec.recommend(HIST, k=60, sources=("ann",))}
+    sid = {r.item_id: r for r in rec.recommend(HIST, k=60, beam_width=20, sources=("sid",))}
+    shared = set(both) & (set(ann) | set(sid))
+    assert len(shared) >= 20
+    for i in shared:
+        other = ann.get(i) or sid[i]
+        assert abs(both[i].score - other.score) < 1e-5
+    # and directly: a random candidate set scored alone vs embedded in a bigger random set
+    parsed = rec.parse_history(HIST)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        cache, _ = rec.encode(rec.model_batch([parsed]))
+        small = torch.randint(0, len(rec.catalog), (1, 7), generator=g)
+        big = torch.cat([torch.randint(0, len(rec.catalog), (1, 30), generator=g), small], 1)[:, torch.randperm(37, generator=g)]
+        a = rec.score_candidates(cache, small)
+        b = rec.score_candidates(cache, big)
+    for j, r in enumerate(small[0].tolist()):
+        pos = (big[0] == r).nonzero()[0, 0]
+        torch.testing.assert_close(a[0, j], b[0, pos], atol=1e-5, rtol=0)
+
+
+def test_ann_only_equals_brute_force(rec: Recommender) -> None:
+    for hist in (HIST, [7, 8, 9], [int(i) for i in rec.catalog.item_ids[200:230]]):
+        recs = rec.recommend(hist, k=15, sources=("ann",), rank=False)
+        with torch.no_grad():
+            _, user = rec.encode(rec.model_batch([rec.parse_history(hist)]))
+        s = (rec.item_vecs @ user[0]).numpy()  # [N]
+        want = rec.catalog.item_ids[np.argsort(-s, kind="stable")[:15]]
+        assert [r.item_id for r in recs] == want.tolist()
+        np.testing.assert_allclose([r.score for r in recs], np.sort(s)[::-1][:15], atol=1e-5)
+        assert all(r.sources == ("ann",) for r in recs)
+
+
+def test_sid_only_results_are_valid_items_in_beam_order(rec: Recommender) -> None:
+    recs = rec.recommend(HIST, k=12, beam_width=12, sources=("sid",), rank=False)
+    assert len(recs) == 12
+    codes = rec.sid_index.codes_of([r.item_id for r in recs])
+    assert [tuple(c) for c in codes.tolist()] == [r.sid for r in recs]
+    lp = [r.sid_logprob for r in recs]
+    assert lp == sorted(lp, reverse=True)  # lambda = 0: beam order = descending log-prob
+    # with diversity the results are still real items
+    div = rec.recommend(HIST, k=12, beam_width=12, diversity_lambda=2.0, sources=("sid",), rank=False)
+    assert rec.sid_index.contains([r.item_id for r in div]).all()
+    firsts_plain = {r.sid[0] for r in recs}
+    firsts_div = {r.sid[0] for r in div}
+    assert len(firsts_div) >= len(firsts_plain)
+
+
+def test_batch_equals_single_and_padding(rec: Recommender) -> None:
+    h2 = [3, 4]
+    single = [rec.recommend(h, k=8) for h in (HIST, h2)]
+    batch = rec.recommend([HIST, h2], k=8)
+    for s, b in zip(single, batch):
+        assert [r.item_id for r in s] == [r.item_id for r in b]
+        np.testing.assert_allclose([r.score for r in s], [r.score for r in b], atol=1e-5)
+
+
+def test_unknown_dropped_empty_rejected_long_truncated(rec: Recommender) -> None:
+    recs = rec.recommend([*HIST, {"item_id": 10 ** 12}, 999999], k=5)
+    assert recs.dropped_items == [10 ** 12, 999999]
+    assert recs.history_used == len(HIST)
+    assert set(recs.timings_ms) >= {"encode", "sid", "ann", "rank", "total"}
+    with pytest.raises(DataError, match="empty history"):
+        rec.recommend([], k=5)
+    with pytest.raises(DataError, match="none of the 1 history"):
+        rec.recommend([10 ** 12], k=5)
+    with pytest.raises(DataError, match=r"history\[1\].action"):
+        rec.recommend([1, {"item_id": 2, "action": "teleport"}], k=5)
+    with pytest.raises(ConfigError, match="sources"):
+        rec.recommend(HIST, sources=("bm25",))
+    long = [int(i) for i in rec.catalog.item_ids[:40]]
+    a = rec.recommend(long, k=6)
+    assert a.history_used == rec.context_len and a.history_truncated == 40 - rec.context_len
+    b = rec.recommend(long[-rec.context_len:], k=6)
+    c = rec.recommend(long[:rec.context_len], k=6)
+    assert [r.item_id for r in a] == [r.item_id for r in b]
+    np.testing.assert_allclose([r.score for r in a], [r.score for r in b], atol=1e-6)
+    assert not np.allclose([r.score for r in a], [r.score for r in c], atol=1e-6)  # the oldest items differ
+    np.testing.assert_array_equal(rec.parse_history(long)["rows"], rec.catalog.rows(np.array(long[-rec.context_len:])))
+
+
+def test_exclude_history_and_utility(rec: Recommender) -> None:
+    hist_ids = {h["item_id"] for h in HIST}
+    recs = rec.recommend(HIST, k=20, exclude_history=True)
+    assert len(recs) == 20 and not ({r.item_id for r in recs} & hist_ids)
+    dis = rec.recommend(HIST, k=10, utility={"dislike": 1.0})
+    for r in dis:
+        assert abs(r.score - r.action_probs["dislike"]) < 1e-6
+    with pytest.raises(ConfigError, match="unknown action"):
+        rec.recommend(HIST, utility={"purchase": 1.0})
+
+
+def test_ann_cache_reused_and_user_history(rec: Recommender) -> None:
+    root = rec.checkpoint.parents[1]  # WORKDIR/checkpoints/step-N
+    folders = list((root / "ann").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith(f"step-{rec.step:06d}")
+    mtime = (folders[0] / "index.faiss").stat().st_mtime_ns
+    again = Recommender.from_checkpoint(root)
+    assert (folders[0] / "index.faiss").stat().st_mtime_ns == mtime
+    assert [r.item_id for r in again.recommend(HIST, k=5)] == [r.item_id for r in rec.recommend(HIST, k=5)]
+    h = user_history(root, 1)
+    assert len(h) > 20 and all(set(e) == {"item_id", "action", "surface", "ts"} for e in h)
+    assert [e["ts"] for e in h] == sorted(e["ts"] for e in h)
+    with pytest.raises(DataError, match="no events"):
+        user_history(root, 10 ** 9)

@@ -1,0 +1,157 @@
+"""The HTTP service against a real uvicorn server on loopback (httpx; no mocks of the HTTP layer):
+equivalence with the Recommender and with offline full-prefill scoring, the input policy, metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.schemas import MAX_BEAM, MAX_K
+
+from ._server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path):
+    app = create_app(ServeConfig(workdir=run_dir, max_body_bytes=256 * 1024))
+    with ServerThread(app) as s:
+        s.service = app.service
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def hist(ids: list[int]) -> list[dict]:
+    return [{"item_id": int(i)} for i in ids]
+
+
+def test_health_ready_metrics(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"ok": True}
+    r = client.get("/readyz")
+    assert r.status_code == 200 and r.json()["ready"] and r.json()["index_version"].startswith("step-")
+    client.post("/v1/recommend", json={"history": hist([1, 2, 3]), "k": 5})
+    m = client.get("/metrics").text
+    for name in ("genrec_stage_latency_ms_bucket", 'stage="encode"', 'stage="sid"', 'stage="ann"', 'stage="rank"',
+                 "genrec_in_flight_requests", "genrec_kv_pool_occupancy", "genrec_index_version_info{version="):
+        assert name in m, name
+
+
+@pytest.mark.parametrize("params", [
+    dict(k=7, beam_width=12, diversity_lambda=0.0, sources=["sid", "ann"], rank=True),
+    dict(k=5, beam_width=8, diversity_lambda=0.5, sources=["sid"], rank=False),
+    dict(k=4, beam_width=4, diversity_lambda=0.0, sources=["ann"], rank=True),
+])
+def test_recommend_equals_recommender(server: ServerThread, client: httpx.Client, params: dict) -> None:
+    rec = server.service.holder.current.engine.rec
+    h = hist([1, 50, 172, 181, 258]) + [{"item_id": 99999999}]
+    r = client.post("/v1/recommend", json={"history": h, **params})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = rec.recommend(h, **params)
+    assert [x["item_id"] for x in body["items"]] == [x.item_id for x in want]
+    np.testing.assert_allclose([x["score"] for x in body["items"]], [x.score for x in want], rtol=0, atol=1e-6)
+    assert [x["sources"] for x in body["items"]] == [list(x.sources) for x in want]
+    assert [x["sid"] for x in body["items"]] == [list(x.sid) for x in want]
+    assert body["dropped_items"] == [99999999]
+    assert body["degraded"] is False and not body["cold_start"]
+    assert set(body["timings_ms"]) == {"encode", "sid", "ann", "rank", "total"}
+
+
+def test_rank_equals_offline_full_prefill(server: ServerThread, client: httpx.Client) -> None:
+    """/v1/rank (cached history + M-FALCON decode) == one full forward over history + candidates."""
+    from genrec.model.genrec_model import ModelBatch
+
+    rec = server.service.holder.current.engine.rec
+    h = hist([1, 50, 172, 181, 258, 7, 9])
+    cands = [2, 3, 4, 100, 300, 12345678]
+    r = client.post("/v1/rank", json={"history": h, "candidates": cands})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["unknown_candidates"] == [12345678]
+    p = rec.parse_history(h)
+    mb = rec.model_batch([p])
+    rows = torch.as_tensor(rec.catalog.rows(np.array(cands[:-1])))[None]
+    full = ModelBatch(actions=mb.actions, surfaces=mb.surfaces, lengths=mb.lengths, sid_codes=mb.sid_codes,
+                      item_vecs=mb.item_vecs, timestamps=mb.timestamps, cand_vecs=rec.item_vecs[rows],
+                      cand_sid_codes=rec.codes[rows], cand_surface=torch.tensor([int(p["surfaces"][-1])]))
+    with torch.no_grad():
+        out = rec.model(full, serving_layout=True)
+    want = torch.sigmoid(out.cand_action_logits[0]).numpy()  # [k, C]
+    got = np.array([[x["action_probs"][a] for a in rec.actions] for x in body["items"]])
+    assert [x["item_id"] for x in body["items"]] == cands[:-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_long_history_keeps_newest(server: ServerThread, client: httpx.Client) -> None:
+    ctx = server.service.holder.current.engine.context_len
+    ids = list(range(1, ctx + 16))
+    a = client.post("/v1/recommend", json={"history": hist(ids), "k": 6}).json()
+    b = client.post("/v1/recommend", json={"history": hist(ids[-ctx:]), "k": 6}).json()
+    assert a["truncated_items"] == 15 and b["truncated_items"] == 0
+    assert [x["item_id"] for x in a["items"]] == [x["item_id"] for x in b["items"]]
+    c = client.post("/v1/recommend", json={"history": hist(ids[:ctx]), "k": 6}).json()
+    assert [x["score"] for x in c["items"]] != [x["score"] for x in a["items"]]  # the oldest were cut, not newest
+
+
+def test_cold_start_answers(client: httpx.Client) -> None:
+    for h in ([], hist([99999991, 99999992])):
+        r = client.post("/v1/recommend", json={"history": h, "k": 3})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["cold_start"] and len(body["items"]) == 3
+        assert body["dropped_items"] == [x["item_id"] for x in h]
+
+
+@pytest.mark.parametrize("field,value", [("k", 0), ("k", MAX_K + 1), ("k", -5), ("beam_width", 0),
+                                         ("beam_width", MAX_BEAM + 1), ("diversity_lambda", -0.1),
+                                         ("diversity_lambda", 1e9), ("k", "10"), ("k", 2.5), ("rank", "yes"),
+                                         ("sources", ["bm25"]), ("sources", []), ("beam_witdh", 3)])
+def test_out_of_range_is_422_naming_field(client: httpx.Client, field: str, value: object) -> None:
+    r = client.post("/v1/recommend", json={"history": hist([1, 2]), field: value})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert any(f.startswith(field) for f in body["fields"]), body
+    assert field in body["message"]
+
+
+def test_bad_vocab_and_nan_and_json(client: httpx.Client) -> None:
+    r = client.post("/v1/recommend", json={"history": [{"item_id": 1, "action": "teleport"}]})
+    assert r.status_code == 422 and "action" in r.json()["message"], r.text
+    raw = b'{"history": [{"item_id": 1}], "diversity_lambda": NaN}'
+    r = client.post("/v1/recommend", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["fields"] == ["diversity_lambda"]
+    r = client.post("/v1/recommend", content=b'{"history": [{"item_id": 1}', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "JSON" in r.json()["message"]
+    r = client.post("/v1/recommend", json={"history": [{"item_id": True}]})  # strict ints: no bools
+    assert r.status_code == 422 and r.json()["fields"][0].startswith("history[0].item_id")
+
+
+def test_body_limit_413_and_still_serving(client: httpx.Client) -> None:
+    big = {"history": hist(range(100_000))}  # a 100k-item history: ~1.7 MB > the 256 KiB limit
+    r = client.post("/v1/recommend", json=big)
+    assert r.status_code == 413 and "exceeds the limit" in r.json()["message"]
+
+    def chunks():  # no Content-Length: the streamed-body check must catch it
+        for _ in range(64):
+            yield b" " * 8192
+
+    r = client.post("/v1/recommend", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert client.post("/v1/recommend", json={"history": hist([1, 2])}).status_code == 200
+
+
+def test_rank_bad_input(client: httpx.Client) -> None:
+    assert client.post("/v1/rank", json={"history": hist([1]), "candidates": []}).status_code == 422
+    r = client.post("/v1/rank", json={"history": [], "candidates": [1]})
+    assert r.status_code == 422 and "history" in r.json()["message"]
+    r = client.post("/v1/rank", json={"history": hist([1]), "candidates": ["x"]})
+    assert r.status_code == 422 and r.json()["fields"][0].startswith("candidates")
