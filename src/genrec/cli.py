@@ -297,27 +297,10 @@ def recommend(
     if as_json:
         _echo_json({"step": rec.step, **recs.to_dict()})
         return
-    from rich.console import Console
-    from rich.table import Table
+    from genrec.retrieve.show import print_recommendations
 
     who = f"user {user}" if user is not None else "the given history"
-    t = Table(title=f"genrec recommend - {who} ({recs.history_used} history items, step {rec.step})")
-    for col in ("#", "item", "title", "stage(s)", "SID", "score", "top actions"):
-        t.add_column(col, overflow="fold")
-    for i, r in enumerate(recs, 1):
-        acts = ""
-        if r.action_probs:
-            top = sorted(r.action_probs.items(), key=lambda kv: -kv[1])[:3]
-            acts = " ".join(f"{a}={p:.2f}" for a, p in top)
-        t.add_row(str(i), str(r.item_id), r.title or "", "+".join(r.sources),
-                  "-".join(map(str, r.sid)) if r.sid else "", f"{r.score:.4f}", acts)
-    con = Console()
-    con.print(t)
-    if recs.dropped_items:
-        con.print(f"[yellow]dropped {len(recs.dropped_items)} unknown history item(s): {recs.dropped_items[:10]}")
-    if recs.history_truncated:
-        con.print(f"kept the newest {recs.history_used} items (context); {recs.history_truncated} older ones dropped")
-    con.print("timings (ms): " + ", ".join(f"{k}={v:.1f}" for k, v in recs.timings_ms.items()))
+    print_recommendations(recs, who=who, step=rec.step)
 
 
 @app.command("eval")

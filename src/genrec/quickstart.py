@@ -73,19 +73,15 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
                   f"{pop_m['recall@20']:.4f}")
     con.print(table)
 
-    recs = None
-    try:
-        from genrec.retrieve.recommender import Recommender
-    except ImportError:  # pragma: no cover - the recommender ships with genrec
-        Recommender = None  # type: ignore[assignment,misc]
-    if Recommender is not None:
-        t = time.perf_counter()
-        from genrec.cli_show import print_recommendations
+    from genrec.retrieve.recommender import Recommender, user_history
+    from genrec.retrieve.show import print_recommendations
 
-        rec = Recommender.from_checkpoint(wd)
-        user = int(events.column("user_id")[0].as_py())
-        recs = print_recommendations(rec, wd, user=user, k=10, console=con)
-        step(f"recommend for user {user}", t)
+    t = time.perf_counter()
+    rec = Recommender.from_checkpoint(wd)
+    user = int(events.column("user_id")[0].as_py())
+    recs = rec.recommend(user_history(wd, user), k=10)
+    print_recommendations(recs, who=f"user {user}", step=rec.step, console=con)
+    step(f"recommend for user {user} (one history encode: SID beams + ANN -> L1 ranking)", t)
     timings["total"] = round(time.perf_counter() - t0, 1)
     con.print(f"[bold]quickstart done in {timings['total']} s[/bold] — run dir: {wd}")
-    return {"timings": timings, "train": res, "popularity": pop_m, "recommendations": recs}
+    return {"timings": timings, "train": res, "popularity": pop_m, "recommendations": recs.to_dict()}
