@@ -125,8 +125,14 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
-            p_rank: float, max_cands: int) -> TrainBatch:
-    """Build one padded batch. Histories keep their newest ``context_len`` items."""
+            p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0) -> TrainBatch:
+    """Build one padded batch. Histories keep their newest ``context_len`` items.
+
+    ``neg_cands`` > 0 appends that many uniformly drawn catalogue items to every chosen slate
+    as impression-only candidates (all labels 0). None of the bundled datasets logs
+    impressions, so without them the action heads would only learn *which* action an engaged
+    user takes, never *whether* they engage; the draw hashes ``(seed, epoch, user)``.
+    """
     hist: list[slice] = []
     picks: list[int] = []
     for ex in exs:
@@ -151,7 +157,7 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     batch = TrainBatch(torch.from_numpy(rows), torch.from_numpy(acts), torch.from_numpy(surf), torch.from_numpy(ts),
                        torch.from_numpy(lengths), None, None, None, None, None)
     if any(f >= 0 for f in picks):
-        k = min(max_cands, max(len(ex.fv_rows[f]) for ex, f in zip(exs, picks) if f >= 0))
+        k = min(max_cands, max(len(ex.fv_rows[f]) for ex, f in zip(exs, picks) if f >= 0)) + neg_cands
         crow = np.zeros((B, k), np.int64)
         clab = np.zeros((B, k, n_actions), np.float32)
         cval = np.zeros((B, k), bool)
@@ -161,9 +167,13 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
         for b, (ex, f) in enumerate(zip(exs, picks)):
             if f < 0:
                 continue
-            r = ex.fv_rows[f][:k]
+            r = ex.fv_rows[f][:k - neg_cands]
+            if neg_cands and n_catalog:
+                g = np.random.default_rng([seed, epoch, ex.user_id & 0x7FFFFFFF, 7])
+                r = np.concatenate([r, g.integers(0, n_catalog, neg_cands)])
             crow[b, :len(r)] = r
-            clab[b, :len(r)] = (ex.fv_labels[f][:k, None] & bits[None, :]) > 0
+            lab = ex.fv_labels[f][:k - neg_cands]
+            clab[b, :len(lab)] = (lab[:, None] & bits[None, :]) > 0
             cval[b, :len(r)] = True
             csurf[b] = ex.fv_surface[f]
             rts[b] = ex.fv_ts[f]
@@ -181,7 +191,8 @@ class BatchStream:
     """
 
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
-                 n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1) -> None:
+                 n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
+                 neg_cands: int = 0, n_catalog: int = 0) -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -195,6 +206,7 @@ class BatchStream:
         self.p_rank = p_rank
         self.max_cands = max_cands
         self.rank, self.world = rank, world
+        self.neg_cands, self.n_catalog = neg_cands, n_catalog
         self.steps_per_epoch = max(1, len(examples) // batch_size)
 
     def batch_at(self, step: int) -> TrainBatch:
@@ -204,7 +216,8 @@ class BatchStream:
         per = self.batch_size // self.world
         mine = glob[self.rank * per:(self.rank + 1) * per]
         return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
-                       n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands)
+                       n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
+                       neg_cands=self.neg_cands, n_catalog=self.n_catalog)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

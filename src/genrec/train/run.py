@@ -45,6 +45,7 @@ class DataConfig:
     context_len: int = 50
     p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
     max_cands: int = 16
+    neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
     eval_beam: int = 20
@@ -213,7 +214,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
                              context_len=cfg.data.context_len, n_actions=len(info.actions),
                              p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
-                             max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size)
+                             max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
+                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog))
         return stream.iter_from(spec.start_step)
 
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
