@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export GENREC_DATA_DIR="${GENREC_DATA_DIR:-$(cd .. && pwd)/shared/datasets}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
