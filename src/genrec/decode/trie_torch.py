@@ -105,7 +105,7 @@ class TorchTrie:
                 has_child_t = torch.from_numpy(table.reshape(n_d, k)).to(dev)
             levels.append(
                 _Level(
-                    offsets=torch.from_numpy(np.array(off)).to(dev)  # copy: the trie may be a read-only mmap,
+                    offsets=torch.from_numpy(np.array(off)).to(dev),  # copy: the trie may be a read-only mmap
                     codes=torch.from_numpy(np.array(cod)).to(dev),
                     children=torch.from_numpy(np.array(chi)).to(dev),
                     keys=torch.from_numpy(keys).to(dev),
