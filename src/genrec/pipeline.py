@@ -7,6 +7,8 @@ manifest, so a later step can check it is looking at the versions it expects.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +18,29 @@ import torch
 from genrec.data.ingest import IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.data.store import TableStore
-from genrec.errors import GenrecError
+from genrec.errors import ConfigError, GenrecError
 from genrec.workdir import WorkDir, clean_stale_tmp
+
+
+def catalog_config() -> dict[str, Any] | None:
+    """Iceberg catalog settings: ``$GENREC_ICEBERG_CATALOG`` as JSON (e.g. ``{"type": "rest",
+    "uri": "https://..."}``, passed to ``pyiceberg.catalog.load_catalog``); unset = the embedded
+    SQLite catalog + local warehouse under ``WORKDIR/tables``."""
+    raw = os.environ.get("GENREC_ICEBERG_CATALOG")
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"GENREC_ICEBERG_CATALOG is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("GENREC_ICEBERG_CATALOG must be a JSON object")
+    return cfg
 
 
 def open_store(workdir: str | Path) -> TableStore:
     wd = WorkDir(workdir)
-    store = TableStore(wd.tables)
+    store = TableStore(wd.tables, catalog_config())
     if not store.exists():
         raise GenrecError(f"{wd.root} has no prepared tables: run `genrec data prepare DATASET {wd.root}` first")
     return store
@@ -34,7 +52,7 @@ def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = No
     """Ingest ``dataset`` into canonical Iceberg tables under ``WORKDIR/tables``; returns the manifest."""
     wd = WorkDir(workdir).ensure()
     ds = prepare_dataset(dataset, source, data_dir=data_dir, options=options)
-    store = TableStore(wd.tables)
+    store = TableStore(wd.tables, catalog_config())
     return store.write(ds, n_buckets=n_buckets, overwrite=overwrite)
 
 
@@ -88,7 +106,7 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
         rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
         codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     titles = None
-    store = TableStore(wd.tables)
+    store = TableStore(wd.tables, catalog_config())
     if store.exists():
         items = store.read_items()
         t = dict(zip(items.column("item_id").to_pylist(), items.column("title").to_pylist()))

@@ -255,3 +255,19 @@ def test_bad_tables_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="field 'item_id'.*null"):
         store.write(Dataset(INFO, nulls, ds.items, ds.feedviews), 2)
     assert not store.exists()
+
+
+def test_catalog_config_from_environment(monkeypatch, tmp_path):
+    """A non-default Iceberg catalog comes from configuration; bad configuration is named."""
+    import pytest as _pt
+
+    from genrec.errors import ConfigError as _CE
+    from genrec.pipeline import catalog_config
+
+    monkeypatch.delenv("GENREC_ICEBERG_CATALOG", raising=False)
+    assert catalog_config() is None
+    monkeypatch.setenv("GENREC_ICEBERG_CATALOG", '{"type": "sql", "uri": "sqlite:///%s/x.db"}' % tmp_path)
+    assert catalog_config()["type"] == "sql"
+    monkeypatch.setenv("GENREC_ICEBERG_CATALOG", "{not json")
+    with _pt.raises(_CE, match="GENREC_ICEBERG_CATALOG"):
+        catalog_config()

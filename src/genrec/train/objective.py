@@ -148,7 +148,7 @@ class JointObjective(nn.Module):
         pos_vecs = self.model.item_vectors(self.feats[pos_rows])  # [P, D]
         P = pos_rows.numel()
         ids_cpu = pos_rows.detach().cpu()
-        self.sketch.add(ids_cpu)
+        self.sketch.add(_gather_ids(pos_rows.detach()).cpu())  # every rank counts the global batch
         # in-batch negatives: other rows' positives, at most n_inbatch of them (a P x P logit
         # matrix over every history position would dominate the step); an item shows up there
         # with probability ~ its frequency, hence the count-min logQ correction
@@ -164,6 +164,24 @@ class JointObjective(nn.Module):
         log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
                                     log_q_pos, log_q_neg, cfg.temperature, in_batch_negatives=False)
+
+
+def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
+    """All ranks' ids (variable lengths) under DDP, so each rank's frequency sketch is the same."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return ids
+    ws = dist.get_world_size()
+    n = torch.tensor([ids.numel()], device=ids.device, dtype=torch.long)
+    sizes = [torch.zeros_like(n) for _ in range(ws)]
+    dist.all_gather(sizes, n)
+    m = max(int(x) for x in sizes)
+    pad = torch.full((m,), -1, dtype=ids.dtype, device=ids.device)
+    pad[: ids.numel()] = ids
+    out = [torch.empty_like(pad) for _ in range(ws)]
+    dist.all_gather(out, pad)
+    return torch.cat([o[: int(x)] for o, x in zip(out, sizes)])
 
 
 def _save_sketch(module: JointObjective, state: dict, prefix: str, _meta: object) -> None:

@@ -12,6 +12,10 @@ sasrec         dense-only layout, full-softmax cross-entropy next-item loss (the
 dense          dense-only layout, sampled softmax + logQ, + action loss (PinRec/UniPinRec)
 no-fusion      pinger without SID fusion
 ranking-only   pinger layout, action loss only (UniPinRec "w/o item loss")
+hstu           HSTU-style interleaved item/action tokens, item + action loss
+frozen-ft      UniPinRec's "PinRec finetuned": start from ``init_from`` (a retrieval
+               checkpoint), add the action loss, item encoder frozen (its vectors = the
+               deployed ANN index's)
 =============  ==========================================================================
 
 The resolved config is written beside the checkpoints (``checkpoints/config.json``).
@@ -37,7 +41,7 @@ from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_override
 from genrec.train.objective import JointObjective, ObjectiveConfig
 from genrec.workdir import WorkDir
 
-VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only")
+VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu", "frozen-ft")
 
 
 @dataclass
@@ -70,6 +74,8 @@ class ModelOverrides:
 class RunConfig:
     variant: str = "pinger"
     model_preset: str = "cpu-small"
+    init_from: str = ""  # a checkpoint (folder or checkpoints root) to start from; weights only
+    freeze_item_encoder: bool = False
     model: ModelOverrides = field(default_factory=ModelOverrides)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -137,6 +143,12 @@ def variant_overrides(cfg: RunConfig) -> tuple[dict[str, Any], ObjectiveConfig]:
         m["sid_fusion"] = False
     elif v == "ranking-only":
         obj = dataclasses.replace(obj, w_sid=0.0, w_item=0.0)
+    elif v == "hstu":
+        m["layout"] = "hstu"
+        obj = dataclasses.replace(obj, w_sid=0.0)
+    elif v == "frozen-ft":  # PinRec (dense retrieval) fine-tuned for ranking
+        m["layout"] = "dense"
+        obj = dataclasses.replace(obj, w_sid=0.0)
     return m, obj
 
 
@@ -160,6 +172,20 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
     if sid_sizes is None and kw.get("layout", "pinger") in ("pinger", "tiger"):
         raise ConfigError(f"variant {cfg.variant!r} needs Semantic IDs: run `genrec sid build` first")
     return ModelConfig.from_name(cfg.model_preset, **kw)
+
+
+def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
+    """``init_from``: load model weights (and the frequency sketch) from another run's checkpoint;
+    ``freeze_item_encoder`` (implied by ``frozen-ft``): the item encoder gets no updates."""
+    from genrec.train.checkpoint import load_checkpoint
+
+    if cfg.variant == "frozen-ft" and not cfg.init_from:
+        raise ConfigError("variant 'frozen-ft' needs init_from=<retrieval run's checkpoints folder>")
+    if cfg.init_from:
+        load_checkpoint(cfg.init_from, objective, restore_rng=False)
+    if cfg.freeze_item_encoder or cfg.variant == "frozen-ft":
+        for p in objective.model.item_encoder.parameters():
+            p.requires_grad_(False)
 
 
 def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
@@ -186,6 +212,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     model = GenRecModel(mcfg)
     pos = [info.actions.index(a) for a in info.positive_actions]
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
+    init_and_freeze(objective, cfg)
 
     split = SplitSpec(kind=cfg.data.split)
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
