@@ -39,6 +39,13 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return inner
 
 
+def _working(msg: str) -> Any:
+    """A spinner on stderr while a step runs (rich shows it only on a terminal)."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(msg)
+
+
 def _echo_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
@@ -89,7 +96,8 @@ def data_prepare(
     cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None)
     opts = IngestOptions(rating_rule=RatingRule(like_min=like_min, dislike_max=dislike_max), slate_size=slate_size,
                          download=download, columns=cols, map_ids=map_ids)
-    m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)
+    with _working(f"ingesting {dataset} into {workdir}/tables ..."):
+        m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)
     _echo_json({"tables": str(Path(workdir) / "tables"), "counts": m["counts"],
                 "feedview_rule": m.get("info", {}).get("feedview_rule")})
 
@@ -108,8 +116,9 @@ def features_build(
     """Content vectors from item text + engagement vectors from the train split's co-interactions."""
     from genrec.pipeline import build_item_features
 
-    v = build_item_features(workdir, content=content, content_dim=content_dim, engagement_dim=engagement_dim,
-                            seed=seed)
+    with _working("building content + engagement item vectors ..."):
+        v = build_item_features(workdir, content=content, content_dim=content_dim, engagement_dim=engagement_dim,
+                                seed=seed)
     _echo_json({"items": len(v), "content_dim": int(v.content.shape[1]),
                 "engagement_dim": int(v.engagement.shape[1]), "folder": str(Path(workdir) / "features")})
 
@@ -127,7 +136,8 @@ def sid_build(
     """Quantise content vectors into a new SID version (codes, trie, index, stats)."""
     from genrec.pipeline import build_semantic_ids
 
-    sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed)
+    with _working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
+        sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed)
     _echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
                 "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_group", "unique_rate")}})
 

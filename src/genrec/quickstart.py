@@ -35,14 +35,17 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
         con.print(f"[green]✓[/green] {name} ({timings[name]} s)")
 
     t = time.perf_counter()
-    man = pipeline.prepare(wd, dataset, data_dir=data_dir, options=IngestOptions(download=download))
+    with con.status(f"ingesting {dataset} ..."):
+        man = pipeline.prepare(wd, dataset, data_dir=data_dir, options=IngestOptions(download=download))
     step(f"data prepare {dataset}: {man['counts']}", t)
     t = time.perf_counter()
-    vecs = pipeline.build_item_features(wd)
+    with con.status("building item vectors ..."):
+        vecs = pipeline.build_item_features(wd)
     step(f"features: content {vecs.content.shape[1]}-d + engagement {vecs.engagement.shape[1]}-d "
          f"for {len(vecs)} items", t)
     t = time.perf_counter()
-    sb = pipeline.build_semantic_ids(wd, levels=3)
+    with con.status("building Semantic IDs, trie and index ..."):
+        sb = pipeline.build_semantic_ids(wd, levels=3)
     step(f"sid build {sb.version}: codebooks {sb.codebook_sizes}, "
          f"collisions before disambiguation {sb.stats.get('collision_rate', float('nan')):.2f}", t)
     t = time.perf_counter()
