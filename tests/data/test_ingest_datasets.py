@@ -105,7 +105,7 @@ def test_movielens_1m_missing_ratings_message(datasets_root: Path) -> None:
     with pytest.raises(MissingDataError) as ei:
         prepare_dataset("movielens-1m", data_dir=datasets_root)
     msg = str(ei.value)
-    folder = datasets_root / "movielens-1m"
+    folder = (datasets_root / "movielens-1m").resolve()
     assert "ratings.dat" in msg and "movies.dat" not in msg.split("not found")[0]
     assert str(folder / "ratings.dat") in msg
     assert "download=True" in msg and "https://files.grouplens.org/datasets/movielens/ml-1m.zip" in msg
