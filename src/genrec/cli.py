@@ -347,5 +347,23 @@ def eval_cmd(
         typer.echo(f"{name}: {path}")
 
 
+@app.command("cold-start")
+@_friendly
+def cold_start(
+    base: Path = typer.Argument(..., help="A run dir with prepared tables (the full data)."),
+    out: Path = typer.Argument(..., help="Where to build the cold-start run."),
+    frac: float = typer.Option(0.05, help="Share of the catalogue withheld from training."),
+    seed: int = typer.Option(0),
+    preset: str = typer.Option("quickstart"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key=value training overrides"),
+) -> None:
+    """Withhold items from training, code them afterwards with the frozen SID codebook, and
+    report Recall@K per path on the test cases whose target is such an item."""
+    from genrec.eval.coldstart import run_cold_start
+
+    r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []))
+    _echo_json({k: v for k, v in r.items() if k != "cold_item_ids"})
+
+
 if __name__ == "__main__":
     app(sys.argv[1:])
