@@ -111,4 +111,5 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
         items = store.read_items()
         t = dict(zip(items.column("item_id").to_pylist(), items.column("title").to_pylist()))
         titles = [t.get(int(i)) for i in ids]
-    return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles)
+    return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
+                       n_engagement=int(np.asarray(vecs.engagement).shape[1]))

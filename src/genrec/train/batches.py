@@ -34,6 +34,7 @@ class ItemCatalog:
     feats: torch.Tensor  # float32 [N, F]: [content ‖ engagement]
     codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
     titles: list[str | None] | None = None
+    n_engagement: int = 0  # the last n_engagement feature columns are the engagement vector
 
     def __post_init__(self) -> None:
         if not np.all(self.item_ids[1:] > self.item_ids[:-1]):

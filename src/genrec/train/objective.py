@@ -43,12 +43,16 @@ class ObjectiveConfig:
     n_inbatch: int = 1024  # in-batch positives reused as negatives per step
     temperature: float = 0.05
     action_weights: tuple[float, ...] | None = None  # w_c; default 1 per action
+    engagement_dropout: float = 0.0  # train-time: zero an item's engagement vector with this probability,
+    # so the item tower also learns to place items from content alone (cold start: new items have none)
 
     def validate(self) -> None:
         if self.item_loss not in ("sampled", "full"):
             raise ConfigError(f"objective.item_loss must be 'sampled' or 'full', got {self.item_loss!r}")
         if not 0.0 <= self.p_mask < 1.0:
             raise ConfigError(f"objective.p_mask must be in [0, 1), got {self.p_mask}")
+        if not 0.0 <= self.engagement_dropout < 1.0:
+            raise ConfigError(f"objective.engagement_dropout must be in [0, 1), got {self.engagement_dropout}")
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
 
@@ -74,9 +78,21 @@ class JointObjective(nn.Module):
             raise ConfigError(f"objective.action_weights needs {C} values, got {len(w)}")
         self.register_buffer("action_w", torch.tensor(w, dtype=torch.float32), persistent=False)
         self.sketch = CountMinSketch.from_error(1e-4, 1e-3, seed=sketch_seed)
+        self.n_engagement = int(catalog.n_engagement)
         # the sketch lives on the CPU; its counts travel in the state dict (exact resume)
         self._register_state_dict_hook(_save_sketch)
         self._register_load_state_dict_pre_hook(_load_sketch, with_module=True)
+
+    def item_feats(self, rows: torch.Tensor) -> torch.Tensor:
+        """Features of catalogue ``rows`` (any shape) -> ``[..., F]``, with engagement dropout in training."""
+        f = self.feats[rows]
+        p = self.cfg.engagement_dropout
+        if p > 0 and self.n_engagement > 0 and self.model.training:
+            drop = torch.rand(rows.shape, device=f.device) < p  # [...]
+            keep = torch.ones_like(f)
+            keep[..., -self.n_engagement:] = (~drop)[..., None].to(f.dtype)
+            f = f * keep
+        return f
 
     def model_batch(self, b: TrainBatch, *, mask_actions: bool) -> tuple[ModelBatch, torch.Tensor]:
         cfg = self.model.config
@@ -88,8 +104,8 @@ class JointObjective(nn.Module):
         mb = ModelBatch(
             actions=b.actions, surfaces=b.surfaces, lengths=b.lengths,
             sid_codes=self.codes[b.rows] if cfg.uses_sids else None,
-            item_feats=self.feats[b.rows], action_mask=amask,
-            cand_feats=self.feats[b.cand_rows] if has_c else None,
+            item_feats=self.item_feats(b.rows), action_mask=amask,
+            cand_feats=self.item_feats(b.cand_rows) if has_c else None,
             cand_sid_codes=self.codes[b.cand_rows] if has_c and cfg.uses_sids else None,
             cand_surface=b.cand_surface if has_c else None,
             timestamps=b.timestamps, request_ts=b.request_ts if has_c else None,
@@ -145,7 +161,7 @@ class JointObjective(nn.Module):
             all_vecs = self.model.item_vectors(self.feats)  # [N, D]
             logits = users.float() @ all_vecs.float().T / cfg.temperature  # [P, N]
             return F.cross_entropy(logits, pos_rows)
-        pos_vecs = self.model.item_vectors(self.feats[pos_rows])  # [P, D]
+        pos_vecs = self.model.item_vectors(self.item_feats(pos_rows))  # [P, D]
         P = pos_rows.numel()
         ids_cpu = pos_rows.detach().cpu()
         self.sketch.add(_gather_ids(pos_rows.detach()).cpu())  # every rank counts the global batch
@@ -159,7 +175,7 @@ class JointObjective(nn.Module):
         M = min(cfg.n_negatives, N)
         uni = torch.randint(0, N, (M,), device=pos_rows.device)
         neg_rows = torch.cat([pos_rows[ib], uni])
-        neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.feats[uni])])
+        neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.item_feats(uni))])
         log_q_neg = torch.cat([log_q_ib, torch.full((M,), math.log(M / N), device=users.device)])
         log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
