@@ -22,7 +22,9 @@ from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
 from genrec.decode.trie_torch import TorchTrie
 from genrec.eval.metrics import rank_in_list, topk_metrics
+from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import ItemCatalog, TrainExample, collate, materialise
+from genrec.train.objective import JointObjective
 
 
 @dataclass
@@ -55,12 +57,12 @@ def _batches(es: EvalSet, batch_size: int, context_len: int, n_actions: int):  #
 
 
 @torch.no_grad()
-def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequence[str] = ("ann", "sid"),
+def evaluate_retrieval(objective: JointObjective, es: EvalSet, *, paths: Sequence[str] = ("ann", "sid"),
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path."""
-    model = objective.model  # type: ignore[attr-defined]
+    model: GenRecModel = objective.model
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device

@@ -60,6 +60,11 @@ class ObjectiveConfig:
 class JointObjective(nn.Module):
     """Wraps a :class:`GenRecModel` with the catalogue tensors; ``training_step`` returns the loss terms."""
 
+    feats: torch.Tensor  # [N, F] buffer
+    codes: torch.Tensor  # [N, L] buffer
+    pos_action: torch.Tensor  # [C] buffer
+    action_w: torch.Tensor  # [C] buffer
+
     def __init__(self, model: GenRecModel, catalog: ItemCatalog, cfg: ObjectiveConfig,
                  positive_actions: list[int], sketch_seed: int = 0) -> None:
         super().__init__()
