@@ -62,3 +62,19 @@ def test_frozen_finetune_keeps_the_item_encoder(prepared):  # noqa: ANN001
         assert torch.equal(w0[k], w1[k]), k
     moved = [k for k in w0 if k not in enc and k in w1 and w0[k].shape == w1[k].shape and not torch.equal(w0[k], w1[k])]
     assert moved  # the backbone and heads did train
+
+
+def test_real_model_resume_reproduces_the_uninterrupted_run(prepared):  # noqa: ANN001
+    """genrec's own model + objective (sketch state, MAM masks, sampled negatives, dropout):
+    4 steps, stop, resume to 8 == 8 steps straight, to float tolerance."""
+    # constant LR after warm-up: the schedule follows total_steps, which the "crashed" run sets to 4
+    over = ["train.total_steps=8", "train.ckpt_every=4", "data.valid_cases=16", "train.decay=constant"]
+    straight = train_run(_fork(prepared, "straight"), RunConfig.from_name("cpu-tiny", over), resume=False)
+    wd = _fork(prepared, "resumed")
+    train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=4", "train.ckpt_every=4",
+                                                   "data.valid_cases=16", "train.decay=constant"]), resume=False)
+    resumed = train_run(wd, RunConfig.from_name("cpu-tiny", over), resume=True)
+    a, b = straight["last_loss"], resumed["last_loss"]
+    assert a["step"] == b["step"] == 8
+    for key in ("loss", "sid", "item", "action"):
+        assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (key, a[key], b[key])
