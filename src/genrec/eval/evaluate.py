@@ -24,6 +24,8 @@ that already existed in the run dir when this one was written.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -50,6 +52,9 @@ class EvalConfig:
     diversity_lambda: float = 0.0
     overretrieve: int = 3
     utility: dict[str, float] | None = None
+    """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
+    next interaction of any kind, so the matching utility is the probability of engaging at all
+    (the Recommender's serving default instead penalises negative actions such as 'dislike')."""
     batch_size: int = 128
     sweep_lambda: tuple[float, ...] = ()
     sweep_beam: tuple[int, ...] = ()
@@ -173,6 +178,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     cfg.validate()
     t_start = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, cfg.checkpoint)
+    if cfg.utility is None:
+        cfg = dataclasses.replace(cfg, utility={a: 1.0 for a in rec.actions})
     data = load_eval_data(rec, workdir, cfg)
     es = data.es
     if len(es) == 0:
