@@ -302,8 +302,13 @@ def recommend(
             raise ConfigError(f"--history: expected comma-separated integer item ids, got {history!r}") from None
     rec = Recommender.from_checkpoint(workdir, checkpoint)
     srcs = None if sources is None else tuple(s.strip() for s in sources.split(",") if s.strip())
-    recs = rec.recommend(hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs,
-                         rank=False if no_rank else None, overretrieve=overretrieve, exclude_history=exclude_history)
+    from typing import cast
+
+    from genrec.retrieve.recommender import RecommendationList
+
+    recs = cast(RecommendationList, rec.recommend(
+        hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs, rank=False if no_rank else None,
+        overretrieve=overretrieve, exclude_history=exclude_history))  # one history -> one list
     if as_json:
         _echo_json({"step": rec.step, **recs.to_dict()})
         return

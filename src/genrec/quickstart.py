@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.console import Console
@@ -76,13 +76,13 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
                   f"{pop_m['recall@20']:.4f}")
     con.print(table)
 
-    from genrec.retrieve.recommender import Recommender, user_history
+    from genrec.retrieve.recommender import RecommendationList, Recommender, user_history
     from genrec.retrieve.show import print_recommendations
 
     t = time.perf_counter()
     rec = Recommender.from_checkpoint(wd)
     user = int(events.column("user_id")[0].as_py())
-    recs = rec.recommend(user_history(wd, user), k=10)
+    recs = cast(RecommendationList, rec.recommend(user_history(wd, user), k=10))  # one history -> one list
     print_recommendations(recs, who=f"user {user}", step=rec.step, console=con)
     step(f"recommend for user {user} (one history encode: SID beams + ANN -> L1 ranking)", t)
     timings["total"] = round(time.perf_counter() - t0, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -57,12 +58,13 @@ def _batches(es: EvalSet, batch_size: int, context_len: int, n_actions: int):  #
 
 
 @torch.no_grad()
-def evaluate_retrieval(objective: JointObjective, es: EvalSet, *, paths: Sequence[str] = ("ann", "sid"),
+def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequence[str] = ("ann", "sid"),
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path."""
-    model: GenRecModel = objective.model
+    obj = cast(JointObjective, objective)  # model + catalogue tensors (see genrec.train.objective)
+    model: GenRecModel = obj.model
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -70,20 +72,20 @@ def evaluate_retrieval(objective: JointObjective, es: EvalSet, *, paths: Sequenc
     out: dict[str, dict[str, float]] = {}
     want_ann = "ann" in paths and cfg.layout != "tiger"
     want_sid = "sid" in paths and model.sid_heads is not None and trie is not None and leaf_rows is not None
-    item_vecs = model.item_vectors(objective.feats).float() if want_ann else None  # [N, D]
+    item_vecs = model.item_vectors(obj.feats).float() if want_ann else None  # [N, D]
     ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in ("ann", "sid")}
     kmax = max(ks)
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None
     for lo, tb in _batches(es, batch_size, context_len, cfg.n_actions):
         tb = tb.to(dev)
-        mb, _ = objective.model_batch(tb, mask_actions=False)
+        mb, _ = obj.model_batch(tb, mask_actions=False)
         cache, user, _ = model.encode_history(mb)
         tgt = es.target_rows[lo:lo + tb.batch_size]
-        if want_ann and user is not None:
+        if want_ann and user is not None and item_vecs is not None:
             s = user.float() @ item_vecs.T  # [c, N]
             ts = s.gather(1, torch.as_tensor(tgt, device=dev)[:, None])
             ranks["ann"][lo:lo + len(tgt)] = ((s >= ts).sum(1) - 1).cpu().numpy()
-        if want_sid:
+        if want_sid and trie is not None and leaf_t is not None:
             def step(prefix: torch.Tensor) -> torch.Tensor:
                 return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 

@@ -107,6 +107,7 @@ class AnnIndex:
         index = faiss.read_index(str(folder / "index.faiss"))
         cfg = AnnConfig(**m["params"])
         if cfg.kind == "ivf":
-            faiss.extract_index_ivf(index).nprobe = cfg.nprobe
-            index.make_direct_map()
+            ivf = faiss.extract_index_ivf(index)
+            ivf.nprobe = cfg.nprobe
+            ivf.make_direct_map()
         return cls(index, np.load(folder / "item_ids.npy"), cfg)

@@ -196,7 +196,7 @@ class Service:
         bundle = self.holder.current  # taken ONCE: the request finishes on this version
         eng = bundle.engine
         hist = [h.model_dump() for h in req.history]
-        kw = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda, sources=req.sources,
+        kw: dict[str, Any] = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda, sources=req.sources,
                   surface=req.surface, request_ts=req.request_ts)
         degraded = False
         if self.batcher is not None and not (self.cfg.two_process and req.rank):

@@ -36,10 +36,11 @@ class MicroBatcher:
     def submit(self, key: Hashable, item: Any, fn: Callable[[Sequence[Any]], Sequence[Any]]) -> Any:
         fut: Future = Future()
         with self._cv:
-            q = self._queues.get(key)
-            leader = q is None
+            existing = self._queues.get(key)
+            leader = existing is None
+            q: list[tuple[Any, Future]] = [] if existing is None else existing
             if leader:
-                q = self._queues[key] = []
+                self._queues[key] = q
             q.append((item, fut))
             if len(q) >= self.max_batch:
                 self._cv.notify_all()

@@ -173,9 +173,10 @@ class KVPool:
             shm = shared_memory.SharedMemory(name=desc["shm"], create=False)
         finally:
             resource_tracker.register = reg  # type: ignore[assignment]
-        kv = None
+        kv: tuple[torch.Tensor, torch.Tensor] | None = None
         if "cuda_ipc" in desc:
-            kv = tuple(_import_cuda(h, spec) for h in desc["cuda_ipc"])  # type: ignore[assignment]
+            k_t, v_t = (_import_cuda(h, spec) for h in desc["cuda_ipc"])
+            kv = (k_t, v_t)
         return cls(spec, path, shm, owner=False, kv=kv)
 
     def close(self) -> None:
@@ -294,6 +295,7 @@ class KVPool:
                 raise ValueError(f"kv pool write: layer {i} keys {tuple(k.shape)} != {(sp.kv_heads, n, sp.head_dim)}")
             self.k[i, s, :, :n].copy_(k)
             self.v[i, s, :, :n].copy_(v)
+        assert cache.meta is not None and cache.last_hidden is not None and cache.lengths is not None
         self._meta[0, s, :n] = cache.meta.pos[0]
         self._meta[1, s, :n] = cache.meta.kind[0]
         self._meta[2, s, :n] = cache.meta.tok[0]
@@ -327,10 +329,9 @@ class KVPool:
             torch.cuda.synchronize(self.k.device)
         if int(c["gen"][slot]) != gen:  # the seqlock's second check
             raise StaleSlotError(f"slot {slot}: re-leased (gen {int(c['gen'][slot])}) while gen {gen} was read")
-        i64 = dict(dtype=torch.int64, device=dev)
         cache = KVCache(ks, vs, TokenMeta(meta[0][None].to(dev), meta[1][None].to(dev), meta[2][None].to(dev)),
-                        torch.tensor([length], **i64), hidden[None].to(dev), layout,
-                        torch.tensor([last_ts], **i64) if has_ts else None)
+                        torch.tensor([length], dtype=torch.int64, device=dev), hidden[None].to(dev), layout,
+                        torch.tensor([last_ts], dtype=torch.int64, device=dev) if has_ts else None)
         return cache
 
     def _check_slot(self, slot: int) -> None:
@@ -351,8 +352,8 @@ def _import_cuda(d: dict[str, Any], spec: PoolSpec) -> torch.Tensor:
     args = [base64.b64decode(x) if k == "b" else x for x, k in zip(d["handle"], d["kinds"])]
     storage = torch.UntypedStorage._new_shared_cuda(*args)
     dt = getattr(torch, d["dtype"])
-    t = torch.empty(0, dtype=dt, device=f"cuda:{args[0]}")
-    t.set_(storage, 0, tuple(spec.kv_shape))
+    t = torch.empty(0, dtype=dt, device=f"cuda:{int(args[0])}")
+    t.set_(storage, 0, tuple(spec.kv_shape))  # type: ignore[call-overload]
     return t
 
 

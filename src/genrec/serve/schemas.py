@@ -24,6 +24,8 @@ ItemId = StrictInt
 Vocab = Optional[Union[StrictStr, StrictInt]]  # an action/surface name or its index
 
 
+_ALL_SOURCES: tuple[Literal["sid", "ann"], ...] = ("sid", "ann")
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -42,7 +44,7 @@ class RecommendRequest(_Strict):
     k: StrictInt = Field(default=10, ge=1, le=MAX_K)
     beam_width: StrictInt = Field(default=20, ge=1, le=MAX_BEAM)
     diversity_lambda: float = Field(default=0.0, ge=0.0, le=MAX_LAMBDA)
-    sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: ["sid", "ann"], min_length=1, max_length=2)
+    sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: list(_ALL_SOURCES), min_length=1, max_length=2)
     rank: StrictBool = True
 
 

@@ -170,7 +170,7 @@ class SidIndex:
         n = len(self)
         if d == 0:
             return np.zeros(B, dtype=np.int64), np.full(B, n, dtype=np.int64)
-        ok = ((p >= 0) & (p < np.asarray(self.codebook_sizes[:d], dtype=np.int64))).all(axis=1)  # [B]
+        ok = np.asarray(((p >= 0) & (p < np.asarray(self.codebook_sizes[:d], dtype=np.int64))).all(axis=1))  # [B]
         safe = np.where(ok[:, None], p, 0)
         lo_key = self._pack_prefix(safe)  # [B]
         hi_key = lo_key | np.uint64((1 << self.shifts[d - 1]) - 1)  # inclusive upper bound

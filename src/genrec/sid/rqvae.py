@@ -81,7 +81,7 @@ class RQVAE:
             raise ConfigError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
         self.levels = int(levels)
         self.requested_sizes = sizes
-        self.cfg = {"latent_dim": int(latent_dim), "hidden": int(hidden), "epochs": int(epochs),
+        self.cfg: dict[str, Any] = {"latent_dim": int(latent_dim), "hidden": int(hidden), "epochs": int(epochs),
                     "batch_size": int(batch_size), "lr": float(lr), "beta": float(beta), "seed": int(seed)}
         self.net: _Net | None = None
         self._dim = 0
@@ -113,7 +113,7 @@ class RQVAE:
                 km.train(np.ascontiguousarray(residual))
                 book.copy_(torch.from_numpy(km.centroids))
                 idx = torch.cdist(torch.from_numpy(residual), book).argmin(1)
-                residual = residual - km.centroids[idx.numpy()]
+                residual = residual - np.asarray(km.centroids)[idx.numpy()]
 
     def fit_encode(self, x_in: Any) -> np.ndarray:
         """Train on ``x`` f32[n, d]; return its codes int32[n, levels]."""

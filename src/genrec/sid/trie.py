@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -137,7 +137,7 @@ class SidTrie:
         if not (folder / META).exists():
             raise MissingDataError(f"{folder / META} not found: not a saved SidTrie folder")
         meta = json.loads((folder / META).read_text())
-        mode = "r" if mmap else None
+        mode: Literal["r"] | None = "r" if mmap else None
         L = int(meta["depth"])
 
         def ld(name: str) -> np.ndarray:

@@ -105,13 +105,14 @@ class JointObjective(nn.Module):
         valid = torch.arange(n, device=b.rows.device)[None, :] < b.lengths[:, None]  # [B, n]
         amask = (torch.rand(b.rows.shape, device=b.rows.device) < self.cfg.p_mask) & valid if mask_actions \
             else torch.zeros_like(valid)
-        has_c = b.cand_rows is not None
+        cand_rows = b.cand_rows
+        has_c = cand_rows is not None
         mb = ModelBatch(
             actions=b.actions, surfaces=b.surfaces, lengths=b.lengths,
             sid_codes=self.codes[b.rows] if cfg.uses_sids else None,
             item_feats=self.item_feats(b.rows), action_mask=amask,
-            cand_feats=self.item_feats(b.cand_rows) if has_c else None,
-            cand_sid_codes=self.codes[b.cand_rows] if has_c and cfg.uses_sids else None,
+            cand_feats=self.item_feats(cand_rows) if cand_rows is not None else None,
+            cand_sid_codes=self.codes[cand_rows] if cand_rows is not None and cfg.uses_sids else None,
             cand_surface=b.cand_surface if has_c else None,
             timestamps=b.timestamps, request_ts=b.request_ts if has_c else None,
         )
@@ -145,9 +146,10 @@ class JointObjective(nn.Module):
             total = total + cfg.w_item * terms["item"]
         if cfg.w_action > 0 and out.action_logits is not None:
             C = mcfg.n_actions
+            assert mb.action_mask is not None  # model_batch always sets it
             m_past = mb.action_mask & valid  # [B, n]
             lab_past = F.one_hot(b.actions.clamp(max=C - 1), C).float()
-            if out.cand_action_logits is not None and b.cand_rows is not None:
+            if out.cand_action_logits is not None and b.cand_valid is not None and b.cand_labels is not None:
                 lc, yc, mc = out.cand_action_logits[b.cand_valid], b.cand_labels[b.cand_valid], None
             else:
                 lc = out.action_logits.new_zeros(0, C)

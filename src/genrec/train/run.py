@@ -214,7 +214,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
     init_and_freeze(objective, cfg)
 
-    split = SplitSpec(kind=cfg.data.split)
+    if cfg.data.split not in ("loo", "temporal"):
+        raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")
+    split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
     examples = materialise(reader, catalog)
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
@@ -230,7 +232,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     def eval_fn(m: torch.nn.Module) -> dict[str, float]:
         nonlocal trie
         dev = next(m.parameters()).device
-        if sid_build is not None and (trie is None or trie.device != dev):
+        if sid_build is not None and sid_sizes is not None and (trie is None or trie.device != dev):
             t = sid_build.trie
             trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sid_sizes, device=dev)
         res = evaluate_retrieval(m, valid, beam_width=cfg.data.eval_beam, context_len=cfg.data.context_len,
