@@ -61,8 +61,16 @@ def _batches(es: EvalSet, batch_size: int, context_len: int, n_actions: int):  #
 def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequence[str] = ("ann", "sid"),
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
-                       leaf_rows: np.ndarray | None = None) -> dict[str, dict[str, float]]:
-    """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path."""
+                       leaf_rows: np.ndarray | None = None,
+                       prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
+    """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path.
+
+    ``prefix_expansion = (leaf_start at depth L-1, final code of each leaf)`` switches the SID path
+    to coarse-prefix retrieval (PinGER's index lookup at a shallower depth): beams over the
+    semantic levels 1..L-1 only, then every item under each beam's prefix, beam by beam, ordered
+    inside a prefix by the model's last-level logits. New items whose only difference from
+    their neighbours is an untrained disambiguation code are reachable this way.
+    """
     obj = cast(JointObjective, objective)  # model + catalogue tensors (see genrec.train.objective)
     model: GenRecModel = obj.model
     was_training = model.training
@@ -89,14 +97,47 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
             def step(prefix: torch.Tensor) -> torch.Tensor:
                 return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 
-            res = beam_search(step, tb.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
-                              diversity_lambda=diversity_lambda, trie=trie, device=dev)
-            node = trie.walk(res.codes.clamp_min(0))[..., -1]  # [B, W] leaf node (-1 invalid)
-            rows = torch.where((node >= 0) & res.valid, leaf_t[node.clamp_min(0)], torch.full_like(node, -1))
-            ranks["sid"][lo:lo + len(tgt)] = rank_in_list(rows[:, :kmax].cpu().numpy(), tgt)
+            if prefix_expansion is None:
+                res = beam_search(step, tb.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
+                                  diversity_lambda=diversity_lambda, trie=trie, device=dev)
+                node = trie.walk(res.codes.clamp_min(0))[..., -1]  # [B, W] leaf node (-1 invalid)
+                rows = torch.where((node >= 0) & res.valid, leaf_t[node.clamp_min(0)], torch.full_like(node, -1))
+                ranks["sid"][lo:lo + len(tgt)] = rank_in_list(rows[:, :kmax].cpu().numpy(), tgt)
+            else:
+                ranks["sid"][lo:lo + len(tgt)] = _prefix_ranks(
+                    model, cache, step, trie, tb.batch_size, beam_width, diversity_lambda, prefix_expansion,
+                    np.asarray(leaf_rows), tgt, kmax, dev)
     if want_ann:
         out["ann"] = topk_metrics(ranks["ann"], ks)
     if want_sid:
         out["sid"] = topk_metrics(ranks["sid"], ks)
     model.train(was_training)
+    return out
+
+
+def _prefix_ranks(model: GenRecModel, cache: object, step: object, trie: TorchTrie, b: int, beam_width: int,
+                  diversity_lambda: float, expansion: tuple[np.ndarray, np.ndarray], leaf_rows: np.ndarray,
+                  tgt: np.ndarray, kmax: int, dev: torch.device) -> np.ndarray:
+    """Coarse-prefix SID retrieval: beams over levels 1..L-1, then the items under each prefix."""
+    cfg = model.config
+    ls = cfg.sid_levels - 1
+    leaf_start, leaf_code = expansion
+    # the same device trie cut at depth L-1 (its first L-1 levels are exactly the prefix trie)
+    ptrie = TorchTrie(trie._levels[:ls], trie.codebook_sizes[:ls], trie.device)
+    res = beam_search(step, b, ls, cfg.sid_codebook_sizes[:ls], beam_width,  # type: ignore[arg-type]
+                      diversity_lambda=diversity_lambda, trie=ptrie, device=dev)
+    node = ptrie.walk(res.codes.clamp_min(0))[..., -1].cpu().numpy()  # [B, W] depth-(L-1) node
+    last = F.log_softmax(model.sid_logits_next(cache, res.codes.clamp_min(0)).float(), -1).cpu().numpy()  # type: ignore[arg-type]
+    valid = res.valid.cpu().numpy()
+    out = np.full(b, -1, dtype=np.int64)
+    for i in range(b):
+        lst: list[int] = []
+        for w in range(node.shape[1]):
+            if not valid[i, w] or node[i, w] < 0 or len(lst) >= kmax:
+                continue
+            leaves = np.arange(leaf_start[node[i, w]], leaf_start[node[i, w] + 1])
+            order = np.argsort(-last[i, w, leaf_code[leaves]], kind="stable")
+            lst.extend(leaf_rows[leaves[order]].tolist())
+        lst = lst[:kmax]
+        out[i] = lst.index(int(tgt[i])) if int(tgt[i]) in lst else -1
     return out
