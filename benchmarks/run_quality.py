@@ -18,7 +18,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from genrec.data.join import BucketJoinReader
@@ -64,35 +63,20 @@ def main() -> None:
         t0 = time.perf_counter()
         res = train_run(wd, cfg, resume=False)
         train_s = time.perf_counter() - t0
-        # the trained objective is rebuilt from the last checkpoint by train_run's eval; re-evaluate on test here
-        from genrec.train.checkpoint import load_checkpoint
-        from genrec.train.run import build_model_config, variant_overrides
-        from genrec.model.genrec_model import GenRecModel
-        from genrec.train.objective import JointObjective
-        from genrec.sid.build import open_current
-        from genrec.decode.trie_torch import TorchTrie
+        # the final weights, with the trie and leaf map, exactly as serving loads them
+        from genrec.retrieve.recommender import Recommender
 
-        info = store.info()
-        sb = open_current(base / "sid")
-        sizes = [int(k) for k in sb.codebook_sizes]
-        mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sizes)
-        _, ocfg = variant_overrides(cfg)
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        obj = JointObjective(GenRecModel(mcfg), catalog, ocfg, [info.actions.index(x) for x in info.positive_actions])
-        load_checkpoint(wd / "checkpoints", obj, restore_rng=False, device=str(dev))
-        obj.to(dev)
-        trie = TorchTrie.from_arrays(sb.trie.offsets, sb.trie.codes, sb.trie.children, sizes, device=dev)
-        leaf_rows = catalog.rows(np.asarray(sb.trie.leaf_items))
+        rec = Recommender.from_checkpoint(wd, "LATEST", device="cuda" if torch.cuda.is_available() else "cpu")
         t1 = time.perf_counter()
-        test = evaluate_retrieval(obj, test_all, beam_width=a.beam, context_len=cfg.data.context_len,
-                                  trie=trie, leaf_rows=leaf_rows, batch_size=256)
+        test = evaluate_retrieval(rec.objective, test_all, beam_width=a.beam, context_len=cfg.data.context_len,
+                                  trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256)
         results[v] = {"test": test, "valid_final": res["valid"], "train_seconds": train_s, "steps": res["step"],
                       "eval_seconds": time.perf_counter() - t1}
         print(v, json.dumps(test), flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "quality.json"), "w") as f:
             json.dump(results, f, indent=2)
-    print(f"\n| model | path | Recall@5 | NDCG@5 | Recall@10 | NDCG@10 | Recall@20 |\n|---|---|---|---|---|---|---|")
+    print("\n| model | path | Recall@5 | NDCG@5 | Recall@10 | NDCG@10 | Recall@20 |\n|---|---|---|---|---|---|---|")
     for v, r in results.items():
         for path, m in r["test"].items():
             print(f"| {v} | {path} | {m['recall@5']:.4f} | {m['ndcg@5']:.4f} | {m['recall@10']:.4f} | "

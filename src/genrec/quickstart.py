@@ -61,7 +61,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     cases = eval_cases(events, spec, "valid")
     cat_ids = np.asarray(vecs.item_ids)
     pop = Popularity(cat_ids, train_events(events, spec).column("item_id").to_numpy())
-    tgt_rows = np.searchsorted(np.sort(cat_ids), cases.target_item)
+    tgt_rows = vecs.index_of(cases.target_item)  # rows in catalogue order, like the popularity scores
     pop_m = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(cases), tgt_rows), (5, 10, 20))
 
     table = Table(title=f"validation (leave-one-out, full catalogue, {res['valid_cases']} users sampled)")

@@ -63,14 +63,10 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
                    preset: str = "quickstart", overrides: list[str] | None = None, levels: int = 3,
                    beam_width: int = 20) -> dict[str, Any]:
     """Build the cold-start run in ``out`` from the prepared tables of ``base``; returns the metrics."""
-    import torch
-
     from genrec import pipeline
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec
-    from genrec.decode.trie_torch import TorchTrie
     from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
-    from genrec.features.store import ItemVectors
     from genrec.sid.build import assign_sids, build_sids, open_current
     from genrec.train.run import RunConfig, train_run
 
@@ -97,9 +93,7 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
 
     rec = Recommender.from_checkpoint(wd.root)
     sb = open_current(wd.sid)
-    trie = TorchTrie.from_arrays(sb.trie.offsets, sb.trie.codes, sb.trie.children,
-                                 [int(k) for k in sb.codebook_sizes], device=torch.device("cpu"))
-    leaf_rows = catalog.rows(np.asarray(sb.trie.leaf_items))
+    trie, leaf_rows = rec.trie, rec.leaf_rows  # the device trie and leaf map the Recommender serves with
     metrics = evaluate_retrieval(rec.objective, es, beam_width=beam_width, context_len=cfg.data.context_len,
                                  trie=trie, leaf_rows=leaf_rows) if len(es) else {}
     if len(es) and "sid" in metrics:  # coarse-prefix SID retrieval (levels 1..L-1, then the index)
