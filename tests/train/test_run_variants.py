@@ -78,3 +78,30 @@ def test_real_model_resume_reproduces_the_uninterrupted_run(prepared):  # noqa: 
     assert a["step"] == b["step"] == 8
     for key in ("loss", "sid", "item", "action"):
         assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (key, a[key], b[key])
+
+
+def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
+    """``model.id_embedding=true``: the checkpoint carries the id keys (the items the training
+    split shows); serving rebuilds the same catalogue vectors, and items the training split never
+    showed have their content vector only."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from genrec.retrieve.recommender import Recommender
+
+    wd = _fork(prepared, "ids")
+    train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=sasrec", "model.id_embedding=true",
+                                                   "train.total_steps=4", "data.valid_cases=16"]), resume=False)
+    rec = Recommender.from_checkpoint(wd, "LATEST")
+    enc = rec.model.item_encoder
+    assert enc.id_emb is not None
+    keys = enc.id_keys[enc.id_keys < torch.iinfo(torch.int64).max].numpy()
+    ids = rec.catalog.item_ids
+    known = np.isin(ids, keys)
+    assert 0.5 * len(ids) < known.sum() <= len(ids)
+    w = _weights(wd)
+    assert torch.equal(w["model.item_encoder.id_keys"], enc.id_keys)
+    with torch.no_grad():
+        content = F.normalize(enc.mlp(rec.objective.feats), dim=-1)
+        assert torch.allclose(rec.item_vecs[~torch.from_numpy(known)], content[~torch.from_numpy(known)], atol=1e-6)
+        assert not torch.allclose(rec.item_vecs[torch.from_numpy(known)], content[torch.from_numpy(known)], atol=1e-3)

@@ -231,3 +231,28 @@ def test_cuda_bf16_smoke(tmp_path: Path) -> None:
                   dist_info=DistInfo()).fit()
     assert all(math.isfinite(r["loss"]) for r in res.history)
     assert res.history[-1]["loss"] < res.history[0]["loss"]
+
+
+def test_max_minutes_stops_with_an_eval_and_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_minutes``: the step where the clock runs out is treated as the last one (evaluated,
+    BEST-marked if best, checkpointed); a fake clock makes the limit hit at a known step."""
+    import genrec.train.trainer as trainer_mod
+
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: 25.0 * next(ticks))  # 25 s per call
+    torch.manual_seed(0)
+    evals: list[int] = []
+
+    def eval_fn(m: nn.Module) -> dict[str, float]:
+        evals.append(1)
+        return {"recall@10": 0.5}
+
+    cfg = standin.tiny_config(total_steps=1000, eval_every=0, ckpt_every=0, max_minutes=2.0,
+                              **{"early_stopping.metric": "recall@10"})
+    res = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, tmp_path,
+                  eval_fn=eval_fn, dist_info=DistInfo()).fit()
+    assert 1 < res.step < 20 and not res.stopped_early
+    assert evals == [1] and res.best_step == res.step
+    assert resolve_checkpoint(tmp_path / "checkpoints", "BEST").name == f"step-{res.step:06d}"
+    with pytest.raises(Exception, match="max_minutes"):
+        standin.tiny_config(max_minutes=-1.0)

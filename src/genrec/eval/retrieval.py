@@ -80,7 +80,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     out: dict[str, dict[str, float]] = {}
     want_ann = "ann" in paths and cfg.layout != "tiger"
     want_sid = "sid" in paths and model.sid_heads is not None and trie is not None and leaf_rows is not None
-    item_vecs = model.item_vectors(obj.feats).float() if want_ann else None  # [N, D]
+    item_vecs = obj.catalogue_vectors().float() if want_ann else None  # [N, D]
     ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in ("ann", "sid")}
     kmax = max(ks)
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None

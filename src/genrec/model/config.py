@@ -48,6 +48,7 @@ class ModelConfig:
     action_emb_dim: int = 16
     item_hidden: int = 128
     time_buckets: int = 0  # >0: add a log2-bucketed time-gap embedding to dense tokens
+    item_id_vocab: int = 0  # >0: a learned per-item-id vector added to the content MLP (see ItemEncoder)
 
     def __post_init__(self) -> None:
         self.sid_codebook_sizes = [int(k) for k in self.sid_codebook_sizes]
@@ -67,6 +68,8 @@ class ModelConfig:
             raise bad("d_model", f"must be divisible by n_heads={self.n_heads}")
         if not isinstance(self.time_buckets, int) or self.time_buckets < 0:
             raise bad("time_buckets", "must be an integer >= 0 (0 = no time-gap embedding)")
+        if not isinstance(self.item_id_vocab, int) or self.item_id_vocab < 0:
+            raise bad("item_id_vocab", "must be an integer >= 0 (0 = content-only item vectors)")
         if not 0.0 <= self.dropout < 1.0:
             raise bad("dropout", "must lie in [0, 1)")
         if self.layout not in LAYOUTS:

@@ -17,7 +17,17 @@ from genrec.model.config import ModelConfig
 
 
 class ItemEncoder(nn.Module):
-    """MLP([content ‖ engagement]) -> L2-normalised item vector ``[..., item_dim]``."""
+    """MLP([content ‖ engagement]) (+ a learned ID vector) -> L2-normalised item vector ``[..., item_dim]``.
+
+    With ``item_id_vocab > 0`` the encoder also holds one learned vector per item id seen in
+    training (``id_keys``, sorted, set by the trainer and saved with the weights), added to the
+    MLP output before normalising: the SASRec-style ID embedding, on top of content. It is keyed
+    by item **id**, not catalogue row, so a later catalogue (new items, other row order) still
+    finds the right vectors; ids outside ``id_keys`` (cold items, padding, ``-1``) get the content
+    vector alone.
+    """
+
+    id_keys: torch.Tensor  # int64 [item_id_vocab], sorted; unused slots hold int64 max
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -25,11 +35,41 @@ class ItemEncoder(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(cfg.item_feat_dim, cfg.item_hidden), nn.GELU(), nn.Linear(cfg.item_hidden, cfg.item_dim)
         )
+        self.id_emb: nn.Embedding | None = None
+        if cfg.item_id_vocab > 0:
+            self.id_emb = nn.Embedding(cfg.item_id_vocab, cfg.item_dim)
+            nn.init.normal_(self.id_emb.weight, std=0.02)
+            self.register_buffer("id_keys", torch.full((cfg.item_id_vocab,), torch.iinfo(torch.int64).max))
 
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+    def set_id_keys(self, item_ids: torch.Tensor) -> None:
+        """The item ids that own a learned vector (at most ``item_id_vocab``; sorted here)."""
+        if self.id_emb is None:
+            raise ValueError("item_id_vocab is 0: this encoder has no ID vectors")
+        ids = torch.unique(item_ids.long().cpu())
+        if ids.numel() > self.id_keys.numel():
+            raise ValueError(f"item ids: {ids.numel()} distinct ids > item_id_vocab={self.id_keys.numel()}")
+        keys = torch.full_like(self.id_keys, torch.iinfo(torch.int64).max)
+        keys[: ids.numel()] = ids.to(keys.device)
+        self.id_keys.copy_(keys)
+
+    def slots(self, item_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding slot of each id (any shape), ``-1`` where the id has no learned vector."""
+        if self.id_emb is None:
+            return torch.full_like(item_ids, -1, dtype=torch.long)
+        ids = item_ids.long()
+        s = torch.searchsorted(self.id_keys, ids).clamp(max=self.id_keys.numel() - 1)
+        return torch.where(self.id_keys[s] == ids, s, torch.full_like(s, -1))
+
+    def forward(self, feats: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         if feats.shape[-1] != self.feat_dim:
             raise ValueError(f"item_feats: last dim must be item_feat_dim={self.feat_dim}, got {tuple(feats.shape)}")
-        return F.normalize(self.mlp(feats.float()), dim=-1)
+        v = self.mlp(feats.float())
+        if self.id_emb is not None and item_ids is not None:
+            if item_ids.shape != feats.shape[:-1]:
+                raise ValueError(f"item_ids: shape {tuple(item_ids.shape)} != item_feats {tuple(feats.shape[:-1])}")
+            s = self.slots(item_ids)
+            v = v + self.id_emb(s.clamp(min=0)) * (s >= 0).unsqueeze(-1).to(v.dtype)
+        return F.normalize(v, dim=-1)
 
 
 def apply_action_mask(actions: torch.Tensor, mask: torch.Tensor | None, mask_class: int) -> torch.Tensor:

@@ -71,6 +71,8 @@ class ModelBatch:
     cand_surface: torch.Tensor | None = None  # [B] or [B, k]
     timestamps: torch.Tensor | None = None
     request_ts: torch.Tensor | None = None
+    item_ids: torch.Tensor | None = None  # [B, n] item ids, for the encoder's ID vectors (with item_feats)
+    cand_ids: torch.Tensor | None = None  # [B, k] (with cand_feats)
 
     @property
     def n_items(self) -> int:
@@ -130,18 +132,23 @@ class GenRecModel(nn.Module):
         self.target = TargetCondition(cfg) if cfg.target_condition else None
 
     # ------------------------------------------------------------------ shared token builders
-    def item_vectors(self, item_feats: torch.Tensor) -> torch.Tensor:
-        """``[N, F]`` (or ``[..., F]``) -> L2-normalised ``[N, item_dim]`` (what the ANN index holds)."""
-        return self.item_encoder(item_feats)
+    def item_vectors(self, item_feats: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N, F]`` (or ``[..., F]``) -> L2-normalised ``[N, item_dim]`` (what the ANN index holds).
 
-    def _vecs(self, feats: torch.Tensor | None, vecs: torch.Tensor | None, name: str) -> torch.Tensor:
+        ``item_ids`` (shape ``[N]`` / ``[...]``) adds the learned ID vectors when the model has them
+        (``item_id_vocab > 0``); without ids every item gets its content vector only.
+        """
+        return self.item_encoder(item_feats, item_ids)
+
+    def _vecs(self, feats: torch.Tensor | None, vecs: torch.Tensor | None, name: str,
+              ids: torch.Tensor | None = None) -> torch.Tensor:
         if (feats is None) == (vecs is None):
             raise ValueError(f"{name}: pass exactly one of {name}_feats / {name}_vecs")
         if vecs is not None:
             if vecs.shape[-1] != self.config.item_dim:
                 raise ValueError(f"{name}_vecs: last dim must be item_dim={self.config.item_dim}, got {tuple(vecs.shape)}")
             return vecs.float()
-        return self.item_encoder(feats)  # type: ignore[arg-type]
+        return self.item_encoder(feats, ids)  # type: ignore[arg-type]
 
     def dense_tokens(
         self, item_vecs: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor, sid_codes: torch.Tensor | None,
@@ -223,7 +230,7 @@ class GenRecModel(nn.Module):
             codes = torch.where(valid[..., None], batch.sid_codes, torch.zeros_like(batch.sid_codes))
             sid_all = self.sid_emb(codes)  # type: ignore[misc]
         gaps, _ = self._time_gaps(batch, lay.lengths)
-        vecs = self._vecs(batch.item_feats, batch.item_vecs, "item")  # [B, n, Di]
+        vecs = self._vecs(batch.item_feats, batch.item_vecs, "item", batch.item_ids)  # [B, n, Di]
         b, n = acts.shape
         slots: list[torch.Tensor] = []
         for kind in lay.slot_kinds:
@@ -263,7 +270,7 @@ class GenRecModel(nn.Module):
         x, lay, vecs, surf = self._history_tokens(batch, serving_layout, k)
         cand_vecs = None
         if k:
-            cand_vecs = self._vecs(batch.cand_feats, batch.cand_vecs, "cand")
+            cand_vecs = self._vecs(batch.cand_feats, batch.cand_vecs, "cand", batch.cand_ids)
             _, cand_gap = self._time_gaps(batch, lay.lengths)
             if self.time_gap is not None and cand_gap is None:
                 raise ValueError("batch.request_ts: required for candidates when time_buckets > 0")

@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -53,6 +53,9 @@ from genrec.model.kv_cache import KVCache
 from genrec.retrieve.ann import AnnConfig, AnnIndex
 from genrec.train.batches import ItemCatalog
 from genrec.workdir import WorkDir, read_json
+
+if TYPE_CHECKING:
+    from genrec.train.objective import JointObjective
 
 SOURCES = ("sid", "ann")
 NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
@@ -150,8 +153,7 @@ class Recommender:
         self.context_len = self.config.max_items - 1
         self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
         with torch.no_grad():
-            feats = cast(torch.Tensor, objective.feats)  # [N, F]
-            self.item_vecs = torch.cat([self.model.item_vectors(feats[i:i + 8192]).float()
+            self.item_vecs = torch.cat([cast("JointObjective", objective).catalogue_vectors(i, i + 8192).float()
                                         for i in range(0, len(catalog), 8192)])  # [N, D]
         self.codes: torch.Tensor | None = cast(torch.Tensor, objective.codes) if self.config.uses_sids else None  # [N, L]
 

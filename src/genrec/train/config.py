@@ -58,6 +58,7 @@ class TrainConfig:
     tensorboard: bool = True
     progress: Literal["auto", "on", "off"] = "auto"
     find_unused_parameters: bool = False
+    max_minutes: float = 0.0  # >0: stop after this much wall time (evaluated + checkpointed like the last step)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     def __post_init__(self) -> None:
@@ -124,6 +125,7 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("log_every", "eval_every", "ckpt_every", "num_workers"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     need(cfg.keep_last >= 1, "keep_last", "must be >= 1")
+    need(cfg.max_minutes >= 0, "max_minutes", "must be >= 0 (0 = no time limit)")
     es = cfg.early_stopping
     if es.mode not in ("max", "min"):
         raise ConfigError(f"train config 'early_stopping.mode': must be max|min, got {es.mode!r}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,6 +62,7 @@ class JointObjective(nn.Module):
     """Wraps a :class:`GenRecModel` with the catalogue tensors; ``training_step`` returns the loss terms."""
 
     feats: torch.Tensor  # [N, F] buffer
+    item_ids: torch.Tensor  # [N] buffer
     codes: torch.Tensor  # [N, L] buffer
     pos_action: torch.Tensor  # [C] buffer
     action_w: torch.Tensor  # [C] buffer
@@ -72,6 +74,8 @@ class JointObjective(nn.Module):
         self.model = model
         self.cfg = cfg
         self.register_buffer("feats", catalog.feats.float(), persistent=False)  # [N, F]
+        self.register_buffer("item_ids", torch.from_numpy(np.asarray(catalog.item_ids, dtype=np.int64)),
+                             persistent=False)  # [N]
         codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
         self.register_buffer("codes", codes.long(), persistent=False)  # [N, L]
         pos = torch.zeros(model.config.n_actions, dtype=torch.bool)
@@ -99,6 +103,10 @@ class JointObjective(nn.Module):
             f = f * keep
         return f
 
+    def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""
+        return self.model.item_vectors(self.feats[start:stop], self.item_ids[start:stop])
+
     def model_batch(self, b: TrainBatch, *, mask_actions: bool) -> tuple[ModelBatch, torch.Tensor]:
         cfg = self.model.config
         n = b.rows.shape[1]
@@ -110,8 +118,9 @@ class JointObjective(nn.Module):
         mb = ModelBatch(
             actions=b.actions, surfaces=b.surfaces, lengths=b.lengths,
             sid_codes=self.codes[b.rows] if cfg.uses_sids else None,
-            item_feats=self.item_feats(b.rows), action_mask=amask,
+            item_feats=self.item_feats(b.rows), action_mask=amask, item_ids=self.item_ids[b.rows],
             cand_feats=self.item_feats(cand_rows) if cand_rows is not None else None,
+            cand_ids=self.item_ids[cand_rows] if cand_rows is not None else None,
             cand_sid_codes=self.codes[cand_rows] if cand_rows is not None and cfg.uses_sids else None,
             cand_surface=b.cand_surface if has_c else None,
             timestamps=b.timestamps, request_ts=b.request_ts if has_c else None,
@@ -165,10 +174,10 @@ class JointObjective(nn.Module):
         if users.shape[0] == 0:
             return users.sum() * 0.0
         if cfg.item_loss == "full":
-            all_vecs = self.model.item_vectors(self.feats)  # [N, D]
+            all_vecs = self.catalogue_vectors()  # [N, D]
             logits = users.float() @ all_vecs.float().T / cfg.temperature  # [P, N]
             return F.cross_entropy(logits, pos_rows)
-        pos_vecs = self.model.item_vectors(self.item_feats(pos_rows))  # [P, D]
+        pos_vecs = self.model.item_vectors(self.item_feats(pos_rows), self.item_ids[pos_rows])  # [P, D]
         P = pos_rows.numel()
         ids_cpu = pos_rows.detach().cpu()
         self.sketch.add(_gather_ids(pos_rows.detach()).cpu())  # every rank counts the global batch
@@ -182,7 +191,7 @@ class JointObjective(nn.Module):
         M = min(cfg.n_negatives, N)
         uni = torch.randint(0, N, (M,), device=pos_rows.device)
         neg_rows = torch.cat([pos_rows[ib], uni])
-        neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.item_feats(uni))])
+        neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.item_feats(uni), self.item_ids[uni])])
         log_q_neg = torch.cat([log_q_ib, torch.full((M,), math.log(M / N), device=users.device)])
         log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,

@@ -68,6 +68,9 @@ class ModelOverrides:
     sid_fusion: bool = True
     target_condition: bool = False
     attn_impl: str = "auto"
+    # a learned vector per item id seen in training, added to the content MLP (SASRec's ID
+    # embedding); items without one (cold, added later) keep their content vector
+    id_embedding: bool = False
 
 
 @dataclass
@@ -153,13 +156,15 @@ def variant_overrides(cfg: RunConfig) -> tuple[dict[str, Any], ObjectiveConfig]:
 
 
 def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_surfaces: int,
-                       sid_sizes: list[int] | None) -> ModelConfig:
+                       sid_sizes: list[int] | None, n_id_items: int = 0) -> ModelConfig:
+    """``n_id_items``: how many item ids get a learned vector when ``model.id_embedding`` is on."""
     mv, _ = variant_overrides(cfg)
     o = cfg.model
     kw: dict[str, Any] = {"n_actions": n_actions, "n_surfaces": max(1, n_surfaces),
                           "item_feat_dim": int(catalog.feats.shape[1]), "max_items": cfg.data.context_len + 1,
                           "sid_fusion": o.sid_fusion, "target_condition": o.target_condition,
-                          "attn_impl": o.attn_impl}
+                          "attn_impl": o.attn_impl,
+                          "item_id_vocab": max(1, n_id_items) if o.id_embedding else 0}
     for name in ("d_model", "n_layers", "n_heads", "d_ff", "item_dim"):
         if getattr(o, name) > 0:
             kw[name] = getattr(o, name)
@@ -207,18 +212,23 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
 
         sid_build = open_current(wd.sid)
         sid_sizes = [int(k) for k in sid_build.codebook_sizes]
-    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes)
-    torch.manual_seed(cfg.train.seed)
-    model = GenRecModel(mcfg)
-    pos = [info.actions.index(a) for a in info.positive_actions]
-    objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
-    init_and_freeze(objective, cfg)
-
     if cfg.data.split not in ("loo", "temporal"):
         raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")
     split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
     examples = materialise(reader, catalog)
+    # ID vectors only for items the training split shows (others would stay at their random init)
+    seen_ids = catalog.item_ids[np.unique(np.concatenate([e.rows for e in examples]))] if examples \
+        else np.zeros(0, dtype=np.int64)
+    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes, len(seen_ids))
+    torch.manual_seed(cfg.train.seed)
+    model = GenRecModel(mcfg)
+    if mcfg.item_id_vocab > 0:
+        model.item_encoder.set_id_keys(torch.from_numpy(seen_ids))
+    pos = [info.actions.index(a) for a in info.positive_actions]
+    objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
+    init_and_freeze(objective, cfg)
+
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
 

@@ -319,6 +319,19 @@ class Trainer:
             self.bad_evals += 1
         return better, es.patience > 0 and self.bad_evals >= es.patience
 
+    def _out_of_time(self, t_fit: float) -> bool:
+        """``max_minutes`` reached (rank 0's clock decides, so every rank stops at the same step)."""
+        if self.cfg.max_minutes <= 0:
+            return False
+        over = time.perf_counter() - t_fit > 60.0 * self.cfg.max_minutes
+        if self.info.world_size > 1:
+            import torch.distributed as dist
+
+            flag = torch.tensor([float(over)], device=self.device)
+            dist.broadcast(flag, src=0)
+            over = bool(flag.item())
+        return over
+
     def fit(self, *, resume: bool = True) -> TrainResult:
         """Train until ``cfg.total_steps`` (or early stop / data end); returns the trajectory."""
         cfg, info = self.cfg, self.info
@@ -344,7 +357,7 @@ class Trainer:
         win_sum: dict[str, float] = {}
         win_n = 0.0
         win_items = win_tokens = 0.0
-        t0 = time.perf_counter()
+        t0 = t_fit = time.perf_counter()
         self.model.train()
         try:
             while self.step < cfg.total_steps:
@@ -379,7 +392,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
 
-                last = self.step >= cfg.total_steps
+                last = self.step >= cfg.total_steps or self._out_of_time(t_fit)
                 if (cfg.log_every and self.step % cfg.log_every == 0) or last:
                     rows = self._drain(pending)
                     for r in rows:
@@ -429,6 +442,8 @@ class Trainer:
                     result.last_checkpoint = self.save()
                 if stop:
                     result.stopped_early = True
+                    break
+                if last:  # total_steps, or max_minutes
                     break
         finally:
             if bar is not None:
