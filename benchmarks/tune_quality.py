@@ -1,0 +1,204 @@
+"""Tune on validation, then score the test split once: genrec against its baselines, same run.
+
+    python benchmarks/tune_quality.py WORKDIR --grid benchmarks/grids/beauty.json [--parallel 8]
+
+WORKDIR holds prepared tables, features and SIDs. The grid names configurations, each with a
+family (``sasrec`` / ``genrec`` / ``tiger`` ...), the validation metric that selects within the
+family, and ``key=value`` overrides on top of the grid's common ones. Every configuration
+trains in its own run directory ``WORKDIR-tune/<name>`` (tables/features/sid linked), all of
+them at once on the one GPU (``--parallel`` processes), with periodic validation, early
+stopping and a wall-time cap (``train.max_minutes``); the trainer marks the best validation
+checkpoint. Then, per family, the configuration with the best validation score is chosen and
+only that one touches the test split: full catalogue, history items not excluded, Recall/NDCG
+@5/10/20 for its SID and ANN paths (and L0+L1 when it was trained with the action loss).
+Popularity is scored on the same cases. Finally a token-efficiency sweep on the validation
+cases: SID-path recall of the chosen genrec and TIGER models against serving history tokens.
+
+Prints Markdown tables; everything to ``$OUT/tune.json`` when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _link_parts(base: Path, d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for part in ("tables", "features", "sid"):
+        if not (d / part).exists():
+            (d / part).symlink_to((base / part).resolve())
+
+
+def worker(run_dir: str, preset: str, overrides: list[str]) -> None:
+    from genrec.train.run import RunConfig, train_run
+
+    cfg = RunConfig.from_name(preset, overrides)
+    t0 = time.perf_counter()
+    res = train_run(run_dir, cfg, resume=False)
+    res["train_seconds"] = time.perf_counter() - t0
+    res["overrides"] = overrides
+    tmp = Path(run_dir) / "tune_result.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(Path(run_dir) / "tune_result.json")
+
+
+def best_valid(run_dir: Path) -> tuple[float | None, int | None]:
+    """The trainer's best validation value (of the run's selection metric) and its step."""
+    from genrec.train.checkpoint import resolve_checkpoint
+    from genrec.workdir import read_json
+
+    try:
+        ckpt = resolve_checkpoint(run_dir / "checkpoints", "BEST")
+    except Exception:
+        return None, None
+    if ckpt is None:
+        return None, None
+    st = read_json(ckpt / "extra.json").get("_trainer", {})
+    return st.get("best_metric"), st.get("best_step")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--grid", required=True)
+    ap.add_argument("--preset", default="gpu-base")
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--only", default="", help="comma-separated config names (default: all)")
+    ap.add_argument("--beam", type=int, default=20)
+    ap.add_argument("--no-test", action="store_true", help="stop after validation")
+    a = ap.parse_args()
+    base = Path(a.workdir).resolve()
+    grid = json.loads(Path(a.grid).read_text())
+    configs = [c for c in grid["configs"] if not a.only or c["name"] in a.only.split(",")]
+    root = Path(f"{base}-tune")
+    out_dir = Path(os.environ.get("OUT", root))
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- train every configuration, --parallel at a time
+    queue = list(configs)
+    running: list[tuple[dict[str, Any], subprocess.Popen[bytes], Any]] = []
+    t_start = time.perf_counter()
+    while queue or running:
+        while queue and len(running) < a.parallel:
+            c = queue.pop(0)
+            d = root / c["name"]
+            _link_parts(base, d)
+            ov = [*grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
+            log = open(out_dir / f"train-{c['name']}.log", "wb")
+            p = subprocess.Popen([sys.executable, __file__, "--worker", str(d), a.preset, *ov],
+                                 stdout=log, stderr=subprocess.STDOUT)
+            running.append((c, p, log))
+            print(f"[{time.perf_counter() - t_start:6.0f}s] started {c['name']}: {' '.join(ov)}", flush=True)
+        time.sleep(2)
+        for item in list(running):
+            c, p, log = item
+            if p.poll() is not None:
+                log.close()
+                running.remove(item)
+                print(f"[{time.perf_counter() - t_start:6.0f}s] {c['name']} exited {p.returncode}", flush=True)
+
+    # ---- validation table, choice per family
+    rows: list[dict[str, Any]] = []
+    for c in configs:
+        d = root / c["name"]
+        res = json.loads((d / "tune_result.json").read_text()) if (d / "tune_result.json").exists() else {}
+        v, step = best_valid(d)
+        rows.append({"name": c["name"], "family": c["family"], "select": c["select"], "best_valid": v,
+                     "best_step": step, "steps": res.get("step"), "train_seconds": res.get("train_seconds"),
+                     "overrides": c["overrides"], "failed": not res})
+    print("\n| config | family | overrides | selection metric | best valid | at step | steps run | train s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        bv = "failed" if r["best_valid"] is None else f"{r['best_valid']:.4f}"
+        ts = "" if r["train_seconds"] is None else f"{r['train_seconds']:.0f}"
+        print(f"| {r['name']} | {r['family']} | `{' '.join(r['overrides'])}` | {r['select']} | {bv} | "
+              f"{r['best_step']} | {r['steps']} | {ts} |")
+    chosen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["best_valid"] is not None and (r["family"] not in chosen or r["best_valid"] > chosen[r["family"]]["best_valid"]):
+            chosen[r["family"]] = r
+    report: dict[str, Any] = {"grid": grid, "validation": rows, "chosen": {f: r["name"] for f, r in chosen.items()}}
+    if a.no_test:
+        (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))
+        return
+
+    # ---- the test split, once, for the chosen configuration of each family
+    from genrec.data.join import BucketJoinReader
+    from genrec.data.splits import SplitSpec, train_events
+    from genrec.eval.baselines import Popularity
+    from genrec.eval.evaluate import history_tokens_per_item, l0l1_pass
+    from genrec.eval.metrics import rank_of_targets, topk_metrics
+    from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
+    from genrec.pipeline import load_catalog, open_store
+    from genrec.retrieve.recommender import Recommender
+    from genrec.train.config import from_dict
+    from genrec.train.run import RunConfig, variant_overrides
+
+    store = open_store(base)
+    catalog = load_catalog(base)
+    split = SplitSpec("loo")
+    test_set = make_eval_set(list(BucketJoinReader(store, split=split, role="test", context_len=10 ** 6)), catalog)
+    valid_set = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=10 ** 6)), catalog,
+                              max_cases=2000, seed=0)
+    pop = Popularity(catalog.item_ids, train_events(store.read_events(), split).column("item_id").to_numpy())
+    ks = (5, 10, 20)
+    test: dict[str, dict[str, dict[str, float]]] = {
+        "popularity": {"pop": topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(test_set),
+                                                           test_set.target_rows), ks)}}
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    token_sweep: dict[str, list[dict[str, float]]] = {}
+    for fam, r in chosen.items():
+        d = root / r["name"]
+        rec = Recommender.from_checkpoint(d, "BEST", device=dev)
+        ctx = rec.context_len
+        res = evaluate_retrieval(rec.objective, test_set, beam_width=a.beam, context_len=ctx, trie=rec.trie,
+                                 leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)
+        _, obj = variant_overrides(from_dict(RunConfig, rec.run_config))  # the objective as trained
+        if obj.w_action > 0 and rec.ann is not None and rec.model.action_head is not None:
+            res["l0l1"] = l0l1_pass(rec, test_set, ks=ks, beam_width=a.beam, diversity_lambda=0.0, overretrieve=3,
+                                    utility={x: 1.0 for x in rec.actions}, batch_size=256)
+        test[f"{fam} ({r['name']}, step {rec.step})"] = res
+        print(fam, r["name"], json.dumps({p: {k: round(v, 4) for k, v in m.items()} for p, m in res.items()}),
+              flush=True)
+        if rec.trie is not None:  # serving history tokens vs SID recall, validation cases
+            tpi = history_tokens_per_item(rec.config.layout, rec.config.sid_levels)
+            pts = []
+            for c in (1, 2, 3, 5, 8, 12, 20, 50):
+                if c > ctx:
+                    continue
+                m = evaluate_retrieval(rec.objective, valid_set, paths=("sid",), beam_width=a.beam, context_len=c,
+                                       trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)["sid"]
+                pts.append({"context_items": c, "serving_tokens": c * tpi, "recall@10": m["recall@10"],
+                            "ndcg@10": m["ndcg@10"]})
+            token_sweep[fam] = pts
+        del rec
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    report.update({"test": test, "test_cases": len(test_set), "token_sweep_valid": token_sweep,
+                   "total_seconds": time.perf_counter() - t_start})
+    (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))
+    print("\n| model (chosen on validation) | path | Recall@5 | NDCG@5 | Recall@10 | NDCG@10 | Recall@20 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, paths in test.items():
+        for p, m in paths.items():
+            print(f"| {name} | {p} | {m['recall@5']:.4f} | {m['ndcg@5']:.4f} | {m['recall@10']:.4f} | "
+                  f"{m['ndcg@10']:.4f} | {m['recall@20']:.4f} |")
+    print("\n| family | context items | serving tokens | valid SID Recall@10 |\n|---|---|---|---|")
+    for fam, pts in token_sweep.items():
+        for pt in pts:
+            print(f"| {fam} | {pt['context_items']} | {pt['serving_tokens']} | {pt['recall@10']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
