@@ -97,8 +97,11 @@ def main() -> None:
             _link_parts(base, d)
             ov = [*grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
             log = open(out_dir / f"train-{c['name']}.log", "wb")
+            # each process gets its share of the cores (torch's default, all cores each, oversubscribes)
+            threads = str(max(1, (os.cpu_count() or 1) // max(1, min(a.parallel, len(configs)))))
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
             p = subprocess.Popen([sys.executable, __file__, "--worker", str(d), a.preset, *ov],
-                                 stdout=log, stderr=subprocess.STDOUT)
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((c, p, log))
             print(f"[{time.perf_counter() - t_start:6.0f}s] started {c['name']}: {' '.join(ov)}", flush=True)
         time.sleep(2)
