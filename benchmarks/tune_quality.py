@@ -96,7 +96,7 @@ def main() -> None:
             d = root / c["name"]
             _link_parts(base, d)
             ov = [*grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
-            log = open(out_dir / f"train-{c['name']}.log", "wb")
+            log = open(d / "train.log", "wb")
             # each process gets its share of the cores (torch's default, all cores each, oversubscribes)
             threads = str(max(1, (os.cpu_count() or 1) // max(1, min(a.parallel, len(configs)))))
             env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
