@@ -36,13 +36,17 @@ def main() -> None:
     ap.add_argument("--beam-width", type=int, default=20)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--modes", default="one,two")
+    ap.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
+    ap.add_argument("--exact-history", action="store_true",
+                    help="every history exactly --history-len items (short users extended with others')")
     a = ap.parse_args()
     rows = {}
     for m in a.modes.split(","):
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; choose from {sorted(MODES)}")
         res = bench_serve(a.workdir, duration=a.duration, concurrency=a.concurrency, history_len=a.history_len,
-                          beam_width=a.beam_width, k=a.k, **MODES[m])
+                          beam_width=a.beam_width, k=a.k, device=a.device,
+                          exact_history=a.exact_history, **MODES[m])
         rows[m] = res.summary()
         print(f"[{m}]\n{res.table()}\n", flush=True)
     out = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}

@@ -78,3 +78,24 @@ def test_batched_http_equals_solo(run_dir: Path) -> None:
             t.join(60)
         assert not errors, errors[:3]
         assert app.service.batcher.items > app.service.batcher.batches  # requests really shared forwards
+
+
+def test_exact_length_histories_are_real_pieces(run_dir):  # noqa: ANN001
+    """``sample_histories(exact=True)``: every history has exactly the asked length and is made of
+    contiguous pieces of real users' sequences (each history ends with one user's newest items)."""
+    import numpy as np
+
+    from genrec.pipeline import open_store
+    from genrec.serve.loadgen import sample_histories
+
+    hs = sample_histories(run_dir, 20, 700, seed=3, exact=True)
+    assert all(len(h) == 700 for h in hs)
+    ev = open_store(run_dir).read_events(columns=["user_id", "item_id", "timestamp"])
+    u, it, ts = (ev.column(c).to_numpy() for c in ("user_id", "item_id", "timestamp"))
+    o = np.lexsort((ts, u))
+    u, it = u[o], it[o]
+    seqs = [it[u == x] for x in np.unique(u)]
+    tails = {tuple(s[-5:].tolist()) for s in seqs if len(s) >= 5}
+    assert all(tuple(h[-5:]) in tails for h in hs)
+    short = sample_histories(run_dir, 20, 700, seed=3)
+    assert any(len(h) < 700 for h in short) and all(len(h) <= 700 for h in short)

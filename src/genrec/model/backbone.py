@@ -9,7 +9,7 @@ embeddings added at the input (not rotary), so cached keys never depend on later
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -18,7 +18,7 @@ from genrec.kernels.attention import ItemBlockMask, attention, prepare_mask, res
 from genrec.model.config import ModelConfig
 from genrec.model.kv_cache import KVCache
 from genrec.model.layout import CAND, DENSE, TokenMeta
-from genrec.model.mask import make_mask_mod
+from genrec.model.mask import make_mask_mod, reference_mask
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -44,6 +44,19 @@ class SelfAttention(nn.Module):
         o = attention(q, kk, vv, mask=mask, dropout_p=p)  # [B, H, S, Dh]
         return self.out(o.transpose(1, 2).reshape(b, s, d)), k, v
 
+    def forward_shared(self, x: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, hist_len: torch.Tensor,
+                       w: int) -> torch.Tensor:
+        """Beams over a shared history: x ``[B*W, t, D]`` (W rows per request) attend to their
+        request's first ``hist_len`` cached tokens ``[B, H, n, Dh]`` and causally to their own t
+        tokens, by cascade attention (the history is read once per request, never copied W times)."""
+        from genrec.kernels.cascade import cascade_attention
+
+        bw, t, d = x.shape
+        b = bw // w
+        q, k, v = self.qkv(x).view(b, w, t, 3, self.h, self.dh).permute(3, 0, 1, 4, 2, 5)  # 3 x [B, W, H, t, Dh]
+        o = cascade_attention(q, k_hist, v_hist, k, v, hist_len)  # [B, W, H, t, Dh]
+        return self.out(o.permute(0, 1, 3, 2, 4).reshape(bw, t, d))
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -60,6 +73,11 @@ class Block(nn.Module):
         x = x + self.drop(a)
         x = x + self.drop(self.mlp(self.n2(x)))
         return x, k, v
+
+    def forward_shared(self, x: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, hist_len: torch.Tensor,
+                       w: int) -> torch.Tensor:
+        x = x + self.drop(self.attn.forward_shared(self.n1(x), k_hist, v_hist, hist_len, w))
+        return x + self.drop(self.mlp(self.n2(x)))
 
 
 class Backbone(nn.Module):
@@ -108,6 +126,39 @@ class Backbone(nn.Module):
         if append:
             cache.append(ks, vs, meta)
         return h
+
+    def shared_prefix_plan(self, meta: TokenMeta, cache: KVCache, w: int) -> torch.Tensor | None:
+        """When W beam rows per request (``meta`` ``[B*W, t]``, the same for every beam of a
+        request) see, under the predicate, exactly a prefix of their request's cached tokens and
+        each other causally: the per-request prefix length ``[B]`` (cascade attention applies).
+        Otherwise None (the caller falls back to copying the cache per beam)."""
+        if cache.meta is None or meta.shape[0] != cache.batch_size * w:
+            return None
+        q = TokenMeta(meta.pos[::w], meta.kind[::w], meta.tok[::w])  # [B, t]: one beam per request
+        same = all(torch.equal(a.view(-1, w, a.shape[1]), a[::w, None].expand(-1, w, -1))
+                   for a in (meta.pos, meta.kind, meta.tok))
+        if not same:
+            return None
+        vis_h = reference_mask(q, cache.meta, cache.layout)  # [B, t, n]
+        vis_s = reference_mask(q, q, cache.layout)  # [B, t, t]
+        n, t = vis_h.shape[2], vis_s.shape[1]
+        hist_len = vis_h[:, 0].sum(-1)  # [B]
+        prefix = torch.arange(n, device=vis_h.device)[None, None, :] < hist_len[:, None, None]  # [B, 1, n]
+        causal = torch.ones(t, t, dtype=torch.bool, device=vis_s.device).tril()
+        if not bool(torch.equal(vis_h, prefix.expand_as(vis_h)) and torch.equal(vis_s, causal.expand_as(vis_s))):
+            return None
+        return hist_len
+
+    def decode_shared(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, w: int) -> torch.Tensor:
+        """``decode(x, meta, cache.expand(w), append=False)`` without the copy: x ``[B*W, t, D]``
+        holds W beam rows per cached row. Uses cascade attention when :meth:`shared_prefix_plan`
+        allows (inference only), else falls back to the expanded cache -- the same function."""
+        hist_len = None if self.training else self.shared_prefix_plan(meta, cache, w)
+        if hist_len is None:
+            return self.decode(x, meta, cache.expand(w), append=False)
+        for i, blk in enumerate(self.blocks):
+            x = cast(Block, blk).forward_shared(x, cache.k[i], cache.v[i], hist_len, w)
+        return self.norm(x)
 
     def _run(
         self, x: torch.Tensor, meta: TokenMeta, layout: str, cache: KVCache | None

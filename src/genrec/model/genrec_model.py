@@ -130,6 +130,9 @@ class GenRecModel(nn.Module):
         self.user_head = UserHead(cfg) if cfg.layout != "tiger" else None
         self.action_head = ActionHead(cfg) if cfg.layout != "tiger" else None
         self.target = TargetCondition(cfg) if cfg.target_condition else None
+        # beam steps attend to the shared history by cascade attention (False: copy the cache
+        # per beam, the plain reference path; both compute the same function)
+        self.shared_beam_decode = True
 
     # ------------------------------------------------------------------ shared token builders
     def item_vectors(self, item_feats: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -366,7 +369,10 @@ class GenRecModel(nn.Module):
             torch.arange(1, d + 1, device=dev)[None, :].expand(b * w, d).contiguous(),
             (cache.n_tokens + torch.arange(d, device=dev))[None, :].expand(b * w, d).contiguous(),
         )
-        h = self.backbone.decode(x, meta, cache.expand(w), append=False)  # [B*W, d, D]
+        if self.shared_beam_decode:  # cascade attention over the one history copy
+            h = self.backbone.decode_shared(x, meta, cache, w)  # [B*W, d, D]
+        else:
+            h = self.backbone.decode(x, meta, cache.expand(w), append=False)  # [B*W, d, D]
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)
 

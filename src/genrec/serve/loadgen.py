@@ -59,8 +59,14 @@ def check_loopback(url: str) -> None:
         raise ConfigError(f"--url: the load generator only targets loopback (127.0.0.1/localhost), got {host!r}")
 
 
-def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 0) -> list[list[int]]:
-    """``n`` histories (newest ``history_len`` items of random users) from the run's events."""
+def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 0,
+                     exact: bool = False) -> list[list[int]]:
+    """``n`` histories (newest ``history_len`` items of random users) from the run's events.
+
+    ``exact``: every history has exactly ``history_len`` items -- a user's sequence is extended
+    at the front with other random users' sequences (real item ids, real transitions inside each
+    piece) when it is shorter; for latency at a fixed history length on short-sequence data.
+    """
     from genrec.pipeline import open_store
 
     ev = open_store(workdir).read_events(columns=["user_id", "item_id", "timestamp"])
@@ -73,7 +79,18 @@ def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 
     ends = np.r_[starts[1:], len(u)]
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(starts), n)
-    return [it[max(starts[j], ends[j] - history_len):ends[j]].tolist() for j in pick]
+    if not exact:
+        return [it[max(starts[j], ends[j] - history_len):ends[j]].tolist() for j in pick]
+    out = []
+    for j in pick:
+        pieces: list[np.ndarray] = []
+        have = 0
+        while have < history_len:
+            pieces.insert(0, it[starts[j]:ends[j]])
+            have += int(ends[j] - starts[j])
+            j = int(rng.integers(0, len(starts)))
+        out.append(np.concatenate(pieces)[-history_len:].tolist())
+    return out
 
 
 async def run_load(url: str, histories: list[list[int]], *, duration: float = 60.0, concurrency: int = 8,
@@ -125,13 +142,13 @@ def _free_port() -> int:
 
 
 def start_server(workdir: str | Path, *, two_process: bool = False, threads: int = 2, micro_batch: int = 1,
-                 ready_timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+                 ready_timeout: float = 180.0, device: str = "cpu") -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200."""
     import httpx
 
     port = _free_port()
     cmd = [sys.executable, "-m", "genrec.cli", "serve", str(workdir), "--host", "127.0.0.1", "--port", str(port),
-           "--threads", str(threads), "--micro-batch", str(micro_batch)] + (["--two-process"] if two_process else [])
+           "--threads", str(threads), "--micro-batch", str(micro_batch), "--device", device] + (["--two-process"] if two_process else [])
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     t_end = time.time() + ready_timeout
@@ -150,12 +167,13 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
 
 def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float = 60.0, concurrency: int = 8,
                 max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
-                rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0) -> BenchResult:
+                rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
+                device: str = "cpu", exact_history: bool = False) -> BenchResult:
     """Start (or target) a local server, drive it, stop it; returns the result."""
-    hist = sample_histories(workdir, 512, history_len, seed)
+    hist = sample_histories(workdir, 512, history_len, seed, exact=exact_history)
     proc = None
     if url is None:
-        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch)
+        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device)
     try:
         return asyncio.run(run_load(url, hist, duration=duration, concurrency=concurrency, max_requests=max_requests,
                                     body={"k": k, "beam_width": beam_width, "rank": rank}))
