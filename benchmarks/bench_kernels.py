@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the block-size sweep and the 8x128 shape")
+    ap.add_argument("--only", default="correctness,train,cascade,ceilings", help="comma-separated sections to run")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes; with TRITON_INTERPRET=1 also runs on CPU (smoke test)")
     args = ap.parse_args(argv)
     global DEV
@@ -322,17 +323,22 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_kernels: triton is not importable; install it to benchmark the kernels.")
         return 1
     print(f"device: {RESULTS['device']}  torch {torch.__version__}  triton {RESULTS['versions']['triton']}", flush=True)
-    print("[1] correctness", flush=True)
-    _guard("correctness", check_correctness)
-    print("[2] training attention", flush=True)
-    shapes = TRAIN["heads"][:1] if args.quick else TRAIN["heads"]
-    for H, D in shapes:
-        _guard(f"train H={H} D={D}", lambda: bench_train(H, D, args.warmup, args.iters, sweep=not args.quick))
-    print("[3] cascade", flush=True)
-    for W in CASCADE["W"]:
-        _guard(f"cascade W={W}", lambda: bench_cascade(W, args.warmup, args.iters))
-    print("[4] ceilings", flush=True)
-    _guard("ceilings", lambda: bench_ceilings(args.warmup, args.iters))
+    only = set(args.only.split(","))
+    if "correctness" in only:
+        print("[1] correctness", flush=True)
+        _guard("correctness", check_correctness)
+    if "train" in only:
+        print("[2] training attention", flush=True)
+        shapes = TRAIN["heads"][:1] if args.quick else TRAIN["heads"]
+        for H, D in shapes:
+            _guard(f"train H={H} D={D}", lambda: bench_train(H, D, args.warmup, args.iters, sweep=not args.quick))
+    if "cascade" in only:
+        print("[3] cascade", flush=True)
+        for W in CASCADE["W"]:
+            _guard(f"cascade W={W}", lambda: bench_cascade(W, args.warmup, args.iters))
+    if "ceilings" in only:
+        print("[4] ceilings", flush=True)
+        _guard("ceilings", lambda: bench_ceilings(args.warmup, args.iters))
     RESULTS["wall_s"] = time.time() - t0
     out_dir = os.environ.get("OUT")
     if out_dir:
