@@ -13,3 +13,10 @@ python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger dat
 timeout ${ST:-150} python3 benchmarks/bench_serve.py $WD --device cuda --history-len 1000 --exact-history --beam-width 60 \
   --duration ${DUR:-30} --concurrency 4 --modes ${MODES:-one} > "$OUT/bench_serve_full.log" 2>&1
 grep -v "INFO\|Warn" "$OUT/bench_serve_full.log" | tail -${TAILN:-8}
+# stage-by-stage in-process latency (batch 1), float32 and bf16; then HTTP again in bf16
+timeout ${RT:-120} python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 2>&1 | grep -v Warn | tail -3 | tee "$OUT/bench_recommend.log"
+if [ -n "$SERVE_BF16" ]; then
+  GENREC_PRECISION=bf16 timeout ${ST:-150} python3 benchmarks/bench_serve.py $WD --device cuda --history-len 1000 --exact-history --beam-width 60 \
+    --duration ${DUR:-30} --concurrency 4 --modes one > "$OUT/bench_serve_bf16.log" 2>&1
+  grep -v "INFO\|Warn" "$OUT/bench_serve_bf16.log" | tail -3
+fi

@@ -226,8 +226,14 @@ def serve(
     pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
+    precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
 ) -> None:
     """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP)."""
+    import os
+
+    if precision not in ("float32", "bf16"):
+        raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
+    os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     from genrec.serve.app import ServeConfig
     from genrec.serve.app import serve as run_server
 

@@ -33,7 +33,9 @@ Public API (kept stable for ``genrec.serve``)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -148,6 +150,7 @@ class Recommender:
         self.sid_index = sid_index
         self.step = step
         self.checkpoint = checkpoint
+        self.precision = "float32"  # "bf16": autocast on CUDA (see from_checkpoint)
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
@@ -160,10 +163,13 @@ class Recommender:
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_checkpoint(cls, workdir: str | Path, checkpoint: str | Path | None = None,
-                        device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None) -> "Recommender":
+                        device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None,
+                        precision: str | None = None) -> "Recommender":
         """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; "BEST"/"LATEST";
         or a checkpoint folder), catalogue, current SIDs (trie on ``device``) and the ANN index
-        (built once per checkpoint and cached atomically under ``WORKDIR/ann/``)."""
+        (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
+        "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
+        else float32 -- the server's ``--precision`` sets that variable for all its processes."""
         from genrec.pipeline import load_catalog
         from genrec.train.checkpoint import BEST, LATEST, load_checkpoint, resolve_checkpoint
         from genrec.train.objective import JointObjective, ObjectiveConfig
@@ -220,6 +226,10 @@ class Recommender:
                   trie=trie, sid_index=sid_index, step=step, checkpoint=ckpt, run_config=cfg.get("run"),
                   device=device)
         rec.leaf_rows = leaf_rows
+        prec = precision or os.environ.get("GENREC_PRECISION") or "float32"
+        if prec not in ("float32", "bf16"):
+            raise ConfigError(f"precision must be 'float32' or 'bf16' (argument or GENREC_PRECISION), got {prec!r}")
+        rec.precision = prec
         if rec.model.user_head is not None:
             rec.ann = rec._load_or_build_ann(wd, ckpt, ann_config or AnnConfig())
         return rec
@@ -402,8 +412,19 @@ class Recommender:
                                surface, request_ts)
 
     # ------------------------------------------------------------------ core
+    def _amp(self) -> Any:
+        """bf16 autocast for the model on CUDA when ``precision == "bf16"`` (else a no-op)."""
+        on = self.precision == "bf16" and self.device.type == "cuda"
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=on) if on else contextlib.nullcontext()
+
+    def run_batch(self, mb: ModelBatch, **kw: Any) -> BatchResult:
+        """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring);
+        keyword arguments as :meth:`_run_batch`."""
+        with self._amp():
+            return self._run_batch(mb, **kw)
+
     @torch.no_grad()
-    def run_batch(self, mb: ModelBatch, *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
+    def _run_batch(self, mb: ModelBatch, *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
@@ -476,10 +497,11 @@ class Recommender:
             rows_t = torch.from_numpy(rows).to(self.device)
             vecs = self.item_vecs[rows_t].clone()  # [B, M, D]
             if ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
-                for i, d in enumerate(union):
-                    for j, (r, e) in enumerate(d.items()):
-                        if e[3] is not None:
-                            vecs[i, j] = torch.from_numpy(np.asarray(e[3])).to(vecs)
+                at = [(i, j, e[3]) for i, d in enumerate(union) for j, e in enumerate(d.values()) if e[3] is not None]
+                if at:  # one host-to-device copy for all of them
+                    ii = torch.tensor([a[0] for a in at], device=self.device)
+                    jj = torch.tensor([a[1] for a in at], device=self.device)
+                    vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
             logits = self.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
             p = torch.sigmoid(logits.float())
             score = (p * u).sum(-1).cpu().numpy()  # [B, M]
