@@ -10,9 +10,11 @@ fi
 WD=runs/beauty-serve; mkdir -p $WD; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $WD/$p; done
 python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger data.context_len=1000 train.total_steps=30 \
   train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false data.valid_cases=200 > "$OUT/serve_train.log" 2>&1 || tail -5 "$OUT/serve_train.log"
+if [ -z "$SKIP_HTTP32" ]; then
 timeout ${ST:-150} python3 benchmarks/bench_serve.py $WD --device cuda --history-len 1000 --exact-history --beam-width 60 \
   --duration ${DUR:-30} --concurrency 4 --modes ${MODES:-one} > "$OUT/bench_serve_full.log" 2>&1
 grep -v "INFO\|Warn" "$OUT/bench_serve_full.log" | tail -${TAILN:-8}
+fi
 # stage-by-stage in-process latency (batch 1), float32 and bf16; then HTTP again in bf16
 timeout ${RT:-120} python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 2>&1 | grep -v Warn | tail -3 | tee "$OUT/bench_recommend.log"
 if [ -n "$SERVE_BF16" ]; then
