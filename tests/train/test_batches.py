@@ -66,3 +66,34 @@ def test_batches_are_a_pure_function_of_seed_and_step():
         x, y = getattr(a, f), getattr(b, f)
         assert (x is None and y is None) or torch.equal(x, y)
     assert int(a.lengths.max()) <= 8  # newest context_len items kept
+
+
+def test_weighted_negatives_follow_their_weights():
+    """``neg_weights``: rows with weight 0 are never drawn; the draw frequencies match the weights
+    (chi-square-free check: a 10:1 weight ratio shows up as roughly 10:1 counts); bad weights
+    are refused with the field named."""
+    import pytest
+
+    from genrec.errors import DataError
+
+    rng = np.random.default_rng(1)
+    cat = _catalog(200)
+    exs = materialise([_user(u, rng, n_items=4) for u in range(40)], cat)
+    w = np.zeros(len(cat))
+    w[[5, 17]] = [10.0, 1.0]
+    stream = BatchStream(exs, batch_size=8, seed=0, context_len=16, n_actions=3, p_rank=1.0, max_cands=4,
+                         neg_cands=6, n_catalog=len(cat), neg_weights=w)
+    drawn: list[int] = []
+    for step in range(60):
+        b = stream.batch_at(step)
+        for i in range(b.batch_size):
+            n_valid = int(b.cand_valid[i].sum())
+            if n_valid:
+                drawn.extend(b.cand_rows[i, n_valid - 6:n_valid].tolist())
+    counts = np.bincount(drawn, minlength=len(cat))
+    assert set(np.flatnonzero(counts)) == {5, 17}
+    assert 6 < counts[5] / counts[17] < 16
+    for bad in (np.ones(3), -np.ones(len(cat)), np.zeros(len(cat))):
+        with pytest.raises(DataError, match="neg_weights"):
+            BatchStream(exs, batch_size=8, seed=0, context_len=16, n_actions=3, neg_cands=2, n_catalog=len(cat),
+                        neg_weights=bad)

@@ -126,13 +126,16 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
-            p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0) -> TrainBatch:
+            p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
+            neg_cdf: np.ndarray | None = None) -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
-    ``neg_cands`` > 0 appends that many uniformly drawn catalogue items to every chosen slate
-    as impression-only candidates (all labels 0). None of the bundled datasets logs
-    impressions, so without them the action heads would only learn *which* action an engaged
-    user takes, never *whether* they engage; the draw hashes ``(seed, epoch, user)``.
+    ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
+    impression-only candidates (all labels 0): uniformly drawn, or by ``neg_cdf`` (the
+    cumulative sampling distribution over catalogue rows, e.g. popularity^0.75 -- negatives
+    that look like what retrieval returns). None of the bundled datasets logs impressions,
+    so without them the action heads would only learn *which* action an engaged user takes,
+    never *whether* they engage; the draw hashes ``(seed, epoch, user)``.
     """
     hist: list[slice] = []
     picks: list[int] = []
@@ -171,7 +174,9 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
             r = ex.fv_rows[f][:k - neg_cands]
             if neg_cands and n_catalog:
                 g = np.random.default_rng([seed, epoch, ex.user_id & 0x7FFFFFFF, 7])
-                r = np.concatenate([r, g.integers(0, n_catalog, neg_cands)])
+                neg = g.integers(0, n_catalog, neg_cands) if neg_cdf is None else \
+                    np.minimum(np.searchsorted(neg_cdf, g.random(neg_cands), side="right"), n_catalog - 1)
+                r = np.concatenate([r, neg])
             crow[b, :len(r)] = r
             lab = ex.fv_labels[f][:k - neg_cands]
             clab[b, :len(lab)] = (lab[:, None] & bits[None, :]) > 0
@@ -193,7 +198,7 @@ class BatchStream:
 
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
-                 neg_cands: int = 0, n_catalog: int = 0) -> None:
+                 neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None) -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -208,6 +213,13 @@ class BatchStream:
         self.max_cands = max_cands
         self.rank, self.world = rank, world
         self.neg_cands, self.n_catalog = neg_cands, n_catalog
+        self.neg_cdf: np.ndarray | None = None
+        if neg_weights is not None:  # sampling weights per catalogue row -> normalised CDF
+            w = np.asarray(neg_weights, dtype=np.float64)
+            if w.shape != (n_catalog,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+                raise DataError(f"neg_weights: need {n_catalog} finite non-negative weights with a positive sum",
+                                field="neg_sampling")
+            self.neg_cdf = np.cumsum(w) / w.sum()
         self.steps_per_epoch = max(1, len(examples) // batch_size)
 
     def batch_at(self, step: int) -> TrainBatch:
@@ -218,7 +230,7 @@ class BatchStream:
         mine = glob[self.rank * per:(self.rank + 1) * per]
         return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
                        n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
-                       neg_cands=self.neg_cands, n_catalog=self.n_catalog)
+                       neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

@@ -50,6 +50,7 @@ class DataConfig:
     p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
+    neg_sampling: str = "uniform"  # uniform | popularity (training-split counts ^ 0.75: retrieval-like negatives)
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
     eval_beam: int = 20
@@ -249,12 +250,21 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                                  trie=trie, leaf_rows=leaf_rows)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
+    if cfg.data.neg_sampling not in ("uniform", "popularity"):
+        raise ConfigError(f"config key 'data.neg_sampling': must be 'uniform' or 'popularity', "
+                          f"got {cfg.data.neg_sampling!r}")
+    neg_weights = None
+    if cfg.data.neg_sampling == "popularity":
+        counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
+            else np.ones(len(catalog))
+        neg_weights = counts.astype(np.float64) ** 0.75
+
     def factory(spec: Any) -> Any:
         stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
                              context_len=cfg.data.context_len, n_actions=len(info.actions),
                              p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
-                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog))
+                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights)
         return stream.iter_from(spec.start_step)
 
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
