@@ -135,3 +135,25 @@ def test_state_dict_roundtrip_through_safetensors(tmp_path) -> None:
     wrong = CountMinSketch(width=51, depth=3)
     with pytest.raises(ValueError, match="width"):
         wrong.load_state_dict(sk.state_dict())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_device_sketch_equals_the_cpu_sketch(device: str) -> None:
+    """The sketch on a device (updates and queries with no host round trip) answers exactly
+    like the CPU sketch, including before any update (zeros) and after a state-dict trip."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator().manual_seed(5)
+    ref, dev = CountMinSketch(97, 4, seed=3), CountMinSketch(97, 4, seed=3).to(device)
+    probe = torch.randint(-10**12, 10**12, (300,), generator=g)
+    assert torch.equal(dev.log_q(probe.to(device), n_sampled=7).cpu(), ref.log_q(probe, n_sampled=7))
+    for _ in range(5):
+        ids = torch.randint(0, 500, (400,), generator=g)
+        ref.add(ids)
+        dev.add(ids.to(device))
+    assert dev.device.type == device and dev.total == ref.total
+    assert torch.equal(dev.estimate(probe.to(device)).cpu(), ref.estimate(probe))
+    assert torch.equal(dev.log_q(probe.to(device), n_sampled=7).cpu(), ref.log_q(probe, n_sampled=7))
+    back = CountMinSketch(97, 4, seed=0).to(device)
+    back.load_state_dict(dev.state_dict())
+    assert torch.equal(back.estimate(probe).cpu(), ref.estimate(probe))

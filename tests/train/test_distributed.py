@@ -65,11 +65,17 @@ def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "test_standin_model.py"), "--workdir", str(tmp_path / "ddp"), "--steps", str(steps),
-         "--out", str(tmp_path / "ddp_out")],
-        env=env, capture_output=True, text=True, timeout=120)
+    for attempt in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             str(HERE / "test_standin_model.py"), "--workdir", str(tmp_path / f"ddp{attempt}"), "--steps", str(steps),
+             "--out", str(tmp_path / "ddp_out")],
+            env=env, capture_output=True, text=True, timeout=120)
+        # gloo on a loaded 2-core box now and then aborts a rank from a C++ thread with no Python
+        # error ("terminate called without an active exception", ~1 run in 10 here): one retry
+        # for exactly that; any other failure, or a second abort, fails the test
+        if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     meta = json.loads((tmp_path / "ddp_out.json").read_text())
     rank1 = json.loads((tmp_path / "ddp_out.rank1.json").read_text())
@@ -101,7 +107,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
     init = m.TinyNextItem(dropout=0.0).state_dict()
     assert (init["emb.weight"] - single["emb.weight"]).abs().max() > 1e-3
     # the logged losses are count-weighted global means: equal to the 1-process losses step by step
-    logged = [json.loads(line) for line in (tmp_path / "ddp" / "train_log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (tmp_path / f"ddp{attempt}" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(1, steps + 1))
     for r, ref in zip(logged, result.history):
         assert r["loss"] == pytest.approx(ref["loss"], abs=1e-5)

@@ -12,8 +12,9 @@ Guarantee (Cormode & Muthukrishnan 2005): with ``width = ceil(e / ε)`` and
 ``chunks`` splits the 64-bit id into three limbs of < 2^22, so every product fits in int64
 and the whole hash is vectorised in torch.
 
-The table lives on the CPU (ids are moved there; ``log_q`` answers on the ids' device).
-Non-standard bits: counts are float64 so the sketch supports exponential decay
+The table lives on one device (``to(device)``; the CPU by default): ids are moved there and
+``log_q`` answers on the ids' device; on a GPU, updates and queries then need no host
+round trip (the total is a device scalar, never read back during training). Non-standard bits: counts are float64 so the sketch supports exponential decay
 (:meth:`CountMinSketch.decay`) for streaming/non-stationary frequency, and the total
 weight ``N`` decays with it, so ``est / N`` stays a frequency.
 """
@@ -72,7 +73,26 @@ class CountMinSketch:
         self.hash_a = torch.randint(1, _P, (depth, len(_LIMB_BITS)), generator=g, dtype=torch.int64)
         self.hash_b = torch.randint(0, _P, (depth,), generator=g, dtype=torch.int64)
         self.table = torch.zeros(depth, width, dtype=torch.float64)  # [depth, width]
-        self.total = 0.0
+        self._total = torch.zeros((), dtype=torch.float64)  # a scalar on the table's device
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    @property
+    def total(self) -> float:
+        """Total weight counted so far (reads the device scalar back)."""
+        return float(self._total)
+
+    @total.setter
+    def total(self, value: float) -> None:
+        self._total = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+
+    def to(self, device: torch.device | str) -> "CountMinSketch":
+        """Move the table, hashes and total to ``device`` (in place); returns self."""
+        self.hash_a, self.hash_b = self.hash_a.to(device), self.hash_b.to(device)
+        self.table, self._total = self.table.to(device), self._total.to(device)
+        return self
 
     @classmethod
     def from_error(cls, epsilon: float, delta: float, seed: int = 0) -> "CountMinSketch":
@@ -91,13 +111,12 @@ class CountMinSketch:
             acc = (acc + (self.hash_a[:, k, None] * limb[None, :]) % _P) % _P
         return acc % self.width
 
-    @staticmethod
-    def _check_ids(ids: torch.Tensor) -> torch.Tensor:
+    def _check_ids(self, ids: torch.Tensor) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
             ids = torch.as_tensor(ids)
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
-        return ids.reshape(-1).to(device="cpu", dtype=torch.int64)
+        return ids.reshape(-1).to(device=self.device, dtype=torch.int64)
 
     # ------------------------------------------------------------------ updates
     def add(self, ids: torch.Tensor, weights: torch.Tensor | None = None) -> None:
@@ -106,38 +125,38 @@ class CountMinSketch:
         if ids.numel() == 0:
             return
         if weights is None:
-            w = torch.ones(ids.numel(), dtype=torch.float64)
+            w = torch.ones(ids.numel(), dtype=torch.float64, device=self.device)
         else:
-            w = torch.as_tensor(weights).reshape(-1).to(device="cpu", dtype=torch.float64)
+            w = torch.as_tensor(weights).reshape(-1).to(device=self.device, dtype=torch.float64)
             if w.numel() != ids.numel():
                 raise ValueError(f"weights has {w.numel()} entries but ids has {ids.numel()}")
             if bool((w < 0).any()):
                 raise ValueError("weights must be non-negative (count-min needs a cash-register stream)")
         b = self.buckets(ids)  # [depth, N]
-        flat = b + (torch.arange(self.depth)[:, None] * self.width)  # [depth, N]
+        flat = b + (torch.arange(self.depth, device=self.device)[:, None] * self.width)  # [depth, N]
         self.table.view(-1).index_add_(0, flat.reshape(-1), w.repeat(self.depth))
-        self.total += float(w.sum())
+        self._total = self._total + w.sum()
 
     def decay(self, factor: float) -> None:
         """Multiply every count (and the total) by ``factor`` in (0, 1]: exponential forgetting."""
         if not 0.0 < factor <= 1.0:
             raise ValueError(f"decay factor must be in (0, 1], got {factor!r}")
         self.table.mul_(factor)
-        self.total *= factor
+        self._total = self._total * factor
 
     def merge(self, other: "CountMinSketch") -> None:
         """Add another sketch with identical shape and hashes (e.g. from another rank)."""
         if (other.width, other.depth, other.seed) != (self.width, self.depth, self.seed):
             raise ValueError("can only merge sketches with the same width, depth and seed")
-        self.table.add_(other.table)
-        self.total += other.total
+        self.table.add_(other.table.to(self.device))
+        self._total = self._total + other._total.to(self.device)
 
     # ------------------------------------------------------------------ queries
     def estimate(self, ids: torch.Tensor) -> torch.Tensor:
         """Estimated count of each id (never below the true count): float64 ``[N]``."""
         ids_flat = self._check_ids(ids)
         if ids_flat.numel() == 0:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device=self.device)
         b = self.buckets(ids_flat)  # [depth, N]
         return self.table.gather(1, b).min(dim=0).values  # [N]
 
@@ -153,21 +172,21 @@ class CountMinSketch:
         shape, device = ids_t.shape, ids_t.device
         if n_sampled < 1:
             raise ValueError(f"n_sampled must be >= 1, got {n_sampled}")
-        if self.total <= 0.0:
-            return torch.zeros(shape, dtype=torch.float32, device=device)
         est = self.estimate(ids_t).clamp_min(min_count)
-        q = (n_sampled * est / self.total).clamp_max(1.0)
-        return q.log().to(dtype=torch.float32, device=device).reshape(shape)
+        total = self._total
+        q = (n_sampled * est / total.clamp_min(1e-300)).clamp_max(1.0)
+        out = torch.where(total > 0, q.log(), torch.zeros_like(q))  # no sync: decided on the device
+        return out.to(dtype=torch.float32, device=device).reshape(shape)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only (safetensors-safe)."""
         return {
-            "table": self.table.clone(),
-            "total": torch.tensor([self.total], dtype=torch.float64),
+            "table": self.table.detach().cpu().clone(),
+            "total": self._total.detach().cpu().reshape(1).clone(),
             "dims": torch.tensor([self.width, self.depth, self.seed], dtype=torch.int64),
-            "hash_a": self.hash_a.clone(),
-            "hash_b": self.hash_b.clone(),
+            "hash_a": self.hash_a.cpu().clone(),
+            "hash_b": self.hash_b.cpu().clone(),
         }
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -180,10 +199,11 @@ class CountMinSketch:
                 f"state has width={width}, depth={depth}; this sketch has width={self.width}, depth={self.depth}"
             )
         self.seed = seed
-        self.hash_a = state["hash_a"].to(torch.int64).clone()
-        self.hash_b = state["hash_b"].to(torch.int64).clone()
-        self.table = state["table"].to(torch.float64).clone()
-        self.total = float(state["total"].reshape(-1)[0])
+        dev = self.device
+        self.hash_a = state["hash_a"].to(device=dev, dtype=torch.int64).clone()
+        self.hash_b = state["hash_b"].to(device=dev, dtype=torch.int64).clone()
+        self.table = state["table"].to(device=dev, dtype=torch.float64).clone()
+        self._total = state["total"].reshape(-1)[0].to(device=dev, dtype=torch.float64).clone()
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> "CountMinSketch":

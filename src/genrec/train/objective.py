@@ -88,7 +88,7 @@ class JointObjective(nn.Module):
         self.register_buffer("action_w", torch.tensor(w, dtype=torch.float32), persistent=False)
         self.sketch = CountMinSketch.from_error(1e-4, 1e-3, seed=sketch_seed)
         self.n_engagement = int(catalog.n_engagement)
-        # the sketch lives on the CPU; its counts travel in the state dict (exact resume)
+        # the sketch moves to the model's device on first use; its counts travel in the state dict (exact resume)
         self._register_state_dict_hook(_save_sketch)
         self._register_load_state_dict_pre_hook(_load_sketch, with_module=True)
 
@@ -179,21 +179,23 @@ class JointObjective(nn.Module):
             return F.cross_entropy(logits, pos_rows)
         pos_vecs = self.model.item_vectors(self.item_feats(pos_rows), self.item_ids[pos_rows])  # [P, D]
         P = pos_rows.numel()
-        ids_cpu = pos_rows.detach().cpu()
-        self.sketch.add(_gather_ids(pos_rows.detach()).cpu())  # every rank counts the global batch
+        if self.sketch.device != pos_rows.device:  # the sketch follows the model (no host round trip)
+            self.sketch.to(pos_rows.device)
+        ids = pos_rows.detach()
+        self.sketch.add(_gather_ids(ids))  # every rank counts the global batch
         # in-batch negatives: other rows' positives, at most n_inbatch of them (a P x P logit
         # matrix over every history position would dominate the step); an item shows up there
         # with probability ~ its frequency, hence the count-min logQ correction
         n_ib = min(cfg.n_inbatch, P)
         ib = torch.randperm(P, device=pos_rows.device)[:n_ib]
-        log_q_ib = self.sketch.log_q(ids_cpu[ib.cpu()], n_sampled=P).to(users.device, torch.float32)
+        log_q_ib = self.sketch.log_q(ids[ib], n_sampled=P).to(users.device, torch.float32)
         # uniform catalogue negatives: probability M/N each
         M = min(cfg.n_negatives, N)
         uni = torch.randint(0, N, (M,), device=pos_rows.device)
         neg_rows = torch.cat([pos_rows[ib], uni])
         neg_vecs = torch.cat([pos_vecs[ib], self.model.item_vectors(self.item_feats(uni), self.item_ids[uni])])
         log_q_neg = torch.cat([log_q_ib, torch.full((M,), math.log(M / N), device=users.device)])
-        log_q_pos = self.sketch.log_q(ids_cpu, n_sampled=P).to(users.device, torch.float32)
+        log_q_pos = self.sketch.log_q(ids, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
                                     log_q_pos, log_q_neg, cfg.temperature, in_batch_negatives=False)
 
@@ -217,11 +219,11 @@ def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
 
 
 def _save_sketch(module: JointObjective, state: dict, prefix: str, _meta: object) -> None:
-    state[prefix + "sketch.table"] = module.sketch.table.clone()
-    state[prefix + "sketch.total"] = torch.tensor(module.sketch.total, dtype=torch.float64)
+    state[prefix + "sketch.table"] = module.sketch.table.detach().cpu().clone()
+    state[prefix + "sketch.total"] = module.sketch._total.detach().cpu().clone()
 
 
 def _load_sketch(module: JointObjective, state: dict, prefix: str, *_args: object) -> None:
     if prefix + "sketch.table" in state:
-        module.sketch.table.copy_(state.pop(prefix + "sketch.table").cpu())
-        module.sketch.total = float(state.pop(prefix + "sketch.total"))
+        module.sketch.table.copy_(state.pop(prefix + "sketch.table"))
+        module.sketch._total = state.pop(prefix + "sketch.total").to(module.sketch.device, torch.float64).reshape(())
