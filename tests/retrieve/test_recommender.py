@@ -174,3 +174,43 @@ def test_ann_cache_reused_and_user_history(rec: Recommender) -> None:
     assert [e["ts"] for e in h] == sorted(e["ts"] for e in h)
     with pytest.raises(DataError, match="no events"):
         user_history(root, 10 ** 9)
+
+
+def _item_strategy():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    ids = st.one_of(st.integers(-3, 1700), st.integers(1, 30).map(str), st.floats(1, 30), st.just(None), st.booleans())
+    vocab = st.one_of(st.none(), st.sampled_from(["like", "view", "dislike", "click", "", "LIKE"]),
+                      st.integers(-1, 4), st.booleans(), st.floats(0, 2))
+    ts = st.one_of(st.none(), st.integers(0, 10 ** 9), st.floats(0, 1e3), st.just("12"))
+    as_dict = st.fixed_dictionaries({"item_id": ids}, optional={"action": vocab, "surface": vocab, "ts": ts})
+    return st.one_of(as_dict, st.integers(1, 1700), st.fixed_dictionaries({}, optional={"action": vocab}))
+
+
+def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
+    """Columnar fast path == item-by-item reference on generated histories (well-formed ones,
+    mostly-well-formed ones and junk): same arrays, or the same DataError (field and message)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    clean = st.lists(st.one_of(st.integers(1, 1682), st.fixed_dictionaries(
+        {"item_id": st.integers(1, 1682)}, optional={"action": st.sampled_from(rec.actions),
+                                                      "surface": st.integers(0, len(rec.surfaces) - 1),
+                                                      "ts": st.integers(0, 10 ** 9)})), min_size=1, max_size=40)
+
+    def outcome(fn, h):  # noqa: ANN001, ANN202
+        try:
+            r = fn(h)
+        except DataError as e:
+            return ("error", str(e), e.field)
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.one_of(clean, st.lists(_item_strategy(), min_size=1, max_size=12)))
+    def check(h):  # noqa: ANN001, ANN202
+        assert outcome(rec.parse_history, h) == outcome(rec.parse_history_reference, h)
+
+    check()
+    long = [{"item_id": i % 1682 + 1, "action": rec.actions[i % len(rec.actions)]} for i in range(1000)]
+    assert rec._history_columns(long) is not None  # the fast path is really taken for clean input
+    assert outcome(rec.parse_history, long) == outcome(rec.parse_history_reference, long)

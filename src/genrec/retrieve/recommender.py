@@ -273,11 +273,66 @@ class Recommender:
     def parse_history(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
         """One history -> catalogue rows / actions / surfaces / timestamps (newest ``context_len`` kept).
 
-        Unknown item ids are dropped and reported; an empty history (or one with no known item)
-        raises :class:`DataError`."""
+        Items are ``{"item_id", "action"?, "surface"?, "ts"?}`` mappings or bare item ids. Unknown
+        item ids are dropped and reported; an empty history (or one with no known item) raises
+        :class:`DataError`. Long, well-formed histories take a columnar fast path; anything it
+        does not handle exactly (other types, unknown vocabulary) goes through
+        :meth:`parse_history_reference`, which also writes the error naming the bad field.
+        """
         if history is None or len(history) == 0:
             raise DataError("empty history: give at least one item the user interacted with", field=where)
-        default_action = self.positive_actions[0] if self.positive_actions else self.actions[0]
+        cols = self._history_columns(history)
+        if cols is None:
+            return self.parse_history_reference(history, where)
+        return self._finish_history(*cols, where=where)
+
+    def _history_columns(self, history: Sequence[Any]) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
+        n = len(history)
+        if all(type(h) is int for h in history):
+            ids, acts_raw, surfs_raw, ts_raw = list(history), [None] * n, [None] * n, [None] * n
+        elif all(type(h) is dict for h in history):
+            try:
+                ids = [h["item_id"] for h in history]
+            except KeyError:
+                return None
+            acts_raw = [h.get("action") for h in history]
+            surfs_raw = [h.get("surface") for h in history]
+            ts_raw = [h.get("ts") for h in history]
+        else:
+            return None
+        if not all(type(x) is int for x in ids):
+            return None
+        lookups = []
+        for raw, vocab, default in ((acts_raw, self.actions, self._default_action()), (surfs_raw, self.surfaces, 0)):
+            table: dict[Any, int] = {}
+            for i, name in enumerate(vocab):
+                table.setdefault(name, i)  # first occurrence, as _vocab_index
+            d = self._vocab_index(default, vocab, "default", "default")
+            out = []
+            for v in raw:
+                if v is None:
+                    out.append(d)
+                elif type(v) is int and 0 <= v < len(vocab):
+                    out.append(v)
+                elif type(v) is str and v in table:
+                    out.append(table[v])
+                else:
+                    return None
+            lookups.append(out)
+        if not all(t is None or type(t) is int for t in ts_raw):
+            return None
+        ts = [0 if t is None else t for t in ts_raw]
+        return ids, lookups[0], lookups[1], ts
+
+    def _default_action(self) -> str:
+        return self.positive_actions[0] if self.positive_actions else self.actions[0]
+
+    def parse_history_reference(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
+        """The item-by-item parse (the obviously-correct twin of the fast path; error messages)."""
+        if history is None or len(history) == 0:
+            raise DataError("empty history: give at least one item the user interacted with", field=where)
+        default_action = self._default_action()
         ids, acts, surfs, ts = [], [], [], []
         for i, h in enumerate(history):
             w = f"{where}[{i}]"
@@ -294,6 +349,10 @@ class Recommender:
             acts.append(self._vocab_index(default_action if a is None else a, self.actions, "action", f"{w}.action"))
             surfs.append(self._vocab_index(0 if s is None else s, self.surfaces, "surface", f"{w}.surface"))
             ts.append(0 if t is None else int(t))
+        return self._finish_history(ids, acts, surfs, ts, where=where)
+
+    def _finish_history(self, ids: list[int], acts: list[int], surfs: list[int], ts: list[int], *,
+                        where: str) -> dict[str, Any]:
         ids_a = np.asarray(ids, dtype=np.int64)
         rows = self.catalog.rows(ids_a, strict=False)
         known = rows >= 0
@@ -304,7 +363,8 @@ class Recommender:
         sel = np.flatnonzero(known)
         truncated = max(0, len(sel) - self.context_len)
         sel = sel[truncated:]
-        return {"rows": rows[sel], "actions": np.asarray(acts)[sel], "surfaces": np.asarray(surfs)[sel],
+        return {"rows": rows[sel], "actions": np.asarray(acts, dtype=np.int64)[sel],
+                "surfaces": np.asarray(surfs, dtype=np.int64)[sel],
                 "ts": np.asarray(ts, dtype=np.int64)[sel], "dropped": dropped, "truncated": truncated}
 
     def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
