@@ -205,8 +205,15 @@ def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
             return ("error", str(e), e.field)
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(st.one_of(clean, st.lists(_item_strategy(), min_size=1, max_size=12)))
+    vocab = st.one_of(st.none(), st.sampled_from([*rec.actions, *rec.surfaces, "click", ""]),
+                      st.integers(-1, max(len(rec.actions), len(rec.surfaces)) + 1), st.booleans())
+    near = st.lists(st.fixed_dictionaries({"item_id": st.integers(-2, 1700)},
+                                          optional={"action": vocab, "surface": vocab,
+                                                    "ts": st.one_of(st.none(), st.integers(0, 99), st.floats(0, 9))}),
+                    min_size=1, max_size=6)
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.one_of(clean, near, st.lists(_item_strategy(), min_size=1, max_size=12)))
     def check(h):  # noqa: ANN001, ANN202
         assert outcome(rec.parse_history, h) == outcome(rec.parse_history_reference, h)
 
