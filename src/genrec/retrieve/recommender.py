@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -487,13 +488,19 @@ class Recommender:
     def _run_batch(self, mb: ModelBatch, *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
-                  request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
-                  ) -> BatchResult:
-        """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring)."""
+                  request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
+                  retrieval_weight: float = 0.0) -> BatchResult:
+        """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring).
+
+        ``retrieval_weight`` w >= 0 adds ``w * cos(user vector, candidate vector)`` to the L1
+        utility (score fusion of the ranking heads with the dense retrieval score; 0 = the
+        action heads alone, UniPinRec's L1)."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if overretrieve < 1:
             raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
+        if not (retrieval_weight >= 0 and math.isfinite(retrieval_weight)):
+            raise ConfigError(f"retrieval_weight must be a finite number >= 0, got {retrieval_weight}")
         srcs, do_rank = self.check_sources(sources, rank)
         u = self.utility_vector(utility)
         t: dict[str, float] = {}
@@ -564,7 +571,10 @@ class Recommender:
                     vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
             logits = self.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
             p = torch.sigmoid(logits.float())
-            score = (p * u).sum(-1).cpu().numpy()  # [B, M]
+            fused = (p * u).sum(-1)  # [B, M]
+            if retrieval_weight > 0 and user is not None:
+                fused = fused + retrieval_weight * (user.float()[:, None, :] * vecs.float()).sum(-1)
+            score = fused.cpu().numpy()  # [B, M]
             probs = p.cpu().numpy()
             t["rank"] = _ms(t0)
         else:
@@ -605,7 +615,7 @@ class Recommender:
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
-                  surface: str | int | None = None, request_ts: int | None = None
+                  surface: str | int | None = None, request_ts: int | None = None, retrieval_weight: float = 0.0
                   ) -> RecommendationList | list[RecommendationList]:
         """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
 
@@ -631,7 +641,7 @@ class Recommender:
         excl = [p["rows"] for p in parsed] if exclude_history else None
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                              rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
-                             request_surface=surf, request_ts=rts)
+                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight)
         outs = []
         for i, p in enumerate(parsed):
             recs = []
