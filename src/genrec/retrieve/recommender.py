@@ -146,6 +146,8 @@ class Recommender:
         self.config: ModelConfig = self.model.config
         self.catalog = catalog
         self.actions, self.positive_actions, self.surfaces = list(actions), list(positive_actions), list(surfaces)
+        # name -> index (first occurrence, as _vocab_index), built once for the fast history parse
+        self._vocab_tables = [{n: i for i, n in reversed(list(enumerate(v)))} for v in (self.actions, self.surfaces)]
         self.ann = ann
         self.trie = trie
         self.sid_index = sid_index
@@ -305,10 +307,8 @@ class Recommender:
         if not all(type(x) is int for x in ids):
             return None
         lookups = []
-        for raw, vocab, default in ((acts_raw, self.actions, self._default_action()), (surfs_raw, self.surfaces, 0)):
-            table: dict[Any, int] = {}
-            for i, name in enumerate(vocab):
-                table.setdefault(name, i)  # first occurrence, as _vocab_index
+        for raw, vocab, table, default in ((acts_raw, self.actions, self._vocab_tables[0], self._default_action()),
+                                           (surfs_raw, self.surfaces, self._vocab_tables[1], 0)):
             d = self._vocab_index(default, vocab, "default", "default")
             out = []
             for v in raw:
@@ -476,7 +476,7 @@ class Recommender:
     def _amp(self) -> Any:
         """bf16 autocast for the model on CUDA when ``precision == "bf16"`` (else a no-op)."""
         on = self.precision == "bf16" and self.device.type == "cuda"
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=on) if on else contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
     def run_batch(self, mb: ModelBatch, **kw: Any) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring);

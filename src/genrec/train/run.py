@@ -218,9 +218,11 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
     examples = materialise(reader, catalog)
-    # ID vectors only for items the training split shows (others would stay at their random init)
-    seen_ids = catalog.item_ids[np.unique(np.concatenate([e.rows for e in examples]))] if examples \
-        else np.zeros(0, dtype=np.int64)
+    # how often the training split shows each catalogue row: ID vectors only for rows it shows
+    # (others would stay at their random init); popularity-sampled negatives weigh by it
+    row_counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
+        else np.zeros(len(catalog), dtype=np.int64)
+    seen_ids = catalog.item_ids[row_counts > 0]
     mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes, len(seen_ids))
     torch.manual_seed(cfg.train.seed)
     model = GenRecModel(mcfg)
@@ -255,9 +257,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                           f"got {cfg.data.neg_sampling!r}")
     neg_weights = None
     if cfg.data.neg_sampling == "popularity":
-        counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
-            else np.ones(len(catalog))
-        neg_weights = counts.astype(np.float64) ** 0.75
+        neg_weights = row_counts.astype(np.float64) ** 0.75 if examples else np.ones(len(catalog))
 
     def factory(spec: Any) -> Any:
         stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
