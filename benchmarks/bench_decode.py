@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-RESULTS: dict[str, Any] = {"beam": [], "trie": [], "rank": [], "checks": {}}
+RESULTS: dict[str, Any] = {"beam": [], "sid": [], "trie": [], "rank": [], "checks": {}}
 
 
 def _sync(dev: torch.device) -> None:
@@ -43,15 +43,15 @@ def _time(fn: Callable[[], Any], dev: torch.device, warmup: int, iters: int) -> 
     return float(np.median(ts))
 
 
-def _model(dev: torch.device, tiny: bool, levels: int, K: int):  # type: ignore[no-untyped-def]
+def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 1100):  # type: ignore[no-untyped-def]
     from genrec.model import GenRecModel, ModelConfig
 
     torch.manual_seed(0)
     if tiny:
-        cfg = ModelConfig.from_name("tiny", sid_levels=levels, sid_codebook_sizes=[K] * levels, max_items=1100)
+        cfg = ModelConfig.from_name("tiny", sid_levels=levels, sid_codebook_sizes=[K] * levels, max_items=max_items)
     else:
         cfg = ModelConfig.from_name("pinger-paper", sid_levels=levels, sid_codebook_sizes=[K] * levels,
-                                    item_feat_dim=64, n_actions=4, n_surfaces=2, dropout=0.0)
+                                    item_feat_dim=64, n_actions=4, n_surfaces=2, dropout=0.0, max_items=max_items)
     return GenRecModel(cfg).to(dev).eval()
 
 
@@ -119,6 +119,63 @@ def bench_beams(dev: torch.device, B: int, n: int, widths: list[int], levels: in
               f"x{row['speedup']:.2f}  same beams {same:.3f}  KV copied/step {row['kv_copy_MiB_per_step']:.0f} MiB", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, levels: int, K: int, n_items: int,
+                     tiny: bool, warmup: int, iters: int) -> None:
+    """The whole SID decode (every level, trie constraints and the diversity penalty on) over a
+    cached history: eager with the per-pick torch selection loop, eager with the selection kernel,
+    and the CUDA-graph replay (GraphedBeamSearch) -- checked equal to the eager search first."""
+    from genrec.decode.beam import beam_search
+    from genrec.decode.graphs import GraphedBeamSearch
+    from genrec.decode.trie_torch import TorchTrie
+
+    model = _model(dev, tiny, levels, K, max_items=max(1100, n + 1))
+    cfg = model.config
+    st = _random_trie(n_items, levels, K)
+    trie = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    with _autocast(dev):
+        cache, _, _ = model.encode_history(_batch(cfg, B, n, dev))
+        ctx = model.beam_context(cache)
+    assert ctx is not None, "the shared-prefix plan must hold for the PinGER layout"
+
+    def eager() -> Any:
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            return F.log_softmax(model.sid_logits_ctx(ctx, prefix).float(), dim=-1)
+
+        with _autocast(dev):
+            return beam_search(step, B, levels, [K] * levels, W, diversity_lambda=lam, trie=trie, device=dev)
+
+    def eager_torch_select() -> Any:
+        os.environ["GENREC_BEAM_SELECT"] = "torch"
+        try:
+            return eager()
+        finally:
+            del os.environ["GENREC_BEAM_SELECT"]
+
+    row: dict[str, Any] = {"B": B, "hist": n, "W": W, "lambda": lam, "levels": levels, "K": K, "items": n_items}
+    ref = eager()
+    if dev.type == "cuda":
+        graphed = GraphedBeamSearch(model, trie)
+
+        def run_graph() -> Any:
+            with _autocast(dev):
+                return graphed(ctx, W, diversity_lambda=lam)
+
+        got = run_graph()
+        row["graph_same_beams"] = float((got.codes == ref.codes).all(-1).float().mean())
+        row["graph_valid_share"] = float(got.valid.float().mean())
+        row["graph_ms"] = _time(run_graph, dev, warmup, iters)
+    row["eager_kernel_select_ms"] = _time(eager, dev, warmup, iters)
+    row["eager_torch_select_ms"] = _time(eager_torch_select, dev, max(1, warmup // 2), max(2, iters // 3))
+    RESULTS["sid"].append(row)
+    RESULTS["checks"][f"graphed SID decode W={W} same beams as eager"] = row.get("graph_same_beams")
+    print(f"  SID decode B={B} hist={n} W={W} lambda={lam}: graph {row.get('graph_ms', float('nan')):.2f} ms  "
+          f"eager+kernel select {row['eager_kernel_select_ms']:.2f} ms  eager+torch select "
+          f"{row['eager_torch_select_ms']:.2f} ms  same beams {row.get('graph_same_beams')}", flush=True)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list[int], warmup: int, iters: int) -> None:
@@ -192,10 +249,33 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
            "decode_ms": _time(run_decode, dev, warmup, iters), "prefill_ms": _time(run_prefill, dev, warmup, iters),
            "encode_plus_decode_ms": _time(run_encode_decode, dev, warmup, iters)}
     row["speedup_decode_vs_prefill"] = row["prefill_ms"] / row["decode_ms"]
+    from genrec.model.encoders import trusted_inputs
+
+    # the levers one at a time: float32 decode (no bf16), and the bf16 decode replayed as a CUDA graph
+    row["decode_fp32_ms"] = _time(lambda: model.rank(cache, cv, cs, surf), dev, warmup, iters)
+    if dev.type == "cuda":
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            ac = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+            with torch.cuda.stream(side), ac, trusted_inputs():
+                model.rank(cache, cv, cs, surf)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), \
+                    trusted_inputs():  # no value-range syncs inside a capture
+                static_out = model.rank(cache, cv, cs, surf)
+            graph.replay()
+            row["graph_max_abs_diff"] = float((static_out.float() - dec).abs().max())
+            row["decode_graph_ms"] = _time(graph.replay, dev, warmup, iters)
+            row["speedup_graph_vs_prefill"] = row["prefill_ms"] / row["decode_graph_ms"]
+        except Exception as e:  # noqa: BLE001 - report, do not hide: a sync inside rank() breaks capture
+            row["decode_graph_error"] = f"{type(e).__name__}: {e}"[:300]
     RESULTS["rank"].append(row)
     print(f"  rank B={B} n={n} k={k}: decode {row['decode_ms']:.2f} ms  full prefill {row['prefill_ms']:.2f} ms  "
           f"(x{row['speedup_decode_vs_prefill']:.2f}); encode+decode {row['encode_plus_decode_ms']:.2f} ms; "
-          f"max|diff| {err:.1e}", flush=True)
+          f"max|diff| {err:.1e}; fp32 decode {row['decode_fp32_ms']:.2f} ms; graph "
+          f"{row.get('decode_graph_ms', row.get('decode_graph_error'))}", flush=True)
 
 
 def main() -> None:
@@ -203,7 +283,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--only", default="beam,trie,rank")
+    ap.add_argument("--only", default="beam,sid,trie,rank")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     RESULTS["device"] = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
@@ -216,6 +296,13 @@ def main() -> None:
             bench_beams(dev, 2, 40, [4, 16], 3, 8, True, 1, 2)
         else:
             bench_beams(dev, 8, 1000, [10, 60, 100, 400], 4, 256, False, a.warmup, a.iters)
+    if "sid" in only:
+        print("[whole SID decode, constraints + diversity on: CUDA graph vs eager]", flush=True)
+        if a.tiny:
+            bench_sid_decode(dev, 2, 40, 12, 0.5, 3, 8, 2000, True, 1, 2)
+        else:
+            bench_sid_decode(dev, 16, 2048, 200, 0.5, 4, 256, 1_000_000, False, a.warmup, a.iters)
+            bench_sid_decode(dev, 1, 1000, 60, 0.0, 4, 256, 1_000_000, False, a.warmup, a.iters)
     if "trie" in only:
         print("[constrained step: trie on the device vs the CPU]", flush=True)
         if a.tiny:

@@ -327,6 +327,9 @@ def test_bad_arguments_raise() -> None:
         beam_search(lambda p: torch.zeros(p.shape[0], p.shape[1] + 1, 3), 1, 2, ks, 4)
     with pytest.raises(ConfigError, match="NaN"):
         beam_search(lambda p: torch.full((p.shape[0], p.shape[1], 3), math.nan), 1, 2, ks, 4)
+    # flagged per level, checked once at the end: the message names the level that went NaN
+    with pytest.raises(ConfigError, match="level 2: step_fn returned NaN"):
+        beam_search(lambda p: torch.full((p.shape[0], p.shape[1], 3), math.nan if p.shape[2] == 1 else -1.0), 1, 2, ks, 4)
     trie = make_trie(np.array([[0, 1]]), [3, 4])
     with pytest.raises(ConfigError, match="trie codebook_sizes"):
         beam_search(step, 1, 2, ks, 4, trie=trie)

@@ -48,6 +48,7 @@ class _Level:
     has_child: torch.Tensor | None  # [n_d, K_d] bool, or None for CSR-only levels
     n_nodes: int  # n_d
     k: int  # K_d: codebook size of level d+1
+    max_fanout: int  # most children of any node at depth d (host int: fixes the CSR expansion's size)
 
 
 class TorchTrie:
@@ -112,6 +113,7 @@ class TorchTrie:
                     has_child=has_child_t,
                     n_nodes=n_d,
                     k=k,
+                    max_fanout=int(counts.max()) if counts.size else 0,
                 )
             )
             n_d = n_next
@@ -149,19 +151,20 @@ class TorchTrie:
         safe = node_ids.clamp(min=0)  # [N]
         if lv.has_child is not None and not force_csr:
             return lv.has_child[safe] & alive[:, None]  # [N, K]
-        # CSR: expand every queried node's child segment, scatter its codes.
+        # CSR: every queried node's child segment, expanded to the level's largest fan-out F
+        # (known at build time, so no device->host sync: the step stays CUDA-graph capturable).
+        # N*F <= N*K, the size of the mask itself. Slots past a node's own count write a dummy column K.
+        f = lv.max_fanout
+        if f == 0:
+            return torch.zeros(n, lv.k, dtype=torch.bool, device=self.device)
         starts = lv.offsets[safe]  # [N]
         counts = torch.where(alive, lv.offsets[safe + 1] - starts, torch.zeros_like(starts))  # [N]
-        mask = torch.zeros(n, lv.k, dtype=torch.bool, device=self.device)  # [N, K]
-        total = int(counts.sum().item())
-        if total == 0:
-            return mask
-        rows = torch.repeat_interleave(torch.arange(n, device=self.device), counts, output_size=total)  # [T]
-        seg_begin = torch.cumsum(counts, 0) - counts  # [N] position of each segment in [T]
-        within = torch.arange(total, device=self.device) - seg_begin[rows]  # [T]
-        edge = starts[rows] + within  # [T] edge index into codes/children
-        mask[rows, lv.codes[edge]] = True
-        return mask
+        slot = torch.arange(f, device=self.device)  # [F]
+        edge = (starts[:, None] + slot).clamp(max=lv.codes.numel() - 1)  # [N, F]
+        code = torch.where(slot < counts[:, None], lv.codes[edge], lv.k)  # [N, F], K = dummy
+        mask = torch.zeros(n, lv.k + 1, dtype=torch.bool, device=self.device)  # [N, K + 1]
+        mask.scatter_(1, code, True)
+        return mask[:, : lv.k]
 
     def advance(self, depth: int, node_ids: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Child of each node along each code: int64 [N] node ids at depth+1, -1 where the

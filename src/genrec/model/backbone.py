@@ -156,8 +156,16 @@ class Backbone(nn.Module):
         hist_len = None if self.training else self.shared_prefix_plan(meta, cache, w)
         if hist_len is None:
             return self.decode(x, meta, cache.expand(w), append=False)
+        return self.decode_planned(x, cache.k, cache.v, hist_len, w)
+
+    def decode_planned(self, x: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], hist_len: torch.Tensor,
+                       w: int) -> torch.Tensor:
+        """The cascade half of :meth:`decode_shared` for a plan already checked: x ``[B*W, t, D]``
+        attend to the first ``hist_len`` ``[B]`` cached tokens of their request (per-layer K/V
+        ``[B, H, n, Dh]``, n may exceed hist_len: padding is never read) and causally to
+        themselves. No device->host sync, so it can be CUDA-graph captured."""
         for i, blk in enumerate(self.blocks):
-            x = cast(Block, blk).forward_shared(x, cache.k[i], cache.v[i], hist_len, w)
+            x = cast(Block, blk).forward_shared(x, ks[i], vs[i], hist_len, w)
         return self.norm(x)
 
     def _run(

@@ -9,6 +9,10 @@ embedding table per level + a level embedding; positions count items, not tokens
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -130,15 +134,17 @@ class SidEmbedding(nn.Module):
         self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
         self.level = nn.Embedding(len(self.sizes), cfg.d_model)
 
-    def forward(self, codes: torch.Tensor, first_level: int = 1) -> torch.Tensor:
-        """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``."""
+    def forward(self, codes: torch.Tensor, first_level: int = 1, check: bool = True) -> torch.Tensor:
+        """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``.
+        ``check=False`` skips the range check (a device->host sync) for codes valid by construction."""
         d = codes.shape[-1]
         if first_level < 1 or first_level + d - 1 > len(self.sizes):
             raise ValueError(f"sid_codes: levels {first_level}..{first_level + d - 1} outside 1..{len(self.sizes)}")
         outs = []
         for j in range(d):
             lvl = first_level - 1 + j
-            _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
+            if check:
+                _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
             outs.append(self.tables[lvl](codes[..., j]) + self.level.weight[lvl])
         return torch.stack(outs, -2)
 
@@ -168,14 +174,34 @@ class ItemPositionEmbedding(nn.Module):
         self.max_items = cfg.max_items
         self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)
 
-    def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        if pos.numel() and int(pos.max()) > self.max_items:
+    def forward(self, pos: torch.Tensor, check: bool = True) -> torch.Tensor:
+        if check and checks_on() and pos.numel() and int(pos.max()) > self.max_items:
             raise ValueError(f"history too long: item position {int(pos.max())} > max_items={self.max_items}")
         return self.emb(pos.clamp(min=0))
+
+
+_TRUSTED: ContextVar[bool] = ContextVar("genrec_trusted_inputs", default=False)
+
+
+@contextmanager
+def trusted_inputs() -> Iterator[None]:
+    """Inside this block the value-range checks of model inputs are skipped: each costs a
+    device->host sync (and a sync cannot be CUDA-graph captured). For inputs already validated
+    or valid by construction (beam codes, catalogue candidates); shapes and dtypes are still checked."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def checks_on() -> bool:
+    """False inside :func:`trusted_inputs`."""
+    return not _TRUSTED.get()
 
 
 def _check_range(x: torch.Tensor, n: int, name: str) -> None:
     if x.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name}: expected an integer tensor, got {x.dtype}")
-    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= n):
+    if checks_on() and x.numel() and (int(x.min()) < 0 or int(x.max()) >= n):
         raise ValueError(f"{name}: values must lie in [0, {n}), got min {int(x.min())}, max {int(x.max())}")

@@ -108,6 +108,31 @@ class ModelOutput:
     cand_vecs: torch.Tensor | None = None
 
 
+@dataclass
+class BeamContext:
+    """What a SID beam step reads from one history encoding, checked once per request: per-layer
+    cached K/V ``[B, H, n, Dh]``, the prefix ``hist_len`` ``[B]`` of cached tokens every beam token
+    sees (the shared-prefix plan), item counts ``lengths`` ``[B]``, the last history hidden
+    ``[B, D]`` and the request target (``[B]`` or None). Steps over it never synchronise with the
+    host (:meth:`GenRecModel.sid_logits_ctx`), which is what lets a CUDA graph capture them."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    hist_len: torch.Tensor
+    lengths: torch.Tensor
+    last_hidden: torch.Tensor
+    surface: torch.Tensor | None = None
+    action: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.k[0].shape[2]) if self.k else 0
+
+
 def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x ``[B, S, D]``, idx ``[B]`` -> ``[B, D]``."""
     return x[torch.arange(x.shape[0], device=x.device), idx]
@@ -250,14 +275,15 @@ class GenRecModel(nn.Module):
         x = x * (lay.meta.kind[:, : x.shape[1], None] != PAD)
         return x, lay, vecs, surf
 
-    def _cond(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None) -> torch.Tensor:
+    def _cond(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None,
+              check: bool = True) -> torch.Tensor:
         if self.target is None:
             return h
         cfg = self.config
         lead = h.shape[:-1]
         s = torch.full(lead, cfg.n_surfaces, dtype=torch.int64, device=h.device) if surface is None else surface.expand(lead)
         a = torch.full(lead, cfg.n_actions, dtype=torch.int64, device=h.device) if action is None else action.expand(lead)
-        return self.target(h, s, a)
+        return self.target(h, s, a, check=check)
 
     def _context_slot(self) -> int:
         """Kind of the token whose hidden state predicts the NEXT item (level 1 / user vector)."""
@@ -355,6 +381,10 @@ class GenRecModel(nn.Module):
         b, w, d = prefix_codes.shape
         if d >= cfg.sid_levels:
             raise ValueError(f"prefix_codes: depth {d} must be < sid_levels={cfg.sid_levels}")
+        if self.shared_beam_decode and d > 0 and not self.training:
+            ctx = self.beam_context(cache, target_surface, target_action)
+            if ctx is not None:  # cascade attention over the one history copy, plan checked once
+                return self.sid_logits_ctx(ctx, prefix_codes)
         ts = None if target_surface is None else target_surface[:, None]
         ta = None if target_action is None else target_action[:, None]
         if d == 0:
@@ -363,17 +393,68 @@ class GenRecModel(nn.Module):
         pos = cache.lengths.repeat_interleave(w)  # [B*W]
         x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1)  # type: ignore[misc]  # [B*W, d, D]
         x = x + self.position(pos)[:, None, :]
-        dev = x.device
-        meta = TokenMeta(
-            pos[:, None].expand(b * w, d).contiguous(),
-            torch.arange(1, d + 1, device=dev)[None, :].expand(b * w, d).contiguous(),
-            (cache.n_tokens + torch.arange(d, device=dev))[None, :].expand(b * w, d).contiguous(),
-        )
-        if self.shared_beam_decode:  # cascade attention over the one history copy
-            h = self.backbone.decode_shared(x, meta, cache, w)  # [B*W, d, D]
-        else:
-            h = self.backbone.decode(x, meta, cache.expand(w), append=False)  # [B*W, d, D]
+        h = self.backbone.decode(x, self._beam_meta(cache, w, d), cache.expand(w), append=False)  # [B*W, d, D]: the cache copied per beam
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
+        return self.sid_heads(h_last, d + 1)
+
+    def _beam_meta(self, cache: KVCache, w: int, d: int) -> TokenMeta:
+        """Metadata of the d SID tokens of W beams per cached row: ``[B*W, d]``."""
+        assert cache.lengths is not None
+        pos = cache.lengths.repeat_interleave(w)  # [B*W]
+        dev = pos.device
+        return TokenMeta(
+            pos[:, None].expand(pos.shape[0], d).contiguous(),
+            torch.arange(1, d + 1, device=dev)[None, :].expand(pos.shape[0], d).contiguous(),
+            (cache.n_tokens + torch.arange(d, device=dev))[None, :].expand(pos.shape[0], d).contiguous(),
+        )
+
+    def beam_context(
+        self, cache: KVCache, target_surface: torch.Tensor | None = None, target_action: torch.Tensor | None = None,
+    ) -> BeamContext | None:
+        """Check once per encoding that SID beam tokens of every depth 1..L-1 see exactly a prefix
+        of their request's cache and each other causally (:meth:`Backbone.shared_prefix_plan`; the
+        result is memoised on the cache) and validate the target; None where the plan does not hold
+        (then beams must copy the cache, see :meth:`sid_logits_next`)."""
+        if self.sid_heads is None or cache.meta is None or cache.lengths is None or cache.last_hidden is None:
+            return None
+        if "hist_len" not in cache.plans:
+            cache.plans["hist_len"] = self._shared_plan(cache)
+        hist_len = cache.plans["hist_len"]
+        if hist_len is None:
+            return None
+        if self.target is not None:  # validate once here; the steps skip it
+            self._cond(cache.last_hidden[:, None], None if target_surface is None else target_surface[:, None],
+                       None if target_action is None else target_action[:, None])
+        assert hist_len is not None
+        return BeamContext(cache.k, cache.v, hist_len, cache.lengths, cache.last_hidden, target_surface, target_action)
+
+    def _shared_plan(self, cache: KVCache) -> torch.Tensor | None:
+        """One ``hist_len`` ``[B]`` valid for beam tokens of every depth 1..L-1, or None."""
+        hist = [self.backbone.shared_prefix_plan(self._beam_meta(cache, 1, d), cache, 1)  # 1 beam stands for all W
+                for d in range(1, self.config.sid_levels)]
+        if not hist:  # one SID level: no beam token ever attends
+            return torch.zeros(cache.batch_size, dtype=torch.int64, device=cache.meta.pos.device)  # type: ignore[union-attr]
+        first = hist[0]
+        if first is None or any(h is None or not torch.equal(h, first) for h in hist[1:]):
+            return None
+        return first
+
+    def sid_logits_ctx(self, ctx: BeamContext, prefix_codes: torch.Tensor) -> torch.Tensor:
+        """Beam step over a :class:`BeamContext`: prefix_codes ``[B, W, d]`` -> logits ``[B, W, K_{d+1}]``,
+        by cascade attention over the shared history; the same function as :meth:`sid_logits_next`
+        with no device->host sync (inputs are trusted: beam codes are valid by construction)."""
+        assert self.sid_heads is not None
+        b, w, d = prefix_codes.shape
+        ts = None if ctx.surface is None else ctx.surface[:, None]
+        ta = None if ctx.action is None else ctx.action[:, None]
+        if d == 0:
+            h1 = self._cond(ctx.last_hidden, ctx.surface, ctx.action, check=False)
+            return self.sid_heads(h1, 1)[:, None, :].expand(b, w, -1)
+        pos = ctx.lengths.repeat_interleave(w)  # [B*W]
+        x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1, check=False)  # type: ignore[misc]  # [B*W, d, D]
+        x = x + self.position(pos, check=False)[:, None, :]
+        h = self.backbone.decode_planned(x, ctx.k, ctx.v, ctx.hist_len, w)  # [B*W, d, D]
+        h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta, check=False)
         return self.sid_heads(h_last, d + 1)
 
     def rank(

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genrec.model.config import ModelConfig
+from genrec.model.encoders import checks_on
 
 
 def _mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:
@@ -68,14 +69,17 @@ class TargetCondition(nn.Module):
         nn.init.normal_(self.surface.weight, std=0.02)
         nn.init.normal_(self.action.weight, std=0.02)
 
-    def forward(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None) -> torch.Tensor:
-        """h ``[..., D]``; surface / action broadcastable to ``h.shape[:-1]`` (or None)."""
+    def forward(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None,
+                check: bool = True) -> torch.Tensor:
+        """h ``[..., D]``; surface / action broadcastable to ``h.shape[:-1]`` (or None).
+        ``check=False`` skips the range checks (device->host syncs) for already-validated targets."""
+        check = check and checks_on()
         if surface is not None:
-            if surface.numel() and (int(surface.min()) < 0 or int(surface.max()) > self.n_surfaces):
+            if check and surface.numel() and (int(surface.min()) < 0 or int(surface.max()) > self.n_surfaces):
                 raise ValueError(f"target_surface: values must lie in [0, {self.n_surfaces}]")
             h = h + self.surface(surface)
         if action is not None:
-            if action.numel() and (int(action.min()) < 0 or int(action.max()) > self.n_actions):
+            if check and action.numel() and (int(action.min()) < 0 or int(action.max()) > self.n_actions):
                 raise ValueError(f"target_action: values must lie in [0, {self.n_actions}]")
             h = h + self.action(action)
         return h

@@ -11,6 +11,7 @@ and the hidden state of the last history token (the next-item query).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,9 @@ class KVCache:
     last_hidden: torch.Tensor | None = None  # [B, D] hidden at the last history token
     layout: str = "pinger"
     last_ts: torch.Tensor | None = None  # [B] timestamp of the last history item (time-gap inputs)
+    # facts derived from the cached tokens, memoised by readers (e.g. the shared-prefix plan of
+    # SID beams); cleared whenever the contents change
+    plans: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -51,6 +55,7 @@ class KVCache:
             if t.shape[0] != meta.shape[0] or t.shape[2] != meta.shape[1]:
                 raise ValueError(f"KVCache.prefill: keys {tuple(t.shape)} do not match metadata {meta.shape}")
         self.k, self.v, self.meta = list(ks), list(vs), meta
+        self.plans = {}
         return self
 
     def append(self, ks: list[torch.Tensor], vs: list[torch.Tensor], meta: TokenMeta) -> "KVCache":
@@ -62,10 +67,12 @@ class KVCache:
         self.k = [torch.cat([a, b], 2) for a, b in zip(self.k, ks)]
         self.v = [torch.cat([a, b], 2) for a, b in zip(self.v, vs)]
         self.meta = self.meta.cat(meta)
+        self.plans = {}
         return self
 
     def reset(self) -> None:
         self.k, self.v, self.meta, self.lengths, self.last_hidden, self.last_ts = [], [], None, None, None, None
+        self.plans = {}
 
     def expand(self, w: int) -> "KVCache":
         """A new cache with every row repeated ``w`` times (row b -> rows b*w .. b*w+w-1), for beams."""

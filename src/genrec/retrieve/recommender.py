@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.decode.beam import BeamResult, beam_search
+from genrec.decode.graphs import GraphedBeamSearch
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.model.config import ModelConfig
@@ -158,6 +159,9 @@ class Recommender:
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
         self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
+        # SID beam search replayed as CUDA graphs on a GPU (GENREC_CUDA_GRAPHS=0 forces the eager path)
+        self.cuda_graphs = self.device.type == "cuda" and os.environ.get("GENREC_CUDA_GRAPHS", "1") != "0"
+        self._graphed: GraphedBeamSearch | None = None
         with torch.no_grad():
             self.item_vecs = torch.cat([cast("JointObjective", objective).catalogue_vectors(i, i + 8192).float()
                                         for i in range(0, len(catalog), 8192)])  # [N, D]
@@ -422,9 +426,17 @@ class Recommender:
         if self.trie is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
         cfg = self.config
+        # shared-prefix plan checked once here; every step then runs sync-free over the context
+        ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
+        if ctx is not None and self.cuda_graphs:
+            if self._graphed is None or self._graphed.trie is not self.trie:
+                self._graphed = GraphedBeamSearch(self.model, self.trie)
+            if self._graphed.supports(ctx):
+                return self._graphed(ctx, beam_width, diversity_lambda=diversity_lambda, constrain=constrain)
 
         def step(prefix: torch.Tensor) -> torch.Tensor:
-            return F.log_softmax(self.model.sid_logits_next(cache, prefix).float(), dim=-1)  # [B, W, K]
+            logits = self.model.sid_logits_ctx(ctx, prefix) if ctx is not None else self.model.sid_logits_next(cache, prefix)
+            return F.log_softmax(logits.float(), dim=-1)  # [B, W, K]
 
         return beam_search(step, cache.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
                            diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain, device=self.device)
