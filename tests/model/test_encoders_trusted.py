@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genrec.model.encoders import _check_range, checks_on, trusted_inputs
+from genrec.model.encoders import _check_range
+from genrec.validation import checks_on, trusted_inputs
 
 
 def test_trusted_inputs_skips_range_checks_only_inside() -> None:

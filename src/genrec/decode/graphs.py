@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, _check_args, _check_lambda, finalize, raise_on_nan, run_levels
 from genrec.decode.trie_torch import TorchTrie
 from genrec.model.genrec_model import BeamContext, GenRecModel
+from genrec.validation import trusted_inputs
 
 __all__ = ["GraphedBeamSearch", "bucket_length"]
 
@@ -135,11 +136,12 @@ class GraphedBeamSearch:
         ac = torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), ac:  # warm-up: Triton compiles, cuBLAS handles, allocator pools
+        with torch.cuda.stream(side), ac, trusted_inputs():  # warm-up: Triton compiles, cuBLAS handles, allocator pools
             run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False):
+        with torch.cuda.graph(graph), torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), \
+                trusted_inputs():
             result, nan = run()
         self.captures += 1
         return _Graph(graph, inp, result, nan)

@@ -9,15 +9,12 @@ embedding table per level + a level embedding; positions count items, not tokens
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from genrec.model.config import ModelConfig
+from genrec.validation import checks_on, trusted_inputs  # noqa: F401 (re-exported)
 
 
 class ItemEncoder(nn.Module):
@@ -178,26 +175,6 @@ class ItemPositionEmbedding(nn.Module):
         if check and checks_on() and pos.numel() and int(pos.max()) > self.max_items:
             raise ValueError(f"history too long: item position {int(pos.max())} > max_items={self.max_items}")
         return self.emb(pos.clamp(min=0))
-
-
-_TRUSTED: ContextVar[bool] = ContextVar("genrec_trusted_inputs", default=False)
-
-
-@contextmanager
-def trusted_inputs() -> Iterator[None]:
-    """Inside this block the value-range checks of model inputs are skipped: each costs a
-    device->host sync (and a sync cannot be CUDA-graph captured). For inputs already validated
-    or valid by construction (beam codes, catalogue candidates); shapes and dtypes are still checked."""
-    token = _TRUSTED.set(True)
-    try:
-        yield
-    finally:
-        _TRUSTED.reset(token)
-
-
-def checks_on() -> bool:
-    """False inside :func:`trusted_inputs`."""
-    return not _TRUSTED.get()
 
 
 def _check_range(x: torch.Tensor, n: int, name: str) -> None:

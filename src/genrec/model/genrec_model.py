@@ -39,6 +39,7 @@ from genrec.model.encoders import (
 from genrec.model.fusion import SidFusion
 from genrec.model.heads import ActionHead, SidHeads, TargetCondition, UserHead
 from genrec.model.kv_cache import KVCache
+from genrec.validation import trusted_inputs
 from genrec.model.layout import ACTION, CAND, DENSE, PAD, TokenLayout, TokenMeta, build_layout
 
 
@@ -443,6 +444,10 @@ class GenRecModel(nn.Module):
         """Beam step over a :class:`BeamContext`: prefix_codes ``[B, W, d]`` -> logits ``[B, W, K_{d+1}]``,
         by cascade attention over the shared history; the same function as :meth:`sid_logits_next`
         with no device->host sync (inputs are trusted: beam codes are valid by construction)."""
+        with trusted_inputs():
+            return self._sid_logits_ctx(ctx, prefix_codes)
+
+    def _sid_logits_ctx(self, ctx: BeamContext, prefix_codes: torch.Tensor) -> torch.Tensor:
         assert self.sid_heads is not None
         b, w, d = prefix_codes.shape
         ts = None if ctx.surface is None else ctx.surface[:, None]

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genrec.model.config import ModelConfig
-from genrec.model.encoders import checks_on
+from genrec.validation import checks_on
 
 
 def _mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:
