@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
+from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.model.config import ModelConfig
@@ -481,8 +482,13 @@ class Recommender:
             surface = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
         if request_ts is None and self.config.time_buckets > 0:
             request_ts = cache.last_ts
-        return self.model.rank(cache, cand_vecs, self.codes[rows] if self.codes is not None else None,
-                               surface, request_ts)
+        if surface.numel() and not 0 <= int(surface.min()) <= int(surface.max()) < self.config.n_surfaces:
+            raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
+        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.item_vecs):
+            raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
+        with trusted_inputs():  # checked above; SID codes come from the catalogue: no per-layer syncs
+            return self.model.rank(cache, cand_vecs, self.codes[rows] if self.codes is not None else None,
+                                   surface, request_ts)
 
     # ------------------------------------------------------------------ core
     def _amp(self) -> Any:
