@@ -117,15 +117,31 @@ def select_diverse(
     for beams produced by this module). Returns flat indices [B, n_keep] into Wc*K, in
     pick order; identical to :func:`select_diverse_reference`, ties included.
 
-    All children of one parent carry the same penalty, so a parent's children are picked
-    in raw-score order and each pick only compares the Wc parents' current best
-    ("head") children; after a pick, only the picked parent's head is recomputed
-    ([B, K] work). Per pick: O(B * (Wc * d + K)) instead of O(B * Wc * K).
+    On CUDA the whole loop is one Triton launch
+    (:func:`genrec.kernels.beam_select.select_diverse_triton`, same result) unless
+    ``GENREC_BEAM_SELECT=torch`` is set or the call is outside the kernel's limits; the
+    torch loop below runs otherwise (and always on CPU).
+
+    All children of one parent carry the same penalty, so each pick only compares the Wc
+    parents' best remaining ("head") keys; the picked parent's child is then its first
+    untaken child with the winning key (usually the head child; a lower code when two raw
+    scores round to the same penalised key, as the reference's argmax would take), and
+    only that parent's head is recomputed ([B, K] work). Per pick: O(B * (Wc * d + K))
+    instead of O(B * Wc * K).
     """
+    import os
+
+    if cand.is_cuda and os.environ.get("GENREC_BEAM_SELECT", "").lower() != "torch":
+        try:
+            from genrec.kernels import beam_select
+        except ImportError:  # no triton installed: the torch loop
+            beam_select = None  # type: ignore[assignment]
+        if beam_select is not None and beam_select.supports(cand, prefix, n_keep, diversity_lambda):
+            return beam_select.select_diverse_triton(cand, prefix, n_keep, diversity_lambda, penalty)
     b, wc, k = cand.shape
     dev = cand.device
     rows = torch.arange(b, device=dev)  # [B]
-    head, head_code = cand.max(dim=2)  # [B, Wc] best untaken child per parent (first max on ties)
+    head = cand.amax(dim=2)  # [B, Wc] best untaken raw score per parent
     pen = torch.zeros(b, wc, dtype=cand.dtype, device=dev)  # [B, Wc] accumulated shared depth
     n_taken = torch.zeros(b, wc, dtype=torch.int64, device=dev)  # [B, Wc]
     taken = torch.zeros(b, wc, k, dtype=torch.bool, device=dev)  # [B, Wc, K]
@@ -135,17 +151,17 @@ def select_diverse(
         key = (head - diversity_lambda * pen).masked_fill(~open_, NEG_INF)  # [B, Wc]
         w = key.argmax(dim=1)  # [B] first max = lowest flat index among tied heads
         w = torch.where(open_[rows, w], w, open_.to(torch.int8).argmax(dim=1))  # only -inf left: first open parent
-        code = head_code[rows, w]  # [B]
+        # the picked parent's children, keyed exactly as the reference keys them
+        left = taken[rows, w]  # [B, K]
+        ckey = (cand[rows, w] - diversity_lambda * pen[rows, w][:, None]).masked_fill(left, NEG_INF)  # [B, K]
+        code = ckey.argmax(dim=1)  # [B] first max
+        first_untaken = (~left).to(torch.int8).argmax(dim=1)  # [B]
+        code = torch.where(left[rows, code], first_untaken, code)  # only -inf left: first untaken child
         picks.append(w * k + code)
         taken[rows, w, code] = True
         n_taken[rows, w] += 1
         # refresh the picked parent's head
-        left = cand[rows, w].masked_fill(taken[rows, w], NEG_INF)  # [B, K]
-        nv, nc = left.max(dim=1)  # [B], [B]
-        first_untaken = (~taken[rows, w]).to(torch.int8).argmax(dim=1)  # [B]
-        nc = torch.where(nv == NEG_INF, first_untaken, nc)
-        head[rows, w] = nv
-        head_code[rows, w] = nc
+        head[rows, w] = cand[rows, w].masked_fill(taken[rows, w], NEG_INF).amax(dim=1)
         # penalty: leading levels each parent shares with the picked one's parent
         same = prefix == prefix[rows, w][:, None, :]  # [B, Wc, d]
         shared = same.to(torch.int64).cumprod(dim=2).sum(dim=2).to(cand.dtype)  # [B, Wc]
