@@ -10,8 +10,10 @@ Usage (GPU only; on a CPU machine it prints a message and exits 0):
    with an explicit boolean mask vs causal SDPA (flash) over 5,120 tokens (the TIGER layout);
    at 12 heads x 64 and 8 heads x 128. A small block-size sweep of the kernel is included.
 3. Cascade decoding attention (forward, bf16): 8 requests, 1,000-item history, 12 x 64,
-   3 SID tokens per beam, W = 10, 60, 100, 400: Triton cascade vs PyTorch two-pass cascade vs
-   per-beam SDPA over the expanded history KV.
+   3 SID tokens per beam, W = 10, 60, 100, 400: Triton cascade (single kernel, S = 1, and the
+   split-KV path with the auto-chosen S; the better one is the row's figure) vs PyTorch two-pass
+   cascade vs per-beam SDPA over the expanded history KV. Without --quick, also a sweep over S.
+   One more row at W = 10 with a 16,000-key history, where the split-KV path is meant to pay.
 4. H200 ceilings in the same run: a large bf16 matmul (TFLOP/s) and a device-to-device copy (GB/s).
 
 Timing: torch.cuda.Event, warmup, median of N. Prints a table last; writes the full results to
@@ -29,7 +31,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 DEV = "cuda"  # "cpu" only for --tiny under TRITON_INTERPRET=1 (a smoke test of this script)
 # Benchmark shapes (the brief's); --tiny shrinks them.
 TRAIN = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
-CASCADE = {"B": 8, "n": 1000, "H": 12, "D": 64, "t": 3, "W": [10, 60, 100, 400]}
+CASCADE = {"B": 8, "n": 1000, "H": 12, "D": 64, "t": 3, "W": [10, 60, 100, 400], "long_n": 16000}  # long_n: one W[0] row
 CEIL = {"N": 8192, "copy_bytes": 2 * 1024**3}
 CHECK = {"n": 150, "hist": 200}
 RESULTS: dict[str, Any] = {"checks": {}, "train": [], "sweep": [], "cascade": [], "ceilings": {}, "errors": []}
@@ -148,7 +150,10 @@ def check_correctness() -> None:
         kh, vh = (torch.randn(B, H, n, D, device=DEV, generator=g).to(dtype) for _ in range(2))
         hl = torch.tensor([n, n // 4], device=DEV)
         ref = cascade_attention_ref(q.float(), kh.float(), vh.float(), ks.float(), vs.float(), hl)
-        RESULTS["checks"][f"cascade triton {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl), ref)}
+        RESULTS["checks"][f"cascade triton {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=1), ref)}
+        # split-KV + merge kernel; request 1's history is shorter than a chunk, so splits see no keys
+        split = cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=3)
+        RESULTS["checks"][f"cascade triton split3 {str(dtype)[6:]}"] = {"out": _rel(split, ref)}
         RESULTS["checks"][f"cascade torch {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_torch(q, kh, vh, ks, vs, hl), ref)}
     for name, errs in RESULTS["checks"].items():
         limit = 1e-4 if "float32" in name else 2e-2
@@ -223,10 +228,11 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
 # ---------------------------------------------------------------- cascade decoding attention
 
 
-def bench_cascade(W: int, warmup: int, iters: int) -> None:
-    from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton
+def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = None) -> None:
+    from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton, cascade_num_splits
 
-    B, H, D, t, n = CASCADE["B"], CASCADE["H"], CASCADE["D"], CASCADE["t"], CASCADE["n"]
+    B, H, D, t = CASCADE["B"], CASCADE["H"], CASCADE["D"], CASCADE["t"]
+    n = n or CASCADE["n"]
     dt = torch.bfloat16
     q, ks, vs = (torch.randn(B, W, H, t, D, device=DEV, dtype=dt) for _ in range(3))
     kh, vh = (torch.randn(B, H, n, D, device=DEV, dtype=dt) for _ in range(2))
@@ -239,15 +245,38 @@ def bench_cascade(W: int, warmup: int, iters: int) -> None:
         vv = torch.cat([vh[:, None].expand(B, W, H, n, D), vs], 3).reshape(B * W, H, n + t, D)
         return F.scaled_dot_product_attention(q.reshape(B * W, H, t, D), kk, vv, attn_mask=mask)
 
-    row: dict[str, Any] = {"W": W, "B": B, "hist": n, "t": t, "H": H, "D": D}
+    def triton_s(S: int | Literal["auto"]) -> Callable[[], torch.Tensor]:
+        return lambda: cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=S)
+
+    auto_s = cascade_num_splits(q, kh)
+    row: dict[str, Any] = {"W": W, "B": B, "hist": n, "t": t, "H": H, "D": D, "auto_splits": auto_s}
     with torch.no_grad():
         ref = per_beam().reshape(B, W, H, t, D)
-        row["rel_err_triton_vs_per_beam"] = _guard(f"cascade check W={W}", lambda: _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl), ref))
-        row["triton_ms"] = _guard(f"cascade triton W={W}", lambda: _time(lambda: cascade_attention_triton(q, kh, vh, ks, vs, hl), warmup, iters))
+        row["rel_err_triton_vs_per_beam"] = _guard(f"cascade check W={W}", lambda: _rel(triton_s(1)(), ref))
+        err = row["rel_err_triton_auto_vs_per_beam"] = _guard(f"cascade auto check W={W}", lambda: _rel(triton_s("auto")(), ref))
+        if err is not None:
+            RESULTS["checks"][f"cascade auto S={auto_s} vs per-beam W={W}"] = {"out": err, "status": "ok" if err < 2e-2 else "FAIL"}
+        row["triton_s1_ms"] = _guard(f"cascade triton S=1 W={W}", lambda: _time(triton_s(1), warmup, iters))
+        row["triton_auto_ms"] = _guard(f"cascade triton auto S={auto_s} W={W}", lambda: _time(triton_s("auto"), warmup, iters))
+        if sweep:
+            for S in (2, 3, 4, 6, 8):
+                err = _guard(f"cascade split check S={S} W={W}", lambda: _rel(triton_s(S)(), ref))
+                if err is None or err >= 2e-2:  # a failure is recorded, not timed
+                    if err is not None:
+                        RESULTS["errors"].append({"name": f"cascade split S={S} W={W}", "error": f"rel err {err:.1e} vs per-beam"})
+                    continue
+                row[f"triton_s{S}_ms"] = _guard(f"cascade triton S={S} W={W}", lambda: _time(triton_s(S), warmup, iters))
         row["torch_two_pass_ms"] = _guard(f"cascade torch W={W}", lambda: _time(lambda: cascade_attention_torch(q, kh, vh, ks, vs, hl), warmup, iters))
         row["per_beam_sdpa_ms"] = _guard(f"per-beam sdpa W={W}", lambda: _time(per_beam, warmup, iters))
+    timed = {k: row[k] for k in ("triton_s1_ms", "triton_auto_ms") if row[k] is not None}
+    best = min(timed, key=lambda k: timed[k], default=None)
+    row["triton_ms"] = timed[best] if best else None  # the better of S=1 and auto
+    row["triton_best"] = {"triton_s1_ms": "S=1", "triton_auto_ms": f"auto S={auto_s}"}.get(best or "")
     RESULTS["cascade"].append(row)
-    print(f"  cascade W={W:4d}: triton {row['triton_ms']} ms  torch {row['torch_two_pass_ms']} ms  per-beam {row['per_beam_sdpa_ms']} ms", flush=True)
+    f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    sw = " ".join(f"S={k[8:-3]} {f(row[k])}" for k in row if k.startswith("triton_s") and k != "triton_s1_ms")
+    print(f"  cascade W={W:4d} hist={n}: triton S=1 {f(row['triton_s1_ms'])} ms  auto (S={auto_s}) {f(row['triton_auto_ms'])} ms  "
+          f"torch {f(row['torch_two_pass_ms'])} ms  per-beam {f(row['per_beam_sdpa_ms'])} ms" + (f"  sweep: {sw}" if sw else ""), flush=True)
     _empty_cache()
 
 
@@ -278,12 +307,14 @@ def _table() -> str:
         lines.append(f"{r['shape']:28s} {r['impl']:28s} {f(r['fwd_ms']):>9s} {f(r['fwd_bwd_ms']):>9s} {f(r['useful_tflops_fwd_bwd'], 1):>11s}")
     lines.append("")
     c = CASCADE
-    lines.append(f"== cascade decode attention, bf16 fwd (ms), {c['B']} req x {c['n']} hist x {c['H']}x{c['D']}, t={c['t']} ==")
-    lines.append(f"{'W':>5s} {'triton':>9s} {'torch 2-pass':>13s} {'per-beam sdpa':>14s} {'speedup':>8s}")
+    lines.append(f"== cascade decode attention, bf16 fwd (ms), {c['B']} req x hist x {c['H']}x{c['D']}, t={c['t']} ==")
+    lines.append(f"{'W':>5s} {'hist':>6s} {'cascade':>9s} {'S=1':>9s} {'auto':>9s} {'auto S':>6s} {'torch 2-pass':>13s} {'per-beam sdpa':>14s} {'speedup':>8s}")
     for r in RESULTS["cascade"]:
         sp = (r["per_beam_sdpa_ms"] / r["triton_ms"]) if r.get("triton_ms") and r.get("per_beam_sdpa_ms") else None
         g = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-        lines.append(f"{r['W']:>5d} {g(r['triton_ms']):>9s} {g(r['torch_two_pass_ms']):>13s} {g(r['per_beam_sdpa_ms']):>14s} {g(sp):>8s}")
+        lines.append(f"{r['W']:>5d} {r['hist']:>6d} {g(r['triton_ms']):>9s} {g(r['triton_s1_ms']):>9s} {g(r['triton_auto_ms']):>9s} {r['auto_splits']:>6d} "
+                     f"{g(r['torch_two_pass_ms']):>13s} {g(r['per_beam_sdpa_ms']):>14s} {g(sp):>8s}")
+    lines.append("(cascade = the better of the single-kernel S=1 path and the split-KV path with the auto-chosen S)")
     lines.append("")
     lines.append(f"ceilings: {json.dumps({k: round(v, 1) for k, v in RESULTS['ceilings'].items()})}")
     bad = [k for k, v in RESULTS["checks"].items() if v.get("status") == "FAIL"]
@@ -296,14 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="skip the block-size sweep and the 8x128 shape")
+    ap.add_argument("--quick", action="store_true", help="skip the block-size and split-count sweeps and the 8x128 shape")
     ap.add_argument("--only", default="correctness,train,cascade,ceilings", help="comma-separated sections to run")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes; with TRITON_INTERPRET=1 also runs on CPU (smoke test)")
     args = ap.parse_args(argv)
     global DEV
     if args.tiny:
         TRAIN.update(B=2, n_items=12, heads=[(2, 16)])
-        CASCADE.update(B=2, n=20, H=2, D=16, W=[2, 5])
+        CASCADE.update(B=2, n=20, H=2, D=16, W=[2, 5], long_n=0)
         CEIL.update(N=256, copy_bytes=1 << 20)
         CHECK.update(n=9, hist=12)
     if not torch.cuda.is_available():
@@ -335,7 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     if "cascade" in only:
         print("[3] cascade", flush=True)
         for W in CASCADE["W"]:
-            _guard(f"cascade W={W}", lambda: bench_cascade(W, args.warmup, args.iters))
+            _guard(f"cascade W={W}", lambda: bench_cascade(W, args.warmup, args.iters, sweep=not args.quick))
+        if CASCADE["long_n"]:
+            W = CASCADE["W"][0]
+            _guard(f"cascade W={W} long", lambda: bench_cascade(W, args.warmup, args.iters, sweep=not args.quick, n=CASCADE["long_n"]))
     if "ceilings" in only:
         print("[4] ceilings", flush=True)
         _guard("ceilings", lambda: bench_ceilings(args.warmup, args.iters))

@@ -14,7 +14,13 @@ from hypothesis import strategies as st  # noqa: E402
 pytest.importorskip("triton")
 
 from genrec.kernels import cascade  # noqa: E402
-from genrec.kernels.cascade import cascade_attention, cascade_attention_torch, cascade_attention_triton  # noqa: E402
+from genrec.kernels.cascade import (  # noqa: E402
+    NumSplits,
+    cascade_attention,
+    cascade_attention_torch,
+    cascade_attention_triton,
+    cascade_num_splits,
+)
 from genrec.kernels.reference import cascade_attention_ref  # noqa: E402
 
 _INTERPRETED = type(cascade._cascade_fwd_kernel).__name__ == "InterpretedFunction"
@@ -73,14 +79,77 @@ def test_triton_cascade_half_precision(dtype: torch.dtype) -> None:
     assert rel < (1e-2 if dtype == torch.bfloat16 else 3e-3), f"relative error {rel:.2e}"
 
 
+def _poison(mp: pytest.MonkeyPatch) -> None:
+    """NaN-filled output and split scratch: every output row and every split's partial must be written."""
+    mp.setattr(cascade, "_empty", lambda like: torch.full_like(like, float("nan")))
+    mp.setattr(cascade, "_scratch", lambda shape, device: torch.full(shape, float("nan"), device=device))
+
+
 @needs_triton
-def test_triton_cascade_overwrites_poisoned_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cascade, "_empty", lambda like: torch.full_like(like, float("nan")))
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_triton_cascade_overwrites_poisoned_output(monkeypatch: pytest.MonkeyPatch, num_splits: int) -> None:
+    _poison(monkeypatch)
     xs = _inputs(2, 7, 2, 3, 19, 16, torch.float32, seed=9)
     hist_len = torch.tensor([19, 0])
-    out = cascade_attention_triton(*(x.to(DEVICE) for x in xs), hist_len.to(DEVICE), block_m=16, block_n=16)
+    out = cascade_attention_triton(*(x.to(DEVICE) for x in xs), hist_len.to(DEVICE), block_m=16, block_n=16, num_splits=num_splits)
     assert not torch.isnan(out).any()
     assert (out.cpu() - cascade_attention_ref(*xs, hist_len)).abs().max() < 1e-4
+
+
+@needs_triton
+@settings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(
+    B=st.integers(1, 3), W=st.integers(1, 8), H=st.integers(1, 2), t=st.sampled_from([1, 2, 3, 5]),
+    n=st.integers(0, 90), D=st.sampled_from([16, 32]), num_splits=st.sampled_from([2, 3, 5, "auto"]), data=st.data(),
+)
+def test_triton_cascade_split_kv_matches_reference_fp32(B, W, H, t, n, D, num_splits, data) -> None:
+    # hist_len per request in [0, n]: empty histories, histories shorter than one chunk, and
+    # lengths that are not a multiple of the 16-key block, so some splits see no keys at all.
+    hist_len = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=B, max_size=B)))
+    xs = _inputs(B, W, H, t, n, D, torch.float32, data.draw(st.integers(0, 2**16)))
+    with pytest.MonkeyPatch.context() as mp:
+        _poison(mp)
+        mp.setattr(cascade, "_MIN_CHUNK_KEYS", 32)  # "auto" splits once n >= 64 here
+        out = cascade_attention_triton(*(x.to(DEVICE) for x in xs), hist_len.to(DEVICE), block_m=16, block_n=16, num_splits=num_splits)
+    assert not torch.isnan(out).any()
+    assert (out.cpu() - cascade_attention_ref(*xs, hist_len)).abs().max() < 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits", [2, 3, 5, "auto"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_cascade_split_kv_half_precision(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, num_splits: NumSplits) -> None:
+    monkeypatch.setattr(cascade, "_MIN_CHUNK_KEYS", 32)  # let "auto" split a history the interpreter can afford
+    xs = _inputs(3, 4, 2, 3, 100, 32, dtype, seed=5)
+    hist_len = torch.tensor([100, 0, 45])  # 45: shorter than a chunk at S=2, not a multiple of 16
+    assert cascade_num_splits(xs[0], xs[1], "auto", block_m=16, block_n=16) == 3  # auto does split here
+    out = cascade_attention_triton(*(x.to(DEVICE) for x in xs), hist_len.to(DEVICE), block_m=16, block_n=16, num_splits=num_splits)
+    ref = cascade_attention_ref(*(x.float() for x in xs), hist_len)
+    assert out.dtype == dtype
+    rel = (out.float().cpu() - ref).norm() / ref.norm()
+    assert rel < (1e-2 if dtype == torch.bfloat16 else 3e-3), f"relative error {rel:.2e}"
+
+
+def test_auto_num_splits_heuristic() -> None:
+    def auto(B: int, W: int, H: int, t: int, n: int, D: int = 64, block_n: int = 64) -> int:
+        q, kh = torch.empty(B, W, H, t, D, device="meta"), torch.empty(B, H, n, D, device="meta")
+        return cascade_num_splits(q, kh, "auto", block_n=block_n)  # meta tensors: 132 SMs, as interpreted
+
+    # The benchmark shape, 8 x 12 = 96 programs at W=10: a 1,000-key history is too short to split
+    # (measured: no gain); a 16,000-key one gets 3 splits (288 >= 2 x 132 programs).
+    assert auto(8, 10, 12, 3, 1000) == 1
+    assert auto(8, 10, 12, 3, 16000) == 3
+    # Wide W already fills the GPU: no split, however long the history.
+    assert all(auto(8, W, 12, 3, 16000) == 1 for W in (60, 100, 400))
+    # Chunks never shorter than _MIN_CHUNK_KEYS of the history capacity; S = 1 below that.
+    min_chunk = cascade._MIN_CHUNK_KEYS
+    assert auto(1, 1, 1, 3, 100 * min_chunk) == 100
+    assert auto(1, 1, 1, 3, 2 * min_chunk - 1) == 1 and auto(1, 1, 1, 3, 0) == 1
+    assert auto(1, 1, 1, 3, 2 * min_chunk) == 2
+    assert cascade_num_splits(torch.empty(1, 1, 1, 1, 16), torch.empty(1, 1, 4, 16), 4) == 4
+    for bad in (0, -1, 1.5, "two", True):
+        with pytest.raises(ValueError, match="num_splits"):
+            cascade_num_splits(torch.empty(1, 1, 1, 1, 16), torch.empty(1, 1, 4, 16), bad)  # type: ignore[arg-type]
 
 
 def test_dispatch_uses_torch_path_with_grad_or_on_cpu() -> None:
