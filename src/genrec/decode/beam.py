@@ -43,7 +43,7 @@ or all candidates −inf) have score −inf, codes −1 and ``valid = False``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -74,11 +74,15 @@ class BeamResult:
 @dataclass
 class BeamState:
     """Beams after ``depth`` levels. prefix int64 [B, Wc, depth]; scores float [B, Wc];
-    nodes int64 [B, Wc] trie node of each prefix (-1 = not in trie) or None without a trie."""
+    nodes int64 [B, Wc] trie node of each prefix (-1 = not in trie) or None without a trie.
+    ``nan``: one bool [] device flag per level decoded so far, True where that level's
+    step_fn gave NaN log-probs; checked once by :func:`raise_on_nan` (never per step, so the
+    levels run without a device->host sync and can be CUDA-graph captured)."""
 
     prefix: torch.Tensor
     scores: torch.Tensor
     nodes: torch.Tensor | None
+    nan: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def depth(self) -> int:
@@ -240,13 +244,13 @@ def advance_state(
         [torch.gather(state.prefix, 1, parent[:, :, None].expand(b, n_keep, d)), code[:, :, None]], dim=2
     )  # [B, n_keep, d+1]
     new_scores = torch.gather(cand.reshape(b, -1), 1, idx)  # [B, n_keep]
-    if torch.isnan(new_scores).any():  # topk/argmax rank NaN first, so a NaN anywhere legal shows up here
-        raise ConfigError(f"level {d + 1}: step_fn returned NaN log-probs")
+    # topk/argmax rank NaN first, so a NaN anywhere legal shows up among the kept scores
+    nan = [*state.nan, torch.isnan(new_scores).any()]
     new_nodes = None
     if trie is not None and state.nodes is not None:
         parent_nodes = torch.gather(state.nodes, 1, parent)  # [B, n_keep]
         new_nodes = trie.advance(d, parent_nodes.reshape(-1), code.reshape(-1)).reshape(b, n_keep)
-    return BeamState(new_prefix, new_scores, new_nodes), parent
+    return BeamState(new_prefix, new_scores, new_nodes, nan), parent
 
 
 def beam_step(
@@ -294,6 +298,26 @@ def beam_search(
     """
     _check_args(levels, codebook_sizes, beam_width, trie)
     _check_lambda(diversity_lambda, penalty)
+    state = run_levels(step_fn, batch_size, levels, beam_width, diversity_lambda=diversity_lambda, penalty=penalty,
+                       trie=trie, constrain=constrain, device=device)
+    raise_on_nan(state)
+    return finalize(state, beam_width, trie=trie)
+
+
+def run_levels(
+    step_fn: StepFn,
+    batch_size: int,
+    levels: int,
+    beam_width: int,
+    *,
+    diversity_lambda: float = 0.0,
+    penalty: Literal["sum", "max"] = "sum",
+    trie: TorchTrie | None = None,
+    constrain: bool = True,
+    device: torch.device | str = "cpu",
+) -> BeamState:
+    """The ``levels`` beam steps of :func:`beam_search`, arguments unchecked, with no device->host
+    synchronisation when ``step_fn`` has none (what a CUDA graph captures). NaN is only flagged."""
     state = init_state(batch_size, device, trie=trie)
     for _ in range(levels):
         logprobs = step_fn(state.prefix)
@@ -306,7 +330,17 @@ def beam_search(
             trie=trie,
             constrain=constrain,
         )
-    return finalize(state, beam_width, trie=trie)
+    return state
+
+
+def raise_on_nan(state: BeamState | list[torch.Tensor]) -> None:
+    """ConfigError naming the first level whose step_fn returned NaN log-probs (one host sync)."""
+    flags = state.nan if isinstance(state, BeamState) else state
+    if not flags:
+        return
+    bad = torch.stack(flags).cpu()  # [levels]
+    if bool(bad.any()):
+        raise ConfigError(f"level {int(bad.to(torch.int8).argmax()) + 1}: step_fn returned NaN log-probs")
 
 
 def finalize(state: BeamState, beam_width: int, *, trie: TorchTrie | None = None) -> BeamResult:
