@@ -149,6 +149,7 @@ def select_diverse(
     pen = torch.zeros(b, wc, dtype=cand.dtype, device=dev)  # [B, Wc] accumulated shared depth
     n_taken = torch.zeros(b, wc, dtype=torch.int64, device=dev)  # [B, Wc]
     taken = torch.zeros(b, wc, k, dtype=torch.bool, device=dev)  # [B, Wc, K]
+    true = torch.ones(b, dtype=torch.bool, device=dev)  # [B] a device value: `= True` copies from the host (no CUDA graph)
     picks = []
     for _ in range(n_keep):
         open_ = n_taken < k  # [B, Wc] parents with children left
@@ -162,7 +163,7 @@ def select_diverse(
         first_untaken = (~left).to(torch.int8).argmax(dim=1)  # [B]
         code = torch.where(left[rows, code], first_untaken, code)  # only -inf left: first untaken child
         picks.append(w * k + code)
-        taken[rows, w, code] = True
+        taken[rows, w, code] = true
         n_taken[rows, w] += 1
         # refresh the picked parent's head
         head[rows, w] = cand[rows, w].masked_fill(taken[rows, w], NEG_INF).amax(dim=1)
