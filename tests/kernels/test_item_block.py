@@ -17,7 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 pytest.importorskip("triton")
 
 from genrec.kernels import item_block  # noqa: E402
-from genrec.kernels.item_block import item_block_attention, item_block_attention_fwd  # noqa: E402
+from genrec.kernels.item_block import ItemBlockConfig, item_block_attention, item_block_attention_fwd  # noqa: E402
 from genrec.kernels.reference import item_block_attention_ref, item_block_mask  # noqa: E402
 
 _INTERPRETED = type(item_block._item_block_fwd_kernel).__name__ == "InterpretedFunction"
@@ -37,9 +37,12 @@ def _inputs(B: int, H: int, n_items: int, T: int, D: int, dtype: torch.dtype, se
     return [x.to(DEVICE) for x in xs]
 
 
-def _run_both(q, k, v, do, lengths, T, block_m, block_n):
+def _run_both(q, k, v, do, lengths, T, block_m, block_n, config=None):
     qk = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    out = item_block_attention(*qk, lengths, T, block_m=block_m, block_n=block_n)
+    if config is None:
+        out = item_block_attention(*qk, lengths, T, block_m=block_m, block_n=block_n)
+    else:
+        out = item_block_attention(*qk, lengths, T, config=config)
     grads = torch.autograd.grad(out, qk, do)
     qr = [x.detach().float().requires_grad_() for x in (q, k, v)]
     ref = item_block_attention_ref(*qr, lengths.cpu(), T)
@@ -150,3 +153,93 @@ def test_rejects_bad_input() -> None:
         item_block_attention(x, x, x, torch.tensor([2], device=DEVICE), 3)
     with pytest.raises(ValueError, match="dtype"):
         item_block_attention(q, q.double(), q, torch.tensor([2], device=DEVICE), 3)
+
+
+# ---------------------------------------------------------------- tuning variants (ItemBlockConfig)
+# Every knob must leave the function unchanged. Small tiles so that the shapes below have several
+# query blocks, full and partial dense-key tiles, and dense dk/dv tiles past the masked diagonal.
+VARIANTS = {
+    "gather_dense": ItemBlockConfig(block_m=16, block_n=16, gather_dense=True),
+    "split_tail": ItemBlockConfig(block_m=16, block_n=16, split_tail=True),
+    "fuse_delta": ItemBlockConfig(block_m=16, block_n=16, fuse_delta=True),
+    "fuse_sid_kv": ItemBlockConfig(block_m=16, block_n=16, fuse_sid_kv=True),
+    "all_own_bwd_tiles": ItemBlockConfig(
+        block_m=32, block_n=16, num_stages=2, gather_dense=True, split_tail=True, fuse_delta=True, fuse_sid_kv=True,
+        dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
+        sid_block_m=16, sid_warps=2,
+    ),
+    "all_wide_kv_keys": ItemBlockConfig(
+        block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
+    ),
+}
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs and scratch (lse, fused delta) start as NaN: every element must be written."""
+
+    def nan_empty(shape, like, dtype=None):
+        return torch.full(tuple(shape), float("nan"), device=like.device, dtype=dtype or like.dtype)
+
+    monkeypatch.setattr(item_block, "_empty", nan_empty)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("T,n_items,lengths,transposed", [(5, 22, [22, 13, 0], False), (1, 36, [19, 36], True)])
+def test_variant_fp32_matches_reference_poisoned(poisoned, variant, T, n_items, lengths, transposed) -> None:
+    B, D = len(lengths), 16
+    q, k, v, do = _inputs(B, 1, n_items, T, D, torch.float32, seed=17 + T, transposed=transposed)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lens, T, 0, 0, config=VARIANTS[variant])
+    for name, a, b in [("out", out, ref), *zip(("dq", "dk", "dv"), grads, grads_ref)]:
+        assert not torch.isnan(a).any(), f"{name}: NaN left in the buffer"
+        assert (a.cpu() - b).abs().max() < 1e-4, name
+    for row, n in enumerate(lengths):  # padding rows: exactly 0
+        assert torch.all(out[row, :, n * T :] == 0) and all(torch.all(g[row, :, n * T :] == 0) for g in grads)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_bf16_close_to_fp32_reference(variant) -> None:
+    T, n_items, D = 5, 20, 32
+    q, k, v, do = _inputs(2, 1, n_items, T, D, torch.bfloat16, seed=23)
+    lengths = torch.tensor([n_items, 11], dtype=torch.int32, device=DEVICE)
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths, T, 0, 0, config=VARIANTS[variant])
+    for name, a, b in [("out", out, ref), *zip(("dq", "dk", "dv"), grads, grads_ref)]:
+        rel = (a.float().cpu() - b).norm() / b.norm()
+        assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
+
+
+@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(
+    T=st.sampled_from([1, 2, 3, 5]),
+    n_items=st.integers(1, 30),
+    flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
+    tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
+    data=st.data(),
+)
+def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
+    gather, split, fuse, fuse_sid = flags
+    cfg = ItemBlockConfig(
+        block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
+        dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
+    )
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)
+    q, k, v, do = _inputs(2, 1, n_items, T, 16, torch.float32, seed=data.draw(st.integers(0, 2**16)))
+    out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths.to(DEVICE), T, 0, 0, config=cfg)
+    assert (out.cpu() - ref).abs().max() < 1e-4
+    for name, g, gr in zip("qkv", grads, grads_ref):
+        assert (g.cpu() - gr).abs().max() < 1e-4, f"d{name}"
+
+
+def test_config_is_validated() -> None:
+    q = torch.randn(1, 1, 6, 16, device=DEVICE)
+    lengths = torch.tensor([2], device=DEVICE)
+    with pytest.raises(ValueError, match="num_warps"):
+        ItemBlockConfig(num_warps=3)
+    with pytest.raises(ValueError, match="kv_block_i"):
+        ItemBlockConfig(kv_block_i=0)
+    with pytest.raises(ValueError, match="config"):
+        item_block_attention(q, q, q, lengths, 3, block_m=32, config=ItemBlockConfig())
+    with pytest.raises(ValueError, match="config"):
+        item_block_attention_fwd(q, q, q, lengths, 3, num_warps=8, config=ItemBlockConfig())
+    assert ItemBlockConfig().replace(split_tail=True) == ItemBlockConfig(split_tail=True)

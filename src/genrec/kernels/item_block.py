@@ -6,16 +6,24 @@ be skipped. Instead each query block holds WHOLE items (``BLOCK_ITEMS`` items x 
 padded to the power of two ``BLOCK_M``) and attention splits in two parts:
 
 1. every query of the block attends, UNMASKED, to the dense tokens of all items before the
-   block. The dense K/V are read through a strided view ``k[:, :, T-1::T]`` -- i.e. the gathered
-   compact ``[B, H, n_items, D]`` tensor without a copy -- in a plain flash loop;
+   block, in a plain flash loop over the compact ``[B, H, n_items, D]`` dense K/V: either the
+   strided view ``k[:, :, T-1::T]`` (no copy) or, with ``gather_dense``, a contiguous copy of it;
 2. a small masked attention of the block's queries against the block's own tokens.
 
 Both parts feed the same running max / running sum (online softmax), in fp32, so the result
 equals one softmax over all visible keys. The backward pass is three Triton kernels (no
 recomputation in PyTorch): ``dq`` per query block (the same two parts, recomputing P from the
-saved logsumexp); ``dk/dv`` of SID keys per item block (an SID key is read only inside its own
-item); ``dk/dv`` of dense keys in tiles of ``BLOCK_M`` dense keys against every later query
-token (item-causal, masked only near the diagonal). The two dk/dv kernels write disjoint rows.
+saved logsumexp; with ``fuse_delta`` it also computes and stores ``delta = rowsum(dO * O)``, with
+``fuse_sid_kv`` also the SID keys' dk/dv);
+``dk/dv`` of SID keys per item block (an SID key is read only inside its own item); ``dk/dv`` of
+dense keys in tiles of dense keys against every later query token (item-causal, masked only
+near the diagonal). The two dk/dv kernels write disjoint rows.
+
+Tuning knobs live in :class:`ItemBlockConfig`; every setting computes the same function (up to
+fp32 rounding order) and ``ItemBlockConfig()`` is the original kernel. ``split_tail`` runs the
+loops over full tiles without any masking and masks only the last partial tile (forward, dq) or
+only the tiles near the diagonal (dense dk/dv); the backward kernels have their own tile sizes,
+warps and pipeline depths.
 
 Layout: q, k, v ``[B, H, S, D]``, ``S = n_items * T``; token s is item ``s // T``, slot
 ``s % T``; slots ``0..T-2`` are SID levels, slot ``T-1`` the dense token. ``lengths`` int ``[B]``
@@ -25,17 +33,67 @@ is stored as 0). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention"]
+__all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
 
 _LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class ItemBlockConfig:
+    """Tuning knobs of the item-block kernels. The defaults are the original kernel.
+
+    Forward: ``block_m`` query tokens per program (rounded to a power of two, whole items),
+    ``block_n`` dense keys per step, ``num_warps`` (None: 4 if D <= 64 else 8), ``num_stages``
+    (software-pipelining depth; None: Triton's default). The backward kernels take the forward's
+    values unless their own knob is set: ``dq_*`` (query tokens per program, dense keys per
+    step), ``kv_block_i`` dense keys per program and ``kv_block_q`` query tokens per step of the
+    dense dk/dv kernel, ``sid_block_m`` tokens per program of the SID dk/dv kernel.
+    ``gather_dense``: read dense K/V from a contiguous copy instead of the strided view.
+    ``split_tail``: no masking work on full tiles (see the module docstring).
+    ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
+    ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
+    already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int | None = None
+    num_stages: int | None = None
+    gather_dense: bool = False
+    split_tail: bool = False
+    fuse_delta: bool = False
+    fuse_sid_kv: bool = False
+    dq_block_m: int | None = None
+    dq_block_n: int | None = None
+    dq_warps: int | None = None
+    dq_stages: int | None = None
+    kv_block_i: int | None = None
+    kv_block_q: int | None = None
+    kv_warps: int | None = None
+    kv_stages: int | None = None
+    sid_block_m: int | None = None
+    sid_warps: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            x = getattr(self, f.name)
+            if isinstance(x, bool) or x is None:
+                continue
+            if not isinstance(x, int) or x < 1 or ("warps" in f.name and x & (x - 1)):
+                raise ValueError(f"ItemBlockConfig.{f.name}: expected a positive int (warps: a power of two), got {x!r}")
+
+    def replace(self, **changes: Any) -> ItemBlockConfig:
+        return dataclasses.replace(self, **changes)
 
 
 @triton.jit
@@ -51,12 +109,42 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _fwd_dense_tiles(
+    acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED).
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for s0 in range(start, end, BLOCK_N):
+        n_idx = s0 + offs_n  # item index of each dense key  [BN]
+        n_ok = n_idx < hi
+        if MASKED:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
+        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
+        if MASKED:
+            s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(vd.dtype), vd, IEEE, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _item_block_fwd_kernel(
-    Q, K, V, O, LSE, LENGTHS,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, slb, slh,
+    Q, K, V, KD, VD, O, LSE, LENGTHS,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
+    sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -80,21 +168,17 @@ def _item_block_fwd_kernel(
 
     # Part 1: unmasked flash loop over the dense tokens of items [0, item0) (all valid if the block is).
     hi = tl.where(item0 < n_valid, item0, 0)
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
-        n_idx = start + offs_n  # item index of each dense key  [BN]
-        n_ok = n_idx < hi
-        dtok = n_idx * T + (T - 1)
-        kd = tl.load(K + b * skb + h * skh + dtok[:, None] * sks + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-        vd = tl.load(V + b * svb + h * svh + dtok[:, None] * svs + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(vd.dtype), vd, IEEE, UPCAST)
-        m_i = m_new
+    kd_ptr = KD + b * skdb + h * skdh
+    vd_ptr = VD + b * svdb + h * svdh
+    if SPLIT_TAIL:
+        hi_full = (hi // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
+                                         BLOCK_N, D, False, IEEE, UPCAST)
+        acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
+                                         BLOCK_N, D, True, IEEE, UPCAST)
+    else:
+        acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
+                                         BLOCK_N, D, True, IEEE, UPCAST)
 
     # Part 2: masked attention of the block's queries against the block's own tokens.
     k_item = q_item  # same token range: keys are indexed by the same `rows`
@@ -127,12 +211,42 @@ def _item_block_fwd_kernel(
 
 
 @triton.jit
+def _dq_dense_tiles(
+    dq, q, do, lse2, delta, row_ok, KD, VD, skdn, svdn, start, end, hi, qk_scale,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # dq over dense keys [start, end). Unmasked tiles need no `where`: a padding query row has
+    # q = dO = lse = delta = 0, so its dS is exactly 0.
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for s0 in range(start, end, BLOCK_N):
+        n_idx = s0 + offs_n
+        n_ok = n_idx < hi
+        if MASKED:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
+        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)  # [BM, BN]
+        dp = _dot(do, tl.trans(vd), IEEE, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(kd.dtype), kd, IEEE, UPCAST)
+    return dq
+
+
+@triton.jit
 def _item_block_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, LENGTHS,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, slb, slh, sdqb, sdqh, sdqs,
+    Q, K, V, KD, VD, O, DO, LSE, DELTA, DQ, DK, DV, LENGTHS,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
+    sob, soh, sos, sdob, sdoh, sdos, slb, slh, sdqb, sdqh, sdqs, sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -147,28 +261,32 @@ def _item_block_bwd_dq_kernel(
     q_slot = rows % T
     q_dense = q_slot == T - 1
     row_ok = in_block & (q_item < n_valid)
+    st_ok = in_block & (tok < S)
     offs_d = tl.arange(0, D)
 
     q = tl.load(Q + b * sqb + h * sqh + tok[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
     do = tl.load(DO + b * sdob + h * sdoh + tok[:, None] * sdos + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     lse2 = tl.load(LSE + b * slb + h * slh + tok, mask=row_ok, other=0.0) * 1.4426950408889634  # [BM]
-    delta = tl.load(DELTA + b * slb + h * slh + tok, mask=row_ok, other=0.0)
+    if FUSE_DELTA:  # delta = rowsum(dO * O), stored for the two dk/dv kernels that run after this one
+        o = tl.load(O + b * sob + h * soh + tok[:, None] * sos + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        tl.store(DELTA + b * slb + h * slh + tok, delta, mask=st_ok)
+    else:
+        delta = tl.load(DELTA + b * slb + h * slh + tok, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, D], tl.float32)
 
     hi = tl.where(item0 < n_valid, item0, 0)
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
-        n_idx = start + offs_n
-        n_ok = n_idx < hi
-        dtok = n_idx * T + (T - 1)
-        kd = tl.load(K + b * skb + h * skh + dtok[:, None] * sks + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-        vd = tl.load(V + b * svb + h * svh + dtok[:, None] * svs + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale
-        p = tl.exp2(s - lse2[:, None])
-        p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)  # [BM, BN]
-        dp = _dot(do, tl.trans(vd), IEEE, UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kd.dtype), kd, IEEE, UPCAST)
+    kd_ptr = KD + b * skdb + h * skdh
+    vd_ptr = VD + b * svdb + h * svdh
+    if SPLIT_TAIL:
+        hi_full = (hi // BLOCK_N) * BLOCK_N
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
+                             BLOCK_N, D, False, IEEE, UPCAST)
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
+                             BLOCK_N, D, True, IEEE, UPCAST)
+    else:
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
+                             BLOCK_N, D, True, IEEE, UPCAST)
 
     kb = tl.load(K + b * skb + h * skh + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     vb = tl.load(V + b * svb + h * svh + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -184,9 +302,16 @@ def _item_block_bwd_dq_kernel(
     dp = _dot(do, tl.trans(vb), IEEE, UPCAST)
     ds = p * (dp - delta[:, None])
     dq += _dot(ds.to(kb.dtype), kb, IEEE, UPCAST)
+    if FUSE_SID_KV:  # an SID key is seen only inside its own item: its dk/dv come from this tile alone
+        pt = tl.trans(p)  # [BM(k), BM(q)]; dense keys' rows are computed but not stored
+        dst = tl.trans(ds)
+        dv_s = _dot(pt.to(do.dtype), do, IEEE, UPCAST)  # [BM, D]
+        dk_s = _dot(dst.to(q.dtype), q, IEEE, UPCAST) * sm_scale
+        sid_ok = st_ok & (q_slot < T - 1)
+        tl.store(DK + b * sdkb + h * sdkh + tok[:, None] * sdks + offs_d[None, :], dk_s.to(DK.dtype.element_ty), mask=sid_ok[:, None])
+        tl.store(DV + b * sdvb + h * sdvh + tok[:, None] * sdvs + offs_d[None, :], dv_s.to(DV.dtype.element_ty), mask=sid_ok[:, None])
 
     dq = dq * sm_scale
-    st_ok = in_block & (tok < S)
     tl.store(DQ + b * sdqb + h * sdqh + tok[:, None] * sdqs + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=st_ok[:, None])
 
 
@@ -235,18 +360,51 @@ def _item_block_bwd_sid_kv_kernel(
 
 
 @triton.jit
+def _kv_query_tiles(
+    dk, dv, kd, vd, j, j_ok, Q, DO, LSE, DELTA, sqs, sdos, start, end, q_hi, qk_scale,
+    T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # dk/dv of dense keys j over query tokens [start, end). Unmasked tiles (every query item > every
+    # key j) need no `where`: a query token >= q_hi loads q = dO = lse = delta = 0, so dP = dS = 0.
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, D)
+    for s0 in range(start, end, BLOCK_Q):
+        qt = s0 + offs_q  # query tokens  [BQ]
+        q_ok = qt < q_hi
+        qq = tl.load(Q + qt[:, None] * sqs + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [BQ, D]
+        qdo = tl.load(DO + qt[:, None] * sdos + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+        l2 = tl.load(LSE + qt, mask=q_ok, other=0.0) * 1.4426950408889634
+        dl = tl.load(DELTA + qt, mask=q_ok, other=0.0)
+        st = _dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale  # [BI, BQ]
+        if MASKED:
+            q_item = qt // T
+            q_dense = (qt % T) == T - 1
+            vis = (q_dense[None, :] & (j[:, None] <= q_item[None, :])) | ((~q_dense[None, :]) & (j[:, None] < q_item[None, :]))
+            vis = vis & j_ok[:, None] & q_ok[None, :]
+            pt = tl.where(vis, tl.exp2(st - l2[None, :]), 0.0)
+        else:
+            pt = tl.exp2(st - l2[None, :])
+        dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
+        dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
+        dst = pt * (dpt - dl[None, :])
+        dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
+    return dk, dv
+
+
+@triton.jit
 def _item_block_bwd_dense_kv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, LENGTHS,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdob, sdoh, sdos, slb, slh,
+    Q, KD, VD, DO, LSE, DELTA, DK, DV, LENGTHS,
+    sqb, sqh, sqs, skdb, skdh, skdn, svdb, svdh, svdn, sdob, sdoh, sdos, slb, slh,
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
-    # BLOCK_I dense keys (the compact strided view k[:, :, T-1::T]) per program, a flash-style
-    # loop over every query token from item j0 on; only the first BLOCK_I items' worth is masked.
+    # BLOCK_I dense keys (rows of the compact dense K/V) per program, a flash-style loop over
+    # every query token from item j0 on; only the first BLOCK_I items' worth needs the mask.
     pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -256,32 +414,28 @@ def _item_block_bwd_dense_kv_kernel(
     offs_i = tl.arange(0, BLOCK_I)
     j = j0 + offs_i  # item index of each dense key  [BI]
     j_ok = j < n_valid
-    dtok = j * T + (T - 1)
     offs_d = tl.arange(0, D)
-    kd = tl.load(K + b * skb + h * skh + dtok[:, None] * sks + offs_d[None, :], mask=j_ok[:, None], other=0.0)  # [BI, D]
-    vd = tl.load(V + b * svb + h * svh + dtok[:, None] * svs + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+    kd = tl.load(KD + b * skdb + h * skdh + j[:, None] * skdn + offs_d[None, :], mask=j_ok[:, None], other=0.0)  # [BI, D]
+    vd = tl.load(VD + b * svdb + h * svdh + j[:, None] * svdn + offs_d[None, :], mask=j_ok[:, None], other=0.0)
     dk = tl.zeros([BLOCK_I, D], tl.float32)
     dv = tl.zeros([BLOCK_I, D], tl.float32)
     q_hi = n_valid * T
-    offs_q = tl.arange(0, BLOCK_Q)
-    for start in range(j0 * T, q_hi, BLOCK_Q):
-        qt = start + offs_q  # query tokens  [BQ]
-        q_ok = qt < q_hi
-        q_item = qt // T
-        q_dense = (qt % T) == T - 1
-        qq = tl.load(Q + b * sqb + h * sqh + qt[:, None] * sqs + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [BQ, D]
-        qdo = tl.load(DO + b * sdob + h * sdoh + qt[:, None] * sdos + offs_d[None, :], mask=q_ok[:, None], other=0.0)
-        l2 = tl.load(LSE + b * slb + h * slh + qt, mask=q_ok, other=0.0) * 1.4426950408889634
-        dl = tl.load(DELTA + b * slb + h * slh + qt, mask=q_ok, other=0.0)
-        st = _dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale  # [BI, BQ]
-        vis = (q_dense[None, :] & (j[:, None] <= q_item[None, :])) | ((~q_dense[None, :]) & (j[:, None] < q_item[None, :]))
-        vis = vis & j_ok[:, None] & q_ok[None, :]
-        pt = tl.where(vis, tl.exp2(st - l2[None, :]), 0.0)
-        dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
-        dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
-        dst = pt * (dpt - dl[None, :])
-        dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
+    q_ptr = Q + b * sqb + h * sqh
+    do_ptr = DO + b * sdob + h * sdoh
+    l_ptr = LSE + b * slb + h * slh
+    dl_ptr = DELTA + b * slb + h * slh
+    if SPLIT_TAIL:  # queries of items >= j0 + BLOCK_I see every key of the tile: no mask there
+        DIAG = ((BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q) * BLOCK_Q  # query tokens that can be masked
+        mid = tl.minimum(j0 * T + DIAG, q_hi)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, mid, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, mid, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, False, IEEE, UPCAST)
+    else:
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
     dk = dk * sm_scale
+    dtok = j * T + (T - 1)
     st_ok = j < N_ITEMS  # padding items' rows are written too (as zeros)
     tl.store(DK + b * sdkb + h * sdkh + dtok[:, None] * sdks + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=st_ok[:, None])
     tl.store(DV + b * sdvb + h * sdvh + dtok[:, None] * sdvs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=st_ok[:, None])
@@ -314,7 +468,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: to
     if lengths.dim() != 1 or lengths.shape[0] != B:
         raise ValueError(f"lengths: expected shape [{B}], got {tuple(lengths.shape)}")
     n_items = S // T
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n_items):
+    capturing = lengths.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
+    if lengths.numel() and not capturing and (int(lengths.min()) < 0 or int(lengths.max()) > n_items):
         raise ValueError(f"lengths: values must lie in [0, {n_items}], got {lengths.tolist()}")
     return n_items
 
@@ -333,6 +488,35 @@ def _blocks(T: int, block_m: int) -> tuple[int, int]:
     return block_m, block_m // T
 
 
+def _tile(x: int) -> int:
+    return max(16, _next_pow2(x))
+
+
+def _launch_opts(warps: int | None, stages: int | None, D: int) -> dict[str, int]:
+    opts = {"num_warps": warps or _default_warps(D)}
+    if stages is not None:  # None: Triton's own default
+        opts["num_stages"] = stages
+    return opts
+
+
+def _config(block_m: int, block_n: int, num_warps: int | None, config: ItemBlockConfig | None) -> ItemBlockConfig:
+    if config is None:
+        return ItemBlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps)
+    if (block_m, block_n, num_warps) != (64, 64, None):
+        raise ValueError("item_block_attention: pass block_m / block_n / num_warps inside `config`, not beside it")
+    return config
+
+
+def _dense_view(x: torch.Tensor, T: int, gather: bool) -> torch.Tensor:
+    """The dense tokens ``[B, H, n_items, D]``: a strided view, or a contiguous copy of it."""
+    xd = x[:, :, T - 1 :: T]
+    return xd.contiguous() if gather else xd
+
+
+def _strides3(x: torch.Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
 def item_block_attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -343,76 +527,100 @@ def item_block_attention_fwd(
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int | None = None,
+    *,
+    config: ItemBlockConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only: returns ``out [B, H, S, D]`` (q's dtype) and natural-log ``lse [B, H, S]`` fp32."""
+    cfg = _config(block_m, block_n, num_warps, config)
     lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
     n_items = _check_inputs(q, k, v, lengths, T)
     B, H, S, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    BLOCK_M, BLOCK_ITEMS = _blocks(T, block_m)
-    BLOCK_N = max(16, _next_pow2(block_n))
+    BLOCK_M, BLOCK_ITEMS = _blocks(T, cfg.block_m)
     out = _empty(q.shape, q)
     lse = _empty((B, H, S), q, torch.float32)
     if out.numel() == 0:
         return out, lse.zero_()
+    kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
     grid = (triton.cdiv(n_items, BLOCK_ITEMS), B * H)
     _item_block_fwd_kernel[grid](
-        q, k, v, out, lse, lengths,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        q, k, v, kd, vd, out, lse, lengths,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(kd), *_strides3(vd), *_strides3(out),
         lse.stride(0), lse.stride(1),
         H, S, scale * _LOG2E,
-        T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=D,
-        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q),
-        num_warps=num_warps or _default_warps(D),
+        T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(cfg.block_n), D=D, SPLIT_TAIL=cfg.split_tail,
+        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
     )
     return out, lse
 
 
-def _item_block_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    do: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, block_m: int, block_n: int,
-    num_warps: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, H, S, D = q.shape
-    n_items = S // T
-    if do.stride(-1) != 1:
-        do = do.contiguous()
-    delta = (do.float() * out.float()).sum(-1).contiguous()  # [B, H, S]
-    BLOCK_M, BLOCK_ITEMS = _blocks(T, block_m)
-    BLOCK_N = max(16, _next_pow2(block_n))
-    BLOCK_I = BLOCK_M  # dense keys per program of the dense dk/dv kernel
-    dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-    if dq.numel() == 0:
-        return dq, dk, dv
-    grid = (triton.cdiv(n_items, BLOCK_ITEMS), B * H)
-    common = (
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        lse.stride(0), lse.stride(1),
-    )
-    kv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
-    _item_block_bwd_dq_kernel[grid](
-        q, k, v, do, lse, delta, dq, lengths, *common,
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        H, S, scale * _LOG2E, scale,
-        T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=D, IEEE=q.dtype == torch.float32, UPCAST=_upcast(q),
-        num_warps=num_warps or _default_warps(D),
-    )
-    if T > 1:
-        _item_block_bwd_sid_kv_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, lengths, *common, *kv_strides,
-            H, S, scale * _LOG2E, scale,
-            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, D=D, IEEE=q.dtype == torch.float32, UPCAST=_upcast(q),
-            num_warps=num_warps or _default_warps(D),
+class _Backward:
+    """The inputs of the three backward kernels, prepared once; each kernel is one method so a
+    benchmark can time them one by one. ``dq()`` must run first when ``cfg.fuse_delta``."""
+
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+        do: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, cfg: ItemBlockConfig,
+    ) -> None:
+        B, H, S, D = q.shape
+        self.q, self.k, self.v, self.out, self.lse, self.lengths, self.T, self.scale, self.cfg = q, k, v, out, lse, lengths, T, scale, cfg
+        self.H, self.S, self.D, self.n_items = H, S, D, S // T
+        self.do = do if do.stride(-1) == 1 else do.contiguous()
+        if cfg.fuse_delta:
+            self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq kernel
+        else:
+            self.delta = (self.do.float() * out.float()).sum(-1).contiguous()  # [B, H, S]
+        assert self.delta.stride() == lse.stride(), "LSE and DELTA share strides in the kernels"
+        self.kd, self.vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
+        self.dq, self.dk, self.dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
+        self.consts = {"D": D, "IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
+
+    def run_dq(self) -> None:
+        c, q, T = self.cfg, self.q, self.T
+        BLOCK_M, BLOCK_ITEMS = _blocks(T, c.dq_block_m or c.block_m)
+        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
+            q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
+            *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
+            *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
+            *_strides3(self.dk), *_strides3(self.dv),
+            self.H, self.S, self.scale * _LOG2E, self.scale,
+            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(c.dq_block_n or c.block_n),
+            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1, **self.consts,
+            **_launch_opts(c.dq_warps or c.num_warps, c.dq_stages or c.num_stages, self.D),
         )
-    _item_block_bwd_dense_kv_kernel[(triton.cdiv(n_items, BLOCK_I), B * H)](
-        q, k, v, do, lse, delta, dk, dv, lengths, *common, *kv_strides,
-        H, n_items, scale * _LOG2E, scale,
-        T=T, BLOCK_I=BLOCK_I, BLOCK_Q=BLOCK_N, D=D, IEEE=q.dtype == torch.float32, UPCAST=_upcast(q),
-        num_warps=num_warps or _default_warps(D),
-    )
-    return dq, dk, dv
+
+    def run_sid_kv(self) -> None:
+        c, q, T = self.cfg, self.q, self.T
+        if T == 1 or c.fuse_sid_kv:  # no SID keys, or the dq kernel did them
+            return
+        BLOCK_M, BLOCK_ITEMS = _blocks(T, c.sid_block_m or c.block_m)
+        _item_block_bwd_sid_kv_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
+            q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
+            *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.do),
+            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
+            self.H, self.S, self.scale * _LOG2E, self.scale,
+            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, **self.consts,
+            **_launch_opts(c.sid_warps or c.num_warps, None, self.D),
+        )
+
+    def run_dense_kv(self) -> None:
+        c, q, T = self.cfg, self.q, self.T
+        BLOCK_I = _tile(c.kv_block_i) if c.kv_block_i else _blocks(T, c.block_m)[0]
+        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H)](
+            q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
+            *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
+            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
+            self.H, self.n_items, self.scale * _LOG2E, self.scale,
+            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail, **self.consts,
+            **_launch_opts(c.kv_warps or c.num_warps, c.kv_stages or c.num_stages, self.D),
+        )
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.dq.numel():
+            self.run_dq()
+            self.run_sid_kv()
+            self.run_dense_kv()
+        return self.dq, self.dk, self.dv
 
 
 class ItemBlockAttention(torch.autograd.Function):
@@ -423,20 +631,22 @@ class ItemBlockAttention(torch.autograd.Function):
         ctx: Any,
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
         scale: float | None = None, block_m: int = 64, block_n: int = 64, num_warps: int | None = None,
+        config: ItemBlockConfig | None = None,
     ) -> torch.Tensor:
+        cfg = _config(block_m, block_n, num_warps, config)
         lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        out, lse = item_block_attention_fwd(q, k, v, lengths, T, scale, block_m, block_n, num_warps)
+        out, lse = item_block_attention_fwd(q, k, v, lengths, T, scale, config=cfg)
         ctx.save_for_backward(q, k, v, out, lse, lengths)
-        ctx.cfg = (T, scale, block_m, block_n, num_warps)
+        ctx.cfg = (T, scale, cfg)
         return out
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, out, lse, lengths = ctx.saved_tensors
-        T, scale, block_m, block_n, num_warps = ctx.cfg
-        dq, dk, dv = _item_block_bwd(q, k, v, out, lse, do, lengths, T, scale, block_m, block_n, num_warps)
-        return dq, dk, dv, None, None, None, None, None, None
+        T, scale, cfg = ctx.cfg
+        dq, dk, dv = _Backward(q, k, v, out, lse, do, lengths, T, scale, cfg).run()
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def item_block_attention(
@@ -449,12 +659,14 @@ def item_block_attention(
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int | None = None,
+    *,
+    config: ItemBlockConfig | None = None,
 ) -> torch.Tensor:
     """PinGER item-block attention (Triton). q, k, v ``[B, H, S, D]``, lengths int ``[B]`` -> ``[B, H, S, D]``.
 
     Same contract as ``reference.item_block_attention_ref``; differentiable in q, k, v.
     ``block_m`` tokens per query block (rounded to a power of two; holds ``block_m // T`` whole
     items), ``block_n`` dense keys per step of the unmasked loop; ``num_warps`` defaults to 4
-    (D <= 64) or 8.
+    (D <= 64) or 8. ``config`` (an :class:`ItemBlockConfig`) sets every tuning knob instead.
     """
-    return ItemBlockAttention.apply(q, k, v, lengths, T, scale, block_m, block_n, num_warps)
+    return ItemBlockAttention.apply(q, k, v, lengths, T, scale, block_m, block_n, num_warps, config)
