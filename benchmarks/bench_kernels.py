@@ -68,6 +68,27 @@ def _time(fn: Callable[[], Any], warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def _time_graph(fn: Callable[[], Any], warmup: int, iters: int, reps: int = 20) -> float | None:
+    """Median milliseconds per call of ``fn`` replayed from a CUDA graph holding ``reps`` calls:
+    the GPU time without the host's launch and check overhead (how a captured decode runs it).
+    ``fn`` runs under ``trusted_inputs`` (no value-check syncs, which capture forbids). None on CPU."""
+    if DEV == "cpu":
+        return None
+    from genrec.validation import trusted_inputs
+
+    with trusted_inputs():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+    return _time(graph.replay, warmup, iters) / reps
+
+
 def _empty_cache() -> None:
     if DEV == "cuda":
         torch.cuda.empty_cache()
@@ -268,6 +289,9 @@ def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = 
                 row[f"triton_s{S}_ms"] = _guard(f"cascade triton S={S} W={W}", lambda: _time(triton_s(S), warmup, iters))
         row["torch_two_pass_ms"] = _guard(f"cascade torch W={W}", lambda: _time(lambda: cascade_attention_torch(q, kh, vh, ks, vs, hl), warmup, iters))
         row["per_beam_sdpa_ms"] = _guard(f"per-beam sdpa W={W}", lambda: _time(per_beam, warmup, iters))
+        # GPU time per call from a CUDA-graph replay (no launch/check overhead), both sides
+        row["graph_triton_s1_ms"] = _guard(f"cascade graph W={W}", lambda: _time_graph(triton_s(1), warmup, iters))
+        row["graph_per_beam_ms"] = _guard(f"per-beam graph W={W}", lambda: _time_graph(per_beam, warmup, iters))
     timed = {k: row[k] for k in ("triton_s1_ms", "triton_auto_ms") if row[k] is not None}
     best = min(timed, key=lambda k: timed[k], default=None)
     row["triton_ms"] = timed[best] if best else None  # the better of S=1 and auto
@@ -276,7 +300,8 @@ def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = 
     f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     sw = " ".join(f"S={k[8:-3]} {f(row[k])}" for k in row if k.startswith("triton_s") and k != "triton_s1_ms")
     print(f"  cascade W={W:4d} hist={n}: triton S=1 {f(row['triton_s1_ms'])} ms  auto (S={auto_s}) {f(row['triton_auto_ms'])} ms  "
-          f"torch {f(row['torch_two_pass_ms'])} ms  per-beam {f(row['per_beam_sdpa_ms'])} ms" + (f"  sweep: {sw}" if sw else ""), flush=True)
+          f"torch {f(row['torch_two_pass_ms'])} ms  per-beam {f(row['per_beam_sdpa_ms'])} ms  graph-replayed: cascade "
+          f"{f(row['graph_triton_s1_ms'])} ms vs per-beam {f(row['graph_per_beam_ms'])} ms" + (f"  sweep: {sw}" if sw else ""), flush=True)
     _empty_cache()
 
 

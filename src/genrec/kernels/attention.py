@@ -128,9 +128,9 @@ def attention(
             raise ValueError("attention: pass mask= or mask_mod=")
         mask = prepare_mask(mask_mod, b, sq, sk, resolve_impl(impl, q.device, b * sq * sk), q.device)
     if isinstance(mask, ItemBlockMask):
-        from genrec.kernels.item_block import item_block_attention
+        from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
 
-        return item_block_attention(q, k, v, mask.lengths, mask.T)
+        return item_block_attention(q, k, v, mask.lengths, mask.T, config=ItemBlockConfig.tuned(q.shape[-1]))
     if isinstance(mask, torch.Tensor):
         if mask.shape[-2:] != (sq, sk):
             raise ValueError(f"attention: mask shape {tuple(mask.shape)} does not match Sq={sq}, Sk={sk}")

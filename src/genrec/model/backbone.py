@@ -54,6 +54,8 @@ class SelfAttention(nn.Module):
         bw, t, d = x.shape
         b = bw // w
         q, k, v = self.qkv(x).view(b, w, t, 3, self.h, self.dh).permute(3, 0, 1, 4, 2, 5)  # 3 x [B, W, H, t, Dh]
+        if k_hist.dtype != q.dtype:  # e.g. a float32 cache read under bf16 autocast
+            k_hist, v_hist = k_hist.to(q.dtype), v_hist.to(q.dtype)
         o = cascade_attention(q, k_hist, v_hist, k, v, hist_len)  # [B, W, H, t, Dh]
         return self.out(o.permute(0, 1, 3, 2, 4).reshape(bw, t, d))
 
