@@ -241,3 +241,29 @@ def test_retrieval_weight_fuses_the_dense_score(rec: Recommender) -> None:
     assert list(cos_big) == sorted(cos_big, reverse=True)  # a huge weight orders by the dense score
     with pytest.raises(ConfigError, match="retrieval_weight"):
         rec.recommend(HIST, retrieval_weight=-1.0)
+
+
+def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "all" graph mode's encode and ranking paths (bucketed histories and candidates), run
+    eagerly on the CPU over the same static buffers, give the plain recommendations."""
+    from genrec.model.graphs import GraphedEncoder, GraphedRanker
+    from genrec.retrieve.recommender import graph_mode
+
+    h2 = [3, 4]
+    want = [rec.recommend(h, k=8, beam_width=8) for h in (HIST, h2)] + [rec.recommend([HIST, h2], k=8, beam_width=8)]
+    enc = GraphedEncoder(rec.model, min_bucket=4, use_graph=False)
+    rnk = GraphedRanker(rec.model, min_bucket=4, min_cand_bucket=4, use_graph=False)
+    monkeypatch.setattr(rec, "_graphed_encode", enc)
+    monkeypatch.setattr(rec, "_graphed_rank", rnk)
+    got = [rec.recommend(h, k=8, beam_width=8) for h in (HIST, h2)] + [rec.recommend([HIST, h2], k=8, beam_width=8)]
+    assert enc.captures >= 2 and rnk.captures >= 1  # the static-shape paths really ran
+    for w, g in zip(want[:2] + want[2], got[:2] + got[2]):  # type: ignore[operator]
+        assert [r.item_id for r in w] == [r.item_id for r in g]
+        np.testing.assert_allclose([r.score for r in w], [r.score for r in g], atol=1e-5)
+    assert graph_mode(torch.device("cpu")) == "off"
+    for raw, mode in (("1", "sid"), ("0", "off"), ("all", "all"), ("SID", "sid")):
+        monkeypatch.setenv("GENREC_CUDA_GRAPHS", raw)
+        assert graph_mode(torch.device("cuda")) == mode
+    monkeypatch.setenv("GENREC_CUDA_GRAPHS", "sometimes")
+    with pytest.raises(ConfigError, match="GENREC_CUDA_GRAPHS"):
+        graph_mode(torch.device("cuda"))

@@ -32,14 +32,9 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, _check_args, _check_lambda, finalize, raise_on_nan, run_levels
 from genrec.decode.trie_torch import TorchTrie
 from genrec.model.genrec_model import BeamContext, GenRecModel
-from genrec.validation import trusted_inputs
+from genrec.model.graphs import autocast_state, bucket_length, capture
 
-__all__ = ["GraphedBeamSearch", "bucket_length"]
-
-
-def bucket_length(n: int, min_bucket: int = 64) -> int:
-    """Smallest power of two >= max(n, min_bucket)."""
-    return 1 << max(int(min_bucket) - 1, int(n) - 1, 0).bit_length()
+__all__ = ["GraphedBeamSearch", "bucket_length"]  # bucket_length: re-exported
 
 
 @dataclass
@@ -57,11 +52,6 @@ class _Graph:
     inputs: _Inputs
     result: BeamResult
     nan: list[torch.Tensor]
-
-
-def _autocast_state() -> tuple[bool, torch.dtype | None]:
-    on = torch.is_autocast_enabled("cuda")
-    return on, (torch.get_autocast_dtype("cuda") if on else None)
 
 
 class GraphedBeamSearch:
@@ -131,18 +121,7 @@ class GraphedBeamSearch:
         return run
 
     def _capture(self, inp: _Inputs, run: Callable[[], tuple[BeamResult, list[torch.Tensor]]]) -> _Graph:
-        on, dtype = _autocast_state()
-        # autocast's cast cache would hand the graph weights cast OUTSIDE it (freed later): recast inside
-        ac = torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), ac, trusted_inputs():  # warm-up: Triton compiles, cuBLAS handles, allocator pools
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), \
-                trusted_inputs():
-            result, nan = run()
+        graph, (result, nan) = capture(run)
         self.captures += 1
         return _Graph(graph, inp, result, nan)
 
@@ -159,7 +138,7 @@ class GraphedBeamSearch:
         nb = bucket_length(ctx.n_tokens, self.min_bucket)
         with self._lock:
             in_key, inp = self._static_inputs(ctx, nb)
-            key = (in_key, int(beam_width), float(diversity_lambda), penalty, bool(constrain), _autocast_state())
+            key = (in_key, int(beam_width), float(diversity_lambda), penalty, bool(constrain), autocast_state())
             self._fill(inp, ctx)
             g = self._graphs.get(key)
             if g is None:

@@ -39,7 +39,7 @@ from genrec.model.encoders import (
 from genrec.model.fusion import SidFusion
 from genrec.model.heads import ActionHead, SidHeads, TargetCondition, UserHead
 from genrec.model.kv_cache import KVCache
-from genrec.validation import trusted_inputs
+from genrec.validation import checks_on, trusted_inputs
 from genrec.model.layout import ACTION, CAND, DENSE, PAD, TokenLayout, TokenMeta, build_layout
 
 
@@ -353,7 +353,7 @@ class GenRecModel(nn.Module):
         self, batch: ModelBatch, target_surface: torch.Tensor | None = None, target_action: torch.Tensor | None = None
     ) -> tuple[KVCache, torch.Tensor | None, torch.Tensor]:
         """Prefill the serving layout -> (cache, user_vec ``[B, item_dim]`` or None for TIGER, last hidden ``[B, D]``)."""
-        if batch.lengths.numel() and int(batch.lengths.min()) < 1:
+        if checks_on() and batch.lengths.numel() and int(batch.lengths.min()) < 1:
             raise ValueError("encode_history: every row needs at least one history item (lengths >= 1)")
         x, lay, _, _ = self._history_tokens(batch, serving=True, n_cand=0)
         cache, h = self.backbone.prefill(x, lay.meta, self.config.layout)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from genrec.validation import checks_on
+
 from genrec.errors import ConfigError
 
 DENSE = 0
@@ -130,7 +132,7 @@ def build_layout(
     if lengths.dim() != 1:
         raise ValueError(f"lengths: expected shape [B], got {tuple(lengths.shape)}")
     lengths = lengths.to(torch.int64)
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n_items):
+    if checks_on() and lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n_items):
         raise ValueError(f"lengths: values must lie in [0, {n_items}], got {lengths.tolist()}")
     if n_cand < 0:
         raise ValueError(f"n_cand: must be >= 0, got {n_cand}")

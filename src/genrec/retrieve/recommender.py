@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
+from genrec.model.graphs import GraphedEncoder, GraphedRanker
 from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -134,6 +135,18 @@ def _sha(paths: Sequence[Path]) -> str:
     return h.hexdigest()[:10]
 
 
+def graph_mode(device: torch.device) -> str:
+    """Which serving stages replay CUDA graphs: "off" on a CPU; else ``GENREC_CUDA_GRAPHS``:
+    "sid" (default, also "1"), "all" (also the encode and the ranking decode) or "off" ("0")."""
+    if device.type != "cuda":
+        return "off"
+    raw = os.environ.get("GENREC_CUDA_GRAPHS", "sid").strip().lower()
+    mode = {"1": "sid", "0": "off", "": "sid"}.get(raw, raw)
+    if mode not in ("off", "sid", "all"):
+        raise ConfigError(f"GENREC_CUDA_GRAPHS: expected off, sid or all (or 0/1), got {raw!r}")
+    return mode
+
+
 class Recommender:
     """A trained model with its catalogue, SID trie / index and ANN index, ready to serve."""
 
@@ -160,9 +173,12 @@ class Recommender:
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
         self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
-        # SID beam search replayed as CUDA graphs on a GPU (GENREC_CUDA_GRAPHS=0 forces the eager path)
-        self.cuda_graphs = self.device.type == "cuda" and os.environ.get("GENREC_CUDA_GRAPHS", "1") != "0"
+        # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "sid" (default; "1" too): the SID beam search;
+        # "all": also the history encode and the ranking decode; "off" ("0"): every stage eager
+        self.cuda_graphs = graph_mode(self.device)
         self._graphed: GraphedBeamSearch | None = None
+        self._graphed_encode = GraphedEncoder(self.model) if self.cuda_graphs == "all" else None
+        self._graphed_rank = GraphedRanker(self.model) if self.cuda_graphs == "all" else None
         with torch.no_grad():
             self.item_vecs = torch.cat([cast("JointObjective", objective).catalogue_vectors(i, i + 8192).float()
                                         for i in range(0, len(catalog), 8192)])  # [N, D]
@@ -417,8 +433,17 @@ class Recommender:
         return srcs, bool(rank)
 
     def encode(self, mb: ModelBatch) -> tuple[KVCache, torch.Tensor | None]:
-        """The one history prefill: (KV cache, user vector [B, item_dim] or None)."""
-        cache, user, _ = self.model.encode_history(mb)
+        """The one history prefill: (KV cache, user vector [B, item_dim] or None). Replayed from a
+        CUDA graph in "all" graph mode (the batch is padded to a bucket of item slots: the cache
+        then ends with PAD tokens, which no later stage sees)."""
+        enc = self._graphed_encode
+        if enc is not None and enc.supports(mb):
+            lo, hi = (int(x) for x in torch.stack([mb.lengths.min(), mb.lengths.max()]).tolist())
+            if lo < 1 or hi > mb.n_items:  # the graph skips the model's checks: the one that matters here
+                raise ValueError(f"encode: lengths must lie in [1, {mb.n_items}], got min {lo}, max {hi}")
+            cache, user, _ = enc(mb)
+        else:
+            cache, user, _ = self.model.encode_history(mb)
         return cache, user
 
     def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0,
@@ -429,7 +454,7 @@ class Recommender:
         cfg = self.config
         # shared-prefix plan checked once here; every step then runs sync-free over the context
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        if ctx is not None and self.cuda_graphs:
+        if ctx is not None and self.cuda_graphs in ("sid", "all"):
             if self._graphed is None or self._graphed.trie is not self.trie:
                 self._graphed = GraphedBeamSearch(self.model, self.trie)
             if self._graphed.supports(ctx):
@@ -486,9 +511,12 @@ class Recommender:
             raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
         if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.item_vecs):
             raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
+        codes = self.codes[rows] if self.codes is not None else None
+        rnk = self._graphed_rank
+        if rnk is not None and rnk.supports(cache, cand_vecs):
+            return rnk(cache, cand_vecs, codes, surface, request_ts)
         with trusted_inputs():  # checked above; SID codes come from the catalogue: no per-layer syncs
-            return self.model.rank(cache, cand_vecs, self.codes[rows] if self.codes is not None else None,
-                                   surface, request_ts)
+            return self.model.rank(cache, cand_vecs, codes, surface, request_ts)
 
     # ------------------------------------------------------------------ core
     def _amp(self) -> Any:
