@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.losses import action_loss, sampled_softmax_loss, sid_loss
 from genrec.model.sketch import CountMinSketch
 from genrec.train.batches import ItemCatalog, TrainBatch
+from genrec.validation import trusted_inputs
 
 
 @dataclass
@@ -127,23 +129,46 @@ class JointObjective(nn.Module):
         )
         return mb, valid
 
-    def training_step(self, b: TrainBatch) -> dict[str, torch.Tensor]:
+    def check_batch(self, b: TrainBatch) -> int:
+        """Range-check every index of the batch with ONE device->host sync (the model's own checks
+        cost one each, ~30 per step) and return the number of valid history items. Errors name
+        the field."""
+        mcfg = self.model.config
+        n_rows = int(self.feats.shape[0])
+        fields: list[tuple[str, torch.Tensor | None, int]] = [
+            ("rows", b.rows, n_rows), ("actions", b.actions, mcfg.n_actions + 1),
+            ("surfaces", b.surfaces, mcfg.n_surfaces), ("lengths", b.lengths, b.rows.shape[1] + 1),
+            ("cand_rows", b.cand_rows, n_rows), ("cand_surface", b.cand_surface, mcfg.n_surfaces)]
+        present = [(name, t, hi) for name, t, hi in fields if t is not None and t.numel()]
+        stats = torch.stack([x for _, t, _ in present for x in (t.min(), t.max())]
+                            + [b.lengths.sum()]).tolist()  # the one sync
+        for i, (name, _, hi) in enumerate(present):
+            lo_v, hi_v = stats[2 * i], stats[2 * i + 1]
+            if lo_v < 0 or hi_v >= hi:
+                raise ValueError(f"batch.{name}: values must lie in [0, {hi}), got min {lo_v}, max {hi_v}")
+        return int(stats[-1])
+
+    def training_step(self, b: TrainBatch) -> dict[str, Any]:
         cfg, mcfg = self.cfg, self.model.config
+        n_items = self.check_batch(b)
         mb, valid = self.model_batch(b, mask_actions=cfg.w_action > 0 and mcfg.layout != "tiger")
-        out = self.model(mb)
+        with trusted_inputs():  # checked above in one sync; codes and ids come from the catalogue
+            out = self.model(mb)
         positive = self.pos_action[b.actions] & valid  # [B, n]
-        terms: dict[str, torch.Tensor] = {}
+        terms: dict[str, Any] = {}
         total = out.hidden.new_zeros(())
         if cfg.w_sid > 0 and out.sid_logits is not None:
+            # mean CE over (position, level) pairs that are valid and positive, by weights rather
+            # than boolean selection: selecting rows costs a device->host sync per level
             tgt = self.codes[b.rows]  # [B, n, L]
-            logits, targets = [], []
+            loss_sum = out.hidden.new_zeros((), dtype=torch.float32)
+            count = out.hidden.new_zeros((), dtype=torch.float32)
             for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
-                m = ok & positive
-                logits.append(lg[m])
-                targets.append(tgt[..., lvl][m])
-            per_level = [F.cross_entropy(lg.float(), t, reduction="sum") for lg, t in zip(logits, targets)]
-            count = sum(int(t.numel()) for t in targets)
-            terms["sid"] = torch.stack(per_level).sum() / max(count, 1)
+                w = (ok & positive).float()  # [B, n]
+                ce = F.cross_entropy(lg.float().flatten(0, 1), tgt[..., lvl].flatten(), reduction="none")  # [B*n]
+                loss_sum = loss_sum + torch.where(w.flatten() > 0, ce, 0.0).sum()
+                count = count + w.sum()
+            terms["sid"] = loss_sum / count.clamp(min=1.0)
             total = total + cfg.w_sid * terms["sid"]
         if cfg.w_item > 0 and out.user_vecs is not None:
             # position i predicts item i+1 (when i+1 is a positive, valid item)
@@ -166,7 +191,7 @@ class JointObjective(nn.Module):
             terms["action"] = action_loss(out.action_logits[m_past].float(), lab_past[m_past], None,
                                           lc.float(), yc, mc, self.action_w)
             total = total + cfg.w_action * terms["action"]
-        return {"loss": total, **terms, "n_items": valid.sum(), "n_tokens": valid.sum() * out.layout.tokens_per_item}
+        return {"loss": total, **terms, "n_items": n_items, "n_tokens": n_items * out.layout.tokens_per_item}
 
     def _item_loss(self, users: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg

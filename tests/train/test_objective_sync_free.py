@@ -1,0 +1,83 @@
+"""The training step checks the batch with one host sync and weights the SID loss instead of
+selecting rows: its loss and gradients equal the row-selecting twin's on fresh random batches,
+and bad indices still fail with the field named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genrec.model.config import ModelConfig
+from genrec.model.genrec_model import GenRecModel
+from genrec.train.batches import ItemCatalog, TrainBatch
+from genrec.train.objective import JointObjective, ObjectiveConfig
+
+KS = [8, 6, 5]
+
+
+def _setup(seed: int, layout: str = "pinger") -> JointObjective:
+    torch.manual_seed(seed)
+    n = 60
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.stack([torch.randint(0, k, (n,), generator=g) for k in KS], 1)
+    cat = ItemCatalog(item_ids=np.arange(n, dtype=np.int64) + 1000, feats=torch.rand(n, 12, generator=g), codes=codes,
+                      n_engagement=0)
+    cfg = ModelConfig.from_name("tiny", layout=layout, sid_levels=3, sid_codebook_sizes=KS, n_actions=3, n_surfaces=2,
+                                dropout=0.0)
+    return JointObjective(GenRecModel(cfg), cat, ObjectiveConfig(w_item=0.0, w_action=0.0), [0, 1])
+
+
+def _batch(seed: int, b: int = 4, n: int = 7) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, n + 1, (b,), generator=g)
+    return TrainBatch(rows=torch.randint(0, 60, (b, n), generator=g), actions=torch.randint(0, 3, (b, n), generator=g),
+                      surfaces=torch.randint(0, 2, (b, n), generator=g), timestamps=torch.zeros(b, n, dtype=torch.int64),
+                      lengths=lengths, cand_rows=None, cand_labels=None, cand_valid=None, cand_surface=None,
+                      request_ts=None)
+
+
+def _selected_sid_loss(obj: JointObjective, b: TrainBatch) -> torch.Tensor:
+    """Twin: the mean CE over rows picked by boolean selection (the former implementation)."""
+    mb, valid = obj.model_batch(b, mask_actions=False)
+    out = obj.model(mb)
+    positive = obj.pos_action[b.actions] & valid
+    tgt = obj.codes[b.rows]
+    lgs, tgts = [], []
+    for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
+        m = ok & positive
+        lgs.append(lg[m])
+        tgts.append(tgt[..., lvl][m])
+    total = sum(F.cross_entropy(lg.float(), t, reduction="sum") for lg, t in zip(lgs, tgts))
+    return total / max(sum(int(t.numel()) for t in tgts), 1)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("layout", ["pinger", "tiger"])
+def test_weighted_sid_loss_equals_row_selection(seed: int, layout: str) -> None:
+    obj = _setup(seed, layout)
+    b = _batch(seed)
+    torch.manual_seed(7)
+    out = obj.training_step(b)
+    out["sid"].backward()
+    got = {n: p.grad.clone() for n, p in obj.named_parameters() if p.grad is not None}
+    obj.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    want = _selected_sid_loss(obj, b)
+    want.backward()
+    torch.testing.assert_close(out["sid"], want, atol=1e-6, rtol=1e-6)
+    for n, p in obj.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-5)
+    assert out["n_items"] == int(b.lengths.sum())
+
+
+def test_bad_indices_name_the_field() -> None:
+    obj = _setup(0)
+    for field, value in (("actions", 4), ("surfaces", 2), ("rows", 60), ("lengths", 8)):
+        b = _batch(1)
+        t = getattr(b, field)
+        t.view(-1)[0] = value
+        with pytest.raises(ValueError, match=f"batch.{field}: values must lie in"):
+            obj.training_step(b)
