@@ -186,7 +186,7 @@ def check_correctness() -> None:
 def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     from torch.nn.attention.flex_attention import flex_attention
 
-    from genrec.kernels.item_block import item_block_attention
+    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
 
     B, n_items, T = TRAIN["B"], TRAIN["n_items"], TRAIN["T"]
     S = n_items * T
@@ -201,16 +201,23 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     def fwd_bwd(f: Callable[[], torch.Tensor]) -> Callable[[], Any]:
         return lambda: torch.autograd.grad(f(), xs, do)
 
-    def record(name: str, f: Callable[[], torch.Tensor], n_pairs: int) -> None:
+    def record(name: str, f: Callable[[], torch.Tensor], n_pairs: int, graph: bool = False) -> None:
         fwd = _guard(f"{name} fwd {shape}", lambda: _time(f, warmup, iters))
         both = _guard(f"{name} fwd+bwd {shape}", lambda: _time(fwd_bwd(f), warmup, iters))
+        # GPU time without host overhead: fwd+bwd replayed from a CUDA graph (where capturable)
+        g_both = _guard(f"{name} fwd+bwd graph {shape}", lambda: _time_graph(fwd_bwd(f), warmup, iters, reps=5)) \
+            if graph else None
         flops = 4 * n_pairs * D * H  # forward matmul FLOPs over visible pairs; backward is 2.5x that
-        row = {"shape": shape, "impl": name, "fwd_ms": fwd, "fwd_bwd_ms": both,
-               "useful_tflops_fwd_bwd": (3.5 * flops / both / 1e9) if both else None}
+        row = {"shape": shape, "impl": name, "fwd_ms": fwd, "fwd_bwd_ms": both, "graph_fwd_bwd_ms": g_both,
+               "useful_tflops_fwd_bwd": (3.5 * flops / both / 1e9) if both else None,
+               "useful_tflops_graph": (3.5 * flops / g_both / 1e9) if g_both else None}
         RESULTS["train"].append(row)
-        print(f"  {shape} {name:28s} fwd {fwd or float('nan'):8.3f} ms  fwd+bwd {both or float('nan'):8.3f} ms", flush=True)
+        print(f"  {shape} {name:28s} fwd {fwd or float('nan'):8.3f} ms  fwd+bwd {both or float('nan'):8.3f} ms  "
+              f"graph-replayed fwd+bwd {g_both or float('nan'):8.3f} ms", flush=True)
 
-    record("item-block triton", lambda: item_block_attention(*xs, lengths, T), pairs)
+    record("item-block triton (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
+           pairs, graph=True)
+    record("item-block triton (original)", lambda: item_block_attention(*xs, lengths, T), pairs, graph=True)
     bm = _guard("flex block mask", lambda: _flex_block_mask(lengths, n_items, T)) if DEV == "cuda" else None
     flex = torch.compile(flex_attention, dynamic=False)
     if bm is not None:
@@ -226,9 +233,10 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     f = _guard("sdpa mask build", sdpa_masked)
     if f is not None:
         record("sdpa explicit mask", f, pairs)
-    record(f"sdpa causal (TIGER {S})", lambda: F.scaled_dot_product_attention(*xs, is_causal=True), causal_pairs)
+    record(f"sdpa causal (TIGER {S})", lambda: F.scaled_dot_product_attention(*xs, is_causal=True), causal_pairs,
+           graph=True)
     if bm is not None:
-        out_k = item_block_attention(q, k, v, lengths, T)
+        out_k = item_block_attention(q, k, v, lengths, T, config=ItemBlockConfig.tuned(D))
         out_f = flex(q, k, v, block_mask=bm)
         err = _rel(out_k, out_f)
         RESULTS["checks"][f"kernel vs flex {shape}"] = {"out": err, "status": "ok" if err < 2e-2 else "FAIL"}
@@ -326,19 +334,23 @@ def bench_ceilings(warmup: int, iters: int) -> None:
 
 def _table() -> str:
     lines = ["", "== training attention, bf16, fwd+bwd (ms; lower is better) =="]
-    lines.append(f"{'shape':28s} {'impl':28s} {'fwd':>9s} {'fwd+bwd':>9s} {'useful TF/s':>11s}")
+    lines.append(f"{'shape':28s} {'impl':30s} {'fwd':>9s} {'fwd+bwd':>9s} {'useful TF/s':>11s} {'graph f+b':>9s} {'graph TF/s':>10s}")
     for r in RESULTS["train"]:
         f = lambda x, p=3: "   n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
-        lines.append(f"{r['shape']:28s} {r['impl']:28s} {f(r['fwd_ms']):>9s} {f(r['fwd_bwd_ms']):>9s} {f(r['useful_tflops_fwd_bwd'], 1):>11s}")
+        lines.append(f"{r['shape']:28s} {r['impl']:30s} {f(r['fwd_ms']):>9s} {f(r['fwd_bwd_ms']):>9s} "
+                     f"{f(r['useful_tflops_fwd_bwd'], 1):>11s} {f(r.get('graph_fwd_bwd_ms')):>9s} {f(r.get('useful_tflops_graph'), 1):>10s}")
     lines.append("")
     c = CASCADE
     lines.append(f"== cascade decode attention, bf16 fwd (ms), {c['B']} req x hist x {c['H']}x{c['D']}, t={c['t']} ==")
-    lines.append(f"{'W':>5s} {'hist':>6s} {'cascade':>9s} {'S=1':>9s} {'auto':>9s} {'auto S':>6s} {'torch 2-pass':>13s} {'per-beam sdpa':>14s} {'speedup':>8s}")
+    lines.append(f"{'W':>5s} {'hist':>6s} {'cascade':>9s} {'S=1':>9s} {'auto':>9s} {'auto S':>6s} {'torch 2-pass':>13s} {'per-beam sdpa':>14s} {'speedup':>8s} "
+                 f"{'graph casc':>10s} {'graph beam':>10s} {'graph x':>8s}")
     for r in RESULTS["cascade"]:
         sp = (r["per_beam_sdpa_ms"] / r["triton_ms"]) if r.get("triton_ms") and r.get("per_beam_sdpa_ms") else None
         g = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+        gc, gb = r.get("graph_triton_s1_ms"), r.get("graph_per_beam_ms")
         lines.append(f"{r['W']:>5d} {r['hist']:>6d} {g(r['triton_ms']):>9s} {g(r['triton_s1_ms']):>9s} {g(r['triton_auto_ms']):>9s} {r['auto_splits']:>6d} "
-                     f"{g(r['torch_two_pass_ms']):>13s} {g(r['per_beam_sdpa_ms']):>14s} {g(sp):>8s}")
+                     f"{g(r['torch_two_pass_ms']):>13s} {g(r['per_beam_sdpa_ms']):>14s} {g(sp):>8s} "
+                     f"{g(gc):>10s} {g(gb):>10s} {g(gb / gc if gc and gb else None):>8s}")
     lines.append("(cascade = the better of the single-kernel S=1 path and the split-KV path with the auto-chosen S)")
     lines.append("")
     lines.append(f"ceilings: {json.dumps({k: round(v, 1) for k, v in RESULTS['ceilings'].items()})}")
