@@ -73,6 +73,37 @@ def test_weighted_sid_loss_equals_row_selection(seed: int, layout: str) -> None:
     assert out["n_items"] == int(b.lengths.sum())
 
 
+def _selected_action_loss(obj: JointObjective, b: TrainBatch) -> torch.Tensor:
+    """Twin: the action loss over boolean-selected rows (the former implementation)."""
+    from genrec.model.losses import action_loss
+
+    mb, valid = obj.model_batch(b, mask_actions=True)
+    out = obj.model(mb)
+    C = obj.model.config.n_actions
+    m_past = mb.action_mask & valid
+    lab = F.one_hot(b.actions.clamp(max=C - 1), C).float()
+    lc, yc = out.cand_action_logits[b.cand_valid], b.cand_labels[b.cand_valid]
+    return action_loss(out.action_logits[m_past].float(), lab[m_past], None, lc.float(), yc, None, obj.action_w)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_masked_action_loss_equals_row_selection(seed: int) -> None:
+    obj = _setup(seed)
+    obj.cfg = ObjectiveConfig(w_sid=0.0, w_item=0.0, w_action=1.0, p_mask=0.5)
+    b = _batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    k = 5
+    b.cand_rows = torch.randint(0, 60, (b.rows.shape[0], k), generator=g)
+    b.cand_labels = (torch.rand(b.rows.shape[0], k, 3, generator=g) < 0.4).float()
+    b.cand_valid = torch.rand(b.rows.shape[0], k, generator=g) < 0.7
+    b.cand_surface = torch.randint(0, 2, (b.rows.shape[0],), generator=g)
+    torch.manual_seed(11)
+    got = obj.training_step(b)["action"]
+    torch.manual_seed(11)
+    want = _selected_action_loss(obj, b)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_bad_indices_name_the_field() -> None:
     obj = _setup(0)
     for field, value in (("actions", 4), ("surfaces", 2), ("rows", 60), ("lengths", 8)):

@@ -183,13 +183,15 @@ class JointObjective(nn.Module):
             assert mb.action_mask is not None  # model_batch always sets it
             m_past = mb.action_mask & valid  # [B, n]
             lab_past = F.one_hot(b.actions.clamp(max=C - 1), C).float()
+            # masks instead of row selection (a boolean index costs a device->host sync)
+            mc: torch.Tensor | None
             if out.cand_action_logits is not None and b.cand_valid is not None and b.cand_labels is not None:
-                lc, yc, mc = out.cand_action_logits[b.cand_valid], b.cand_labels[b.cand_valid], None
+                lc, yc, mc = out.cand_action_logits.flatten(0, 1), b.cand_labels.flatten(0, 1), b.cand_valid.flatten()
             else:
                 lc = out.action_logits.new_zeros(0, C)
                 yc, mc = lc, None
-            terms["action"] = action_loss(out.action_logits[m_past].float(), lab_past[m_past], None,
-                                          lc.float(), yc, mc, self.action_w)
+            terms["action"] = action_loss(out.action_logits.flatten(0, 1).float(), lab_past.flatten(0, 1),
+                                          m_past.flatten(), lc.float(), yc, mc, self.action_w)
             total = total + cfg.w_action * terms["action"]
         return {"loss": total, **terms, "n_items": n_items, "n_tokens": n_items * out.layout.tokens_per_item}
 
