@@ -227,6 +227,8 @@ def serve(
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
+    cuda_graphs: Optional[str] = typer.Option(
+        None, help="On CUDA: which stages replay CUDA graphs: sid (default), all (also encode and ranking), off."),
 ) -> None:
     """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP)."""
     import os
@@ -234,6 +236,10 @@ def serve(
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
+    if cuda_graphs is not None:
+        if cuda_graphs not in ("off", "sid", "all"):
+            raise typer.BadParameter(f"--cuda-graphs must be off, sid or all, got {cuda_graphs!r}")
+        os.environ["GENREC_CUDA_GRAPHS"] = cuda_graphs  # likewise
     from genrec.serve.app import ServeConfig
     from genrec.serve.app import serve as run_server
 
