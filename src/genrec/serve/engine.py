@@ -19,7 +19,7 @@ Checkpoint weights are read through safetensors only (no pickle).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class Engine:
         return f"{ck}+{self.sid_version}" if self.sid_version else ck
 
     # ------------------------------------------------------------------ recommend
-    def _known(self, history: Sequence[dict[str, Any]]) -> tuple[list[int], bool]:
+    def _known(self, history: Sequence[Mapping[str, Any]]) -> tuple[list[int], bool]:
         ids = np.array([int(h["item_id"]) for h in history], dtype=np.int64)
         rows = self.rec.catalog.rows(ids, strict=False) if len(ids) else np.zeros(0, np.int64)
         return [int(i) for i in ids[rows < 0]], bool((rows >= 0).any())
@@ -115,7 +115,7 @@ class Engine:
         return {"items": items, "dropped_items": dropped, "truncated_items": 0, "cold_start": True,
                 "timings_ms": {"encode": 0.0, "sid": 0.0, "ann": 0.0, "rank": 0.0, "total": 0.0}}
 
-    def recommend(self, history: Sequence[dict[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
+    def recommend(self, history: Sequence[Mapping[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
                   sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
                   remote_rank: RemoteRank | None = None) -> dict[str, Any]:
         """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``)."""
@@ -144,7 +144,7 @@ class Engine:
             raise _input_error(e) from e
         return self._format(res)
 
-    def recommend_many(self, histories: Sequence[Sequence[dict[str, Any]]], *, k: int, beam_width: int,
+    def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows."""
@@ -180,7 +180,7 @@ class Engine:
 
     # ------------------------------------------------------------------ rank given candidates
     @torch.no_grad()
-    def rank_items(self, history: Sequence[dict[str, Any]], item_ids: Sequence[int], surface: Any = None,
+    def rank_items(self, history: Sequence[Mapping[str, Any]], item_ids: Sequence[int], surface: Any = None,
                    request_ts: int | None = None) -> dict[str, Any]:
         """``/v1/rank``: encode once, score the known candidates over the cache (M-FALCON)."""
         rec = self.rec

@@ -5,13 +5,20 @@ Non-standard: bounds are part of the models, so an out-of-range ``k`` / ``beam_w
 float; unknown fields are rejected (a typo like ``beam_witdh`` is an error, not a silent default).
 Item ids are strict integers (no ``true``, no ``"12"``, no ``1.5``). Unknown item ids are NOT a
 validation error: the engine drops and reports them (cold start still answers).
+
+A history item is a ``TypedDict``, not a model: pydantic checks it just as strictly (same fields,
+bounds, extra keys refused, same error locations) but hands back the plain dict, which is what
+the engine takes -- no per-item model object to build and ``model_dump`` again (measured: 1.1 ms
+of a 1,000-item request). Keys the client left out are absent from that dict (the engine reads
+them with ``.get``).
 """
 
 from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, with_config
+from typing_extensions import Annotated, NotRequired, TypedDict  # pydantic needs typing_extensions' TypedDict < 3.12
 
 MAX_K = 1000
 MAX_BEAM = 256
@@ -30,11 +37,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class HistoryItem(_Strict):
-    item_id: ItemId = Field(ge=-INT64, le=INT64)
-    action: Vocab = None
-    surface: Vocab = None
-    ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
+@with_config(ConfigDict(extra="forbid", allow_inf_nan=False))
+class HistoryItem(TypedDict):
+    item_id: Annotated[ItemId, Field(ge=-INT64, le=INT64)]
+    action: NotRequired[Vocab]
+    surface: NotRequired[Vocab]
+    ts: NotRequired[Optional[Annotated[StrictInt, Field(ge=-INT64, le=INT64)]]]
 
 
 class RecommendRequest(_Strict):

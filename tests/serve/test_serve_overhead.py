@@ -1,0 +1,191 @@
+"""The per-request overhead cuts keep the service's behaviour: the pure-ASGI request tracking
+(counter + in-flight gauge on /metrics), the TypedDict history items (same validation errors as the
+old pydantic model, plain dicts to the engine, optional keys honoured), the GC freeze, and the
+uvicorn implementation choice."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field, StrictInt, ValidationError
+
+from genrec.serve import app as appmod
+from genrec.serve.app import Metrics, ServeConfig, Track, create_app, uvicorn_impl
+from genrec.serve.schemas import INT64, ItemId, RecommendRequest, Vocab, _Strict
+
+from ._server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path):
+    app = create_app(ServeConfig(workdir=run_dir))
+    with ServerThread(app) as s:
+        s.service = app.service
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(r"^([a-z_]+)(\{(.*)\})? (\S+)$", line)
+        if m is None or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
+        if got == labels:
+            return float(m.group(4))
+    return 0.0
+
+
+def test_tracking_counts_requests_and_in_flight(client: httpx.Client) -> None:
+    before = client.get("/metrics").text
+    ok = {"history": [{"item_id": 1}, {"item_id": 50}], "k": 3}
+    for _ in range(3):
+        assert client.post("/v1/recommend", json=ok).status_code == 200
+    assert client.post("/v1/recommend", json={"history": [{"item_id": 1}], "k": 0}).status_code == 422
+    assert client.get("/no-such-route").status_code == 404
+    after = client.get("/metrics").text
+
+    def delta(**labels: str) -> float:
+        return _metric(after, "genrec_requests_total", **labels) - _metric(before, "genrec_requests_total", **labels)
+
+    assert delta(endpoint="/v1/recommend", status="200") == 3
+    assert delta(endpoint="/v1/recommend", status="422") == 1
+    assert delta(endpoint="/no-such-route", status="404") == 1
+    assert delta(endpoint="/metrics", status="200") == 1  # the first scrape, counted once it answered
+    assert _metric(after, "genrec_in_flight_requests") == 1  # the scrape itself is in flight
+
+
+def test_track_gauge_during_request_and_500_on_crash() -> None:
+    m = Metrics()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(scope: dict, receive: Any, send: Any) -> None:
+        started.set()
+        await release.wait()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def crash(scope: dict, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    async def noop_send(msg: dict) -> None:
+        pass
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def main() -> None:
+        scope = {"type": "http", "path": "/x", "headers": []}
+        task = asyncio.create_task(Track(slow, m)(scope, receive, noop_send))
+        await started.wait()
+        assert m.in_flight._value.get() == 1
+        release.set()
+        await task
+        assert m.in_flight._value.get() == 0
+        with pytest.raises(RuntimeError):
+            await Track(crash, m)({"type": "http", "path": "/y", "headers": []}, receive, noop_send)
+        assert m.in_flight._value.get() == 0
+        await Track(slow, m)({"type": "lifespan"}, receive, noop_send)  # not http: passed through, not counted
+
+    asyncio.run(main())
+    assert m.requests.labels(endpoint="/x", status="201")._value.get() == 1
+    assert m.requests.labels(endpoint="/y", status="500")._value.get() == 1
+
+
+class _OldHistoryItem(_Strict):
+    """HistoryItem as it was (a BaseModel, model_dump-ed per item): the reference for errors."""
+
+    item_id: ItemId = Field(ge=-INT64, le=INT64)
+    action: Vocab = None
+    surface: Vocab = None
+    ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
+
+
+class _OldRequest(RecommendRequest):
+    history: list[_OldHistoryItem] = Field(max_length=10_000)  # type: ignore[assignment]
+
+
+def _errors(cls: type[BaseModel], payload: dict) -> Any:
+    try:
+        cls.model_validate(payload)
+    except ValidationError as e:
+        return [(x["type"], x["loc"], x["msg"]) for x in e.errors()]
+    return "ok"
+
+
+BAD_ITEMS = [{}, {"item_id": True}, {"item_id": "12"}, {"item_id": 1.5}, {"item_id": 2 ** 64}, {"item_id": 1, "x": 2},
+             {"item_id": 1, "action": 1.5}, {"item_id": 1, "action": True}, {"item_id": 1, "ts": "3"},
+             {"item_id": 1, "ts": 2 ** 63}, {"item_id": 1, "surface": []}, {"item_id": float("nan")},
+             {"item_id": 1, "action": None, "surface": None, "ts": None},
+             {"item_id": 7, "action": "like", "surface": 0, "ts": 12}]
+
+
+@pytest.mark.parametrize("item", BAD_ITEMS)
+def test_history_item_validation_unchanged(item: dict) -> None:
+    payload = {"history": [{"item_id": 1}, item]}
+    assert _errors(RecommendRequest, payload) == _errors(_OldRequest, payload)
+
+
+def test_non_object_history_item_is_still_a_422_naming_it() -> None:
+    # the one wording change: pydantic's TypedDict says "a valid dictionary" (the model also named its class)
+    for bad in (5, "x", None, [1]):
+        errs = _errors(RecommendRequest, {"history": [{"item_id": 1}, bad]})
+        assert errs == [("dict_type", ("history", 1), "Input should be a valid dictionary")]
+
+
+def test_history_reaches_engine_as_plain_dicts() -> None:
+    req = RecommendRequest.model_validate({"history": [{"item_id": 3}, {"item_id": 4, "action": "like", "ts": None}]})
+    assert req.history == [{"item_id": 3}, {"item_id": 4, "action": "like", "ts": None}]
+    assert all(type(h) is dict for h in req.history)  # what the Recommender's columnar fast path takes
+    old = _OldRequest.model_validate({"history": [{"item_id": 3}, {"item_id": 4, "action": "like", "ts": None}]})
+    for new_h, old_h in zip(req.history, old.history):  # same values the engine read from model_dump before
+        assert {k: new_h.get(k) for k in ("item_id", "action", "surface", "ts")} == old_h.model_dump()
+
+
+def test_recommend_with_every_history_field_equals_recommender(server: ServerThread, client: httpx.Client) -> None:
+    rec = server.service.holder.current.engine.rec
+    h = [{"item_id": 1, "action": rec.actions[-1], "surface": 0, "ts": 1000},
+         {"item_id": 50, "action": 0, "ts": 2000}, {"item_id": 172}, {"item_id": 181, "surface": rec.surfaces[0]},
+         {"item_id": 99999999, "action": rec.actions[0]}]
+    params = dict(k=6, beam_width=10, rank=True, request_ts=5000)
+    r = client.post("/v1/recommend", json={"history": h, **params})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = rec.recommend(h, **params)
+    assert [x["item_id"] for x in body["items"]] == [x.item_id for x in want]
+    np.testing.assert_allclose([x["score"] for x in body["items"]], [x.score for x in want], rtol=0, atol=1e-6)
+    assert body["dropped_items"] == [99999999]
+    r = client.post("/v1/rank", json={"history": h, "candidates": [2, 3, 4]})
+    assert r.status_code == 200 and [x["item_id"] for x in r.json()["items"]] == [2, 3, 4], r.text
+
+
+def test_heap_frozen_while_serving(server: ServerThread) -> None:
+    assert server.service.cfg.gc_freeze
+    assert gc.get_freeze_count() > 0
+    appmod.thaw_and_freeze()  # what a hot swap runs
+    assert gc.get_freeze_count() > 0
+
+
+def test_uvicorn_impl_falls_back_to_pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("httptools", "uvloop") else real(name, *a))
+    assert uvicorn_impl() == {"http": "h11", "loop": "asyncio"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert uvicorn_impl() == {"http": "httptools", "loop": "uvloop"}
