@@ -669,12 +669,14 @@ class Recommender:
         no ANN or ranking stage; a dense-only one no SID stage). ``surface`` is the request surface
         (default: the last history item's); ``request_ts`` the request time (default: the last
         history item's timestamp)."""
+        t_wall = time.perf_counter()
         is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
         hs = list(history) if is_batch else [history]
         if not hs:
             raise DataError("empty batch of histories", field="history")
         parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
         mb = self.model_batch(parsed)
+        t_parse = _ms(t_wall)
         surf = None
         if surface is not None:
             s = self._vocab_index(surface, self.surfaces, "surface", "surface")
@@ -688,6 +690,10 @@ class Recommender:
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                              rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight)
+        t0 = time.perf_counter()
+        sids = None  # SIDs of every result row in ONE device->host copy (not one per item)
+        if self.codes is not None:
+            sids = self.codes[torch.from_numpy(np.maximum(res.rows, 0)).to(self.codes.device)].cpu().numpy()  # [B, K, L]
         outs = []
         for i, p in enumerate(parsed):
             recs = []
@@ -701,13 +707,17 @@ class Recommender:
                     title=self.catalog.titles[r] if self.catalog.titles is not None else None,
                     score=float(res.scores[i, j]),
                     sources=tuple(s for s in SOURCES if bits & _SRC_BIT[s]),
-                    sid=None if self.codes is None else tuple(int(c) for c in self.codes[r].tolist()),
+                    sid=None if sids is None else tuple(int(c) for c in sids[i, j]),
                     action_probs=None if res.probs is None else
                     {a: float(res.probs[i, j, c]) for c, a in enumerate(self.actions)},
                     sid_logprob=None if np.isnan(res.sid_lp[i, j]) else float(res.sid_lp[i, j]),
                     ann_score=None if np.isnan(res.ann_score[i, j]) else float(res.ann_score[i, j])))
             outs.append(RecommendationList(recs, timings_ms=res.timings_ms, dropped_items=p["dropped"],
                                            history_used=len(p["rows"]), history_truncated=p["truncated"]))
+        # outside the pipeline's "total": parsing + batching, building the results, the whole call
+        extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
+        for o in outs:
+            o.timings_ms.update(extra)
         return outs if is_batch else outs[0]
 
 def user_history(workdir: str | Path, user_id: int) -> list[dict[str, Any]]:
