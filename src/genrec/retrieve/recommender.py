@@ -470,10 +470,13 @@ class Recommender:
     def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Valid beams -> catalogue rows via the SID index, beam order, deduplicated, at most ``limit``
         per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
-        codes = beams.codes.cpu().numpy()  # [B, W, L]
-        valid = beams.valid.cpu().numpy()
-        scores = beams.scores.float().cpu().numpy()
-        b, w, _ = codes.shape
+        b, w, n_lv = beams.codes.shape
+        # one device->host copy for all three (codes are small ints: exact in float64)
+        packed = torch.cat([beams.codes.double().flatten(), beams.valid.double().flatten(),
+                            beams.scores.double().flatten()]).cpu().numpy()
+        codes = packed[: b * w * n_lv].astype(np.int64).reshape(b, w, n_lv)  # [B, W, L]
+        valid = packed[b * w * n_lv: b * w * (n_lv + 1)].reshape(b, w) > 0.5
+        scores = packed[b * w * (n_lv + 1):].astype(np.float32).reshape(b, w)
         flat = codes.reshape(b * w, -1)
         offs, items = self.sid_index.lookup_batch(np.where(valid.reshape(-1)[:, None], flat, -1), limit=limit)
         item_rows = self.catalog.rows(items, strict=False)
