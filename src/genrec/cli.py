@@ -340,6 +340,7 @@ def eval_cmd(
     lam: float = typer.Option(0.0, "--lambda", help="Diversity penalty for the SID and L0+L1 paths."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
     retrieval_weight: float = typer.Option(0.0, help="L1 score fusion: utility + w * cos(user, candidate)."),
+    sid_weight: float = typer.Option(0.0, help="L1 score fusion: ... + v * P(candidate's SID) under the beams."),
     sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
@@ -351,7 +352,7 @@ def eval_cmd(
 
     cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
                      overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
-                     retrieval_weight=retrieval_weight, sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
+                     retrieval_weight=retrieval_weight, sid_weight=sid_weight, sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
                      sweep_beam=tuple(int(x) for x in _floats(sweep_beam or "", "--sweep-beam")),
                      sweep_context=tuple(int(x) for x in _floats(sweep_context or "", "--sweep-context")))
     report, files = run_eval(workdir, cfg)

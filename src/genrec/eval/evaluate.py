@@ -52,6 +52,7 @@ class EvalConfig:
     diversity_lambda: float = 0.0
     overretrieve: int = 3
     retrieval_weight: float = 0.0  # L1 score fusion: utility + w * cos(user, candidate)
+    sid_weight: float = 0.0  # ... + v * P(candidate's SID) under the beam search
     utility: dict[str, float] | None = None
     """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
     next interaction of any kind, so the matching utility is the probability of engaging at all
@@ -79,6 +80,8 @@ class EvalConfig:
             raise ConfigError(f"overretrieve must be >= 1, got {self.overretrieve}")
         if not self.retrieval_weight >= 0:
             raise ConfigError(f"--retrieval-weight must be >= 0, got {self.retrieval_weight}")
+        if not self.sid_weight >= 0:
+            raise ConfigError(f"--sid-weight must be >= 0, got {self.sid_weight}")
         if any(c < 1 for c in self.sweep_context):
             raise ConfigError("context lengths must be >= 1")
 
@@ -151,7 +154,7 @@ def sid_pass(rec: Recommender, es: EvalSet, *, beam_width: int, diversity_lambda
 @torch.no_grad()
 def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: int, diversity_lambda: float,
               overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128,
-              retrieval_weight: float = 0.0) -> dict[str, float]:
+              retrieval_weight: float = 0.0, sid_weight: float = 0.0) -> dict[str, float]:
     """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (action-head utility) path on every case."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
@@ -159,7 +162,7 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
     for lo, mb in _batches(rec, es, batch_size, rec.context_len):
         res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
                             rank=True, overretrieve=overretrieve, utility=utility,
-                            retrieval_weight=retrieval_weight)
+                            retrieval_weight=retrieval_weight, sid_weight=sid_weight)
         tgt = es.target_rows[lo:lo + len(res.rows)]
         r = rank_in_list(res.rows, tgt)
         ranks[lo:lo + len(r)] = r
@@ -206,13 +209,13 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         t0 = time.perf_counter()
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
-                                  retrieval_weight=cfg.retrieval_weight)
+                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight)
         timings["l0l1"] = time.perf_counter() - t0
     elif rec.model.action_head is not None and rec.ann is not None:
         t0 = time.perf_counter()  # dense-only model: L0 is the ANN stage alone
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
-                                  retrieval_weight=cfg.retrieval_weight)
+                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight)
         timings["l0l1"] = time.perf_counter() - t0
     from genrec.eval.baselines import Popularity
 

@@ -538,18 +538,22 @@ class Recommender:
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
-                  retrieval_weight: float = 0.0) -> BatchResult:
+                  retrieval_weight: float = 0.0, sid_weight: float = 0.0) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring).
 
         ``retrieval_weight`` w >= 0 adds ``w * cos(user vector, candidate vector)`` to the L1
         utility (score fusion of the ranking heads with the dense retrieval score; 0 = the
-        action heads alone, UniPinRec's L1)."""
+        action heads alone, UniPinRec's L1). ``sid_weight`` v >= 0 adds ``v * P(SID)``, the
+        probability of the candidate's SID under the beam search (0 for candidates the SID
+        stage did not retrieve)."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if overretrieve < 1:
             raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
         if not (retrieval_weight >= 0 and math.isfinite(retrieval_weight)):
             raise ConfigError(f"retrieval_weight must be a finite number >= 0, got {retrieval_weight}")
+        if not (sid_weight >= 0 and math.isfinite(sid_weight)):
+            raise ConfigError(f"sid_weight must be a finite number >= 0, got {sid_weight}")
         srcs, do_rank = self.check_sources(sources, rank)
         u = self.utility_vector(utility)
         t: dict[str, float] = {}
@@ -623,6 +627,13 @@ class Recommender:
             fused = (p * u).sum(-1)  # [B, M]
             if retrieval_weight > 0 and user is not None:
                 fused = fused + retrieval_weight * (user.float()[:, None, :] * vecs.float()).sum(-1)
+            if sid_weight > 0:
+                sid_p = np.zeros((b, m), np.float32)  # [B, M] P(SID) of SID-stage candidates, else 0
+                for i, d in enumerate(union):
+                    for j, e in enumerate(d.values()):
+                        if not np.isnan(e[1]):
+                            sid_p[i, j] = math.exp(e[1])
+                fused = fused + sid_weight * torch.from_numpy(sid_p).to(fused)
             score = fused.cpu().numpy()  # [B, M]
             probs = p.cpu().numpy()
             t["rank"] = _ms(t0)
@@ -664,8 +675,8 @@ class Recommender:
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
-                  surface: str | int | None = None, request_ts: int | None = None, retrieval_weight: float = 0.0
-                  ) -> RecommendationList | list[RecommendationList]:
+                  surface: str | int | None = None, request_ts: int | None = None, retrieval_weight: float = 0.0,
+                  sid_weight: float = 0.0) -> RecommendationList | list[RecommendationList]:
         """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
 
         ``sources=None`` / ``rank=None`` mean "every stage this model has" (a TIGER-layout model has
@@ -692,7 +703,8 @@ class Recommender:
         excl = [p["rows"] for p in parsed] if exclude_history else None
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                              rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
-                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight)
+                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
+                             sid_weight=sid_weight)
         t0 = time.perf_counter()
         sids = None  # SIDs of every result row in ONE device->host copy (not one per item)
         if self.codes is not None:
