@@ -115,3 +115,38 @@ def test_graphed_under_bf16_autocast_matches_eager_autocast() -> None:
         got = graphed(ctx, 24)
     assert torch.equal(got.codes, want.codes)
     torch.testing.assert_close(got.scores, want.scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_compiled
+def test_capture_while_another_thread_uses_the_gpu() -> None:
+    """The server runs several inference threads: a capture must not fail (or corrupt) because
+    another thread launches eager GPU work meanwhile."""
+    import threading
+
+    model, trie, ctx = _setup(9, [40, 20], 40)
+    batch = eqv.make_batch(model.config, [40, 20], 40, 0, 9)
+    batch = type(batch)(**{k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()})
+    graphed = GraphedBeamSearch(model, trie, min_bucket=16)
+    want = {W: _eager(model, trie, ctx, W, 0.3, True) for W in (12, 13, 14)}
+    stop, errors = threading.Event(), []
+
+    def busy() -> None:
+        try:
+            while not stop.is_set():
+                with torch.no_grad():
+                    model.encode_history(batch)  # eager work with allocations on the default stream
+        except Exception as e:  # noqa: BLE001 - surfaced by the assert below
+            errors.append(e)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        got = {W: graphed(ctx, W, diversity_lambda=0.3) for W in (12, 13, 14)}  # three captures
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert graphed.captures == 3
+    for W in want:
+        assert torch.equal(got[W].codes, want[W].codes)

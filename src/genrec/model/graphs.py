@@ -61,7 +61,9 @@ def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warm ``run`` up on a side stream, then capture it; returns (graph, the captured outputs).
 
     Runs under the caller's autocast dtype with autocast's weight-cast cache off (a cached cast
-    made outside the graph would be freed under it) and inside ``trusted_inputs`` (no syncs)."""
+    made outside the graph would be freed under it) and inside ``trusted_inputs`` (no syncs).
+    Capture errors are thread-local, so other threads may use the GPU meanwhile (the server runs
+    several inference threads)."""
     on, dtype = autocast_state()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -70,8 +72,9 @@ def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
         run()  # Triton compiles, cuBLAS handles, allocator pools
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), \
-            trusted_inputs():
+    # thread_local: the server's other inference threads keep running their own (uncaptured) work
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"), \
+            torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), trusted_inputs():
         out = run()
     return graph, out
 
