@@ -288,3 +288,12 @@ def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: p
     monkeypatch.setenv("GENREC_CUDA_GRAPHS", "sometimes")
     with pytest.raises(ConfigError, match="GENREC_CUDA_GRAPHS"):
         graph_mode(torch.device("cuda"))
+
+
+def test_warmup_runs_one_request_per_history_bucket(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert rec.warmup() == []  # CPU: nothing is graphed, nothing to capture
+    seen: list[int] = []
+    monkeypatch.setattr(rec, "cuda_graphs", "sid")
+    monkeypatch.setattr(rec, "context_len", 300)
+    monkeypatch.setattr(rec, "recommend", lambda h, **kw: seen.append(len(h)))
+    assert rec.warmup() == [64, 128, 256, 300] == seen

@@ -672,6 +672,23 @@ class Recommender:
         return out
 
     # ------------------------------------------------------------------ public
+    def warmup(self, *, k: int = 10, beam_width: int = 20, min_bucket: int = 64) -> list[int]:
+        """Capture the CUDA graphs of the common shapes before serving: one request per history
+        bucket (powers of two from ``min_bucket`` up to the context length) at the default beam
+        width, so the first real requests do not pay a capture (~0.1-1 s each). Nothing to do
+        when no stage is graphed (CPU, ``GENREC_CUDA_GRAPHS=off``). Returns the history lengths run."""
+        if self.cuda_graphs == "off" or len(self.catalog) == 0:
+            return []
+        lens, n = [], min_bucket
+        while n < self.context_len:
+            lens.append(n)
+            n *= 2
+        lens.append(self.context_len)
+        ids = self.catalog.item_ids
+        for n in lens:
+            self.recommend([{"item_id": int(ids[i % len(ids)])} for i in range(n)], k=k, beam_width=beam_width)
+        return lens
+
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,

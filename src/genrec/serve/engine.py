@@ -90,6 +90,7 @@ class Engine:
         from genrec.retrieve.recommender import Recommender
 
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
+        rec.warmup()  # CUDA graphs of the common shapes captured before the bundle is served (no-op on CPU)
         ev = open_store(workdir).read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
         counts = np.bincount(rows[rows >= 0], minlength=len(rec.catalog))
