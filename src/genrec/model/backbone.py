@@ -133,23 +133,30 @@ class Backbone(nn.Module):
         """When W beam rows per request (``meta`` ``[B*W, t]``, the same for every beam of a
         request) see, under the predicate, exactly a prefix of their request's cached tokens and
         each other causally: the per-request prefix length ``[B]`` (cascade attention applies).
-        Otherwise None (the caller falls back to copying the cache per beam)."""
+        Otherwise None (the caller falls back to copying the cache per beam). One host sync."""
+        plan = self.shared_prefix_plan_lazy(meta, cache, w)
+        if plan is None:
+            return None
+        hist_len, ok = plan
+        return hist_len if bool(ok) else None
+
+    def shared_prefix_plan_lazy(self, meta: TokenMeta, cache: KVCache, w: int
+                                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`shared_prefix_plan` without the sync: (hist_len ``[B]``, ok bool ``[]`` on the
+        device), or None when the shapes alone rule it out. The caller decides on ``ok``."""
         if cache.meta is None or meta.shape[0] != cache.batch_size * w:
             return None
         q = TokenMeta(meta.pos[::w], meta.kind[::w], meta.tok[::w])  # [B, t]: one beam per request
-        same = all(torch.equal(a.view(-1, w, a.shape[1]), a[::w, None].expand(-1, w, -1))
-                   for a in (meta.pos, meta.kind, meta.tok))
-        if not same:
-            return None
+        same = torch.stack([(a.view(-1, w, a.shape[1]) == a[::w, None]).all()
+                            for a in (meta.pos, meta.kind, meta.tok)]).all()
         vis_h = reference_mask(q, cache.meta, cache.layout)  # [B, t, n]
         vis_s = reference_mask(q, q, cache.layout)  # [B, t, t]
         n, t = vis_h.shape[2], vis_s.shape[1]
         hist_len = vis_h[:, 0].sum(-1)  # [B]
         prefix = torch.arange(n, device=vis_h.device)[None, None, :] < hist_len[:, None, None]  # [B, 1, n]
         causal = torch.ones(t, t, dtype=torch.bool, device=vis_s.device).tril()
-        if not bool(torch.equal(vis_h, prefix.expand_as(vis_h)) and torch.equal(vis_s, causal.expand_as(vis_s))):
-            return None
-        return hist_len
+        ok = same & (vis_h == prefix).all() & (vis_s == causal).all()
+        return hist_len, ok
 
     def decode_shared(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, w: int) -> torch.Tensor:
         """``decode(x, meta, cache.expand(w), append=False)`` without the copy: x ``[B*W, t, D]``

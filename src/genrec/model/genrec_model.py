@@ -430,15 +430,16 @@ class GenRecModel(nn.Module):
         return BeamContext(cache.k, cache.v, hist_len, cache.lengths, cache.last_hidden, target_surface, target_action)
 
     def _shared_plan(self, cache: KVCache) -> torch.Tensor | None:
-        """One ``hist_len`` ``[B]`` valid for beam tokens of every depth 1..L-1, or None."""
-        hist = [self.backbone.shared_prefix_plan(self._beam_meta(cache, 1, d), cache, 1)  # 1 beam stands for all W
-                for d in range(1, self.config.sid_levels)]
-        if not hist:  # one SID level: no beam token ever attends
+        """One ``hist_len`` ``[B]`` valid for beam tokens of every depth 1..L-1, or None. One host sync."""
+        plans = [self.backbone.shared_prefix_plan_lazy(self._beam_meta(cache, 1, d), cache, 1)  # 1 beam stands for all W
+                 for d in range(1, self.config.sid_levels)]
+        if not plans:  # one SID level: no beam token ever attends
             return torch.zeros(cache.batch_size, dtype=torch.int64, device=cache.meta.pos.device)  # type: ignore[union-attr]
-        first = hist[0]
-        if first is None or any(h is None or not torch.equal(h, first) for h in hist[1:]):
+        if any(p is None for p in plans):
             return None
-        return first
+        first = plans[0][0]  # type: ignore[index]
+        ok = torch.stack([p[1] & (p[0] == first).all() for p in plans])  # type: ignore[index]
+        return first if bool(ok.all()) else None
 
     def sid_logits_ctx(self, ctx: BeamContext, prefix_codes: torch.Tensor) -> torch.Tensor:
         """Beam step over a :class:`BeamContext`: prefix_codes ``[B, W, d]`` -> logits ``[B, W, K_{d+1}]``,
