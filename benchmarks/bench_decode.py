@@ -249,7 +249,7 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
            "decode_ms": _time(run_decode, dev, warmup, iters), "prefill_ms": _time(run_prefill, dev, warmup, iters),
            "encode_plus_decode_ms": _time(run_encode_decode, dev, warmup, iters)}
     row["speedup_decode_vs_prefill"] = row["prefill_ms"] / row["decode_ms"]
-    from genrec.model.encoders import trusted_inputs
+    from genrec.validation import trusted_inputs
 
     # the levers one at a time: float32 decode (no bf16), and the bf16 decode replayed as a CUDA graph
     row["decode_fp32_ms"] = _time(lambda: model.rank(cache, cv, cs, surf), dev, warmup, iters)

@@ -185,8 +185,6 @@ def select_diverse_reference(
     Wc*K candidates (ties -> lowest flat index; once only -inf is left, the lowest
     untaken flat index). Same arguments and result."""
     b, wc, k = cand.shape
-    d = prefix.shape[2]
-    flat = cand.reshape(b, wc * k)  # [B, C]
     pen = torch.zeros(b, wc, dtype=cand.dtype, device=cand.device)  # [B, Wc] accumulated shared depth
     taken = torch.zeros(b, wc * k, dtype=torch.bool, device=cand.device)  # [B, C]
     rows = torch.arange(b, device=cand.device)  # [B]

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genrec.model.config import ModelConfig
-from genrec.validation import checks_on, trusted_inputs  # noqa: F401 (re-exported)
+from genrec.validation import checks_on
 
 
 class ItemEncoder(nn.Module):

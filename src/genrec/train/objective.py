@@ -29,7 +29,7 @@ from torch import nn
 
 from genrec.errors import ConfigError
 from genrec.model.genrec_model import GenRecModel, ModelBatch
-from genrec.model.losses import action_loss, sampled_softmax_loss, sid_loss
+from genrec.model.losses import action_loss, sampled_softmax_loss
 from genrec.model.sketch import CountMinSketch
 from genrec.train.batches import ItemCatalog, TrainBatch
 from genrec.validation import trusted_inputs
