@@ -248,6 +248,35 @@ def serve(
     run_server(cfg, host=host, port=port, workers=workers)
 
 
+@bench_app.command("kernels")
+@_friendly
+def bench_kernels(
+    iters: int = typer.Option(20, help="Timed runs per measurement (median)."),
+    warmup: int = typer.Option(5, help="Untimed runs first."),
+    quick: bool = typer.Option(False, help="Skip the block-size / split sweeps and the 8x128 shape."),
+    only: str = typer.Option("correctness,train,cascade,ceilings", help="Kernel sections to run."),
+    decode: str = typer.Option("beam,sid,trie,rank", help="Decode sections to run after ('' = none)."),
+    tiny: bool = typer.Option(False, help="Tiny shapes (with TRITON_INTERPRET=1 also on a CPU: a smoke run)."),
+) -> None:
+    """Every fast path checked against its reference, then timed beside its peers in one run:
+    item-block attention vs FlexAttention / SDPA, cascade vs per-beam attention, the H200
+    ceilings; then beam search shared vs copied, the CUDA-graph SID decode, GPU vs CPU trie,
+    ranking decode vs full prefill. Tables printed; JSON to $OUT when set. GPU only."""
+    import torch
+
+    from genrec.bench import decode as bench_decode
+    from genrec.bench import kernels as bench_k
+
+    args = ["--iters", str(iters), "--warmup", str(warmup), "--only", only] + (["--quick"] if quick else []) \
+        + (["--tiny"] if tiny else [])
+    rc = bench_k.main(args)
+    if rc == 0 and decode and (torch.cuda.is_available() or tiny):
+        rc = bench_decode.main(["--iters", str(iters), "--warmup", str(warmup), "--only", decode]
+                               + (["--tiny"] if tiny else []))
+    if rc:
+        raise typer.Exit(rc)
+
+
 @bench_app.command("serve")
 @_friendly
 def bench_serve(

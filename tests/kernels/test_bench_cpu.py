@@ -1,4 +1,6 @@
-"""benchmarks/bench_kernels.py imports on a CPU machine and exits cleanly with a message."""
+"""``genrec bench kernels`` (genrec.bench.kernels + genrec.bench.decode, also reachable as
+benchmarks/bench_kernels.py) imports on a CPU machine and exits cleanly with a message; its tiny
+smoke run works under the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -32,9 +34,21 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     args = [sys.executable, str(BENCH), "--tiny", "--quick", "--iters", "1", "--warmup", "0"]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no CUDA GPU" not in proc.stdout
     result = json.loads((tmp_path / "bench_kernels.json").read_text())
     assert result["errors"] == []
     assert result["checks"] and all(c["status"] == "ok" for c in result["checks"].values())
     assert {r["impl"] for r in result["train"]} >= {"item-block triton (tuned)", "sdpa explicit mask"}
     assert len(result["cascade"]) == 2 and all(r["triton_ms"] is not None for r in result["cascade"])
     assert "correctness checks" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path only exists without a GPU")
+def test_cli_bench_kernels_without_gpu() -> None:
+    from typer.testing import CliRunner
+
+    from genrec.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "kernels", "--quick"])
+    assert r.exit_code == 0, r.output
+    assert "no CUDA GPU" in r.output

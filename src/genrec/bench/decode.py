@@ -1,0 +1,330 @@
+# mypy: ignore-errors
+# (benchmark scripts: loosely typed config dicts and closures; checked by running them, see tests/kernels/test_bench_cpu.py)
+"""Serving-side speed, side by side in one process: SID beam decoding (cascade attention over the
+shared history vs. the cache copied per beam), the trie on the GPU vs. on the CPU, and ranking as
+a decode step over the cached history vs. a full prefill of history + candidates.
+
+    python benchmarks/bench_decode.py [--only beam,sid,trie,rank] [--tiny]   # or, after the kernels:
+    genrec bench kernels
+
+Random weights (timings do not depend on them) in the ``pinger-paper`` shape (d 768, 4 layers,
+12 heads of 64), bf16 autocast on CUDA. Each fast path is checked against its reference on the
+same inputs before it is timed. Prints tables; JSON to $OUT/bench_decode.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+RESULTS: dict[str, Any] = {"beam": [], "sid": [], "trie": [], "rank": [], "checks": {}}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn: Callable[[], Any], dev: torch.device, warmup: int, iters: int) -> float:
+    """Median milliseconds per call."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts))
+
+
+def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 1100):  # type: ignore[no-untyped-def]
+    from genrec.model import GenRecModel, ModelConfig
+
+    torch.manual_seed(0)
+    if tiny:
+        cfg = ModelConfig.from_name("tiny", sid_levels=levels, sid_codebook_sizes=[K] * levels, max_items=max_items)
+    else:
+        cfg = ModelConfig.from_name("pinger-paper", sid_levels=levels, sid_codebook_sizes=[K] * levels,
+                                    item_feat_dim=64, n_actions=4, n_surfaces=2, dropout=0.0, max_items=max_items)
+    return GenRecModel(cfg).to(dev).eval()
+
+
+def _batch(cfg, B: int, n: int, dev: torch.device):  # type: ignore[no-untyped-def]
+    from genrec.model import ModelBatch
+
+    g = torch.Generator().manual_seed(1)
+    return ModelBatch(
+        actions=torch.randint(0, cfg.n_actions, (B, n), generator=g).to(dev),
+        surfaces=torch.randint(0, cfg.n_surfaces, (B, n), generator=g).to(dev),
+        lengths=torch.full((B,), n, dtype=torch.int64).to(dev),
+        sid_codes=torch.stack([torch.randint(0, k, (B, n), generator=g) for k in cfg.sid_codebook_sizes], -1).to(dev),
+        item_vecs=F.normalize(torch.randn(B, n, cfg.item_dim, generator=g), dim=-1).to(dev),
+    )
+
+
+def _autocast(dev: torch.device):  # type: ignore[no-untyped-def]
+    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def _random_trie(n_items: int, levels: int, K: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    from genrec.sid.trie import SidTrie
+
+    rng = np.random.default_rng(seed)
+    codes = np.unique(rng.integers(0, K, (int(n_items * 1.1), levels)), axis=0)[:n_items]
+    return SidTrie.build(codes, np.arange(len(codes)), [K] * levels)
+
+
+@torch.no_grad()
+def bench_beams(dev: torch.device, B: int, n: int, widths: list[int], levels: int, K: int, tiny: bool,
+                warmup: int, iters: int) -> None:
+    """Full constrained beam search (every level) over a cached history: shared (cascade) vs copied."""
+    from genrec.decode.beam import beam_search
+    from genrec.decode.trie_torch import TorchTrie
+
+    model = _model(dev, tiny, levels, K)
+    cfg = model.config
+    st = _random_trie(20_000 if tiny else 1_000_000, levels, K)
+    trie = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    with _autocast(dev):
+        cache, _, _ = model.encode_history(_batch(cfg, B, n, dev))
+
+    def search(W: int) -> Any:
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            with _autocast(dev):
+                return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
+        return beam_search(step, B, levels, [K] * levels, W, trie=trie, device=dev)
+
+    kv_bytes_per_beam_copy = sum(t.numel() * t.element_size() for t in cache.k + cache.v)  # the whole history KV
+    for W in widths:
+        row: dict[str, Any] = {"B": B, "hist": n, "W": W, "levels": levels, "K": K}
+        model.shared_beam_decode = False
+        ref = search(W)
+        model.shared_beam_decode = True
+        got = search(W)
+        same = float((got.codes == ref.codes).all(-1).float().mean())
+        row["same_beams_share"] = same  # bf16: near-ties may swap; fp32 equality is in the tests
+        row["copied_ms"] = _time(lambda: (setattr(model, "shared_beam_decode", False), search(W)), dev, warmup, iters)
+        row["shared_ms"] = _time(lambda: (setattr(model, "shared_beam_decode", True), search(W)), dev, warmup, iters)
+        row["speedup"] = row["copied_ms"] / row["shared_ms"]
+        row["kv_copy_MiB_per_step"] = kv_bytes_per_beam_copy * W / 2**20  # what the copied path materialises
+        row["kv_shared_MiB"] = kv_bytes_per_beam_copy / 2**20
+        RESULTS["beam"].append(row)
+        print(f"  beams W={W:4d}: shared {row['shared_ms']:.2f} ms  copied {row['copied_ms']:.2f} ms  "
+              f"x{row['speedup']:.2f}  same beams {same:.3f}  KV copied/step {row['kv_copy_MiB_per_step']:.0f} MiB", flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, levels: int, K: int, n_items: int,
+                     tiny: bool, warmup: int, iters: int) -> None:
+    """The whole SID decode (every level, trie constraints and the diversity penalty on) over a
+    cached history: eager with the per-pick torch selection loop, eager with the selection kernel,
+    and the CUDA-graph replay (GraphedBeamSearch) -- checked equal to the eager search first."""
+    from genrec.decode.beam import beam_search
+    from genrec.decode.graphs import GraphedBeamSearch
+    from genrec.decode.trie_torch import TorchTrie
+
+    model = _model(dev, tiny, levels, K, max_items=max(1100, n + 1))
+    cfg = model.config
+    st = _random_trie(n_items, levels, K)
+    trie = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    with _autocast(dev):
+        cache, _, _ = model.encode_history(_batch(cfg, B, n, dev))
+        ctx = model.beam_context(cache)
+    assert ctx is not None, "the shared-prefix plan must hold for the PinGER layout"
+
+    def eager() -> Any:
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            return F.log_softmax(model.sid_logits_ctx(ctx, prefix).float(), dim=-1)
+
+        with _autocast(dev):
+            return beam_search(step, B, levels, [K] * levels, W, diversity_lambda=lam, trie=trie, device=dev)
+
+    def eager_torch_select() -> Any:
+        os.environ["GENREC_BEAM_SELECT"] = "torch"
+        try:
+            return eager()
+        finally:
+            del os.environ["GENREC_BEAM_SELECT"]
+
+    row: dict[str, Any] = {"B": B, "hist": n, "W": W, "lambda": lam, "levels": levels, "K": K, "items": n_items}
+    ref = eager()
+    if dev.type == "cuda":
+        graphed = GraphedBeamSearch(model, trie)
+
+        def run_graph() -> Any:
+            with _autocast(dev):
+                return graphed(ctx, W, diversity_lambda=lam)
+
+        got = run_graph()
+        row["graph_same_beams"] = float((got.codes == ref.codes).all(-1).float().mean())
+        row["graph_valid_share"] = float(got.valid.float().mean())
+        row["graph_ms"] = _time(run_graph, dev, warmup, iters)
+    row["eager_kernel_select_ms"] = _time(eager, dev, warmup, iters)
+    row["eager_torch_select_ms"] = _time(eager_torch_select, dev, max(1, warmup // 2), max(2, iters // 3))
+    RESULTS["sid"].append(row)
+    RESULTS["checks"][f"graphed SID decode W={W} same beams as eager"] = row.get("graph_same_beams")
+    print(f"  SID decode B={B} hist={n} W={W} lambda={lam}: graph {row.get('graph_ms', float('nan')):.2f} ms  "
+          f"eager+kernel select {row['eager_kernel_select_ms']:.2f} ms  eager+torch select "
+          f"{row['eager_torch_select_ms']:.2f} ms  same beams {row.get('graph_same_beams')}", flush=True)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list[int], warmup: int, iters: int) -> None:
+    """One constrained step = valid-code mask for every beam's node + advance, GPU vs CPU trie."""
+    from genrec.decode.trie_torch import TorchTrie
+
+    st = _random_trie(n_items, levels, K)
+    gpu = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    rng = np.random.default_rng(2)
+    for nb in beams:
+        for depth in range(1, levels):
+            nodes = rng.integers(0, st.nodes_per_depth[depth], nb)
+            nd = torch.as_tensor(nodes, device=dev)
+            want = st.valid_mask(depth, nodes)
+            got = gpu.valid_mask(depth, nd).cpu().numpy()
+            ok = bool(np.array_equal(want, got))
+            RESULTS["checks"][f"trie depth {depth} beams {nb}"] = ok
+            codes_t = torch.as_tensor(rng.integers(0, K, nb), device=dev)
+
+            def gpu_step() -> Any:
+                m = gpu.valid_mask(depth, nd)
+                return m, gpu.advance(depth, nd, codes_t)
+
+            def cpu_step() -> Any:
+                return st.valid_mask(depth, nodes), st.child(depth, nodes, codes_t.cpu().numpy())
+
+            row = {"beams": nb, "depth": depth, "dense_table": gpu.is_dense(depth), "items": n_items,
+                   "gpu_ms": _time(gpu_step, dev, warmup, iters), "cpu_ms": _time(cpu_step, torch.device("cpu"), warmup, iters),
+                   "match": ok}
+            row["speedup"] = row["cpu_ms"] / row["gpu_ms"]
+            RESULTS["trie"].append(row)
+            print(f"  trie beams={nb:4d} depth={depth} dense={row['dense_table']}: gpu {row['gpu_ms']:.3f} ms  "
+                  f"cpu {row['cpu_ms']:.3f} ms  match={ok}", flush=True)
+
+
+@torch.no_grad()
+def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: int, iters: int) -> None:
+    """Whole forwards: rank k candidates over the cached history (decode) vs a full prefill of
+    history + candidates (M-FALCON mask), and encode + decode (no cache reuse)."""
+    model = _model(dev, tiny, 4, 256 if not tiny else 8)
+    cfg = model.config
+    batch = _batch(cfg, B, n, dev)
+    g = torch.Generator().manual_seed(3)
+    cv = F.normalize(torch.randn(B, k, cfg.item_dim, generator=g), dim=-1).to(dev)
+    cs = torch.stack([torch.randint(0, s, (B, k), generator=g) for s in cfg.sid_codebook_sizes], -1).to(dev)
+    surf = torch.zeros(B, dtype=torch.int64, device=dev)
+    from dataclasses import replace
+
+    full = replace(batch, cand_vecs=cv, cand_sid_codes=cs, cand_surface=surf)
+    with _autocast(dev):
+        cache, _, _ = model.encode_history(batch)
+        dec = model.rank(cache, cv, cs, surf).float()
+        pre = model(full, serving_layout=True).cand_action_logits.float()
+    err = float((dec - pre).abs().max())
+    RESULTS["checks"]["rank decode vs prefill max abs diff (bf16)"] = err
+
+    def run_decode() -> Any:
+        with _autocast(dev):
+            return model.rank(cache, cv, cs, surf)
+
+    def run_prefill() -> Any:
+        with _autocast(dev):
+            return model(full, serving_layout=True).cand_action_logits
+
+    def run_encode_decode() -> Any:
+        with _autocast(dev):
+            c, _, _ = model.encode_history(batch)
+            return model.rank(c, cv, cs, surf)
+
+    row = {"B": B, "hist": n, "k": k, "max_abs_diff": err,
+           "decode_ms": _time(run_decode, dev, warmup, iters), "prefill_ms": _time(run_prefill, dev, warmup, iters),
+           "encode_plus_decode_ms": _time(run_encode_decode, dev, warmup, iters)}
+    row["speedup_decode_vs_prefill"] = row["prefill_ms"] / row["decode_ms"]
+    from genrec.validation import trusted_inputs
+
+    # the levers one at a time: float32 decode (no bf16), and the bf16 decode replayed as a CUDA graph
+    row["decode_fp32_ms"] = _time(lambda: model.rank(cache, cv, cs, surf), dev, warmup, iters)
+    if dev.type == "cuda":
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            ac = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+            with torch.cuda.stream(side), ac, trusted_inputs():
+                model.rank(cache, cv, cs, surf)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), \
+                    trusted_inputs():  # no value-range syncs inside a capture
+                static_out = model.rank(cache, cv, cs, surf)
+            graph.replay()
+            row["graph_max_abs_diff"] = float((static_out.float() - dec).abs().max())
+            row["decode_graph_ms"] = _time(graph.replay, dev, warmup, iters)
+            row["speedup_graph_vs_prefill"] = row["prefill_ms"] / row["decode_graph_ms"]
+        except Exception as e:  # noqa: BLE001 - report, do not hide: a sync inside rank() breaks capture
+            row["decode_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+    RESULTS["rank"].append(row)
+    print(f"  rank B={B} n={n} k={k}: decode {row['decode_ms']:.2f} ms  full prefill {row['prefill_ms']:.2f} ms  "
+          f"(x{row['speedup_decode_vs_prefill']:.2f}); encode+decode {row['encode_plus_decode_ms']:.2f} ms; "
+          f"max|diff| {err:.1e}; fp32 decode {row['decode_fp32_ms']:.2f} ms; graph "
+          f"{row.get('decode_graph_ms', row.get('decode_graph_error'))}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", default="beam,sid,trie,rank")
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    RESULTS["device"] = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    RESULTS["torch"] = torch.__version__
+    only = set(a.only.split(","))
+    t0 = time.time()
+    if "beam" in only:
+        print("[beam search over a cached 1,000-item history]", flush=True)
+        if a.tiny:
+            bench_beams(dev, 2, 40, [4, 16], 3, 8, True, 1, 2)
+        else:
+            bench_beams(dev, 8, 1000, [10, 60, 100, 400], 4, 256, False, a.warmup, a.iters)
+    if "sid" in only:
+        print("[whole SID decode, constraints + diversity on: CUDA graph vs eager]", flush=True)
+        if a.tiny:
+            bench_sid_decode(dev, 2, 40, 12, 0.5, 3, 8, 2000, True, 1, 2)
+        else:
+            bench_sid_decode(dev, 16, 2048, 200, 0.5, 4, 256, 1_000_000, False, a.warmup, a.iters)
+            bench_sid_decode(dev, 1, 1000, 60, 0.0, 4, 256, 1_000_000, False, a.warmup, a.iters)
+    if "trie" in only:
+        print("[constrained step: trie on the device vs the CPU]", flush=True)
+        if a.tiny:
+            bench_trie(dev, 5000, 3, 16, [10, 100], 1, 3)
+        else:
+            bench_trie(dev, 1_000_000, 4, 256, [100, 800], a.warmup, a.iters)
+    if "rank" in only:
+        print("[ranking: decode over the cache vs full prefill]", flush=True)
+        if a.tiny:
+            bench_rank(dev, 2, 30, 12, True, 1, 2)
+        else:
+            bench_rank(dev, 8, 992, 656, False, a.warmup, a.iters)
+    RESULTS["wall_s"] = time.time() - t0
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_decode.json"), "w") as f:
+            json.dump(RESULTS, f, indent=2, default=str)
+    print(json.dumps(RESULTS["checks"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
