@@ -208,7 +208,7 @@ def quickstart(
 
 
 # ----------------------------------------------------------------------------- serve / bench (genrec.serve)
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks against a running pipeline.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: serving load (serve), kernel and decode speed (kernels).")
 app.add_typer(bench_app, name="bench")
 
 
