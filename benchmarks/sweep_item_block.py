@@ -38,7 +38,6 @@ import math
 import multiprocessing as mp
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -179,24 +178,9 @@ class Timer:
         self.device, self.warmup, self.iters = device, warmup, iters
 
     def eager(self, fn: Callable[[], Any]) -> float:
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        if self.device == "cpu":
-            for _ in range(self.iters):
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-            return statistics.median(times)
-        torch.cuda.synchronize()
-        for _ in range(self.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        from genrec.bench.kernels import median_ms
+
+        return median_ms(fn, self.warmup, self.iters, self.device)
 
     def graph(self, fn: Callable[[], Any]) -> float | None:
         if self.device == "cpu":

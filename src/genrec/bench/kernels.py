@@ -47,10 +47,16 @@ RESULTS: dict[str, Any] = {"checks": {}, "train": [], "sweep": [], "cascade": []
 
 
 def _time(fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs."""
+    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs, on this module's device."""
+    return median_ms(fn, warmup, iters, DEV)
+
+
+def median_ms(fn: Callable[[], Any], warmup: int, iters: int, device: str) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs: CUDA events on a
+    GPU (``device`` "cuda"), the wall clock on the CPU."""
     for _ in range(warmup):
         fn()
-    if DEV == "cpu":
+    if device == "cpu":
         times = []
         for _ in range(iters):
             t0 = time.perf_counter()
