@@ -297,3 +297,6 @@ def test_warmup_runs_one_request_per_history_bucket(rec: Recommender, monkeypatc
     monkeypatch.setattr(rec, "context_len", 300)
     monkeypatch.setattr(rec, "recommend", lambda h, **kw: seen.append(len(h)))
     assert rec.warmup() == [64, 128, 256, 300] == seen
+    monkeypatch.undo()
+    monkeypatch.setattr(rec, "cuda_graphs", "sid")  # the real requests (eager here), every stage
+    assert rec.warmup(min_bucket=4) == [4, 8, rec.context_len]

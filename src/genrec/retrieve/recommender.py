@@ -686,7 +686,8 @@ class Recommender:
         lens.append(self.context_len)
         ids = self.catalog.item_ids
         for n in lens:
-            self.recommend([{"item_id": int(ids[i % len(ids)])} for i in range(n)], k=k, beam_width=beam_width)
+            self.recommend([{"item_id": int(ids[i % len(ids)])} for i in range(n)], k=k, beam_width=beam_width,
+                           sources=None, rank=None)  # every stage this model has (a TIGER layout: SID only)
         return lens
 
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
