@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import uvicorn
 
 
@@ -37,3 +39,20 @@ class ServerThread:
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def serving(cfg: Any) -> Iterator[ServerThread]:
+    """For a fixture: ``yield from serving(ServeConfig(...))`` -- the app of ``cfg`` served on loopback,
+    its Service at ``.service``."""
+    from genrec.serve.app import create_app
+
+    app = create_app(cfg)
+    with ServerThread(app) as s:
+        s.service = app.service  # type: ignore[attr-defined]
+        yield s
+
+
+def http_client(server: ServerThread) -> Iterator[httpx.Client]:
+    """For a fixture: ``yield from http_client(server)``."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c

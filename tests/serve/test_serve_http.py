@@ -10,24 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.app import ServeConfig
 from genrec.serve.schemas import MAX_BEAM, MAX_K
 
-from ._server import ServerThread
+from ._server import ServerThread, http_client, serving
 
 
 @pytest.fixture(scope="module")
 def server(run_dir: Path):
-    app = create_app(ServeConfig(workdir=run_dir, max_body_bytes=256 * 1024))
-    with ServerThread(app) as s:
-        s.service = app.service
-        yield s
+    yield from serving(ServeConfig(workdir=run_dir, max_body_bytes=256 * 1024))
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerThread):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+    yield from http_client(server)
 
 
 def hist(ids: list[int]) -> list[dict]:

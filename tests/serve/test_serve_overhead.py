@@ -17,24 +17,20 @@ import pytest
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
 from genrec.serve import app as appmod
-from genrec.serve.app import Metrics, ServeConfig, Track, create_app, uvicorn_impl
+from genrec.serve.app import Metrics, ServeConfig, Track, uvicorn_impl
 from genrec.serve.schemas import INT64, ItemId, RecommendRequest, Vocab, _Strict
 
-from ._server import ServerThread
+from ._server import ServerThread, http_client, serving
 
 
 @pytest.fixture(scope="module")
 def server(run_dir: Path):
-    app = create_app(ServeConfig(workdir=run_dir))
-    with ServerThread(app) as s:
-        s.service = app.service
-        yield s
+    yield from serving(ServeConfig(workdir=run_dir))
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerThread):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+    yield from http_client(server)
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -20,8 +20,6 @@ tests compare against.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,7 +30,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, _check_args, _check_lambda, finalize, raise_on_nan, run_levels
 from genrec.decode.trie_torch import TorchTrie
 from genrec.model.genrec_model import BeamContext, GenRecModel
-from genrec.model.graphs import autocast_state, bucket_length, capture
+from genrec.model.graphs import GraphCache, autocast_state, bucket_length, capture
 
 __all__ = ["GraphedBeamSearch", "bucket_length"]  # bucket_length: re-exported
 
@@ -64,11 +62,14 @@ class GraphedBeamSearch:
     def __init__(self, model: GenRecModel, trie: TorchTrie | None, *, min_bucket: int = 64,
                  max_bucket: int = 1 << 15, max_graphs: int = 16) -> None:
         self.model, self.trie = model, trie
-        self.min_bucket, self.max_bucket, self.max_graphs = min_bucket, max_bucket, max_graphs
-        self._graphs: OrderedDict[tuple[Any, ...], _Graph] = OrderedDict()
+        self.min_bucket, self.max_bucket = min_bucket, max_bucket
+        self._cache = GraphCache(max_graphs)
         self._inputs: dict[tuple[Any, ...], _Inputs] = {}
-        self._lock = threading.Lock()
-        self.captures = 0  # graphs captured so far (tests and benchmarks read it)
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (tests and benchmarks read it)."""
+        return self._cache.captures
 
     def supports(self, ctx: BeamContext) -> bool:
         return (ctx.last_hidden.is_cuda and not self.model.training and bool(ctx.k)
@@ -122,7 +123,6 @@ class GraphedBeamSearch:
 
     def _capture(self, inp: _Inputs, run: Callable[[], tuple[BeamResult, list[torch.Tensor]]]) -> _Graph:
         graph, (result, nan) = capture(run)
-        self.captures += 1
         return _Graph(graph, inp, result, nan)
 
     # ------------------------------------------------------------------ replay
@@ -136,21 +136,17 @@ class GraphedBeamSearch:
         _check_args(cfg.sid_levels, cfg.sid_codebook_sizes, beam_width, self.trie)
         _check_lambda(diversity_lambda, penalty)
         nb = bucket_length(ctx.n_tokens, self.min_bucket)
-        with self._lock:
+        with self._cache.lock:
             in_key, inp = self._static_inputs(ctx, nb)
             key = (in_key, int(beam_width), float(diversity_lambda), penalty, bool(constrain), autocast_state())
             self._fill(inp, ctx)
-            g = self._graphs.get(key)
-            if g is None:
-                g = self._capture(inp, self._program(inp.ctx, beam_width, diversity_lambda, penalty, constrain))
-                self._graphs[key] = g
-                while len(self._graphs) > self.max_graphs:
-                    self._graphs.popitem(last=False)
-                used = {k[0] for k in self._graphs}
+            n_before = self._cache.captures
+            g = self._cache.get(key, lambda: self._capture(
+                inp, self._program(inp.ctx, beam_width, diversity_lambda, penalty, constrain)))
+            if self._cache.captures != n_before:  # a capture may have evicted a graph
+                used = {k[0] for k in self._cache.graphs}
                 for stale in [k for k in self._inputs if k not in used]:  # buffers no graph reads any more
                     del self._inputs[stale]
-            else:
-                self._graphs.move_to_end(key)
             g.graph.replay()
             res = BeamResult(g.result.codes.clone(), g.result.scores.clone(), g.result.valid.clone())
             nan = [f.clone() for f in g.nan]

@@ -131,17 +131,15 @@ class SidEmbedding(nn.Module):
         self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
         self.level = nn.Embedding(len(self.sizes), cfg.d_model)
 
-    def forward(self, codes: torch.Tensor, first_level: int = 1, check: bool = True) -> torch.Tensor:
-        """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``.
-        ``check=False`` skips the range check (a device->host sync) for codes valid by construction."""
+    def forward(self, codes: torch.Tensor, first_level: int = 1) -> torch.Tensor:
+        """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``."""
         d = codes.shape[-1]
         if first_level < 1 or first_level + d - 1 > len(self.sizes):
             raise ValueError(f"sid_codes: levels {first_level}..{first_level + d - 1} outside 1..{len(self.sizes)}")
         outs = []
         for j in range(d):
             lvl = first_level - 1 + j
-            if check:
-                _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
+            _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
             outs.append(self.tables[lvl](codes[..., j]) + self.level.weight[lvl])
         return torch.stack(outs, -2)
 
@@ -171,8 +169,8 @@ class ItemPositionEmbedding(nn.Module):
         self.max_items = cfg.max_items
         self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)
 
-    def forward(self, pos: torch.Tensor, check: bool = True) -> torch.Tensor:
-        if check and checks_on() and pos.numel() and int(pos.max()) > self.max_items:
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        if checks_on() and pos.numel() and int(pos.max()) > self.max_items:
             raise ValueError(f"history too long: item position {int(pos.max())} > max_items={self.max_items}")
         return self.emb(pos.clamp(min=0))
 

@@ -276,15 +276,14 @@ class GenRecModel(nn.Module):
         x = x * (lay.meta.kind[:, : x.shape[1], None] != PAD)
         return x, lay, vecs, surf
 
-    def _cond(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None,
-              check: bool = True) -> torch.Tensor:
+    def _cond(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None) -> torch.Tensor:
         if self.target is None:
             return h
         cfg = self.config
         lead = h.shape[:-1]
         s = torch.full(lead, cfg.n_surfaces, dtype=torch.int64, device=h.device) if surface is None else surface.expand(lead)
         a = torch.full(lead, cfg.n_actions, dtype=torch.int64, device=h.device) if action is None else action.expand(lead)
-        return self.target(h, s, a, check=check)
+        return self.target(h, s, a)
 
     def _context_slot(self) -> int:
         """Kind of the token whose hidden state predicts the NEXT item (level 1 / user vector)."""
@@ -454,13 +453,13 @@ class GenRecModel(nn.Module):
         ts = None if ctx.surface is None else ctx.surface[:, None]
         ta = None if ctx.action is None else ctx.action[:, None]
         if d == 0:
-            h1 = self._cond(ctx.last_hidden, ctx.surface, ctx.action, check=False)
+            h1 = self._cond(ctx.last_hidden, ctx.surface, ctx.action)
             return self.sid_heads(h1, 1)[:, None, :].expand(b, w, -1)
         pos = ctx.lengths.repeat_interleave(w)  # [B*W]
-        x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1, check=False)  # type: ignore[misc]  # [B*W, d, D]
-        x = x + self.position(pos, check=False)[:, None, :]
+        x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1)  # type: ignore[misc]  # [B*W, d, D]
+        x = x + self.position(pos)[:, None, :]
         h = self.backbone.decode_planned(x, ctx.k, ctx.v, ctx.hist_len, w)  # [B*W, d, D]
-        h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta, check=False)
+        h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)
 
     def rank(

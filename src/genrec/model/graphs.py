@@ -37,7 +37,7 @@ from genrec.validation import trusted_inputs
 if TYPE_CHECKING:
     from genrec.model.genrec_model import GenRecModel, ModelBatch
 
-__all__ = ["GraphedEncoder", "GraphedRanker", "bucket_length", "capture"]
+__all__ = ["GraphCache", "GraphedEncoder", "GraphedRanker", "bucket_length", "capture"]
 
 T = TypeVar("T")
 
@@ -98,7 +98,7 @@ class _Static:
             return self.fn()
 
 
-class _GraphCache:
+class GraphCache:
     """LRU of captured graphs keyed by shape; replays serialised by one lock."""
 
     def __init__(self, max_graphs: int) -> None:
@@ -130,7 +130,7 @@ class GraphedEncoder:
         self.model = model
         self.min_bucket = min_bucket
         self.use_graph = use_graph  # False: the same static-shape path run eagerly (CPU tests)
-        self._cache = _GraphCache(max_graphs)
+        self._cache = GraphCache(max_graphs)
 
     @property
     def captures(self) -> int:
@@ -187,7 +187,7 @@ class GraphedRanker:
         self.model = model
         self.use_graph = use_graph  # False: the same static-shape path run eagerly (CPU tests)
         self.min_bucket, self.min_cand_bucket = min_bucket, min_cand_bucket
-        self._cache = _GraphCache(max_graphs)
+        self._cache = GraphCache(max_graphs)
 
     @property
     def captures(self) -> int:

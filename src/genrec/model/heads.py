@@ -69,11 +69,10 @@ class TargetCondition(nn.Module):
         nn.init.normal_(self.surface.weight, std=0.02)
         nn.init.normal_(self.action.weight, std=0.02)
 
-    def forward(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None,
-                check: bool = True) -> torch.Tensor:
-        """h ``[..., D]``; surface / action broadcastable to ``h.shape[:-1]`` (or None).
-        ``check=False`` skips the range checks (device->host syncs) for already-validated targets."""
-        check = check and checks_on()
+    def forward(self, h: torch.Tensor, surface: torch.Tensor | None, action: torch.Tensor | None) -> torch.Tensor:
+        """h ``[..., D]``; surface / action broadcastable to ``h.shape[:-1]`` (or None). The range
+        checks are skipped inside ``trusted_inputs`` (they sync with the host)."""
+        check = checks_on()
         if surface is not None:
             if check and surface.numel() and (int(surface.min()) < 0 or int(surface.max()) > self.n_surfaces):
                 raise ValueError(f"target_surface: values must lie in [0, {self.n_surfaces}]")
