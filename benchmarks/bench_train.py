@@ -28,7 +28,8 @@ from genrec.train.objective import JointObjective
 from genrec.train.run import RunConfig, build_model_config, variant_overrides
 
 
-def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str]) -> dict:
+def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
+                  profile: int = 0) -> dict:
     cfg = RunConfig.from_name(preset, [f"variant={variant}", *extra])
     store = open_store(workdir)
     info = store.info()
@@ -49,23 +50,42 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     use_bf16 = dev.type == "cuda" and cfg.train.bf16
     items = tokens = 0
     t0 = 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            items = tokens = 0
+    def step(i: int) -> dict:
         b = stream.batch_at(i).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
             out = obj.training_step(b)
         out["loss"].backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return out
+
+    for i in range(warmup + steps):
+        if i == warmup:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            items = tokens = 0
+        out = step(i)
         items += int(out["n_items"])
         tokens += int(out["n_tokens"])
     if dev.type == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    if profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with torch_profile(activities=acts) as prof:
+            for i in range(profile):
+                step(warmup + steps + i)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        print(f"== profile: {variant} {' '.join(extra)}, {profile} steps, by {key}")
+        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
+        if dev.type == "cuda":
+            print(f"== profile: {variant}, by self_cpu_time_total")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
     return {"variant": variant, "layout": mcfg.layout, "attn_impl": mcfg.attn_impl, "device": str(dev),
             "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
             "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
@@ -79,9 +99,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--variants", default="pinger,tiger")
+    ap.add_argument("--profile", type=int, default=0, help="then profile N more steps of each variant (top ops)")
+    ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
+                    help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args()
-    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides) for v in a.variants.split(",")]
+    if a.item_block == "original":
+        from genrec.kernels import item_block
+
+        item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
+    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile)
+            for v in a.variants.split(",")]
     base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
     for r in rows:
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]

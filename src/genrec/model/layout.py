@@ -19,6 +19,8 @@ HSTU: item token then action token.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +122,13 @@ def slot_kinds(layout: str, sid_levels: int, serving: bool = False) -> list[int]
     raise ConfigError(f"layout {layout!r}: unknown; choose pinger, tiger, dense or hstu")
 
 
+@functools.lru_cache(maxsize=64)
+def _kinds_tensor(kinds: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The slot kinds as a device tensor, made once per (kinds, device): a host-to-device copy
+    cannot run inside a CUDA-graph capture, and the capture's warm-up call creates this first."""
+    return torch.tensor(kinds, dtype=torch.int64, device=device)
+
+
 def build_layout(
     lengths: torch.Tensor,
     n_items: int,
@@ -141,7 +150,7 @@ def build_layout(
     b, t = lengths.shape[0], len(kinds)
     item = torch.arange(n_items, device=dev)  # [n]
     pos_h = item[None, :, None].expand(b, n_items, t)  # [B, n, T]
-    kind_h = torch.tensor(kinds, device=dev)[None, None, :].expand(b, n_items, t)
+    kind_h = _kinds_tensor(tuple(kinds), dev)[None, None, :].expand(b, n_items, t)
     valid = (item[None, :] < lengths[:, None])[:, :, None]  # [B, n, 1]
     kind_h = torch.where(valid, kind_h, torch.full_like(kind_h, PAD))
     pos_c = lengths[:, None].expand(b, n_cand)  # [B, k]
