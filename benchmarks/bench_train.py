@@ -45,7 +45,9 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
     stream = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,
-                         n_actions=len(info.actions), p_rank=cfg.data.p_rank if ocfg.w_action > 0 else 0.0)
+                         n_actions=len(info.actions), p_rank=cfg.data.p_rank if ocfg.w_action > 0 else 0.0,
+                         max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
+                         pad_multiple=cfg.data.pad_multiple)
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
     use_bf16 = dev.type == "cuda" and cfg.train.bf16
     items = tokens = 0

@@ -57,7 +57,7 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             torch.testing.assert_close(got_user, want_user, atol=2e-5, rtol=0)
             torch.testing.assert_close(got_h, want_h, atol=2e-5, rtol=0)
             # the padded cache serves every later stage as the plain one does
-            prefix = torch.stack([torch.randint(0, k, (3, 4), generator=g) for k in cfg.sid_codebook_sizes[:2]], -1)
+            prefix = torch.stack([torch.randint(0, k, (3, 4), generator=g) for k in cfg.sid_codebook_sizes[:2]], -1).to(dev)
             torch.testing.assert_close(model.sid_logits_next(got_cache, prefix), model.sid_logits_next(want_cache, prefix),
                                        atol=2e-5, rtol=0)
             vecs, codes, surf = _cands(cfg, 3, m, seed + m, dev)

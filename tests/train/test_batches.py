@@ -97,3 +97,43 @@ def test_weighted_negatives_follow_their_weights():
         with pytest.raises(DataError, match="neg_weights"):
             BatchStream(exs, batch_size=8, seed=0, context_len=16, n_actions=3, neg_cands=2, n_catalog=len(cat),
                         neg_weights=bad)
+
+
+def test_padded_batch_shapes_give_the_same_loss_and_gradients():
+    """pad_multiple rounds item and candidate slots up (shapes that repeat on a GPU): the joint
+    loss (SID + full-softmax item + action) and its gradients are those of the unpadded batch."""
+    from genrec.model.config import ModelConfig
+    from genrec.model.genrec_model import GenRecModel
+    from genrec.train.objective import JointObjective, ObjectiveConfig
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    ks = [6, 5, 4]
+    g = torch.Generator().manual_seed(3)
+    codes = torch.stack([torch.randint(0, k, (n,), generator=g) for k in ks], 1)
+    cat = ItemCatalog(item_ids=np.arange(100, 100 + n, dtype=np.int64), feats=torch.randn(n, 4, generator=g),
+                      codes=codes)
+    exs = materialise([_user(u, rng) for u in range(10)], cat)
+    mcfg = ModelConfig.from_name("tiny", layout="pinger", sid_levels=3, sid_codebook_sizes=ks, n_actions=3,
+                                 n_surfaces=1, dropout=0.0, item_feat_dim=4, max_items=40)
+    torch.manual_seed(0)
+    obj = JointObjective(GenRecModel(mcfg), cat, ObjectiveConfig(item_loss="full", p_mask=0.0), [0, 1])
+    kw = dict(batch_size=6, seed=1, context_len=40, n_actions=3, p_rank=0.7, max_cands=3, neg_cands=2, n_catalog=n)
+    for step in range(3):
+        plain = BatchStream(exs, **kw).batch_at(step)
+        padded = BatchStream(exs, **kw, pad_multiple=8).batch_at(step)
+        assert padded.rows.shape[1] % 8 == 0 or padded.rows.shape[1] == 40
+        assert padded.rows.shape[1] > plain.rows.shape[1] or plain.rows.shape[1] % 8 == 0
+        if plain.cand_rows is not None:
+            assert padded.cand_rows is not None and padded.cand_rows.shape[1] % 8 == 0
+        losses, grads = [], []
+        for b in (plain, padded):
+            obj.zero_grad(set_to_none=True)
+            out = obj.training_step(b)
+            out["loss"].backward()
+            losses.append(out["loss"].detach())
+            grads.append({k: p.grad.clone() for k, p in obj.named_parameters() if p.grad is not None})
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+        assert grads[0].keys() == grads[1].keys()
+        for k in grads[0]:
+            torch.testing.assert_close(grads[1][k], grads[0][k], atol=1e-5, rtol=1e-4)

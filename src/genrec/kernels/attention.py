@@ -8,9 +8,10 @@ the flex path hands to ``create_block_mask``. The same function therefore define
 Implementations: ``reference`` (SDPA + explicit mask; the CPU default and, measured, the faster
 one on GPU at moderate lengths), ``flex`` (FlexAttention; compiled on CUDA, the unfused eager
 fallback on CPU — it runs there in torch 2.13, slowly), ``triton`` (PinGER §3.3.4 item-block
-kernel, :mod:`genrec.kernels.item_block`: CUDA only, full forward of the PinGER training layout
-without candidates; anything else — CPU, decode steps, candidate segments — falls back to
-``reference``; the kernel has no attention-probability dropout). ``GENREC_ATTN=<impl>`` in the
+kernel, :mod:`genrec.kernels.item_block`: CUDA only, full forward of the PinGER training layout;
+a trailing candidate segment (M-FALCON: each candidate sees the history's dense tokens and
+itself) is split off and attended by :func:`candidate_attention`; anything else — CPU, decode
+steps — falls back to ``reference``; neither has attention-probability dropout). ``GENREC_ATTN=<impl>`` in the
 environment overrides everything, so every fast path can be forced off.
 
 ``attention_with_lse`` / ``merge_attention`` are the two halves of cascade attention (PinGER
@@ -64,11 +65,50 @@ def resolve_impl(
 
 
 class ItemBlockMask:
-    """The PinGER training mask in the form the Triton kernel takes: valid items per row + tokens per item."""
+    """The PinGER training mask in the form the Triton kernel takes: valid items per row, tokens
+    per item, and the number of candidate tokens after the history (the same in every row)."""
 
-    def __init__(self, lengths: torch.Tensor, tokens_per_item: int) -> None:
+    def __init__(self, lengths: torch.Tensor, tokens_per_item: int, n_cand: int = 0) -> None:
+        if n_cand < 0:
+            raise ValueError(f"ItemBlockMask: n_cand must be >= 0, got {n_cand}")
         self.lengths = lengths.to(torch.int32)  # [B]
         self.T = int(tokens_per_item)
+        self.n_cand = int(n_cand)
+
+
+def candidate_attention(q: torch.Tensor, k_dense: torch.Tensor, v_dense: torch.Tensor, k_self: torch.Tensor,
+                        v_self: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """M-FALCON candidates: q ``[B, H, m, D]``; each attends to its row's first ``lengths[b]``
+    history dense tokens ``k_dense/v_dense [B, H, n, D]`` and to itself (``k_self/v_self
+    [B, H, m, D]``), never to another candidate. One softmax over both parts (fp32), so a
+    candidate's output depends on no other candidate. Differentiable (plain PyTorch ops)."""
+    n = k_dense.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s_hist = torch.matmul(q, k_dense.transpose(-1, -2)).float() * scale  # [B, H, m, n]
+    seen = torch.arange(n, device=q.device)[None, :] < lengths.to(q.device)[:, None]  # [B, n]
+    s_hist = s_hist.masked_fill(~seen[:, None, None, :], float("-inf"))
+    s_self = (q.float() * k_self.float()).sum(-1, keepdim=True) * scale  # [B, H, m, 1]
+    p = torch.softmax(torch.cat([s_hist, s_self], -1), -1)
+    out = torch.matmul(p[..., :n].to(v_dense.dtype), v_dense).float() + p[..., n:] * v_self.float()
+    return out.to(q.dtype)
+
+
+def _item_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: ItemBlockMask) -> torch.Tensor:
+    """The Triton kernel over the history segment, :func:`candidate_attention` over the candidates."""
+    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
+
+    cfg, T, m = ItemBlockConfig.tuned(q.shape[-1]), mask.T, mask.n_cand
+    if m == 0:
+        return item_block_attention(q, k, v, mask.lengths, T, config=cfg)
+    sh = q.shape[2] - m
+    if sh < 0 or sh % T:
+        raise ValueError(f"attention: {q.shape[2]} tokens minus {m} candidates is not a whole number of "
+                         f"{T}-token items")
+    out_h = item_block_attention(q[:, :, :sh], k[:, :, :sh], v[:, :, :sh], mask.lengths, T, config=cfg)
+    dense = slice(T - 1, sh, T)  # the dense token is the last of each item's T
+    out_c = candidate_attention(q[:, :, sh:], k[:, :, dense], v[:, :, dense], k[:, :, sh:], v[:, :, sh:],
+                                mask.lengths)
+    return torch.cat([out_h, out_c], 2)
 
 
 def _dense_mask(mask_mod: MaskMod, b: int, sq: int, sk: int, device: torch.device) -> torch.Tensor:
@@ -128,9 +168,7 @@ def attention(
             raise ValueError("attention: pass mask= or mask_mod=")
         mask = prepare_mask(mask_mod, b, sq, sk, resolve_impl(impl, q.device, b * sq * sk), q.device)
     if isinstance(mask, ItemBlockMask):
-        from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
-
-        return item_block_attention(q, k, v, mask.lengths, mask.T, config=ItemBlockConfig.tuned(q.shape[-1]))
+        return _item_block(q, k, v, mask)
     if isinstance(mask, torch.Tensor):
         if mask.shape[-2:] != (sq, sk):
             raise ValueError(f"attention: mask shape {tuple(mask.shape)} does not match Sq={sq}, Sk={sk}")

@@ -91,23 +91,28 @@ class Backbone(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg)
 
-    def _mask(self, q_meta: TokenMeta, k_meta: TokenMeta, layout: str, device: torch.device) -> Any:
+    def _mask(self, q_meta: TokenMeta, k_meta: TokenMeta, layout: str, device: torch.device,
+              n_cand: int | None = None) -> Any:
         b, sq = q_meta.shape
         sk = k_meta.shape[1]
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout
         if impl == "triton":
-            # the item-block kernel covers the full PinGER training layout (no candidates, no cache)
-            if layout == "pinger" and q_meta is k_meta and not bool((q_meta.kind == CAND).any()):
-                lengths = (q_meta.kind == DENSE).sum(1)  # [B] valid items
-                return ItemBlockMask(lengths, self.cfg.sid_levels)
+            # the item-block kernel covers the full PinGER training layout (no cache), candidates
+            # after the history included; n_cand None: counted here (one host sync)
+            if layout == "pinger" and q_meta is k_meta:
+                m = int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
+                if (sq - m) % self.cfg.sid_levels == 0:
+                    lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
+                    return ItemBlockMask(lengths, self.cfg.sid_levels, m)
             impl = "reference"
         return prepare_mask(make_mask_mod(q_meta, k_meta, layout), b, sq, sk, impl, device)
 
-    def forward(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> torch.Tensor:
-        """Full forward: x ``[B, S, D]`` -> hidden ``[B, S, D]``."""
-        return self._run(x, meta, layout, None)[0]
+    def forward(self, x: torch.Tensor, meta: TokenMeta, layout: str, n_cand: int | None = None) -> torch.Tensor:
+        """Full forward: x ``[B, S, D]`` -> hidden ``[B, S, D]``. ``n_cand``: how many trailing
+        candidate tokens every row holds, when the caller knows (saves the attention switch a sync)."""
+        return self._run(x, meta, layout, None, n_cand)[0]
 
     def prefill(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> tuple[KVCache, torch.Tensor]:
         """Encode history tokens, returning a filled :class:`KVCache` and hidden ``[B, S, D]``."""
@@ -178,10 +183,10 @@ class Backbone(nn.Module):
         return self.norm(x)
 
     def _run(
-        self, x: torch.Tensor, meta: TokenMeta, layout: str, cache: KVCache | None
+        self, x: torch.Tensor, meta: TokenMeta, layout: str, cache: KVCache | None, n_cand: int | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         k_meta = meta if cache is None else cache.meta.cat(meta)  # type: ignore[union-attr]
-        mask = self._mask(meta, k_meta, layout, x.device)
+        mask = self._mask(meta, k_meta, layout, x.device, n_cand)
         ks, vs = [], []
         for i, blk in enumerate(self.blocks):
             past = None if cache is None else (cache.k[i], cache.v[i])

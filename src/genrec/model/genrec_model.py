@@ -305,7 +305,7 @@ class GenRecModel(nn.Module):
                 raise ValueError("batch.request_ts: required for candidates when time_buckets > 0")
             cand = self._cand_tokens(cand_vecs, batch.cand_sid_codes, batch.cand_surface, lay.lengths, cand_gap)
             x = torch.cat([x, cand], 1)
-        h = self.backbone(x, lay.meta, cfg.layout)  # [B, S, D]
+        h = self.backbone(x, lay.meta, cfg.layout, n_cand=k)  # [B, S, D]
         b, n = batch.actions.shape
         valid = lay.item_valid
         out = ModelOutput(hidden=h, layout=lay, item_valid=valid, item_vecs=vecs, cand_vecs=cand_vecs)

@@ -127,7 +127,7 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
             p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
-            neg_cdf: np.ndarray | None = None) -> TrainBatch:
+            neg_cdf: np.ndarray | None = None, pad_multiple: int = 1) -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
     ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
@@ -136,6 +136,10 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     that look like what retrieval returns). None of the bundled datasets logs impressions,
     so without them the action heads would only learn *which* action an engaged user takes,
     never *whether* they engage; the draw hashes ``(seed, epoch, user)``.
+
+    ``pad_multiple`` > 1 rounds the item slots (up to ``context_len``) and the candidate slots up
+    to a multiple of it: padding is invisible to every attention and loss, and a few repeating
+    shapes let the GPU's kernels and attention plans be reused from step to step.
     """
     hist: list[slice] = []
     picks: list[int] = []
@@ -149,6 +153,8 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
         hist.append(slice(max(0, n - context_len), n))
     B = len(exs)
     n_max = max(s.stop - s.start for s in hist)
+    if pad_multiple > 1:
+        n_max = max(n_max, min(-(-n_max // pad_multiple) * pad_multiple, context_len))
     rows = np.zeros((B, n_max), np.int64)
     acts = np.zeros((B, n_max), np.int64)
     surf = np.zeros((B, n_max), np.int64)
@@ -161,7 +167,9 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     batch = TrainBatch(torch.from_numpy(rows), torch.from_numpy(acts), torch.from_numpy(surf), torch.from_numpy(ts),
                        torch.from_numpy(lengths), None, None, None, None, None)
     if any(f >= 0 for f in picks):
-        k = min(max_cands, max(len(ex.fv_rows[f]) for ex, f in zip(exs, picks) if f >= 0)) + neg_cands
+        k_real = min(max_cands, max(len(ex.fv_rows[f]) for ex, f in zip(exs, picks) if f >= 0))  # slate items
+        k = k_real + neg_cands
+        k = -(-k // pad_multiple) * pad_multiple if pad_multiple > 1 else k  # padding slots: never valid
         crow = np.zeros((B, k), np.int64)
         clab = np.zeros((B, k, n_actions), np.float32)
         cval = np.zeros((B, k), bool)
@@ -171,14 +179,14 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
         for b, (ex, f) in enumerate(zip(exs, picks)):
             if f < 0:
                 continue
-            r = ex.fv_rows[f][:k - neg_cands]
+            r = ex.fv_rows[f][:k_real]
             if neg_cands and n_catalog:
                 g = np.random.default_rng([seed, epoch, ex.user_id & 0x7FFFFFFF, 7])
                 neg = g.integers(0, n_catalog, neg_cands) if neg_cdf is None else \
                     np.minimum(np.searchsorted(neg_cdf, g.random(neg_cands), side="right"), n_catalog - 1)
                 r = np.concatenate([r, neg])
             crow[b, :len(r)] = r
-            lab = ex.fv_labels[f][:k - neg_cands]
+            lab = ex.fv_labels[f][:k_real]
             clab[b, :len(lab)] = (lab[:, None] & bits[None, :]) > 0
             cval[b, :len(r)] = True
             csurf[b] = ex.fv_surface[f]
@@ -198,7 +206,8 @@ class BatchStream:
 
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
-                 neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None) -> None:
+                 neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
+                 pad_multiple: int = 1) -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -213,6 +222,9 @@ class BatchStream:
         self.max_cands = max_cands
         self.rank, self.world = rank, world
         self.neg_cands, self.n_catalog = neg_cands, n_catalog
+        if pad_multiple < 1:
+            raise DataError(f"pad_multiple must be >= 1, got {pad_multiple}", field="pad_multiple")
+        self.pad_multiple = pad_multiple
         self.neg_cdf: np.ndarray | None = None
         if neg_weights is not None:  # sampling weights per catalogue row -> normalised CDF
             w = np.asarray(neg_weights, dtype=np.float64)
@@ -230,7 +242,8 @@ class BatchStream:
         mine = glob[self.rank * per:(self.rank + 1) * per]
         return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
                        n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
-                       neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf)
+                       neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf,
+                       pad_multiple=self.pad_multiple)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

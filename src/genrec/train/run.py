@@ -54,6 +54,9 @@ class DataConfig:
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
     eval_beam: int = 20
+    # training batches pad item and candidate slots to a multiple of this (1 = to the longest
+    # row): the same loss, and shapes that repeat, so GPU kernels and attention plans are reused
+    pad_multiple: int = 8
 
 
 @dataclass
@@ -264,7 +267,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                              context_len=cfg.data.context_len, n_actions=len(info.actions),
                              p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
-                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights)
+                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
+                             pad_multiple=cfg.data.pad_multiple)
         return stream.iter_from(spec.start_step)
 
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
