@@ -16,6 +16,8 @@ import argparse
 import json
 import os
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -23,13 +25,25 @@ from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
 from genrec.model.genrec_model import GenRecModel
 from genrec.pipeline import load_catalog, open_store
-from genrec.train.batches import BatchStream, materialise
+from genrec.train.batches import BatchStream, TrainBatch, materialise
 from genrec.train.objective import JointObjective
 from genrec.train.run import RunConfig, build_model_config, variant_overrides
 
 
+def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions: int) -> TrainBatch:
+    """Full-length histories of ``items`` random catalogue rows (every row exactly that long): the
+    equal-context shape of the kernel benchmark, through the whole training step."""
+    g = torch.Generator().manual_seed(step)
+    rows = torch.randint(0, n_catalog, (batch, items), generator=g)
+    z = torch.zeros(batch, items, dtype=torch.int64)
+    return TrainBatch(rows, torch.randint(0, n_actions, (batch, items), generator=g), z, z,
+                      torch.full((batch,), items, dtype=torch.int64), None, None, None, None, None)
+
+
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
-                  profile: int = 0) -> dict:
+                  profile: int = 0, synthetic: tuple[int, int] | None = None) -> dict:
+    if synthetic:
+        extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
     cfg = RunConfig.from_name(preset, [f"variant={variant}", *extra])
     store = open_store(workdir)
     info = store.info()
@@ -44,10 +58,13 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     _, ocfg = variant_overrides(cfg)
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
-    stream = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,
+    stream: Any = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,
                          n_actions=len(info.actions), p_rank=cfg.data.p_rank if ocfg.w_action > 0 else 0.0,
                          max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
                          pad_multiple=cfg.data.pad_multiple)
+    if synthetic:
+        stream = SimpleNamespace(batch_at=lambda i: synthetic_batch(i, synthetic[0], synthetic[1], len(catalog),
+                                                                    len(info.actions)))
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
     use_bf16 = dev.type == "cuda" and cfg.train.bf16
     items = tokens = 0
@@ -104,13 +121,16 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="then profile N more steps of each variant (top ops)")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
+    ap.add_argument("--synthetic", default="", metavar="BxN",
+                    help="B random full-length histories of N catalogue items per step instead of the data's")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args()
     if a.item_block == "original":
         from genrec.kernels import item_block
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
-    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile)
+    syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
+    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn)  # type: ignore[arg-type]
             for v in a.variants.split(",")]
     base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
     for r in rows:

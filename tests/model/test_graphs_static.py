@@ -46,14 +46,15 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
     rnk = GraphedRanker(model, min_bucket=8, min_cand_bucket=4, use_graph=use_graph)
     g = torch.Generator().manual_seed(seed)
     # longest first, so later calls in the same bucket meet stale values past their own lengths
-    for n, m in ((30, 13), (23, 9), (17, 3)):
+    # the last history fills the model's context (100 items): its bucket is capped at 100, not 128
+    for n, m in ((30, 13), (23, 9), (17, 3), (100, 5)):
         lengths = torch.randint(1, n + 1, (3,), generator=g).tolist()
         lengths[0] = n
         batch = _serving_batch(cfg, lengths, n, seed * 10 + n, dev)
         with torch.no_grad():
             want_cache, want_user, want_h = model.encode_history(batch)
             got_cache, got_user, got_h = enc(batch)
-            assert got_cache.n_tokens == bucket_length(want_cache.n_tokens, 8)
+            assert got_cache.n_tokens == min(bucket_length(want_cache.n_tokens, 8), max(n, cfg.max_items))
             torch.testing.assert_close(got_user, want_user, atol=2e-5, rtol=0)
             torch.testing.assert_close(got_h, want_h, atol=2e-5, rtol=0)
             # the padded cache serves every later stage as the plain one does
@@ -65,8 +66,8 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             torch.testing.assert_close(model.rank(got_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)
             torch.testing.assert_close(rnk(want_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)  # eager cache
             torch.testing.assert_close(rnk(got_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)  # bucketed cache
-    assert enc.captures == 1  # one bucket (32 slots) for all three histories
-    assert rnk.captures == 2  # candidate buckets 16 and 4, cache bucket 32
+    assert enc.captures == 2  # one bucket (32 slots) for the first three histories, one of 100
+    assert rnk.captures == 3  # candidate buckets 16 and 4 with cache bucket 32; 8 with cache bucket 128
 
 
 @pytest.mark.parametrize("seed", [0, 1])

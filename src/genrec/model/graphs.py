@@ -139,15 +139,16 @@ class GraphedEncoder:
     def supports(self, batch: ModelBatch) -> bool:
         cfg = self.model.config
         return bool((batch.actions.is_cuda or not self.use_graph) and not self.model.training and batch.n_cand == 0
-                    and bucket_length(batch.n_items, self.min_bucket) <= cfg.max_items)
+                    and batch.n_items <= cfg.max_items)
 
     @torch.no_grad()
     def __call__(self, batch: ModelBatch) -> tuple[KVCache, torch.Tensor | None, torch.Tensor]:
         if not self.supports(batch):
-            raise ValueError("GraphedEncoder: needs a CUDA batch without candidates, in eval mode, whose "
-                             "slot bucket fits max_items")
+            raise ValueError("GraphedEncoder: needs a CUDA batch without candidates, in eval mode, of at "
+                             "most max_items item slots")
         n = batch.n_items
-        nb = bucket_length(n, self.min_bucket)
+        # a power-of-two bucket, capped at the model's context (a full-context history still replays)
+        nb = min(bucket_length(n, self.min_bucket), max(n, self.model.config.max_items))
         present = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
         key = (nb, autocast_state(), tuple((k, v.dtype, tuple(v.shape[:1]) + tuple(v.shape[2:])) for k, v in present.items()))
 
