@@ -228,7 +228,7 @@ def serve(
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
     cuda_graphs: Optional[str] = typer.Option(
-        None, help="On CUDA: which stages replay CUDA graphs: sid (default), all (also encode and ranking), off."),
+        None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
 ) -> None:
     """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP)."""
     import os

@@ -282,7 +282,9 @@ def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: p
         assert [r.item_id for r in w] == [r.item_id for r in g]
         np.testing.assert_allclose([r.score for r in w], [r.score for r in g], atol=1e-5)
     assert graph_mode(torch.device("cpu")) == "off"
-    for raw, mode in (("1", "sid"), ("0", "off"), ("all", "all"), ("SID", "sid")):
+    monkeypatch.delenv("GENREC_CUDA_GRAPHS", raising=False)
+    assert graph_mode(torch.device("cuda")) == "all"  # the default on a GPU
+    for raw, mode in (("1", "all"), ("0", "off"), ("all", "all"), ("SID", "sid")):
         monkeypatch.setenv("GENREC_CUDA_GRAPHS", raw)
         assert graph_mode(torch.device("cuda")) == mode
     monkeypatch.setenv("GENREC_CUDA_GRAPHS", "sometimes")

@@ -137,11 +137,12 @@ def _sha(paths: Sequence[Path]) -> str:
 
 def graph_mode(device: torch.device) -> str:
     """Which serving stages replay CUDA graphs: "off" on a CPU; else ``GENREC_CUDA_GRAPHS``:
-    "sid" (default, also "1"), "all" (also the encode and the ranking decode) or "off" ("0")."""
+    "all" (default, also "1": the history encode, the SID decode and the ranking decode), "sid"
+    (the SID decode only) or "off" ("0")."""
     if device.type != "cuda":
         return "off"
-    raw = os.environ.get("GENREC_CUDA_GRAPHS", "sid").strip().lower()
-    mode = {"1": "sid", "0": "off", "": "sid"}.get(raw, raw)
+    raw = os.environ.get("GENREC_CUDA_GRAPHS", "all").strip().lower()
+    mode = {"1": "all", "0": "off", "": "all"}.get(raw, raw)
     if mode not in ("off", "sid", "all"):
         raise ConfigError(f"GENREC_CUDA_GRAPHS: expected off, sid or all (or 0/1), got {raw!r}")
     return mode
@@ -173,8 +174,8 @@ class Recommender:
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
         self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
-        # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "sid" (default; "1" too): the SID beam search;
-        # "all": also the history encode and the ranking decode; "off" ("0"): every stage eager
+        # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "all" (default; "1" too): the history encode,
+        # the SID beam search and the ranking decode; "sid": the SID beam search; "off" ("0"): eager
         self.cuda_graphs = graph_mode(self.device)
         self._graphed: GraphedBeamSearch | None = None
         self._graphed_encode = GraphedEncoder(self.model) if self.cuda_graphs == "all" else None
