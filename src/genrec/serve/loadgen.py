@@ -10,6 +10,7 @@ its own server (a child ``genrec serve`` process on a free port) and stop it aft
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -104,6 +105,10 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
         raise ConfigError("concurrency, duration and max_requests must be positive")
     res = BenchResult(0, 0, 0.0)
     extra = body or {"k": 10, "beam_width": 20, "rank": True}
+    # request bodies encoded before the clock starts: the latency measured is the service's, not
+    # the load generator's JSON encoding (~2-3 ms for a 1,000-item history on the CPU box)
+    bodies = [json.dumps({"history": [{"item_id": int(x)} for x in h], **extra}).encode() for h in histories]
+    headers = {"content-type": "application/json"}
     t_start = time.perf_counter()
     t_end = t_start + duration
     counter = iter(range(max_requests))
@@ -113,10 +118,9 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
             i = next(counter, None)
             if i is None:
                 return
-            payload = {"history": [{"item_id": int(x)} for x in histories[i % len(histories)]], **extra}
             t0 = time.perf_counter()
             try:
-                r = await c.post("/v1/recommend", json=payload)
+                r = await c.post("/v1/recommend", content=bodies[i % len(bodies)], headers=headers)
                 status = r.status_code
                 if status == 200 and r.json().get("degraded"):
                     res.degraded += 1
