@@ -5,3 +5,12 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 GENREC_DATA_DIR=$PWD/.gp
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# The serving benchmarks' model: gpu-base PinGER, 30 steps on Beauty with a 1,000-item context
+# (weights do not change the timing), in runs/beauty-serve; prints the log's tail on failure.
+train_serve_model() {
+  local wd=runs/beauty-serve p
+  mkdir -p $wd; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $wd/$p; done
+  timeout 100 python3 -m genrec.cli train $wd --preset gpu-base --no-resume variant=pinger data.context_len=1000 \
+    train.total_steps=30 train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false \
+    data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
+}

@@ -12,9 +12,7 @@ timeout 170 python3 benchmarks/bench_kernels.py --only train,cascade,ceilings --
 timeout 60 python3 benchmarks/bench_decode.py --only trie --iters 20 --warmup 5 2>&1 | grep "trie beams" | tee "$OUT/trie.log"
 timeout 80 python3 benchmarks/bench_train.py runs/beauty --preset gpu-base --steps 20 --warmup 5 --variants pinger,tiger \
   model.attn_impl=triton 2>&1 | tail -3 | tee "$OUT/bench_train.log"
-WD=runs/beauty-serve; mkdir -p $WD; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $WD/$p; done
-timeout 100 python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger data.context_len=1000 train.total_steps=30 \
-  train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false data.valid_cases=200 > "$OUT/serve_train.log" 2>&1 || tail -5 "$OUT/serve_train.log"
+WD=runs/beauty-serve; train_serve_model
 for g in all sid off; do
   echo "== GENREC_CUDA_GRAPHS=$g"
   GENREC_CUDA_GRAPHS=$g timeout 70 python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 2>&1 | grep -v Warn | tail -2 | tee "$OUT/bench_recommend_$g.log"

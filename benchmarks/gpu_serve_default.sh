@@ -10,9 +10,7 @@ echo "== GPU tests"
 TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/decode/test_graphs.py \
   tests/model/test_graphs_static.py tests/kernels/test_beam_select.py 2>&1 | tail -2
 echo "== serving, default graph mode"
-WD=runs/beauty-serve; mkdir -p $WD; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $WD/$p; done
-timeout 100 python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger data.context_len=1000 train.total_steps=30 \
-  train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
+WD=runs/beauty-serve; train_serve_model
 timeout 80 python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 2>&1 | grep -v Warn | tail -2
 for c in 1 4; do
   timeout 100 python3 benchmarks/bench_serve.py $WD --device cuda --history-len 1000 --exact-history --beam-width 60 \

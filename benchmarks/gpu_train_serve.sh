@@ -18,9 +18,7 @@ timeout 60 python3 benchmarks/bench_train.py runs/beauty --preset gpu-base --ste
 timeout 60 python3 benchmarks/bench_train.py runs/beauty --preset gpu-base --steps 20 --warmup 5 --variants pinger \
   model.attn_impl=triton objective.w_item=0 objective.w_action=0 2>&1 | tail -2
 echo "== serving"
-WD=runs/beauty-serve; mkdir -p $WD; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $WD/$p; done
-timeout 100 python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger data.context_len=1000 train.total_steps=30 \
-  train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
+WD=runs/beauty-serve; train_serve_model
 GENREC_CUDA_GRAPHS=all timeout 70 python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 2>&1 | grep -v Warn | tail -2
 GENREC_CUDA_GRAPHS=all timeout 100 python3 benchmarks/bench_serve.py $WD --device cuda --history-len 1000 --exact-history --beam-width 60 \
   --duration 20 --concurrency 1 --modes one > /tmp/bench_serve.log 2>&1; grep -v "INFO\|Warn" /tmp/bench_serve.log | tail -8

@@ -20,8 +20,6 @@ $BT runs/ml100k --steps 20 --warmup 20 --variants pinger,tiger model.attn_impl=t
   objective.w_item=0 objective.w_action=0 2>&1 | tail -2
 $BT runs/ml100k --steps 20 --warmup 20 --variants pinger model.attn_impl=reference data.context_len=200 2>&1 | tail -1
 echo "== serving profile"
-WD=runs/beauty-serve; mkdir -p $WD; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $WD/$p; done
-timeout 100 python3 -m genrec.cli train $WD --preset gpu-base --no-resume variant=pinger data.context_len=1000 train.total_steps=30 \
-  train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
+WD=runs/beauty-serve; train_serve_model
 GENREC_CUDA_GRAPHS=all timeout 100 python3 benchmarks/bench_recommend.py $WD --device cuda --history-len 1000 --beam-width 60 --n 50 \
   --precisions float32 --profile 20 2>&1 | grep -v Warn
