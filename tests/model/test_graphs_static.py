@@ -57,6 +57,10 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             assert got_cache.n_tokens == min(bucket_length(want_cache.n_tokens, 8), max(n, cfg.max_items))
             torch.testing.assert_close(got_user, want_user, atol=2e-5, rtol=0)
             torch.testing.assert_close(got_h, want_h, atol=2e-5, rtol=0)
+            # the beams' plan comes memoised from the graph, equal to computing it on either cache
+            plan = got_cache.plans["hist_len"]
+            assert plan is not None
+            assert torch.equal(plan, model._shared_plan(got_cache)) and torch.equal(plan, model._shared_plan(want_cache))
             # the padded cache serves every later stage as the plain one does
             prefix = torch.stack([torch.randint(0, k, (3, 4), generator=g) for k in cfg.sid_codebook_sizes[:2]], -1).to(dev)
             torch.testing.assert_close(model.sid_logits_next(got_cache, prefix), model.sid_logits_next(want_cache, prefix),

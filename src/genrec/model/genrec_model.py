@@ -430,15 +430,25 @@ class GenRecModel(nn.Module):
 
     def _shared_plan(self, cache: KVCache) -> torch.Tensor | None:
         """One ``hist_len`` ``[B]`` valid for beam tokens of every depth 1..L-1, or None. One host sync."""
+        plan = self.shared_plan_lazy(cache)
+        return None if plan is None or not bool(plan[1]) else plan[0]
+
+    def shared_plan_lazy(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`_shared_plan` without the sync -- (hist_len ``[B]``, ok bool ``[]`` on the device),
+        or None when the shapes alone rule it out -- so it can run inside a CUDA graph (the graphed
+        encoder computes it with the cache and memoises it, see :meth:`beam_context`)."""
+        if self.sid_heads is None or cache.meta is None or cache.lengths is None:
+            return None
         plans = [self.backbone.shared_prefix_plan_lazy(self._beam_meta(cache, 1, d), cache, 1)  # 1 beam stands for all W
                  for d in range(1, self.config.sid_levels)]
+        dev = cache.meta.pos.device
         if not plans:  # one SID level: no beam token ever attends
-            return torch.zeros(cache.batch_size, dtype=torch.int64, device=cache.meta.pos.device)  # type: ignore[union-attr]
+            return torch.zeros(cache.batch_size, dtype=torch.int64, device=dev), torch.ones((), dtype=torch.bool, device=dev)
         if any(p is None for p in plans):
             return None
         first = plans[0][0]  # type: ignore[index]
-        ok = torch.stack([p[1] & (p[0] == first).all() for p in plans])  # type: ignore[index]
-        return first if bool(ok.all()) else None
+        ok = torch.stack([p[1] & (p[0] == first).all() for p in plans]).all()  # type: ignore[index]
+        return first, ok
 
     def sid_logits_ctx(self, ctx: BeamContext, prefix_codes: torch.Tensor) -> torch.Tensor:
         """Beam step over a :class:`BeamContext`: prefix_codes ``[B, W, d]`` -> logits ``[B, W, K_{d+1}]``,

@@ -162,7 +162,14 @@ class GraphedEncoder:
                 else:
                     raise ValueError(f"GraphedEncoder: batch field {k!r} is not supported")
             sbatch = type(batch)(**static)
-            return _Static(lambda: self.model.encode_history(sbatch), self.use_graph), static
+
+            def run() -> Any:
+                cache, user, last_h = self.model.encode_history(sbatch)
+                # the beams' shared-prefix plan, computed with the cache (sync-free) and replayed with it
+                plan = self.model.shared_plan_lazy(cache) if self.model.shared_beam_decode else None
+                return cache, user, last_h, plan
+
+            return _Static(run, self.use_graph), static
 
         with self._cache.lock:
             prog, static = self._cache.get(key, make)
@@ -171,11 +178,13 @@ class GraphedEncoder:
                     static[k][:, :n].copy_(v)
                 else:
                     static[k].copy_(v)
-            cache, user, last_h = prog.run()
+            cache, user, last_h, plan = prog.run()
             clone = lambda t: None if t is None else t.clone()  # noqa: E731
             res = KVCache([t.clone() for t in cache.k], [t.clone() for t in cache.v],
                           TokenMeta(cache.meta.pos.clone(), cache.meta.kind.clone(), cache.meta.tok.clone()),
                           clone(cache.lengths), clone(cache.last_hidden), cache.layout, clone(cache.last_ts))
+            if plan is not None:  # memoised as beam_context would compute it (one sync, no launches)
+                res.plans["hist_len"] = plan[0].clone() if bool(plan[1]) else None
             return res, clone(user), last_h.clone()
 
 
