@@ -148,7 +148,7 @@ class GraphedEncoder:
                              "most max_items item slots")
         n = batch.n_items
         # a power-of-two bucket, capped at the model's context (a full-context history still replays)
-        nb = min(bucket_length(n, self.min_bucket), max(n, self.model.config.max_items))
+        nb = min(bucket_length(n, self.min_bucket), self.model.config.max_items)  # supports(): n <= max_items
         present = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
         key = (nb, autocast_state(), tuple((k, v.dtype, tuple(v.shape[:1]) + tuple(v.shape[2:])) for k, v in present.items()))
 
