@@ -4,4 +4,4 @@
 # Carries the prepared run directory runs/beauty (tables, features, SIDs) from the build machine.
 source benchmarks/gpu_env.sh || exit 1
 timeout ${TUNE_TIMEOUT:-575} python3 benchmarks/tune_quality.py runs/beauty --grid ${GRID:-benchmarks/grids/beauty.json} \
-  --parallel ${PARALLEL:-8} 2>&1 | grep -v Warning | tee "$OUT/tune.log" | tail -60
+  --parallel ${PARALLEL:-8} ${TUNE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/tune.log" | tail -60

@@ -14,6 +14,13 @@ only that one touches the test split: full catalogue, history items not excluded
 Popularity is scored on the same cases. Finally a token-efficiency sweep on the validation
 cases: SID-path recall of the chosen genrec and TIGER models against serving history tokens.
 
+L0+L1: every configuration marked ``"l0l1": true`` runs the L0 (SID beams ∪ ANN, over-retrieved)
+-> L1 path once on the validation cases, recording each candidate's score parts; the L1 fusion
+weights (a * action utility + w * dense logit + v * log P(SID), see ``Recommender._run_batch``)
+are chosen on validation over a grid (``genrec.eval.evaluate.fusion_metrics``), across those
+configurations, and only the chosen (configuration, weights) runs on the test split. The SID
+path's beam width is likewise chosen on validation among ``--sid-beams``.
+
 Prints Markdown tables; everything to ``$OUT/tune.json`` when OUT is set.
 """
 
@@ -66,6 +73,58 @@ def best_valid(run_dir: Path) -> tuple[float | None, int | None]:
     return st.get("best_metric"), st.get("best_step")
 
 
+FUSION_GRID = ([(0.0, 1.0, v) for v in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)]
+               + [(0.0, 0.0, 1.0)]
+               + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0)])
+
+
+def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],
+                         root: Path, valid_set: Any, ks: tuple[int, ...], dev: str
+                         ) -> tuple[dict[str, int], dict[str, Any]]:
+    """Validation only: the genrec SID path's beam width, and the L0+L1 (configuration, fusion
+    weights) -- one recorded L0+L1 pass per configuration, re-weighted offline over FUSION_GRID."""
+    from genrec.eval.evaluate import fusion_metrics, l0l1_pass
+    from genrec.eval.retrieval import evaluate_retrieval
+    from genrec.retrieve.recommender import Recommender
+
+    sid_beam: dict[str, int] = {}
+    beams = [int(x) for x in a.sid_beams.split(",") if x.strip()]
+    if beams and "genrec" in chosen:
+        rec = Recommender.from_checkpoint(root / chosen["genrec"]["name"], "BEST", device=dev)
+        scores = {}
+        for bw in beams:
+            m = evaluate_retrieval(rec.objective, valid_set, paths=("sid",), beam_width=bw, context_len=rec.context_len,
+                                   trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)["sid"]
+            scores[bw] = m["recall@10"]
+            print(f"valid SID beam {bw}: R@10 {m['recall@10']:.4f}", flush=True)
+        sid_beam["genrec"] = max(beams, key=lambda bw: (scores[bw], -bw))
+        del rec
+    rows: list[dict[str, Any]] = []
+    for c in configs:
+        if not c.get("l0l1") or not (root / c["name"] / "tune_result.json").exists():
+            continue
+        rec = Recommender.from_checkpoint(root / c["name"], "BEST", device=dev)
+        parts: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        l0l1_pass(rec, valid_set, ks=ks, beam_width=a.l0l1_beam, diversity_lambda=0.0, overretrieve=3,
+                  utility={x: 1.0 for x in rec.actions}, batch_size=256, parts=parts)
+        for aw, w, v in FUSION_GRID:
+            m = fusion_metrics(parts, ks, aw, w, v)
+            rows.append({"config": c["name"], "a": aw, "w": w, "v": v, **m})
+        best = max((r for r in rows if r["config"] == c["name"]), key=lambda r: r["recall@10"])
+        print(f"valid L0+L1 {c['name']} ({time.perf_counter() - t0:.0f}s): best R@10 {best['recall@10']:.4f} at "
+              f"a={best['a']:g} w={best['w']:g} v={best['v']:g}; a=1,w=v=0 (heads alone) "
+              f"{next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (1.0, 0.0, 0.0)):.4f}; "
+              f"w=1 only (dense) {next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (0.0, 1.0, 0.0)):.4f}; "
+              f"v only (SID) {next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (0.0, 0.0, 1.0)):.4f}",
+              flush=True)
+        del rec
+    out: dict[str, Any] = {"grid": rows}
+    if rows:  # ties: the earlier configuration, then the earlier (simpler) weighting
+        out["chosen"] = max(rows, key=lambda r: r["recall@10"])
+    return sid_beam, out
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
@@ -78,6 +137,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated config names (default: all)")
     ap.add_argument("--beam", type=int, default=20)
     ap.add_argument("--no-test", action="store_true", help="stop after validation")
+    ap.add_argument("--sid-beams", default="", help="e.g. 20,50: the genrec SID path's beam, chosen on validation")
+    ap.add_argument("--l0l1-beam", type=int, default=50, help="SID beam width inside the L0+L1 path")
+    ap.add_argument("--no-token-sweep", action="store_true")
+    ap.add_argument("--valid-cases", type=int, default=2000)
+    ap.add_argument("--test-cases", type=int, default=0, help="0 = every test case (a smaller number: smoke runs only)")
     a = ap.parse_args()
     base = Path(a.workdir).resolve()
     grid = json.loads(Path(a.grid).read_text())
@@ -146,15 +210,14 @@ def main() -> None:
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
     from genrec.pipeline import load_catalog, open_store
     from genrec.retrieve.recommender import Recommender
-    from genrec.train.config import from_dict
-    from genrec.train.run import RunConfig, variant_overrides
 
     store = open_store(base)
     catalog = load_catalog(base)
     split = SplitSpec("loo")
-    test_set = make_eval_set(list(BucketJoinReader(store, split=split, role="test", context_len=10 ** 6)), catalog)
+    test_set = make_eval_set(list(BucketJoinReader(store, split=split, role="test", context_len=10 ** 6)), catalog,
+                             max_cases=a.test_cases, seed=0)
     valid_set = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=10 ** 6)), catalog,
-                              max_cases=2000, seed=0)
+                              max_cases=a.valid_cases, seed=0)
     pop = Popularity(catalog.item_ids, train_events(store.read_events(), split).column("item_id").to_numpy())
     ks = (5, 10, 20)
     test: dict[str, dict[str, dict[str, float]]] = {
@@ -162,20 +225,24 @@ def main() -> None:
                                                            test_set.target_rows), ks)}}
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     token_sweep: dict[str, list[dict[str, float]]] = {}
+    sid_beam, fusion = choose_on_validation(a, configs, chosen, root, valid_set, ks, dev)
+    report["sid_beam_valid"], report["fusion_valid"] = sid_beam, fusion
     for fam, r in chosen.items():
         d = root / r["name"]
         rec = Recommender.from_checkpoint(d, "BEST", device=dev)
         ctx = rec.context_len
-        res = evaluate_retrieval(rec.objective, test_set, beam_width=a.beam, context_len=ctx, trie=rec.trie,
-                                 leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)
-        _, obj = variant_overrides(from_dict(RunConfig, rec.run_config))  # the objective as trained
-        if obj.w_action > 0 and rec.ann is not None and rec.model.action_head is not None:
-            res["l0l1"] = l0l1_pass(rec, test_set, ks=ks, beam_width=a.beam, diversity_lambda=0.0, overretrieve=3,
-                                    utility={x: 1.0 for x in rec.actions}, batch_size=256)
+        paths = ("ann",) if fam in sid_beam else ("ann", "sid")  # (the SID path then runs below at its beam)
+        res = evaluate_retrieval(rec.objective, test_set, paths=paths, beam_width=a.beam, context_len=ctx,
+                                 trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)
+        if fam in sid_beam and rec.trie is not None:  # the SID path at the beam chosen on validation
+            res["sid"] = evaluate_retrieval(rec.objective, test_set, paths=("sid",), beam_width=sid_beam[fam],
+                                            context_len=ctx, trie=rec.trie, leaf_rows=rec.leaf_rows,
+                                            batch_size=256, ks=ks)["sid"]
+            res["sid"]["beam"] = sid_beam[fam]
         test[f"{fam} ({r['name']}, step {rec.step})"] = res
         print(fam, r["name"], json.dumps({p: {k: round(v, 4) for k, v in m.items()} for p, m in res.items()}),
               flush=True)
-        if rec.trie is not None:  # serving history tokens vs SID recall, validation cases
+        if rec.trie is not None and not a.no_token_sweep:  # serving history tokens vs SID recall, validation cases
             tpi = history_tokens_per_item(rec.config.layout, rec.config.sid_levels)
             pts = []
             for c in (1, 2, 3, 5, 8, 12, 20, 50):
@@ -188,6 +255,15 @@ def main() -> None:
             token_sweep[fam] = pts
         del rec
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if fusion.get("chosen"):  # the L0+L1 path, once, with the (configuration, weights) chosen on validation
+        ch = fusion["chosen"]
+        rec = Recommender.from_checkpoint(root / ch["config"], "BEST", device=dev)
+        kw = dict(ks=ks, beam_width=a.l0l1_beam, diversity_lambda=0.0, overretrieve=3,
+                  utility={x: 1.0 for x in rec.actions}, batch_size=256)
+        l0l1 = l0l1_pass(rec, test_set, action_weight=ch["a"], retrieval_weight=ch["w"], sid_weight=ch["v"], **kw)
+        test[f"genrec L0+L1 ({ch['config']}, step {rec.step}, a={ch['a']:g} w={ch['w']:g} v={ch['v']:g})"] = {"l0l1": l0l1}
+        print("l0l1 test", json.dumps({k: round(v, 4) for k, v in l0l1.items()}), flush=True)
+        del rec
     report.update({"test": test, "test_cases": len(test_set), "token_sweep_valid": token_sweep,
                    "total_seconds": time.perf_counter() - t_start})
     (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))

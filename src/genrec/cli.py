@@ -291,13 +291,14 @@ def bench_serve(
     rank: bool = typer.Option(True),
     two_process: bool = typer.Option(False),
     micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
+    client: str = typer.Option("raw", help="Load-generator client: raw (lean HTTP/1.1 on asyncio streams) or httpx."),
 ) -> None:
     """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors."""
     from genrec.serve.loadgen import bench_serve as run_bench
 
     res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,
                     history_len=history_len, beam_width=beam_width, k=k, rank=rank, two_process=two_process,
-                    micro_batch=micro_batch)
+                    micro_batch=micro_batch, client=client)
     typer.echo(res.table())
     _echo_json(res.summary())
 
@@ -368,8 +369,9 @@ def eval_cmd(
     beam: int = typer.Option(20, help="SID beam width."),
     lam: float = typer.Option(0.0, "--lambda", help="Diversity penalty for the SID and L0+L1 paths."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
-    retrieval_weight: float = typer.Option(0.0, help="L1 score fusion: utility + w * cos(user, candidate)."),
-    sid_weight: float = typer.Option(0.0, help="L1 score fusion: ... + v * P(candidate's SID) under the beams."),
+    action_weight: float = typer.Option(1.0, help="L1 score fusion: a * utility(action heads) + ..."),
+    retrieval_weight: float = typer.Option(0.0, help="L1 score fusion: ... + w * (user . candidate vector) + ..."),
+    sid_weight: float = typer.Option(0.0, help="L1 score fusion: ... + v * log P(candidate's SID) under the beams."),
     sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
@@ -381,7 +383,8 @@ def eval_cmd(
 
     cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
                      overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
-                     retrieval_weight=retrieval_weight, sid_weight=sid_weight, sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
+                     retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
+                     sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
                      sweep_beam=tuple(int(x) for x in _floats(sweep_beam or "", "--sweep-beam")),
                      sweep_context=tuple(int(x) for x in _floats(sweep_context or "", "--sweep-context")))
     report, files = run_eval(workdir, cfg)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.eval.evaluate import EvalConfig, evaluate, l0l1_pass, load_eval_data, run_eval, sid_pass
+from genrec.eval.evaluate import EvalConfig, evaluate, fusion_metrics, l0l1_pass, load_eval_data, run_eval, sid_pass
 from genrec.eval.metrics import auc, hit_at_k_slates, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, score_slates
 from genrec.eval.retrieval import evaluate_retrieval
@@ -71,6 +71,37 @@ def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) 
     ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len)["ann"]
     for key, v in topk_metrics(np.array(ann_ranks), KS).items():
         assert ann[key] == pytest.approx(v, abs=1e-9), key
+
+
+def test_fusion_metrics_equal_the_l0l1_pass_for_every_weighting(run: tuple[Path, Recommender]) -> None:
+    """One recorded pass re-weighted offline gives exactly what running the L0+L1 path with those
+    fusion weights gives (the weights are then chosen on validation without a pass per weighting).
+    The tiny model retrieves no real target, so each case's target is set to a random candidate of
+    its L0 union: every weighting then has non-zero, weighting-dependent metrics."""
+    import dataclasses
+
+    root, rec = run
+    es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=40)).es
+    kw = dict(ks=KS, beam_width=12, diversity_lambda=0.0, overretrieve=2, utility=None, batch_size=16)
+    parts: list[dict[str, np.ndarray]] = []
+    l0l1_pass(rec, es, parts=parts, **kw)
+    rows = np.concatenate([np.pad(p["rows"], ((0, 0), (0, 64 - p["rows"].shape[1])), constant_values=-1)
+                           for p in parts])
+    assert len(rows) == len(es)
+    rng = np.random.default_rng(0)
+    tgt = np.array([rng.choice(r[r >= 0]) for r in rows])
+    es = dataclasses.replace(es, target_rows=tgt)
+    parts = []
+    l0l1_pass(rec, es, parts=parts, **kw)
+    seen = set()
+    for a, w, v in ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (1.0, 2.0, 0.5), (0.0, 1.0, 3.0)):
+        want = l0l1_pass(rec, es, action_weight=a, retrieval_weight=w, sid_weight=v, **kw)
+        got = fusion_metrics(parts, KS, a, w, v)
+        assert set(got) <= set(want) and got["recall@20"] > 0
+        for key in got:
+            assert got[key] == pytest.approx(want[key], abs=1e-12), (a, w, v, key)
+        seen.add(round(got["ndcg@10"], 9))
+    assert len(seen) > 2  # the weightings really order the candidates differently
 
 
 def test_sid_pass_matches_evaluate_retrieval_and_diagnostics(run: tuple[Path, Recommender]) -> None:

@@ -243,25 +243,32 @@ def test_retrieval_weight_fuses_the_dense_score(rec: Recommender) -> None:
         rec.recommend(HIST, retrieval_weight=-1.0)
 
 
-def test_sid_weight_fuses_the_beam_probability(rec: Recommender) -> None:
-    """score == utility + w * cos + v * P(SID) (0 for candidates the SID stage did not retrieve),
-    against the full-prefill twin; the beam probability comes from an independent beam search."""
+def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
+    """score == a * utility + w * cos + v * log P(SID) (for candidates the SID stage did not
+    retrieve: the request's lowest retrieved beam log-probability), against the full-prefill twin;
+    the beam log-probabilities come from an independent beam search; a = 0 drops the heads."""
     with torch.no_grad():
         cache, user = rec.encode(rec.model_batch([rec.parse_history(HIST)]))
         beams = rec.decode_sids(cache, 16)
-    p_sid = {tuple(c): float(np.exp(s)) for c, s, ok in zip(beams.codes[0].tolist(), beams.scores[0].tolist(),
-                                                              beams.valid[0].tolist()) if ok}
+    lp_sid = {tuple(c): float(s) for c, s, ok in zip(beams.codes[0].tolist(), beams.scores[0].tolist(),
+                                                     beams.valid[0].tolist()) if ok}
     u = np.array([rec.default_utility()[a] for a in rec.actions])
-    for w, v in ((0.0, 3.0), (0.7, 40.0)):
-        recs = rec.recommend(HIST, k=30, beam_width=16, overretrieve=3, retrieval_weight=w, sid_weight=v)
+    for a, w, v in ((1.0, 0.0, 3.0), (1.0, 0.7, 0.4), (0.0, 1.0, 2.0)):
+        recs = rec.recommend(HIST, k=200, beam_width=16, overretrieve=3, retrieval_weight=w, sid_weight=v,
+                             action_weight=a)
         ids = [r.item_id for r in recs]
         cos = (rec.item_vecs[torch.from_numpy(rec.catalog.rows(np.array(ids)))] @ user[0]).numpy()
-        bonus = np.array([p_sid.get(r.sid, 0.0) if "sid" in r.sources else 0.0 for r in recs])
-        assert bonus.max() > 0  # some candidates came from the SID stage
-        want = _forward_probs(rec, HIST, ids) @ u + w * cos + v * bonus
+        in_sid = ["sid" in r.sources for r in recs]
+        assert any(in_sid) and not all(in_sid)  # both kinds of candidate are checked
+        got_lp = [lp_sid[r.sid] for r, s in zip(recs, in_sid) if s]
+        floor = min(got_lp)
+        bonus = np.array([lp_sid[r.sid] if s else floor for r, s in zip(recs, in_sid)])
+        want = a * (_forward_probs(rec, HIST, ids) @ u) + w * cos + v * bonus
         np.testing.assert_allclose([r.score for r in recs], want, atol=1e-4)
     with pytest.raises(ConfigError, match="sid_weight"):
         rec.recommend(HIST, sid_weight=float("nan"))
+    with pytest.raises(ConfigError, match="action_weight"):
+        rec.recommend(HIST, action_weight=-0.5)
 
 
 def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,8 +51,10 @@ class EvalConfig:
     beam_width: int = 20
     diversity_lambda: float = 0.0
     overretrieve: int = 3
-    retrieval_weight: float = 0.0  # L1 score fusion: utility + w * cos(user, candidate)
-    sid_weight: float = 0.0  # ... + v * P(candidate's SID) under the beam search
+    # L1 score fusion (Recommender._run_batch): a * utility + w * user.candidate + v * log P(SID)
+    retrieval_weight: float = 0.0
+    sid_weight: float = 0.0
+    action_weight: float = 1.0
     utility: dict[str, float] | None = None
     """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
     next interaction of any kind, so the matching utility is the probability of engaging at all
@@ -82,6 +84,8 @@ class EvalConfig:
             raise ConfigError(f"--retrieval-weight must be >= 0, got {self.retrieval_weight}")
         if not self.sid_weight >= 0:
             raise ConfigError(f"--sid-weight must be >= 0, got {self.sid_weight}")
+        if not self.action_weight >= 0:
+            raise ConfigError(f"--action-weight must be >= 0, got {self.action_weight}")
         if any(c < 1 for c in self.sweep_context):
             raise ConfigError("context lengths must be >= 1")
 
@@ -154,16 +158,21 @@ def sid_pass(rec: Recommender, es: EvalSet, *, beam_width: int, diversity_lambda
 @torch.no_grad()
 def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: int, diversity_lambda: float,
               overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128,
-              retrieval_weight: float = 0.0, sid_weight: float = 0.0) -> dict[str, float]:
-    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (action-head utility) path on every case."""
+              retrieval_weight: float = 0.0, sid_weight: float = 0.0, action_weight: float = 1.0,
+              parts: list[dict[str, np.ndarray]] | None = None) -> dict[str, float]:
+    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``)
+    path on every case. ``parts``: when a list, each batch's L1 score parts are appended to it
+    (with the batch's ``target_rows``), for :func:`fusion_metrics`."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
     src_hits = {"sid": 0, "ann": 0, "both": 0}
     for lo, mb in _batches(rec, es, batch_size, rec.context_len):
         res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
                             rank=True, overretrieve=overretrieve, utility=utility,
-                            retrieval_weight=retrieval_weight, sid_weight=sid_weight)
+                            retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight)
         tgt = es.target_rows[lo:lo + len(res.rows)]
+        if parts is not None and res.l1_parts is not None:
+            parts.append({**res.l1_parts, "target_rows": np.asarray(tgt)})
         r = rank_in_list(res.rows, tgt)
         ranks[lo:lo + len(r)] = r
         for i in np.flatnonzero(r >= 0):
@@ -172,6 +181,26 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
     out = topk_metrics(ranks, ks)
     out.update({f"hits_from_{k}": float(v) for k, v in src_hits.items()})
     return out
+
+
+def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], action_weight: float,
+                   retrieval_weight: float, sid_weight: float) -> dict[str, float]:
+    """The L0+L1 metrics that :func:`l0l1_pass` would give with these fusion weights, recomputed from
+    the score parts it recorded (one pass, then any number of weightings: for choosing them on
+    validation). Ties keep the union's order, as the Recommender's stable sort does."""
+    ranks = []
+    kmax = max(ks)
+    for pt in parts:
+        score = action_weight * pt["utility"].astype(np.float32)  # float32, in the Recommender's order
+        if retrieval_weight > 0:
+            score = score + retrieval_weight * pt["dot"].astype(np.float32)
+        if sid_weight > 0:
+            score = score + sid_weight * pt["sid_lp"].astype(np.float32)
+        score = np.where(pt["rows"] >= 0, score, -np.inf)
+        order = np.argsort(-score, axis=1, kind="stable")[:, :kmax]
+        top = np.take_along_axis(pt["rows"], order, axis=1)
+        ranks.append(rank_in_list(top, pt["target_rows"]))
+    return topk_metrics(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
 
 
 def history_tokens_per_item(layout: str, sid_levels: int) -> int:
@@ -209,13 +238,15 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         t0 = time.perf_counter()
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
-                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight)
+                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
+                                  action_weight=cfg.action_weight)
         timings["l0l1"] = time.perf_counter() - t0
     elif rec.model.action_head is not None and rec.ann is not None:
         t0 = time.perf_counter()  # dense-only model: L0 is the ANN stage alone
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
-                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight)
+                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
+                                  action_weight=cfg.action_weight)
         timings["l0l1"] = time.perf_counter() - t0
     from genrec.eval.baselines import Popularity
 

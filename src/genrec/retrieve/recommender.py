@@ -123,6 +123,11 @@ class BatchResult:
     probs: np.ndarray | None
     beams: BeamResult | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    l1_parts: dict[str, np.ndarray] | None = None
+    """With ranking: the L1 score's parts for every L0 candidate, [B, M] each (M = the largest
+    union): ``rows`` (-1 pad), ``utility`` (Σ u_c p_c), ``dot`` (user · candidate vector),
+    ``sid_lp`` (log P(SID) under the beams, the request's lowest beam log-probability for
+    candidates the SID stage did not retrieve). For choosing fusion weights offline."""
 
 
 def _sha(paths: Sequence[Path]) -> str:
@@ -539,14 +544,17 @@ class Recommender:
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
-                  retrieval_weight: float = 0.0, sid_weight: float = 0.0) -> BatchResult:
+                  retrieval_weight: float = 0.0, sid_weight: float = 0.0,
+                  action_weight: float = 1.0) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring).
 
-        ``retrieval_weight`` w >= 0 adds ``w * cos(user vector, candidate vector)`` to the L1
-        utility (score fusion of the ranking heads with the dense retrieval score; 0 = the
-        action heads alone, UniPinRec's L1). ``sid_weight`` v >= 0 adds ``v * P(SID)``, the
-        probability of the candidate's SID under the beam search (0 for candidates the SID
-        stage did not retrieve)."""
+        The L1 score of a candidate is ``a * Σ_c u_c p_c + w * (user · candidate vector) +
+        v * log P(SID)``: ``action_weight`` a >= 0 scales the action heads' utility (UniPinRec's
+        L1: a = 1, w = v = 0, the default); ``retrieval_weight`` w >= 0 fuses the dense retrieval
+        logit; ``sid_weight`` v >= 0 fuses the log-probability of the candidate's SID under the
+        beam search -- for a candidate the SID stage did not retrieve, the request's lowest
+        retrieved beam log-probability (its SID scored below every kept beam's). Both fused
+        terms are log-scale scores of the same encoding, so the fusion is a product of experts."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if overretrieve < 1:
@@ -555,6 +563,8 @@ class Recommender:
             raise ConfigError(f"retrieval_weight must be a finite number >= 0, got {retrieval_weight}")
         if not (sid_weight >= 0 and math.isfinite(sid_weight)):
             raise ConfigError(f"sid_weight must be a finite number >= 0, got {sid_weight}")
+        if not (action_weight >= 0 and math.isfinite(action_weight)):
+            raise ConfigError(f"action_weight must be a finite number >= 0, got {action_weight}")
         srcs, do_rank = self.check_sources(sources, rank)
         u = self.utility_vector(utility)
         t: dict[str, float] = {}
@@ -613,6 +623,7 @@ class Recommender:
             valid[i, :len(d)] = True
         t["union"] = _ms(t0)
         probs = None
+        l1_parts = None
         if do_rank:
             t0 = time.perf_counter()
             rows_t = torch.from_numpy(rows).to(self.device)
@@ -625,17 +636,22 @@ class Recommender:
                     vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
             logits = self.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
             p = torch.sigmoid(logits.float())
-            fused = (p * u).sum(-1)  # [B, M]
-            if retrieval_weight > 0 and user is not None:
-                fused = fused + retrieval_weight * (user.float()[:, None, :] * vecs.float()).sum(-1)
+            util = (p * u).sum(-1)  # [B, M]
+            dot = (user.float()[:, None, :] * vecs.float()).sum(-1) if user is not None else torch.zeros_like(util)
+            sid_lp_m = np.zeros((b, m), np.float32)  # [B, M] log P(SID); the request's beam floor if not retrieved
+            for i, d in enumerate(union):
+                lps = [e[1] for e in d.values() if not np.isnan(e[1])]
+                floor = min(lps) if lps else 0.0
+                for j, e in enumerate(d.values()):
+                    sid_lp_m[i, j] = floor if np.isnan(e[1]) else e[1]
+            fused = action_weight * util
+            if retrieval_weight > 0:
+                fused = fused + retrieval_weight * dot
             if sid_weight > 0:
-                sid_p = np.zeros((b, m), np.float32)  # [B, M] P(SID) of SID-stage candidates, else 0
-                for i, d in enumerate(union):
-                    for j, e in enumerate(d.values()):
-                        if not np.isnan(e[1]):
-                            sid_p[i, j] = math.exp(e[1])
-                fused = fused + sid_weight * torch.from_numpy(sid_p).to(fused)
+                fused = fused + sid_weight * torch.from_numpy(sid_lp_m).to(fused)
             score = fused.cpu().numpy()  # [B, M]
+            l1_parts = {"rows": np.where(valid, rows, -1), "utility": util.cpu().numpy(), "dot": dot.cpu().numpy(),
+                        "sid_lp": sid_lp_m}
             probs = p.cpu().numpy()
             t["rank"] = _ms(t0)
         else:
@@ -670,6 +686,7 @@ class Recommender:
         t["topk"] = _ms(t0)
         t["total"] = sum(t.values())
         out.timings_ms = t
+        out.l1_parts = l1_parts
         return out
 
     # ------------------------------------------------------------------ public
@@ -695,13 +712,14 @@ class Recommender:
                   sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
                   surface: str | int | None = None, request_ts: int | None = None, retrieval_weight: float = 0.0,
-                  sid_weight: float = 0.0) -> RecommendationList | list[RecommendationList]:
+                  sid_weight: float = 0.0, action_weight: float = 1.0) -> RecommendationList | list[RecommendationList]:
         """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
 
         ``sources=None`` / ``rank=None`` mean "every stage this model has" (a TIGER-layout model has
         no ANN or ranking stage; a dense-only one no SID stage). ``surface`` is the request surface
         (default: the last history item's); ``request_ts`` the request time (default: the last
-        history item's timestamp)."""
+        history item's timestamp). ``action_weight`` / ``retrieval_weight`` / ``sid_weight``: the L1
+        score fusion (see :meth:`_run_batch`)."""
         t_wall = time.perf_counter()
         is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
         hs = list(history) if is_batch else [history]
@@ -723,7 +741,7 @@ class Recommender:
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                              rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
-                             sid_weight=sid_weight)
+                             sid_weight=sid_weight, action_weight=action_weight)
         t0 = time.perf_counter()
         sids = None  # SIDs of every result row in ONE device->host copy (not one per item)
         if self.codes is not None:
