@@ -1,6 +1,7 @@
 """Per-request HTTP overhead of ``genrec serve``: client latency minus model time, piece by piece.
 
     python benchmarks/bench_http_overhead.py WORKDIR [--n 300] [--history-len 1000] [--out FILE]
+        [--http h11|httptools --loop asyncio|uvloop] [--client-rounds 100]
 
 Starts the real service (``create_app`` + uvicorn with the implementations ``genrec serve`` uses)
 in a child process on a free loopback port, and sends ``--n`` sequential rounds of requests over
@@ -28,9 +29,17 @@ time spent inside the ASGI app (``x-asgi-ms``: call -> response start), in the g
 request's overhead splits into uvicorn + socket + client (client - ASGI), the web layer (ASGI -
 Service.recommend) and the engine's work outside the model timer (Service.recommend - model);
 these rows are per-request differences. The probe pieces are differences of medians (approximate). Prints a table; JSON
-to ``--out``. Then ``--httpx-rounds`` recommend requests go through the load generator's client
-(``httpx.AsyncClient``, ``json=``) to show that client's own share. Bounded: probe rounds stop
-after ``--max-seconds`` (default 40 s).
+to ``--out``. Bounded: probe rounds stop after ``--max-seconds`` (default 40 s).
+
+Then ``--client-rounds`` rounds of recommend requests through the load generator's clients, one
+request each per round (interleaved), each on its own keep-alive connection, overhead = client
+latency - ``timings_ms.total``: ``raw`` (:class:`genrec.serve.loadgen.RawConnection`, pre-encoded
+request bytes: ``genrec bench serve``'s default), ``httpx`` (``httpx.AsyncClient`` posting the
+pre-encoded body: ``--client httpx``) and ``httpx-json`` (``json=`` encoded per request: the load
+generator before bodies were pre-encoded). A client the tree lacks is skipped.
+
+``--http`` / ``--loop``: uvicorn's HTTP parser and event loop in the server child (default: what
+``genrec serve`` picks, httptools / uvloop when installed, else h11 / asyncio).
 """
 
 # no `from __future__ import annotations`: the probe routes need their annotations evaluated (local imports)
@@ -55,7 +64,7 @@ PROBES = ("healthz", "body", "json", "validate", "hop", "prepare", "recommend")
 
 
 # ----------------------------------------------------------------------------- server child
-def _child(workdir: str, port: int, threads: int, gc_freeze: bool) -> None:
+def _child(workdir: str, port: int, threads: int, gc_freeze: bool, http: str | None, loop: str | None) -> None:
     import anyio
     import uvicorn
     from fastapi import Request
@@ -96,7 +105,8 @@ def _child(workdir: str, port: int, threads: int, gc_freeze: bool) -> None:
     def prepare(req: RecommendRequest) -> None:  # what Service.recommend does before the Recommender's timer
         eng = svc.holder.current.engine
         hist = to_engine(req.history)
-        eng._known(hist)
+        known = eng._known(hist)
+        hist = known[2] if len(known) == 3 else hist  # (the engine hands on bare ids since this session)
         eng.rec.model_batch([eng.rec.parse_history(list(hist))])
 
     @inner.post("/_probe/prepare")
@@ -145,6 +155,7 @@ def _child(workdir: str, port: int, threads: int, gc_freeze: bool) -> None:
         await wrapped(scope, receive, send2)
 
     impl = getattr(appmod, "uvicorn_impl", lambda: {})()
+    impl.update({k: v for k, v in (("http", http), ("loop", loop)) if v})
     print(json.dumps({"child": "ready", "uvicorn": impl, "app_module": appmod.__file__}), flush=True)
     uvicorn.run(timed, host="127.0.0.1", port=port, log_level="warning", **impl)
 
@@ -179,24 +190,48 @@ def _pct(x: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(x), q)), 3) if x else float("nan")
 
 
-async def _httpx_overhead(url: str, hist: list[int], a: argparse.Namespace) -> list[float]:
-    """Client latency - model time with the load generator's client (httpx.AsyncClient, ``json=``
-    encoded per request, ``r.json()`` decoded), so the client's own share can be read off."""
+async def _client_overhead(port: int, body: bytes, a: argparse.Namespace) -> dict[str, list[float]]:
+    """Client latency - model time per load-generator client, interleaved (one request each per
+    round, each client on its own keep-alive connection); the JSON answer is decoded after the clock
+    stops except for ``httpx-json``, which times ``r.json()`` as the old load generator did."""
     import httpx
 
-    over = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-        for i in range(a.warmup + a.httpx_rounds):
-            payload = {"history": [{"item_id": int(x)} for x in hist], "k": a.k, "beam_width": a.beam_width,
-                       "rank": True}
-            t0 = time.perf_counter()
-            r = await c.post("/v1/recommend", json=payload)
-            out = r.json()
-            dt = (time.perf_counter() - t0) * 1e3
-            if r.status_code != 200:
-                raise RuntimeError(f"/v1/recommend via httpx: HTTP {r.status_code}: {r.text[:300]}")
-            if i >= a.warmup:
-                over.append(dt - float(out["timings_ms"]["total"]))
+    try:
+        from genrec.serve.loadgen import RawConnection, encode_request
+    except ImportError:  # a tree from before the raw client
+        RawConnection = None  # type: ignore[assignment,misc]  # noqa: N806
+    url = f"http://127.0.0.1:{port}"
+    payload = json.loads(body)
+    over: dict[str, list[float]] = {"raw": [], "httpx": [], "httpx-json": []}
+    if RawConnection is None:
+        del over["raw"]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c1, httpx.AsyncClient(base_url=url, timeout=60) as c2:
+        raw = RawConnection("127.0.0.1", port) if RawConnection is not None else None
+        wire = encode_request("127.0.0.1", port, "/v1/recommend", body) if raw is not None else b""
+        hdr = {"content-type": "application/json"}
+        for i in range(a.warmup + a.client_rounds):
+            for name in over:
+                t0 = time.perf_counter()
+                if name == "raw":
+                    status, data = await raw.request(wire)  # type: ignore[union-attr]
+                    dt = (time.perf_counter() - t0) * 1e3
+                    out = json.loads(data)
+                elif name == "httpx":
+                    r = await c1.post("/v1/recommend", content=body, headers=hdr)
+                    status, data = r.status_code, r.content
+                    dt = (time.perf_counter() - t0) * 1e3
+                    out = json.loads(data)
+                else:
+                    r = await c2.post("/v1/recommend", json=payload)
+                    out = r.json()
+                    dt = (time.perf_counter() - t0) * 1e3
+                    status = r.status_code
+                if status != 200:
+                    raise RuntimeError(f"/v1/recommend via {name}: HTTP {status}: {str(out)[:300]}")
+                if i >= a.warmup:
+                    over[name].append(dt - float(out["timings_ms"]["total"]))
+        if raw is not None:
+            await raw.close()
     return over
 
 
@@ -210,14 +245,17 @@ def main() -> None:
     ap.add_argument("--beam-width", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=40.0, help="stop sending probe rounds after this long")
-    ap.add_argument("--httpx-rounds", type=int, default=50, help="then this many recommend requests through httpx")
+    ap.add_argument("--client-rounds", type=int, default=100,
+                    help="then this many rounds of recommend requests through the load generator's clients")
+    ap.add_argument("--http", choices=("h11", "httptools"), default=None, help="uvicorn HTTP parser (default: auto)")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default=None, help="uvicorn event loop (default: auto)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="serve with ServeConfig(gc_freeze=False) (ablation)")
     ap.add_argument("--label", default="", help="a name for this run in the table / JSON")
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--child-port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child_port is not None:
-        return _child(a.workdir, a.child_port, a.threads, not a.no_gc_freeze)
+        return _child(a.workdir, a.child_port, a.threads, not a.no_gc_freeze, a.http, a.loop)
 
     from genrec.serve.loadgen import sample_histories
 
@@ -226,7 +264,8 @@ def main() -> None:
                        "rank": True}).encode()
     port = _free_port()
     proc = subprocess.Popen([sys.executable, __file__, a.workdir, "--child-port", str(port), "--threads",
-                             str(a.threads)] + (["--no-gc-freeze"] if a.no_gc_freeze else []),
+                             str(a.threads)] + (["--no-gc-freeze"] if a.no_gc_freeze else [])
+                            + (["--http", a.http] if a.http else []) + (["--loop", a.loop] if a.loop else []),
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         assert proc.stdout is not None
@@ -268,7 +307,7 @@ def main() -> None:
             if i >= a.warmup:
                 rounds += 1
         conn.close()
-        hx_over = asyncio.run(_httpx_overhead(f"http://127.0.0.1:{port}", hist, a)) if a.httpx_rounds > 0 else []
+        cl_over = asyncio.run(_client_overhead(port, body, a)) if a.client_rounds > 0 else {}
     finally:
         proc.terminate()
         try:
@@ -305,9 +344,9 @@ def main() -> None:
                       "outside_asgi_p50": _pct(outside, 50), "outside_asgi_p99": _pct(outside, 99),
                       "app_not_engine_p50": _pct(in_app, 50), "app_not_engine_p99": _pct(in_app, 99),
                       "engine_untimed_p50": _pct(untimed, 50), "engine_untimed_p99": _pct(untimed, 99),
-                      "gc_mean": round(float(np.nanmean(rec["gc"])), 4),
-                      "httpx_overhead_p50": _pct(hx_over, 50), "httpx_overhead_p99": _pct(hx_over, 99),
-                      "httpx_rounds": len(hx_over)},
+                      "gc_mean": round(float(np.nanmean(rec["gc"])), 4)},
+        "clients": {k: {"overhead_p50": _pct(v, 50), "overhead_p90": _pct(v, 90), "overhead_p99": _pct(v, 99),
+                        "requests": len(v)} for k, v in cl_over.items()},
         "pieces_ms": {k: round(v, 3) for k, v in pieces},
     }
     print(f"# bench_http_overhead {a.label} -- {rounds} rounds, body {len(body)} bytes, history {a.history_len}, "
@@ -331,9 +370,12 @@ def main() -> None:
           f"{r['app_not_engine_p50']:.3f} | {r['app_not_engine_p99']:.3f} |")
     print(f"| + Service.recommend outside the model timer (parse, batch, results) | {r['engine_untimed_p50']:.3f} | "
           f"{r['engine_untimed_p99']:.3f} |")
-    if hx_over:
-        print(f"| overhead seen by an httpx.AsyncClient sending json= (as `genrec bench serve`), "
-              f"{len(hx_over)} requests | {r['httpx_overhead_p50']:.3f} | {r['httpx_overhead_p99']:.3f} |")
+    desc = {"raw": "raw client, pre-encoded bytes (`genrec bench serve` default)",
+            "httpx": "httpx.AsyncClient, pre-encoded body (`--client httpx`)",
+            "httpx-json": "httpx.AsyncClient, `json=` per request (the old load generator)"}
+    for k, v in res["clients"].items():
+        print(f"| overhead seen by {desc[k]}, {v['requests']} requests | {v['overhead_p50']:.3f} | "
+              f"{v['overhead_p99']:.3f} |")
     print()
     print("| overhead piece (difference of medians) | ms |")
     print("|---|---|")

@@ -3,7 +3,8 @@
     python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank,batch8]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port, drives ``POST
-/v1/recommend`` with ``--concurrency`` closed-loop httpx clients for ``--duration`` seconds
+/v1/recommend`` with ``--concurrency`` closed-loop clients (``--client raw``, the default: one lean
+HTTP/1.1 keep-alive connection each; ``--client httpx``: an httpx.AsyncClient) for ``--duration`` seconds
 (histories of ``--history-len`` items sampled from the run's events), and stops it. Prints one
 table row per mode (p50/p90/p99 latency, QPS, errors, degraded); full numbers go to
 $OUT/bench_serve.json when OUT is set. The issue's GPU target (1,000-item history, beam 60,
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--modes", default="one,two")
     ap.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                    help="load-generator client (raw: pre-encoded bytes on asyncio streams; httpx: AsyncClient)")
     ap.add_argument("--exact-history", action="store_true",
                     help="every history exactly --history-len items (short users extended with others')")
     a = ap.parse_args()
@@ -46,7 +49,7 @@ def main() -> None:
             raise SystemExit(f"--modes: unknown mode {m!r}; choose from {sorted(MODES)}")
         res = bench_serve(a.workdir, duration=a.duration, concurrency=a.concurrency, history_len=a.history_len,
                           beam_width=a.beam_width, k=a.k, device=a.device,
-                          exact_history=a.exact_history, **MODES[m])
+                          exact_history=a.exact_history, client=a.client, **MODES[m])
         rows[m] = res.summary()
         print(f"[{m}]\n{res.table()}\n", flush=True)
     out = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}

@@ -19,12 +19,13 @@ def free_port() -> int:
 
 
 class ServerThread:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **uvicorn_kw: Any) -> None:
+        """``uvicorn_kw``: e.g. ``http="h11", loop="asyncio"`` (default: uvicorn's ``auto``)."""
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on", timeout_graceful_shutdown=5))
+                                                    lifespan="on", timeout_graceful_shutdown=5, **uvicorn_kw))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ServerThread":
@@ -41,13 +42,13 @@ class ServerThread:
         self.thread.join(timeout=30)
 
 
-def serving(cfg: Any) -> Iterator[ServerThread]:
+def serving(cfg: Any, **uvicorn_kw: Any) -> Iterator[ServerThread]:
     """For a fixture: ``yield from serving(ServeConfig(...))`` -- the app of ``cfg`` served on loopback,
     its Service at ``.service``."""
     from genrec.serve.app import create_app
 
     app = create_app(cfg)
-    with ServerThread(app) as s:
+    with ServerThread(app, **uvicorn_kw) as s:
         s.service = app.service  # type: ignore[attr-defined]
         yield s
 

@@ -185,3 +185,26 @@ def test_uvicorn_impl_falls_back_to_pure_python(monkeypatch: pytest.MonkeyPatch)
     assert uvicorn_impl() == {"http": "h11", "loop": "asyncio"}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     assert uvicorn_impl() == {"http": "httptools", "loop": "uvloop"}
+
+
+def test_engine_hands_plain_histories_on_as_bare_ids(server: ServerThread) -> None:
+    """Plain ``{"item_id": int}`` items reach the Recommender as bare ids (its faster parse path);
+    anything else unchanged; the answer equals the Recommender's on the dicts (dropped, truncated)."""
+    eng = server.service.holder.current.engine
+    dropped, known, plain = eng._known([{"item_id": 1}, {"item_id": 99999999}, {"item_id": 50}])
+    assert plain == [1, 99999999, 50] and dropped == [99999999] and known
+    for other in ([{"item_id": 1, "ts": 5}, {"item_id": 50}], [{"item_id": True}], [{"item_id": 1}, {"item_id": 2.0}]):
+        assert eng._known(other)[2] is other
+    assert eng._known([]) == ([], False, [])  # a cold start
+    assert eng._known([{"item_id": 99999998}]) == ([99999998], False, [99999998])
+    h = [{"item_id": i} for i in range(1, eng.context_len + 8)] + [{"item_id": 99999999}]
+    got = eng.recommend(h, k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    want = eng.rec.recommend(h, k=5, beam_width=8, sources=["sid", "ann"], rank=True)
+    assert [x["item_id"] for x in got["items"]] == [x.item_id for x in want]
+    np.testing.assert_allclose([x["score"] for x in got["items"]], [x.score for x in want], rtol=0, atol=1e-6)
+    assert got["dropped_items"] == want.dropped_items == [99999999]
+    assert got["truncated_items"] == want.history_truncated == 7
+    many = eng.recommend_many([h, [{"item_id": 99999997}], h[:3]], k=5, beam_width=8, diversity_lambda=0.0,
+                              sources=["sid", "ann"], rank=True)
+    assert [x["item_id"] for x in many[0]["items"]] == [x["item_id"] for x in got["items"]]
+    assert many[1]["cold_start"] and many[1]["dropped_items"] == [99999997] and not many[2].get("cold_start")
