@@ -127,3 +127,24 @@ def test_bad_arrays_name_the_field() -> None:
         TorchTrie.from_arrays(a["offsets"], unsorted, a["children"], [2, 2])
     with pytest.raises(DataError, match="one per level"):
         TorchTrie.from_arrays(a["offsets"][:1], a["codes"], a["children"], [2, 2])
+
+
+@pytest.mark.gpu
+def test_cuda_queries_take_the_triton_step_and_equal_the_torch_ops() -> None:
+    """On CUDA valid_mask/advance run genrec.kernels.trie_step (compiled, not interpreted);
+    they equal the torch reference ops on the same device, dense and CSR levels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(5)
+    ks = [256, 256, 256]
+    codes = random_table(rng, 3, ks, 50_000)
+    for dense_max in (0, 1 << 26):
+        a = build_trie_arrays(codes)
+        trie = TorchTrie.from_arrays(a["offsets"], a["codes"], a["children"], ks, "cuda", dense_max_entries=dense_max)
+        for d in range(3):
+            ids = torch.from_numpy(rng.integers(-1, trie.n_nodes(d), 300)).cuda()
+            m = trie.valid_mask(d, ids)
+            assert torch.equal(m, trie.valid_mask_reference(d, ids))
+            q = torch.where(torch.from_numpy(rng.random(300) < 0.7).cuda() & m.any(1), m.float().argmax(1),
+                            torch.from_numpy(rng.integers(-1, 258, 300)).cuda())
+            assert torch.equal(trie.advance(d, ids, q), trie.advance_reference(d, ids, q))

@@ -21,11 +21,14 @@ What is non-standard:
     table is needed.
   * Node id -1 stands for "no node" (a dead or invalid beam); it has no children and
     every query on it answers "invalid" / -1.
+  * On CUDA each query is one Triton launch (:mod:`genrec.kernels.trie_step`, same answers)
+    unless ``GENREC_TRIE=torch``; the torch ops below are the reference and the CPU path.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +38,17 @@ import torch
 from genrec.errors import ConfigError, DataError
 
 DEFAULT_DENSE_MAX_ENTRIES = 1 << 26  # bool entries: at most 64 MiB per dense level
+
+
+def _kernels(t: torch.Tensor):  # type: ignore[no-untyped-def]
+    """The Triton trie step module for a CUDA query, or None (CPU, GENREC_TRIE=torch, no triton)."""
+    if not t.is_cuda or os.environ.get("GENREC_TRIE", "").lower() == "torch":
+        return None
+    try:
+        from genrec.kernels import trie_step
+    except ImportError:  # pragma: no cover - triton ships with CUDA torch builds
+        return None
+    return trie_step
 
 
 @dataclass
@@ -143,7 +157,17 @@ class TorchTrie:
         """Which next-level codes exist below each node.
 
         node_ids: int64 [N] node ids at ``depth`` (-1 = none). Returns bool [N, K_depth].
+        ``force_csr``: read the CSR segments even where a dense table exists.
         """
+        lv = self._level(depth)
+        node_ids = node_ids.to(device=self.device, dtype=torch.int64)
+        fast = _kernels(node_ids)
+        if fast is not None:
+            return fast.valid_mask_triton(node_ids, lv.offsets, lv.codes, None if force_csr else lv.has_child, lv.k)
+        return self.valid_mask_reference(depth, node_ids, force_csr=force_csr)
+
+    def valid_mask_reference(self, depth: int, node_ids: torch.Tensor, *, force_csr: bool = False) -> torch.Tensor:
+        """:meth:`valid_mask` in plain torch ops (the CPU path and the Triton kernel's twin)."""
         lv = self._level(depth)
         node_ids = node_ids.to(device=self.device, dtype=torch.int64)
         n = node_ids.shape[0]
@@ -174,6 +198,16 @@ class TorchTrie:
         codes = codes.to(device=self.device, dtype=torch.int64)
         if node_ids.shape != codes.shape:
             raise ConfigError(f"node_ids {tuple(node_ids.shape)} and codes {tuple(codes.shape)} must match")
+        fast = _kernels(node_ids)
+        if fast is not None and node_ids.ndim == 1:
+            return fast.advance_triton(node_ids, codes, lv.offsets, lv.codes, lv.children, lv.k, lv.max_fanout)
+        return self.advance_reference(depth, node_ids, codes)
+
+    def advance_reference(self, depth: int, node_ids: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """:meth:`advance` in plain torch ops (the CPU path and the Triton kernel's twin)."""
+        lv = self._level(depth)
+        node_ids = node_ids.to(device=self.device, dtype=torch.int64)
+        codes = codes.to(device=self.device, dtype=torch.int64)
         ok = (node_ids >= 0) & (codes >= 0) & (codes < lv.k)  # [N]
         safe_node = torch.where(ok, node_ids, torch.zeros_like(node_ids))
         safe_code = torch.where(ok, codes, torch.zeros_like(codes))
