@@ -32,8 +32,8 @@ these rows are per-request differences. The probe pieces are differences of medi
 to ``--out``. Bounded: probe rounds stop after ``--max-seconds`` (default 40 s).
 
 Then ``--client-rounds`` rounds of recommend requests through the load generator's clients, one
-request each per round (interleaved), each on its own keep-alive connection, overhead = client
-latency - ``timings_ms.total``: ``raw`` (:class:`genrec.serve.loadgen.RawConnection`, pre-encoded
+request each per round (interleaved), each on its own keep-alive connection, on the load
+generator's event loop (uvloop when installed), overhead = client latency - ``timings_ms.total``: ``raw`` (:class:`genrec.serve.loadgen.RawConnection`, pre-encoded
 request bytes: ``genrec bench serve``'s default), ``httpx`` (``httpx.AsyncClient`` posting the
 pre-encoded body: ``--client httpx``) and ``httpx-json`` (``json=`` encoded per request: the load
 generator before bodies were pre-encoded). A client the tree lacks is skipped.
@@ -307,7 +307,11 @@ def main() -> None:
             if i >= a.warmup:
                 rounds += 1
         conn.close()
-        cl_over = asyncio.run(_client_overhead(port, body, a)) if a.client_rounds > 0 else {}
+        try:  # the load generator's own loop (uvloop when installed)
+            from genrec.serve.loadgen import client_loop, run_client
+        except ImportError:
+            client_loop, run_client = (lambda: "asyncio"), asyncio.run  # noqa: E731
+        cl_over = run_client(_client_overhead(port, body, a)) if a.client_rounds > 0 else {}
     finally:
         proc.terminate()
         try:
@@ -345,6 +349,7 @@ def main() -> None:
                       "app_not_engine_p50": _pct(in_app, 50), "app_not_engine_p99": _pct(in_app, 99),
                       "engine_untimed_p50": _pct(untimed, 50), "engine_untimed_p99": _pct(untimed, 99),
                       "gc_mean": round(float(np.nanmean(rec["gc"])), 4)},
+        "client_loop": client_loop(),
         "clients": {k: {"overhead_p50": _pct(v, 50), "overhead_p90": _pct(v, 90), "overhead_p99": _pct(v, 99),
                         "requests": len(v)} for k, v in cl_over.items()},
         "pieces_ms": {k: round(v, 3) for k, v in pieces},
@@ -374,8 +379,8 @@ def main() -> None:
             "httpx": "httpx.AsyncClient, pre-encoded body (`--client httpx`)",
             "httpx-json": "httpx.AsyncClient, `json=` per request (the old load generator)"}
     for k, v in res["clients"].items():
-        print(f"| overhead seen by {desc[k]}, {v['requests']} requests | {v['overhead_p50']:.3f} | "
-              f"{v['overhead_p99']:.3f} |")
+        print(f"| overhead seen by {desc[k]}, {res['client_loop']} loop, {v['requests']} requests | "
+              f"{v['overhead_p50']:.3f} | {v['overhead_p99']:.3f} |")
     print()
     print("| overhead piece (difference of medians) | ms |")
     print("|---|---|")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from genrec.errors import ConfigError
 from genrec.serve.app import ServeConfig
-from genrec.serve.loadgen import RawConnection, ResponseError, encode_request, run_load
+from genrec.serve.loadgen import RawConnection, ResponseError, client_loop, encode_request, run_client, run_load
 from genrec.serve.schemas import INT64
 
 from ._server import ServerThread, serving
@@ -102,6 +102,14 @@ def test_server_closing_connection_gives_counted_errors() -> None:
     res, conns = asyncio.run(_with_server(close_at_once, max_requests=6, concurrency=2, duration=30))
     assert res.requests == 6 and res.errors == 6 and res.statuses == {0: 6}  # type: ignore[attr-defined]
     assert len(res.latencies_ms) == 6 and conns == 6  # type: ignore[attr-defined]  # reconnected each time
+
+
+def test_run_client_uses_the_load_generators_loop() -> None:
+    async def close_at_once(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(r)
+
+    res, _ = run_client(_with_server(close_at_once, max_requests=2, concurrency=1, duration=30))
+    assert res.client_loop == client_loop() and res.statuses == {0: 2}  # type: ignore[attr-defined]
 
 
 def test_connection_close_answer_counts_status_and_reconnects() -> None:
