@@ -31,9 +31,11 @@ Service.recommend) and the engine's work outside the model timer (Service.recomm
 these rows are per-request differences. The probe pieces are differences of medians (approximate). Prints a table; JSON
 to ``--out``. Bounded: probe rounds stop after ``--max-seconds`` (default 40 s).
 
-Then ``--client-rounds`` rounds of recommend requests through the load generator's clients, one
-request each per round (interleaved), each on its own keep-alive connection, on the load
-generator's event loop (uvloop when installed), overhead = client latency - ``timings_ms.total``: ``raw`` (:class:`genrec.serve.loadgen.RawConnection`, pre-encoded
+Then ``--client-rounds`` rounds of recommend requests through the load generator's clients: per
+round, each client in turn sends ``--client-block`` requests from a process of its own on one
+keep-alive connection, on the load generator's event loop (uvloop when installed), the first
+request of each block not counted (in one process, the httpx clients' garbage and cache footprint
+landed on the raw client's clock: +0.3-0.5 ms); overhead = client latency - ``timings_ms.total``: ``raw`` (:class:`genrec.serve.loadgen.RawConnection`, pre-encoded
 request bytes: ``genrec bench serve``'s default), ``httpx`` (``httpx.AsyncClient`` posting the
 pre-encoded body: ``--client httpx``) and ``httpx-json`` (``json=`` encoded per request: the load
 generator before bodies were pre-encoded). A client the tree lacks is skipped.
@@ -54,6 +56,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -190,48 +193,75 @@ def _pct(x: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(x), q)), 3) if x else float("nan")
 
 
-async def _client_overhead(port: int, body: bytes, a: argparse.Namespace) -> dict[str, list[float]]:
-    """Client latency - model time per load-generator client, interleaved (one request each per
-    round, each client on its own keep-alive connection); the JSON answer is decoded after the clock
-    stops except for ``httpx-json``, which times ``r.json()`` as the old load generator did."""
+async def _client_block(port: int, body: bytes, name: str, n: int) -> list[float]:
+    """``n`` recommend requests through one load-generator client on one keep-alive connection;
+    client latency - model time of each. The JSON answer is decoded after the clock stops except
+    for ``httpx-json``, which times ``r.json()`` as the old load generator did."""
     import httpx
 
-    try:
-        from genrec.serve.loadgen import RawConnection, encode_request
-    except ImportError:  # a tree from before the raw client
-        RawConnection = None  # type: ignore[assignment,misc]  # noqa: N806
     url = f"http://127.0.0.1:{port}"
-    payload = json.loads(body)
-    over: dict[str, list[float]] = {"raw": [], "httpx": [], "httpx-json": []}
-    if RawConnection is None:
-        del over["raw"]
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c1, httpx.AsyncClient(base_url=url, timeout=60) as c2:
-        raw = RawConnection("127.0.0.1", port) if RawConnection is not None else None
-        wire = encode_request("127.0.0.1", port, "/v1/recommend", body) if raw is not None else b""
+    over = []
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        if name == "raw":
+            from genrec.serve.loadgen import RawConnection, encode_request
+
+            raw = RawConnection("127.0.0.1", port)
+            wire = encode_request("127.0.0.1", port, "/v1/recommend", body)
+        payload = json.loads(body)
         hdr = {"content-type": "application/json"}
-        for i in range(a.warmup + a.client_rounds):
-            for name in over:
-                t0 = time.perf_counter()
-                if name == "raw":
-                    status, data = await raw.request(wire)  # type: ignore[union-attr]
-                    dt = (time.perf_counter() - t0) * 1e3
-                    out = json.loads(data)
-                elif name == "httpx":
-                    r = await c1.post("/v1/recommend", content=body, headers=hdr)
-                    status, data = r.status_code, r.content
-                    dt = (time.perf_counter() - t0) * 1e3
-                    out = json.loads(data)
-                else:
-                    r = await c2.post("/v1/recommend", json=payload)
-                    out = r.json()
-                    dt = (time.perf_counter() - t0) * 1e3
-                    status = r.status_code
-                if status != 200:
-                    raise RuntimeError(f"/v1/recommend via {name}: HTTP {status}: {str(out)[:300]}")
-                if i >= a.warmup:
-                    over[name].append(dt - float(out["timings_ms"]["total"]))
-        if raw is not None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if name == "raw":
+                status, data = await raw.request(wire)
+                dt = (time.perf_counter() - t0) * 1e3
+                out = json.loads(data)
+            elif name == "httpx":
+                r = await c.post("/v1/recommend", content=body, headers=hdr)
+                status, data = r.status_code, r.content
+                dt = (time.perf_counter() - t0) * 1e3
+                out = json.loads(data)
+            else:
+                r = await c.post("/v1/recommend", json=payload)
+                out = r.json()
+                dt = (time.perf_counter() - t0) * 1e3
+                status = r.status_code
+            if status != 200:
+                raise RuntimeError(f"/v1/recommend via {name}: HTTP {status}: {str(out)[:300]}")
+            over.append(dt - float(out["timings_ms"]["total"]))
+        if name == "raw":
             await raw.close()
+    return over
+
+
+def _client_child(port: int, name: str, n: int, body_file: str) -> None:
+    try:
+        from genrec.serve.loadgen import run_client
+    except ImportError:
+        run_client = asyncio.run  # noqa: N806
+    print(json.dumps(run_client(_client_block(port, Path(body_file).read_bytes(), name, n))), flush=True)
+
+
+def _client_overhead(port: int, body: bytes, a: argparse.Namespace) -> dict[str, list[float]]:
+    """Per round, each load-generator client in turn sends ``--client-block`` requests from a
+    process of its own (the first request of a block not counted): one client's allocations,
+    garbage and caches never land on another's clock, and drift hits all alike."""
+    try:
+        from genrec.serve.loadgen import RawConnection  # noqa: F401
+        names = ["raw", "httpx", "httpx-json"]
+    except ImportError:  # a tree from before the raw client
+        names = ["httpx", "httpx-json"]
+    over: dict[str, list[float]] = {k: [] for k in names}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        f.write(body)
+        f.flush()
+        for _ in range(a.client_rounds):
+            for name in names:
+                out = subprocess.run([sys.executable, __file__, a.workdir, "--client-child", name, "--child-port",
+                                      str(port), "--client-block", str(a.client_block), "--body-file", f.name],
+                                     capture_output=True, text=True, timeout=300, env=dict(os.environ))
+                if out.returncode != 0:
+                    raise RuntimeError(f"client {name}: {out.stderr[-2000:]}")
+                over[name] += json.loads(out.stdout.strip().splitlines()[-1])[1:]
     return over
 
 
@@ -245,15 +275,21 @@ def main() -> None:
     ap.add_argument("--beam-width", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=40.0, help="stop sending probe rounds after this long")
-    ap.add_argument("--client-rounds", type=int, default=100,
+    ap.add_argument("--client-rounds", type=int, default=6,
                     help="then this many rounds of recommend requests through the load generator's clients")
+    ap.add_argument("--client-block", type=int, default=21,
+                    help="requests per client per round, from a process of its own (the first not counted)")
     ap.add_argument("--http", choices=("h11", "httptools"), default=None, help="uvicorn HTTP parser (default: auto)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default=None, help="uvicorn event loop (default: auto)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="serve with ServeConfig(gc_freeze=False) (ablation)")
     ap.add_argument("--label", default="", help="a name for this run in the table / JSON")
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--child-port", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--client-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--body-file", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.client_child is not None:
+        return _client_child(a.child_port, a.client_child, a.client_block, a.body_file)
     if a.child_port is not None:
         return _child(a.workdir, a.child_port, a.threads, not a.no_gc_freeze, a.http, a.loop)
 
@@ -308,10 +344,10 @@ def main() -> None:
                 rounds += 1
         conn.close()
         try:  # the load generator's own loop (uvloop when installed)
-            from genrec.serve.loadgen import client_loop, run_client
+            from genrec.serve.loadgen import client_loop
         except ImportError:
-            client_loop, run_client = (lambda: "asyncio"), asyncio.run  # noqa: E731
-        cl_over = run_client(_client_overhead(port, body, a)) if a.client_rounds > 0 else {}
+            client_loop = lambda: "asyncio"  # noqa: E731
+        cl_over = _client_overhead(port, body, a) if a.client_rounds > 0 else {}
     finally:
         proc.terminate()
         try:
