@@ -83,3 +83,43 @@ def test_static_shape_paths_equal_the_plain_forwards(seed: int) -> None:
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels needed")
 def test_captured_graphs_equal_the_plain_forwards() -> None:
     _check("cuda", use_graph=True, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels needed")
+def test_captures_from_several_threads_at_once() -> None:
+    """Micro-batched serving captures new (batch size, bucket) shapes from several request threads
+    at once, while others replay or run eagerly. Four threads, released together, each capture
+    encoder and ranker graphs of their own batch sizes; every output equals the plain forward."""
+    import threading
+
+    model = eqv.make_model(5, layout="pinger", sid_fusion=True, max_items=100).cuda()
+    cfg = model.config
+    enc = GraphedEncoder(model, min_bucket=8)
+    rnk = GraphedRanker(model, min_bucket=8, min_cand_bucket=4)
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            start.wait()
+            for rep in range(3):
+                b = 1 + (t + rep) % 4  # batch sizes differ between threads: captures overlap
+                batch = _serving_batch(cfg, [40] * b, 40, 100 * t + rep, "cuda")
+                vecs, codes, surf = _cands(cfg, b, 7, t + rep, "cuda")
+                with torch.no_grad():
+                    want_cache, want_user, _ = model.encode_history(batch)
+                    got_cache, got_user, _ = enc(batch)
+                    torch.testing.assert_close(got_user, want_user, atol=2e-5, rtol=0)
+                    torch.testing.assert_close(rnk(got_cache, vecs, codes, surf), model.rank(want_cache, vecs, codes, surf),
+                                               atol=2e-5, rtol=0)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    assert enc.captures == 4  # batch sizes 1-4, one bucket

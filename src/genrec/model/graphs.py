@@ -57,13 +57,27 @@ def autocast_state() -> tuple[bool, torch.dtype | None]:
     return on, (torch.get_autocast_dtype("cuda") if on else None)
 
 
+_CAPTURE_LOCK = threading.Lock()
+"""One capture at a time in the process. ``torch.cuda.graph`` begins every capture with a device
+synchronize and ``empty_cache()`` and, unless given a stream, captures on one stream shared by
+all captures: a second thread starting a capture while one is under way invalidates it (seen on
+the H200 with micro-batched serving: new batch sizes captured by two request threads at once)."""
+
+
 def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Warm ``run`` up on a side stream, then capture it; returns (graph, the captured outputs).
+    """Warm ``run`` up on a side stream, then capture it on that stream; returns (graph, the
+    captured outputs).
 
     Runs under the caller's autocast dtype with autocast's weight-cast cache off (a cached cast
     made outside the graph would be freed under it) and inside ``trusted_inputs`` (no syncs).
-    Capture errors are thread-local, so other threads may use the GPU meanwhile (the server runs
-    several inference threads)."""
+    Capture errors are thread-local, so other threads may run eager work or replay graphs
+    meanwhile (the server runs several inference threads); captures themselves are serialised
+    by ``_CAPTURE_LOCK``."""
+    with _CAPTURE_LOCK:
+        return _capture_locked(run)
+
+
+def _capture_locked(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     on, dtype = autocast_state()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -73,7 +87,7 @@ def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # thread_local: the server's other inference threads keep running their own (uncaptured) work
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"), \
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"), \
             torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), trusted_inputs():
         out = run()
     return graph, out
