@@ -224,6 +224,7 @@ def serve(
     threads: int = typer.Option(2, help="Inference threads per server process."),
     max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
     pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
+    kv_pool_device: str = typer.Option("cpu", help="Two-process KV pool: cpu (shared memory) or cuda (CUDA IPC, experimental)."),
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
@@ -235,6 +236,8 @@ def serve(
 
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
+    if kv_pool_device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--kv-pool-device must be cpu or cuda, got {kv_pool_device!r}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
         if cuda_graphs not in ("off", "sid", "all"):
@@ -244,7 +247,8 @@ def serve(
     from genrec.serve.app import serve as run_server
 
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
-                      max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch)
+                      max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch,
+                      kv_pool_device=kv_pool_device)
     run_server(cfg, host=host, port=port, workers=workers)
 
 

@@ -229,9 +229,12 @@ def test_rank_over_pooled_cache_equals_direct(tmp_path: Path) -> None:
 
 
 def _cuda_reader(path: str, slot: int, gen: int, q: "mp.Queue") -> None:
-    pool = KVPool.attach(path)
-    c = pool.read(slot, gen)
-    q.put([t.cpu() for t in c.k])
+    try:
+        pool = KVPool.attach(path)
+        c = pool.read(slot, gen)
+        q.put([t.cpu() for t in c.k])
+    except BaseException as e:  # noqa: BLE001 - the parent reports it instead of waiting out the queue
+        q.put(f"{type(e).__name__}: {e}")
 
 
 @pytest.mark.gpu
@@ -249,8 +252,9 @@ def test_cuda_ipc_pool_across_processes(tmp_path: Path) -> None:
         q = ctx.Queue()
         p = ctx.Process(target=_cuda_reader, args=(str(pool.path), le.slot, le.gen, q))
         p.start()
-        ks = q.get(timeout=120)
+        ks = q.get(timeout=60)
         p.join(30)
+        assert not isinstance(ks, str), ks
         assert all(torch.equal(a, b.cpu()) for a, b in zip(ks, c.k))
     finally:
         pool.close()

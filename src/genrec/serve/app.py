@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from genrec.errors import ConfigError
 from genrec.serve.batcher import MicroBatcher
 from genrec.serve.engine import Engine, InputError, RankingFailed
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
@@ -67,6 +68,10 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     threads: int = 2
     pool_slots: int = 16
+    # two-process K/V pool: "cpu" = shared memory, the ranking process ranks on the CPU; "cuda" = the
+    # pool on the server's GPU, shared through CUDA IPC handles, ranked there (experimental: on the
+    # H200 the ranking process's IPC attach did not complete, requests came back degraded)
+    kv_pool_device: str = "cpu"
     rank_timeout_s: float = 2.0
     stale_retries: int = 3
     pool_dir: Path | None = None
@@ -252,7 +257,14 @@ class Service:
             self._tmp.cleanup()
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
-        spec = pool_spec_for(eng.cfg, self.cfg.pool_slots, eng.cfg.max_items)
+        dev = eng.rec.device
+        if self.cfg.kv_pool_device not in ("cpu", "cuda"):
+            raise ConfigError(f"kv_pool_device must be 'cpu' or 'cuda', got {self.cfg.kv_pool_device!r}")
+        if self.cfg.kv_pool_device == "cuda" and dev.type != "cuda":
+            raise ConfigError("kv_pool_device 'cuda' needs the server on a GPU (--device cuda)")
+        # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
+        spec = pool_spec_for(eng.cfg, self.cfg.pool_slots, eng.cfg.max_items,
+                             device=str(dev) if self.cfg.kv_pool_device == "cuda" else "cpu")
         with self._pool_lock:
             if self.pool is not None and self.pool.spec == spec:
                 return self.pool

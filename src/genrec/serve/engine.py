@@ -149,7 +149,7 @@ class Engine:
                 sid = None if self.rec.codes is None else self.rec.codes[r].cpu().numpy()  # [m, L]
                 s = 0 if surface is None else int(surface[0])
                 ts = None if request_ts is None else int(request_ts[0])
-                return remote_rank(cache, v, sid, s, ts)[None]  # [1, m, C]
+                return remote_rank(cache, v, sid, s, ts)[None].to(self.rec.device)  # [1, m, C]
 
             rec.score_candidates = score_candidates  # type: ignore[method-assign]
         try:

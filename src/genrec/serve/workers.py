@@ -46,7 +46,7 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
     from genrec.serve.engine import load_model
 
     torch.set_num_threads(max(1, threads))
-    models: dict[str, Any] = {}
+    models: dict[tuple[str, str], Any] = {}
     pools: dict[str, KVPool] = {}
     while True:
         try:
@@ -58,22 +58,23 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
             continue
         try:
             ck = msg["ckpt"]
-            if ck not in models:
-                models.clear()  # keep one model: the version being served
-                models[ck] = load_model(ck, "cpu")
-            model = models[ck]
             pool = pools.get(msg["pool"])
             if pool is None:
                 pool = pools[msg["pool"]] = KVPool.attach(msg["pool"])
+            dev = pool.spec.device  # a CUDA pool (IPC handles): rank on that GPU; else on the CPU
+            if (ck, dev) not in models:
+                models.clear()  # keep one model: the version being served
+                models[(ck, dev)] = load_model(ck, dev)
+            model = models[(ck, dev)]
             if msg.get("delay"):
                 time.sleep(float(msg["delay"]))  # test hook: a slow reader
             cache = pool.read(int(msg["slot"]), int(msg["gen"]), layout=model.config.layout)
             with torch.no_grad():
-                vecs = torch.from_numpy(msg["vecs"])[None]  # [1, m, Di]
-                sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"])[None]  # [1, m, L]
-                ts = None if msg["ts"] is None else torch.tensor([int(msg["ts"])])
-                logits = model.rank(cache, vecs, sid, torch.tensor([int(msg["surface"])]), ts)  # [1, m, C]
-            conn.send({"id": msg["id"], "ok": True, "logits": logits[0].float().numpy()})
+                vecs = torch.from_numpy(msg["vecs"])[None].to(dev)  # [1, m, Di]
+                sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"])[None].to(dev)  # [1, m, L]
+                ts = None if msg["ts"] is None else torch.tensor([int(msg["ts"])], device=dev)
+                logits = model.rank(cache, vecs, sid, torch.tensor([int(msg["surface"])], device=dev), ts)  # [1, m, C]
+            conn.send({"id": msg["id"], "ok": True, "logits": logits[0].float().cpu().numpy()})
         except StaleSlotError as e:
             conn.send({"id": msg["id"], "ok": False, "stale": True, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - report, keep serving
