@@ -232,7 +232,7 @@ def _cuda_reader(path: str, slot: int, gen: int, q: "mp.Queue") -> None:
     try:
         pool = KVPool.attach(path)
         c = pool.read(slot, gen)
-        q.put([t.cpu() for t in c.k])
+        q.put([t.cpu().numpy() for t in c.k])  # numpy: a torch tensor would be shared via this exiting process
     except BaseException as e:  # noqa: BLE001 - the parent reports it instead of waiting out the queue
         q.put(f"{type(e).__name__}: {e}")
 
@@ -255,6 +255,6 @@ def test_cuda_ipc_pool_across_processes(tmp_path: Path) -> None:
         ks = q.get(timeout=60)
         p.join(30)
         assert not isinstance(ks, str), ks
-        assert all(torch.equal(a, b.cpu()) for a, b in zip(ks, c.k))
+        assert all(torch.equal(torch.from_numpy(a), b.cpu()) for a, b in zip(ks, c.k))
     finally:
         pool.close()

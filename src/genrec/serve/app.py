@@ -31,6 +31,7 @@ import gc
 import importlib.util
 import os
 import signal
+import logging
 import tempfile
 import threading
 import time
@@ -55,6 +56,8 @@ from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.schemas import RankRequest, RankResponse, RecommendRequest, RecommendResponse
 from genrec.serve.swap import BundleHolder
 from genrec.serve.workers import RankerClient, RankerUnavailable
+
+log = logging.getLogger("genrec.serve")
 
 STAGES = ("encode", "sid", "ann", "rank", "total")
 
@@ -296,8 +299,9 @@ class Service:
         else:
             try:
                 out = eng.recommend(hist, rank=True, remote_rank=self._remote_rank(eng), **kw)  # type: ignore[arg-type]
-            except RankingFailed:
+            except RankingFailed as e:
                 # retrieval-only answer (re-encodes once: only on this degraded path)
+                log.warning("ranking failed, answering retrieval-only (degraded): %s", e)
                 degraded = True
                 self.metrics.degraded.inc()
                 out = eng.recommend(hist, rank=False, **kw)  # type: ignore[arg-type]
