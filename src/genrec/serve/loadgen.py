@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,22 +259,29 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
         except (ValueError, AttributeError):
             pass
 
+    async def closed_loop(send: Callable[[int], Awaitable[tuple[int, bytes]]]) -> None:
+        """One client: the next request as soon as the last one returned, until time or count run out."""
+        while time.perf_counter() < t_end:
+            i = next(counter, None)
+            if i is None:
+                return
+            t0 = time.perf_counter()
+            status, data = await send(i)
+            record(t0, status, data)
+            if status == 200:
+                note_degraded(data)
+
     async def raw_client(cid: int) -> None:
         conn = RawConnection(host, port)
+
+        async def send(i: int) -> tuple[int, bytes]:
+            try:
+                return await asyncio.wait_for(conn.request(wire[i % len(wire)]), timeout)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError):
+                return 0, b""  # connection refused / reset / closed mid-response / timed out
+
         try:
-            while time.perf_counter() < t_end:
-                i = next(counter, None)
-                if i is None:
-                    return
-                data = b""
-                t0 = time.perf_counter()
-                try:
-                    status, data = await asyncio.wait_for(conn.request(wire[i % len(wire)]), timeout)
-                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError):
-                    status = 0  # connection refused / reset / closed mid-response / timed out
-                record(t0, status, data)
-                if status == 200:
-                    note_degraded(data)
+            await closed_loop(send)
         finally:
             await conn.close()
 
@@ -282,20 +289,15 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
         import httpx
 
         headers = {"content-type": "application/json"}
-        while time.perf_counter() < t_end:
-            i = next(counter, None)
-            if i is None:
-                return
-            data = b""
-            t0 = time.perf_counter()
+
+        async def send(i: int) -> tuple[int, bytes]:
             try:
                 r = await c.post(path, content=bodies[i % len(bodies)], headers=headers)
-                status, data = r.status_code, r.content
+                return r.status_code, r.content
             except httpx.HTTPError:
-                status = 0
-            record(t0, status, data)
-            if status == 200:
-                note_degraded(data)
+                return 0, b""
+
+        await closed_loop(send)
 
     async def drive(make: Callable[[int], Coroutine[Any, Any, None]]) -> None:
         tasks = [asyncio.create_task(make(i)) for i in range(concurrency)]
