@@ -1,36 +1,36 @@
 """Choose the L1 score-fusion weights on validation, then score the test split once.
 
-    python benchmarks/tune_fusion.py WORKDIR [--retrieval-weights 0,4,16] [--sid-weights 0,2,8,32]
+    python benchmarks/tune_fusion.py WORKDIR [--beam 50] [--max-users 0] [--out F]
 
-L1 score = action-head utility + w * cos(user, candidate) + v * P(candidate's SID under the
-beams) (see ``Recommender.run_batch``). Every (w, v) pair of the grid runs the L0 -> L1 path on
-the validation cases; the pair with the best validation Recall@10 (ties: the smaller weights)
-is then run once on the test cases, beside the ANN-only path on the same cases. Prints a
-table; JSON to --out.
+L1 score = a * action-head utility + w * (user . candidate vector) + v * log P(candidate's SID)
+(see ``Recommender._run_batch``). The L0 -> L1 path runs ONCE on the validation cases and records
+every candidate's score parts; every (a, w, v) of the grid (``tune_quality.FUSION_GRID``) is then
+scored offline (``genrec.eval.evaluate.fusion_metrics``, tested equal to re-running the path).
+The weighting with the best validation Recall@10 (ties: the earlier, simpler one) runs once on
+the test cases, beside the ANN-only and SID-only paths and the heads alone on the same cases.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
+from genrec.eval.evaluate import EvalConfig, fusion_metrics, l0l1_pass, load_eval_data
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.retrieve.recommender import Recommender
 
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_quality import FUSION_GRID  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workdir")
-    ap.add_argument("--retrieval-weights", default="0,4,16")
-    ap.add_argument("--sid-weights", default="0,2,8,32")
-    ap.add_argument("--beam", type=int, default=20)
+    ap.add_argument("--beam", type=int, default=50, help="SID beam width inside L0")
     ap.add_argument("--overretrieve", type=int, default=3)
     ap.add_argument("--max-users", type=int, default=0)
     ap.add_argument("--out", default=None)
@@ -38,40 +38,35 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recommender.from_checkpoint(a.workdir)
     utility = {x: 1.0 for x in rec.actions}  # genrec eval's default: P(any action)
     ks = (5, 10, 20)
-
-    def run(split: str, w: float, v: float) -> dict[str, float]:
-        data = load_eval_data(rec, a.workdir, EvalConfig(split=split, max_users=a.max_users))
-        return l0l1_pass(rec, data.es, ks=ks, beam_width=a.beam, diversity_lambda=0.0, overretrieve=a.overretrieve,
-                         utility=utility, retrieval_weight=w, sid_weight=v)
-
-    def ann(split: str) -> dict[str, float]:
-        data = load_eval_data(rec, a.workdir, EvalConfig(split=split, max_users=a.max_users))
-        return evaluate_retrieval(rec.objective, data.es, paths=("ann",), ks=ks, beam_width=a.beam,
-                                  diversity_lambda=0.0, context_len=rec.context_len)["ann"]
-
     t0 = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    for w in _floats(a.retrieval_weights):
-        for v in _floats(a.sid_weights):
-            m = run("valid", w, v)
-            rows.append({"split": "valid", "w": w, "v": v, **m})
-            print(f"  valid w={w:g} v={v:g}: R@10 {m['recall@10']:.4f}  NDCG@10 {m['ndcg@10']:.4f}", flush=True)
-    best = max(rows, key=lambda r: (r["recall@10"], -r["w"], -r["v"]))
-    ann_valid = ann("valid")
-    test = run("test", best["w"], best["v"])
-    ann_test = ann("test")
-    out = {"workdir": a.workdir, "step": rec.step, "grid": rows, "chosen": {"w": best["w"], "v": best["v"]},
-           "valid": {"l0l1": best, "ann": ann_valid}, "test": {"l0l1": test, "ann": ann_test},
-           "seconds": time.perf_counter() - t0}
+    kw: dict[str, Any] = dict(ks=ks, beam_width=a.beam, diversity_lambda=0.0, overretrieve=a.overretrieve,
+                              utility=utility)
+    es = {s: load_eval_data(rec, a.workdir, EvalConfig(split=s, max_users=a.max_users)).es for s in ("valid", "test")}
+    parts: list[dict[str, Any]] = []
+    l0l1_pass(rec, es["valid"], parts=parts, **kw)
+    grid = [{"a": aw, "w": w, "v": v, **fusion_metrics(parts, ks, aw, w, v)} for aw, w, v in FUSION_GRID]
+    best = max(grid, key=lambda r: r["recall@10"])
+    out: dict[str, Any] = {"workdir": a.workdir, "step": rec.step, "beam": a.beam, "grid_valid": grid,
+                           "chosen": {k: best[k] for k in ("a", "w", "v")}, "valid": {}, "test": {}}
+    for split in ("valid", "test"):
+        paths = evaluate_retrieval(rec.objective, es[split], paths=("ann", "sid"), ks=ks, beam_width=a.beam,
+                                   context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)
+        out[split]["ann"], out[split]["sid"] = paths["ann"], paths["sid"]
+        out[split]["heads alone (a=1, w=v=0)"] = l0l1_pass(rec, es[split], **kw)
+    out["test"]["l0l1 fused"] = l0l1_pass(rec, es["test"], action_weight=best["a"], retrieval_weight=best["w"],
+                                          sid_weight=best["v"], **kw)
+    out["valid"]["l0l1 fused"] = {k: best[k] for k in best if k not in ("a", "w", "v")}
+    out["seconds"] = time.perf_counter() - t0
+    print(f"chosen on validation: a={best['a']:g} w={best['w']:g} v={best['v']:g}")
     print("\n| split | path | R@5 | R@10 | R@20 | NDCG@10 |\n|---|---|---|---|---|---|")
     for split in ("valid", "test"):
-        for name, m in (("ANN", out[split]["ann"]), (f"L0+L1 (w={best['w']:g}, v={best['v']:g})", out[split]["l0l1"])):
+        for name, m in out[split].items():
             print(f"| {split} | {name} | {m['recall@5']:.4f} | {m['recall@10']:.4f} | {m['recall@20']:.4f} | "
                   f"{m['ndcg@10']:.4f} |")
-    print(f"test ratio L0+L1 / ANN (R@10): {test['recall@10'] / max(ann_test['recall@10'], 1e-12):.3f}")
+    t = out["test"]
+    print(f"test R@10 ratio, fused L0+L1 / ANN: {t['l0l1 fused']['recall@10'] / max(t['ann']['recall@10'], 1e-12):.3f}")
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=2)
+        Path(a.out).write_text(json.dumps(out, indent=2))
     return 0
 
 
