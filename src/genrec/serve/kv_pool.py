@@ -351,7 +351,8 @@ def _export_cuda(t: torch.Tensor) -> dict[str, Any]:
 def _import_cuda(d: dict[str, Any], spec: PoolSpec) -> torch.Tensor:
     args = [base64.b64decode(x) if k == "b" else x for x, k in zip(d["handle"], d["kinds"])]
     # A process that attaches before any CUDA work has no CUDA state yet; torch's own rebuild of a
-    # shared CUDA tensor initialises it first. Without this the H200 attach never completed.
+    # shared CUDA tensor initialises it first (the likely reason the attach never completed on the
+    # H200 before this line; not yet re-measured on a GPU).
     torch.cuda.init()
     storage = torch.UntypedStorage._new_shared_cuda(*args)
     dt = getattr(torch, d["dtype"])
