@@ -1,6 +1,6 @@
 """Serving latency/QPS on loopback: one-process vs two-process mode (and ranking on/off), side by side.
 
-    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank,batch8]
+    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank,batch8,batch8busy,batch8timed]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port, drives ``POST
 /v1/recommend`` with ``--concurrency`` closed-loop clients (``--client raw``, the default: one lean
@@ -24,7 +24,10 @@ MODES = {
     "one": dict(two_process=False, rank=True),
     "two": dict(two_process=True, rank=True),
     "norank": dict(two_process=False, rank=False),
-    "batch8": dict(two_process=False, rank=True, micro_batch=8),
+    "batch8": dict(two_process=False, rank=True, micro_batch=8),  # the server's default policy (busy)
+    "batch8busy": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="busy"),
+    "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
+                        micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms
 }
 
 

@@ -212,6 +212,13 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: serving load (se
 app.add_typer(bench_app, name="bench")
 
 
+def _check_micro_batch(policy: str, wait_ms: float) -> None:
+    if policy not in ("busy", "timed"):
+        raise typer.BadParameter(f"--micro-batch-policy must be busy or timed, got {policy!r}")
+    if wait_ms < 0:
+        raise typer.BadParameter(f"--micro-batch-wait-ms must be >= 0, got {wait_ms}")
+
+
 @app.command()
 @_friendly
 def serve(
@@ -227,6 +234,10 @@ def serve(
     kv_pool_device: str = typer.Option("cpu", help="Two-process KV pool: cpu (shared memory) or cuda (CUDA IPC, experimental)."),
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
+    micro_batch_policy: str = typer.Option(
+        "busy", help="With --micro-batch > 1: busy (requests queued while a batch runs form the next batch, no "
+                     "timer) or timed (a group's first request waits --micro-batch-wait-ms for more)."),
+    micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
@@ -238,6 +249,7 @@ def serve(
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
     if kv_pool_device not in ("cpu", "cuda"):
         raise typer.BadParameter(f"--kv-pool-device must be cpu or cuda, got {kv_pool_device!r}")
+    _check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
         if cuda_graphs not in ("off", "sid", "all"):
@@ -248,6 +260,7 @@ def serve(
 
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
                       max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch,
+                      micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
                       kv_pool_device=kv_pool_device)
     run_server(cfg, host=host, port=port, workers=workers)
 
@@ -295,14 +308,18 @@ def bench_serve(
     rank: bool = typer.Option(True),
     two_process: bool = typer.Option(False),
     micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
+    micro_batch_policy: str = typer.Option("busy", help="Server-side micro-batch policy: busy or timed."),
+    micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait (ms)."),
     client: str = typer.Option("raw", help="Load-generator client: raw (lean HTTP/1.1 on asyncio streams) or httpx."),
 ) -> None:
     """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors."""
     from genrec.serve.loadgen import bench_serve as run_bench
 
+    _check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
     res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,
                     history_len=history_len, beam_width=beam_width, k=k, rank=rank, two_process=two_process,
-                    micro_batch=micro_batch, client=client)
+                    micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
+                    micro_batch_wait_ms=micro_batch_wait_ms, client=client)
     typer.echo(res.table())
     _echo_json(res.summary())
 

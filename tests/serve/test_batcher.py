@@ -1,27 +1,84 @@
-"""Micro-batching: grouping by key, failure isolation, and batched HTTP answers == solo answers."""
+"""Micro-batching: grouping by key, failure isolation, the busy policy's hand-over (no timer, no
+lost / duplicated / misrouted rows, no hang), and batched HTTP answers == solo answers."""
 
 from __future__ import annotations
 
+import random
+import statistics
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+from typer.testing import CliRunner
 
+from genrec.errors import ConfigError
 from genrec.serve.app import ServeConfig, create_app
 from genrec.serve.batcher import MicroBatcher
 
 from ._server import ServerThread
 
 
-def test_groups_by_key_and_isolates_failures() -> None:
-    b = MicroBatcher(max_batch=4, max_wait_ms=50)
+def _start(target: Callable[..., None], *args: Any) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def _join_all(ts: list[threading.Thread], timeout: float) -> None:
+    t_end = time.monotonic() + timeout
+    for t in ts:
+        t.join(max(0.0, t_end - time.monotonic()))
+    assert not any(t.is_alive() for t in ts), "a request thread hung"
+
+
+def _wait_pending(b: MicroBatcher, n: int, timeout: float = 10.0) -> None:
+    """Until ``n`` requests are queued behind the running batch (busy policy)."""
+    t_end = time.monotonic() + timeout
+    while len(b._pending) < n:
+        assert time.monotonic() < t_end, f"only {len(b._pending)} of {n} requests queued"
+        time.sleep(0.001)
+
+
+class Gated:
+    """``fn`` whose FIRST call blocks until ``release()``: the batcher is busy while later requests
+    queue. Records every call's items; ``x < 0`` fails (a batch holding one fails as a whole)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def __call__(self, items):  # noqa: ANN001, ANN204
+        with self.lock:
+            first = not self.calls
+            self.calls.append(list(items))
+        if first:
+            self.entered.set()
+            assert self.gate.wait(10)
+        if any(isinstance(i, int) and i < 0 for i in items):
+            raise ValueError(f"bad {items[0]}" if len(items) == 1 else "batch has a bad row")
+        return [i * 10 for i in items]
+
+
+@pytest.mark.parametrize("policy", ["busy", "timed"])
+def test_groups_by_key_and_isolates_failures(policy: str) -> None:
+    b = MicroBatcher(max_batch=4, max_wait_ms=50, policy=policy)
     calls: list[list[int]] = []
     lock = threading.Lock()
 
     def fn(items):  # noqa: ANN001, ANN202
         with lock:
             calls.append(list(items))
+        time.sleep(0.02)  # long enough for later requests to queue behind a running batch
         if any(i < 0 for i in items):
             if len(items) == 1:
                 raise ValueError(f"bad {items[0]}")
@@ -36,11 +93,8 @@ def test_groups_by_key_and_isolates_failures() -> None:
         except ValueError as e:
             out[i] = str(e)
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(10)
+    ts = [_start(run, i) for i in range(8)]
+    _join_all(ts, 10)
     assert {i: out[i] for i in range(8) if i != 5} == {i: i * 10 for i in range(8) if i != 5}
     assert out[5] == "bad -5"  # only the bad request fails
     for c in calls:  # a batch never mixes keys
@@ -48,8 +102,187 @@ def test_groups_by_key_and_isolates_failures() -> None:
     assert max(len(c) for c in calls) > 1  # something was actually batched
 
 
-def test_batched_http_equals_solo(run_dir: Path) -> None:
-    app = create_app(ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=20))
+def test_busy_many_threads_random_keys() -> None:
+    """48 threads x 25 requests, 3 keys, random pauses: every answer is fn of its own item, every item
+    is computed exactly once, batches are single-key and at most max_batch, only one batch runs at a
+    time, and every thread finishes (no hang)."""
+    b = MicroBatcher(max_batch=5)
+    calls: list[tuple[Any, list[tuple[int, int]]]] = []
+    lock = threading.Lock()
+    running = [0]
+    overlap = [0]
+
+    def make_fn(key: int) -> Callable[[list[tuple[int, int]]], list[tuple[int, int, int]]]:
+        def fn(items):  # noqa: ANN001, ANN202
+            with lock:
+                running[0] += 1
+                overlap[0] = max(overlap[0], running[0])
+                calls.append((key, list(items)))
+            time.sleep(random.random() * 0.002)
+            with lock:
+                running[0] -= 1
+            return [(key, t, j * 3) for t, j in items]
+        return fn
+
+    bad: list[str] = []
+    n_threads, n_req = 48, 25
+
+    def client(t: int) -> None:
+        rng = random.Random(t)
+        for j in range(n_req):
+            key = rng.randrange(3)
+            got = b.submit(key, (t, j), make_fn(key))
+            if got != (key, t, j * 3):
+                bad.append(f"thread {t} request {j} key {key}: got {got}")
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.001)
+
+    ts = [_start(client, t) for t in range(n_threads)]
+    _join_all(ts, 60)
+    assert not bad, bad[:3]
+    done = [it for _, items in calls for it in items]
+    assert sorted(done) == sorted((t, j) for t in range(n_threads) for j in range(n_req))  # none lost or twice
+    assert all(1 <= len(items) <= 5 for _, items in calls)
+    assert b.items == n_threads * n_req and b.batches == len(calls)
+    assert overlap[0] == 1  # one batch at a time
+    assert max(len(items) for _, items in calls) > 1  # under this load batches did form
+    assert not b._pending and not b._busy  # idle again
+
+
+def test_busy_lone_request_does_not_wait() -> None:
+    """An idle batcher runs a request at once, alone (the timed policy waits its 2 ms first)."""
+    def lag(policy: str) -> float:
+        b = MicroBatcher(max_batch=8, max_wait_ms=2.0, policy=policy)
+        lags, sizes = [], []
+        for i in range(30):
+            t0 = time.perf_counter()
+
+            def fn(items, t0=t0):  # noqa: ANN001, ANN202
+                lags.append(time.perf_counter() - t0)
+                sizes.append(len(items))
+                return list(items)
+
+            assert b.submit("k", i, fn) == i
+        assert sizes == [1] * 30
+        return statistics.median(lags)
+
+    assert lag("busy") < 0.5e-3  # well under the old policy's 2 ms wait
+    assert lag("timed") >= 1.9e-3  # the measurement does see the timer
+
+
+def test_busy_queued_requests_form_one_batch_by_oldest_key() -> None:
+    """Requests queued behind a running batch run as ONE call per key, the oldest request's key
+    first, up to max_batch each, in arrival order; leadership passes on until the queue is empty."""
+    b = MicroBatcher(max_batch=3)
+    fn = Gated()
+    out: dict[str, Any] = {}
+
+    def run(name: str, key: str, x: int) -> None:
+        out[name] = b.submit(key, x, fn)
+
+    ts = [_start(run, "lead", "A", 1)]
+    assert fn.entered.wait(10)
+    order = [("q1", "B", 2), ("q2", "A", 3), ("q3", "B", 4), ("q4", "B", 5), ("q5", "A", 6), ("q6", "B", 7)]
+    for n, (name, key, x) in enumerate(order, 1):
+        ts.append(_start(run, name, key, x))
+        _wait_pending(b, n)  # one at a time: the queue's order is known
+    fn.release()
+    _join_all(ts, 10)
+    assert out == {"lead": 10, "q1": 20, "q2": 30, "q3": 40, "q4": 50, "q5": 60, "q6": 70}
+    # B is the oldest queued key: B x3 (max_batch), then A x2, then the B left over
+    assert fn.calls == [[1], [2, 4, 5], [3, 6], [7]]
+    assert (b.batches, b.items) == (4, 7) and not b._busy
+
+
+def test_busy_failing_row_does_not_fail_its_neighbours() -> None:
+    b = MicroBatcher(max_batch=8)
+    fn = Gated()
+    out: dict[int, Any] = {}
+
+    def run(x: int) -> None:
+        try:
+            out[x] = b.submit("k", x, fn)
+        except ValueError as e:
+            out[x] = str(e)
+
+    ts = [_start(run, 1)]
+    assert fn.entered.wait(10)
+    for n, x in enumerate([2, -3, 4, 5], 1):
+        ts.append(_start(run, x))
+        _wait_pending(b, n)
+    fn.release()
+    _join_all(ts, 10)
+    assert out == {1: 10, 2: 20, -3: "bad -3", 4: 40, 5: 50}
+    assert fn.calls[1] == [2, -3, 4, 5]  # batched, failed as a whole, then row by row:
+    assert fn.calls[2:] == [[2], [-3], [4], [5]]
+
+
+def test_busy_wrong_row_count_is_retried_row_by_row() -> None:
+    b = MicroBatcher(max_batch=8)
+    gate = Gated()
+
+    def fn(items):  # noqa: ANN001, ANN202
+        out = gate(items)
+        return out[:1] if len(items) > 1 else out  # a batch call that drops rows
+
+    res: dict[int, Any] = {}
+    ts = [_start(lambda x: res.__setitem__(x, b.submit("k", x, fn)), 1)]
+    assert gate.entered.wait(10)
+    for n, x in enumerate([2, 3, 4], 1):
+        ts.append(_start(lambda x: res.__setitem__(x, b.submit("k", x, fn)), x))
+        _wait_pending(b, n)
+    gate.release()
+    _join_all(ts, 10)
+    assert res == {1: 10, 2: 20, 3: 30, 4: 40}
+
+
+class Abort(BaseException):
+    """Not an Exception: escapes the row-by-row retry."""
+
+
+def test_busy_interrupted_leader_hangs_nobody() -> None:
+    """A leader killed by a BaseException: its batch gets errors, the queue still drains."""
+    b = MicroBatcher(max_batch=8)
+    gate = Gated()
+
+    def fn(items):  # noqa: ANN001, ANN202
+        out = gate(items)
+        if 99 in items:
+            raise Abort()
+        return out
+
+    res: dict[int, Any] = {}
+
+    def run(x: int, key: str) -> None:
+        try:
+            res[x] = b.submit(key, x, fn)
+        except BaseException as e:  # noqa: BLE001
+            res[x] = type(e).__name__
+
+    ts = [_start(run, 1, "A")]
+    assert gate.entered.wait(10)
+    for n, (x, key) in enumerate([(99, "B"), (2, "B"), (3, "C")], 1):
+        ts.append(_start(run, x, key))
+        _wait_pending(b, n)
+    gate.release()
+    _join_all(ts, 10)
+    assert res == {1: 10, 99: "Abort", 2: "RuntimeError", 3: 30}
+    assert not b._busy and not b._pending
+
+
+def test_bad_policy_is_refused() -> None:
+    with pytest.raises(ConfigError, match="policy"):
+        MicroBatcher(4, policy="eager")
+    from genrec.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "/nonexistent", "--micro-batch", "4", "--micro-batch-policy", "eager"])
+    assert r.exit_code == 2 and "--micro-batch-policy must be busy or timed" in r.output
+
+
+@pytest.mark.parametrize("policy", ["busy", "timed"])
+def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
+    app = create_app(ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=20, micro_batch_policy=policy))
+    assert app.service.batcher.policy == policy
     hists = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305], [12], [100, 98, 56, 22], []]
     with ServerThread(app) as s:
         rec = app.service.holder.current.engine.rec

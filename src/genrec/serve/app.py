@@ -11,7 +11,9 @@ pure-ASGI middleware enforces the body size limit (413) before any JSON parsing,
 bodies; every validation failure is a 4xx whose message names the field; any other exception is
 a 500 for that request only. A request takes the served bundle once, at its start (hot swap).
 ``micro_batch > 1`` groups concurrent one-process requests into one batched forward
-(:mod:`genrec.serve.batcher`; measured: +28% QPS at 8 clients on 2 CPU cores, higher p99).
+(:mod:`genrec.serve.batcher`; default policy ``busy``: requests that queued while a batch ran form
+the next batch, no timer, no cost at one client; ``timed``: the earlier wait of
+``micro_batch_wait_ms``, which batches more under a closed loop of 4 clients).
 
 Per-request overhead (``benchmarks/bench_http_overhead.py``): request tracking is a pure ASGI
 middleware (:class:`Track`, not Starlette's BaseHTTPMiddleware); the validated history reaches
@@ -79,7 +81,10 @@ class ServeConfig:
     stale_retries: int = 3
     pool_dir: Path | None = None
     micro_batch: int = 1  # > 1: group up to this many concurrent one-process requests into one forward
-    micro_batch_wait_ms: float = 2.0
+    # "busy": batch only requests that queued while a batch ran, no timer; "timed": the first request
+    # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
+    micro_batch_policy: str = "busy"
+    micro_batch_wait_ms: float = 2.0  # timed policy only
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
 
 
@@ -230,7 +235,8 @@ class Service:
         self.cfg = cfg
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
         self.metrics = Metrics()
-        self.batcher = MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms) if cfg.micro_batch > 1 else None
+        self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy)
+                        if cfg.micro_batch > 1 else None)
         # with micro-batching, up to micro_batch request threads wait together for one batched forward
         self.limiter = anyio.CapacityLimiter(max(1, cfg.threads, cfg.micro_batch if self.batcher else 1))
         self.pool: KVPool | None = None

@@ -331,13 +331,16 @@ def _free_port() -> int:
 
 
 def start_server(workdir: str | Path, *, two_process: bool = False, threads: int = 2, micro_batch: int = 1,
-                 ready_timeout: float = 180.0, device: str = "cpu") -> tuple[subprocess.Popen, str]:
+                 ready_timeout: float = 180.0, device: str = "cpu", micro_batch_policy: str = "busy",
+                 micro_batch_wait_ms: float = 2.0) -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200."""
     import httpx
 
     port = _free_port()
     cmd = [sys.executable, "-m", "genrec.cli", "serve", str(workdir), "--host", "127.0.0.1", "--port", str(port),
-           "--threads", str(threads), "--micro-batch", str(micro_batch), "--device", device] + (["--two-process"] if two_process else [])
+           "--threads", str(threads), "--micro-batch", str(micro_batch),
+           "--micro-batch-policy", micro_batch_policy, "--micro-batch-wait-ms", str(micro_batch_wait_ms),
+           "--device", device] + (["--two-process"] if two_process else [])
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     t_end = time.time() + ready_timeout
@@ -357,14 +360,16 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
 def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float = 60.0, concurrency: int = 8,
                 max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
                 rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
-                device: str = "cpu", exact_history: bool = False, client: str = "raw") -> BenchResult:
+                device: str = "cpu", exact_history: bool = False, client: str = "raw",
+                micro_batch_policy: str = "busy", micro_batch_wait_ms: float = 2.0) -> BenchResult:
     """Start (or target) a local server, drive it, stop it; returns the result."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     hist = sample_histories(workdir, 512, history_len, seed, exact=exact_history)
     proc = None
     if url is None:
-        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device)
+        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
+                                 micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms)
     try:
         return run_client(run_load(url, hist, duration=duration, concurrency=concurrency, max_requests=max_requests,
                                     body={"k": k, "beam_width": beam_width, "rank": rank}, client=client))
