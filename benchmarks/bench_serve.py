@@ -24,7 +24,7 @@ MODES = {
     "one": dict(two_process=False, rank=True),
     "two": dict(two_process=True, rank=True),
     "norank": dict(two_process=False, rank=False),
-    "batch8": dict(two_process=False, rank=True, micro_batch=8),  # the server's default policy (busy)
+    "batch8": dict(two_process=False, rank=True, micro_batch=8),  # the server's default policy (timed)
     "batch8busy": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="busy"),
     "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
                         micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms

@@ -235,7 +235,7 @@ def serve(
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     micro_batch_policy: str = typer.Option(
-        "busy", help="With --micro-batch > 1: busy (requests queued while a batch runs form the next batch, no "
+        "timed", help="With --micro-batch > 1: busy (requests queued while a batch runs form the next batch, no "
                      "timer) or timed (a group's first request waits --micro-batch-wait-ms for more)."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
@@ -308,7 +308,7 @@ def bench_serve(
     rank: bool = typer.Option(True),
     two_process: bool = typer.Option(False),
     micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
-    micro_batch_policy: str = typer.Option("busy", help="Server-side micro-batch policy: busy or timed."),
+    micro_batch_policy: str = typer.Option("timed", help="Server-side micro-batch policy: timed or busy."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait (ms)."),
     client: str = typer.Option("raw", help="Load-generator client: raw (lean HTTP/1.1 on asyncio streams) or httpx."),
 ) -> None:

@@ -106,7 +106,7 @@ def test_busy_many_threads_random_keys() -> None:
     """48 threads x 25 requests, 3 keys, random pauses: every answer is fn of its own item, every item
     is computed exactly once, batches are single-key and at most max_batch, only one batch runs at a
     time, and every thread finishes (no hang)."""
-    b = MicroBatcher(max_batch=5)
+    b = MicroBatcher(max_batch=5, policy="busy")
     calls: list[tuple[Any, list[tuple[int, int]]]] = []
     lock = threading.Lock()
     running = [0]
@@ -173,7 +173,7 @@ def test_busy_lone_request_does_not_wait() -> None:
 def test_busy_queued_requests_form_one_batch_by_oldest_key() -> None:
     """Requests queued behind a running batch run as ONE call per key, the oldest request's key
     first, up to max_batch each, in arrival order; leadership passes on until the queue is empty."""
-    b = MicroBatcher(max_batch=3)
+    b = MicroBatcher(max_batch=3, policy="busy")
     fn = Gated()
     out: dict[str, Any] = {}
 
@@ -195,7 +195,7 @@ def test_busy_queued_requests_form_one_batch_by_oldest_key() -> None:
 
 
 def test_busy_failing_row_does_not_fail_its_neighbours() -> None:
-    b = MicroBatcher(max_batch=8)
+    b = MicroBatcher(max_batch=8, policy="busy")
     fn = Gated()
     out: dict[int, Any] = {}
 
@@ -218,7 +218,7 @@ def test_busy_failing_row_does_not_fail_its_neighbours() -> None:
 
 
 def test_busy_wrong_row_count_is_retried_row_by_row() -> None:
-    b = MicroBatcher(max_batch=8)
+    b = MicroBatcher(max_batch=8, policy="busy")
     gate = Gated()
 
     def fn(items):  # noqa: ANN001, ANN202
@@ -242,7 +242,7 @@ class Abort(BaseException):
 
 def test_busy_interrupted_leader_hangs_nobody() -> None:
     """A leader killed by a BaseException: its batch gets errors, the queue still drains."""
-    b = MicroBatcher(max_batch=8)
+    b = MicroBatcher(max_batch=8, policy="busy")
     gate = Gated()
 
     def fn(items):  # noqa: ANN001, ANN202
@@ -271,6 +271,9 @@ def test_busy_interrupted_leader_hangs_nobody() -> None:
 
 
 def test_bad_policy_is_refused() -> None:
+    from genrec.serve.app import ServeConfig
+
+    assert MicroBatcher(4).policy == "timed" == ServeConfig(workdir=Path(".")).micro_batch_policy  # the default
     with pytest.raises(ConfigError, match="policy"):
         MicroBatcher(4, policy="eager")
     from genrec.cli import app

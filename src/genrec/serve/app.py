@@ -11,9 +11,10 @@ pure-ASGI middleware enforces the body size limit (413) before any JSON parsing,
 bodies; every validation failure is a 4xx whose message names the field; any other exception is
 a 500 for that request only. A request takes the served bundle once, at its start (hot swap).
 ``micro_batch > 1`` groups concurrent one-process requests into one batched forward
-(:mod:`genrec.serve.batcher`; default policy ``busy``: requests that queued while a batch ran form
-the next batch, no timer, no cost at one client; ``timed``: the earlier wait of
-``micro_batch_wait_ms``, which batches more under a closed loop of 4 clients).
+(:mod:`genrec.serve.batcher`; default policy ``timed``: a group's first request waits up to
+``micro_batch_wait_ms`` for more -- measured on the H200 and, under a closed loop of 4 clients, the
+one that batches more; ``busy``: requests that queued while a batch ran form the next batch, no
+timer, no cost at one client).
 
 Per-request overhead (``benchmarks/bench_http_overhead.py``): request tracking is a pure ASGI
 middleware (:class:`Track`, not Starlette's BaseHTTPMiddleware); the validated history reaches
@@ -83,7 +84,7 @@ class ServeConfig:
     micro_batch: int = 1  # > 1: group up to this many concurrent one-process requests into one forward
     # "busy": batch only requests that queued while a batch ran, no timer; "timed": the first request
     # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
-    micro_batch_policy: str = "busy"
+    micro_batch_policy: str = "timed"
     micro_batch_wait_ms: float = 2.0  # timed policy only
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
 

@@ -89,11 +89,11 @@ def _run_rows(batch: Sequence[tuple[Any, Future]], fn: Fn) -> None:
 class MicroBatcher:
     """Group ``submit(key, item, fn)`` calls with equal ``key`` into calls of ``fn(items) -> results``.
 
-    ``policy="busy"`` (default): batch only while a batch is running, no timer (``max_wait_ms`` is
-    not used). ``policy="timed"``: a group's first request waits up to ``max_wait_ms`` for more.
+    ``policy="timed"`` (default): a group's first request waits up to ``max_wait_ms`` for more.
+    ``policy="busy"``: batch only while a batch is running, no timer (``max_wait_ms`` is not used).
     ``batches`` / ``items`` count the calls made and the requests they served."""
 
-    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = "busy") -> None:
+    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = "timed") -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ConfigError(f"micro-batch: max_batch >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
         if policy not in POLICIES:

@@ -331,7 +331,7 @@ def _free_port() -> int:
 
 
 def start_server(workdir: str | Path, *, two_process: bool = False, threads: int = 2, micro_batch: int = 1,
-                 ready_timeout: float = 180.0, device: str = "cpu", micro_batch_policy: str = "busy",
+                 ready_timeout: float = 180.0, device: str = "cpu", micro_batch_policy: str = "timed",
                  micro_batch_wait_ms: float = 2.0) -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200."""
     import httpx
@@ -361,7 +361,7 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
                 max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
                 rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
-                micro_batch_policy: str = "busy", micro_batch_wait_ms: float = 2.0) -> BenchResult:
+                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0) -> BenchResult:
     """Start (or target) a local server, drive it, stop it; returns the result."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
