@@ -169,7 +169,8 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
     for lo, mb in _batches(rec, es, batch_size, rec.context_len):
         res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
                             rank=True, overretrieve=overretrieve, utility=utility,
-                            retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight)
+                            retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
+                            keep_parts=parts is not None)
         tgt = es.target_rows[lo:lo + len(res.rows)]
         if parts is not None and res.l1_parts is not None:
             parts.append({**res.l1_parts, "target_rows": np.asarray(tgt)})
@@ -234,15 +235,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         if p in res:
             paths[p] = res[p]
     timings["sid+ann"] = time.perf_counter() - t0
-    if rec.trie is not None and rec.ann is not None and rec.model.action_head is not None:
-        t0 = time.perf_counter()
-        paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
-                                  overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
-                                  retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
-                                  action_weight=cfg.action_weight)
-        timings["l0l1"] = time.perf_counter() - t0
-    elif rec.model.action_head is not None and rec.ann is not None:
-        t0 = time.perf_counter()  # dense-only model: L0 is the ANN stage alone
+    if rec.model.action_head is not None and rec.ann is not None:
+        t0 = time.perf_counter()  # L0 = SID beams and ANN (a dense-only model: the ANN stage alone)
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
                                   retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,

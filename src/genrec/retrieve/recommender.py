@@ -124,10 +124,22 @@ class BatchResult:
     beams: BeamResult | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     l1_parts: dict[str, np.ndarray] | None = None
-    """With ranking: the L1 score's parts for every L0 candidate, [B, M] each (M = the largest
+    """With ranking and ``keep_parts``: the L1 score's parts for every L0 candidate, [B, M] each (M = the largest
     union): ``rows`` (-1 pad), ``utility`` (Σ u_c p_c), ``dot`` (user · candidate vector),
     ``sid_lp`` (log P(SID) under the beams, the request's lowest beam log-probability for
     candidates the SID stage did not retrieve). For choosing fusion weights offline."""
+
+
+def _sid_lp_matrix(union: Sequence[dict[int, list[Any]]], b: int, m: int) -> np.ndarray:
+    """float32 [B, M]: each union candidate's log P(SID) under the beams; for a candidate the SID
+    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none)."""
+    out = np.zeros((b, m), np.float32)
+    for i, d in enumerate(union):
+        lps = [e[1] for e in d.values() if not np.isnan(e[1])]
+        floor = min(lps) if lps else 0.0
+        for j, e in enumerate(d.values()):
+            out[i, j] = floor if np.isnan(e[1]) else e[1]
+    return out
 
 
 def _sha(paths: Sequence[Path]) -> str:
@@ -545,7 +557,7 @@ class Recommender:
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
                   retrieval_weight: float = 0.0, sid_weight: float = 0.0,
-                  action_weight: float = 1.0) -> BatchResult:
+                  action_weight: float = 1.0, keep_parts: bool = False) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring).
 
         The L1 score of a candidate is ``a * Σ_c u_c p_c + w * (user · candidate vector) +
@@ -554,7 +566,8 @@ class Recommender:
         logit; ``sid_weight`` v >= 0 fuses the log-probability of the candidate's SID under the
         beam search -- for a candidate the SID stage did not retrieve, the request's lowest
         retrieved beam log-probability (its SID scored below every kept beam's). Both fused
-        terms are log-scale scores of the same encoding, so the fusion is a product of experts."""
+        terms are log-scale scores of the same encoding, so the fusion is a product of experts.
+        ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``)."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if overretrieve < 1:
@@ -637,21 +650,19 @@ class Recommender:
             logits = self.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
             p = torch.sigmoid(logits.float())
             util = (p * u).sum(-1)  # [B, M]
-            dot = (user.float()[:, None, :] * vecs.float()).sum(-1) if user is not None else torch.zeros_like(util)
-            sid_lp_m = np.zeros((b, m), np.float32)  # [B, M] log P(SID); the request's beam floor if not retrieved
-            for i, d in enumerate(union):
-                lps = [e[1] for e in d.values() if not np.isnan(e[1])]
-                floor = min(lps) if lps else 0.0
-                for j, e in enumerate(d.values()):
-                    sid_lp_m[i, j] = floor if np.isnan(e[1]) else e[1]
+            dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
+            if (retrieval_weight > 0 or keep_parts) and user is not None:
+                dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+            sid_lp_m = _sid_lp_matrix(union, b, m) if sid_weight > 0 or keep_parts else None
             fused = action_weight * util
             if retrieval_weight > 0:
                 fused = fused + retrieval_weight * dot
-            if sid_weight > 0:
+            if sid_lp_m is not None and sid_weight > 0:
                 fused = fused + sid_weight * torch.from_numpy(sid_lp_m).to(fused)
             score = fused.cpu().numpy()  # [B, M]
-            l1_parts = {"rows": np.where(valid, rows, -1), "utility": util.cpu().numpy(), "dot": dot.cpu().numpy(),
-                        "sid_lp": sid_lp_m}
+            if keep_parts and sid_lp_m is not None:
+                l1_parts = {"rows": np.where(valid, rows, -1), "utility": util.cpu().numpy(),
+                            "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
             probs = p.cpu().numpy()
             t["rank"] = _ms(t0)
         else:

@@ -33,8 +33,8 @@ import contextlib
 import gc
 import importlib.util
 import os
-import signal
 import logging
+import signal
 import tempfile
 import threading
 import time
@@ -233,6 +233,10 @@ class Service:
     """Everything the routes share: the bundle holder, metrics, and (two-process mode) pool + ranker."""
 
     def __init__(self, cfg: ServeConfig, holder: BundleHolder | None = None) -> None:
+        if cfg.kv_pool_device not in ("cpu", "cuda"):
+            raise ConfigError(f"kv_pool_device must be 'cpu' or 'cuda', got {cfg.kv_pool_device!r}")
+        if cfg.kv_pool_device == "cuda" and not str(cfg.device).startswith("cuda"):
+            raise ConfigError("kv_pool_device 'cuda' needs the server on a GPU (--device cuda)")
         self.cfg = cfg
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
         self.metrics = Metrics()
@@ -267,14 +271,9 @@ class Service:
             self._tmp.cleanup()
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
-        dev = eng.rec.device
-        if self.cfg.kv_pool_device not in ("cpu", "cuda"):
-            raise ConfigError(f"kv_pool_device must be 'cpu' or 'cuda', got {self.cfg.kv_pool_device!r}")
-        if self.cfg.kv_pool_device == "cuda" and dev.type != "cuda":
-            raise ConfigError("kv_pool_device 'cuda' needs the server on a GPU (--device cuda)")
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
         spec = pool_spec_for(eng.cfg, self.cfg.pool_slots, eng.cfg.max_items,
-                             device=str(dev) if self.cfg.kv_pool_device == "cuda" else "cpu")
+                             device=str(eng.rec.device) if self.cfg.kv_pool_device == "cuda" else "cpu")
         with self._pool_lock:
             if self.pool is not None and self.pool.spec == spec:
                 return self.pool

@@ -6,7 +6,7 @@ histories = one padded prefill, one batched beam search, one ANN search, one ran
 each request gets its own row back. No extra thread: batching happens in the request threads
 themselves. Two policies:
 
-``busy`` (the default; dynamic batching without a timer): a request that finds the batcher idle
+``busy`` (dynamic batching without a timer): a request that finds the batcher idle
 runs at once, alone, with no wait. Requests that arrive while a batch is running queue up. When
 the running batch finishes, its leader hands over to ONE queued thread, which becomes the next
 leader and runs up to ``max_batch`` queued requests of one key in one call; the other requests of
@@ -27,7 +27,7 @@ clients come back, and then they run together; batches alternate 1, N-1 (rows pe
 at 4 clients; at 8 the two were close, ``busy`` with the lower p99. Breaking the lock needs a
 wait, i.e. a timer: that is the ``timed`` policy.
 
-``timed`` (the earlier policy): the first request of a key (the leader) waits up to
+``timed`` (the default, and the earlier policy): the first request of a key (the leader) waits up to
 ``max_wait_ms`` for followers (or until ``max_batch`` are queued), then runs the group. Groups of
 different keys, and a new group of the same key, can run side by side. Every request pays up to
 ``max_wait_ms`` even alone.

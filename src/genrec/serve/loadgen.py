@@ -245,7 +245,7 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
     t_end = t_start + duration
     counter = iter(range(max_requests))
 
-    def record(t0: float, status: int, data: bytes | None) -> None:
+    def record(t0: float, status: int) -> None:
         res.latencies_ms.append((time.perf_counter() - t0) * 1e3)
         res.requests += 1
         res.statuses[status] = res.statuses.get(status, 0) + 1
@@ -267,7 +267,7 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
                 return
             t0 = time.perf_counter()
             status, data = await send(i)
-            record(t0, status, data)
+            record(t0, status)
             if status == 200:
                 note_degraded(data)
 
