@@ -1,6 +1,6 @@
 """Serving latency/QPS on loopback: one-process vs two-process mode (and ranking on/off), side by side.
 
-    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,norank,batch8,batch8busy,batch8timed]
+    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,twocpu,norank,batch8,batch8busy,batch8timed]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port, drives ``POST
 /v1/recommend`` with ``--concurrency`` closed-loop clients (``--client raw``, the default: one lean
@@ -22,7 +22,8 @@ from genrec.serve.loadgen import bench_serve
 
 MODES = {
     "one": dict(two_process=False, rank=True),
-    "two": dict(two_process=True, rank=True),
+    "two": dict(two_process=True, rank=True),  # the KV pool on the server's device (GPU: CUDA IPC)
+    "twocpu": dict(two_process=True, rank=True, kv_pool_device="cpu"),  # the KV pool in CPU shared memory
     "norank": dict(two_process=False, rank=False),
     "batch8": dict(two_process=False, rank=True, micro_batch=8),  # the server's default policy (timed)
     "batch8busy": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="busy"),

@@ -231,7 +231,8 @@ def serve(
     threads: int = typer.Option(2, help="Inference threads per server process."),
     max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
     pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
-    kv_pool_device: str = typer.Option("cpu", help="Two-process KV pool: cpu (shared memory) or cuda (CUDA IPC, experimental)."),
+    kv_pool_device: str = typer.Option(
+        "auto", help="Two-process KV pool: auto (the server's device), cpu (shared memory) or cuda (CUDA IPC)."),
     device: str = typer.Option("cpu"),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     micro_batch_policy: str = typer.Option(
@@ -247,8 +248,8 @@ def serve(
 
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
-    if kv_pool_device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"--kv-pool-device must be cpu or cuda, got {kv_pool_device!r}")
+    if kv_pool_device not in ("auto", "cpu", "cuda"):
+        raise typer.BadParameter(f"--kv-pool-device must be auto, cpu or cuda, got {kv_pool_device!r}")
     _check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:

@@ -21,11 +21,17 @@ from ._server import ServerThread
 HISTS = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305, 306, 307], [12], [100, 98, 56, 22]]
 
 
-@pytest.fixture(scope="module")
-def server(run_dir: Path):
-    app = create_app(ServeConfig(workdir=run_dir, two_process=True, pool_slots=2, rank_timeout_s=3.0))
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def server(run_dir: Path, request: pytest.FixtureRequest):
+    """cpu: the pool in shared memory; cuda: the pool on the GPU, shared through CUDA IPC handles
+    (kv_pool_device "auto"), ranked there with CUDA graphs as the one-process server ranks."""
+    dev = request.param
+    app = create_app(ServeConfig(workdir=run_dir, device=dev, two_process=True, pool_slots=2,
+                                 rank_timeout_s=3.0 if dev == "cpu" else 30.0))  # cuda: first calls capture graphs
     with ServerThread(app) as s:
         s.service = app.service
+        assert app.service.pool_on_gpu == (dev == "cuda")
+        s.atol = 1e-5 if dev == "cpu" else 1e-4
         yield s
 
 
@@ -39,11 +45,11 @@ def solo(server: ServerThread, ids: list[int], **kw: object) -> list:
     return rec.recommend(b["history"], k=b["k"], beam_width=b["beam_width"])
 
 
-def assert_same(resp: dict, want: list) -> None:
+def assert_same(resp: dict, want: list, atol: float = 1e-5) -> None:
     assert [x["item_id"] for x in resp["items"]] == [w.item_id for w in want]
-    np.testing.assert_allclose([x["score"] for x in resp["items"]], [w.score for w in want], rtol=0, atol=1e-5)
+    np.testing.assert_allclose([x["score"] for x in resp["items"]], [w.score for w in want], rtol=0, atol=atol)
     for x, w in zip(resp["items"], want):
-        np.testing.assert_allclose(list(x["action_probs"].values()), list(w.action_probs.values()), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(list(x["action_probs"].values()), list(w.action_probs.values()), rtol=0, atol=atol)
 
 
 def test_two_process_equals_one_process(server: ServerThread) -> None:
@@ -53,7 +59,7 @@ def test_two_process_equals_one_process(server: ServerThread) -> None:
             r = c.post("/v1/recommend", json=body(ids))
             assert r.status_code == 200, r.text
             assert r.json()["degraded"] is False
-            assert_same(r.json(), solo(server, ids))
+            assert_same(r.json(), solo(server, ids), server.atol)
 
 
 def test_concurrent_requests_pool_smaller_than_concurrency(server: ServerThread) -> None:
@@ -67,7 +73,7 @@ def test_concurrent_requests_pool_smaller_than_concurrency(server: ServerThread)
                 r = c.post("/v1/recommend", json=body(h))
                 try:
                     assert r.status_code == 200 and not r.json()["degraded"], r.text
-                    assert_same(r.json(), want[tuple(h)])
+                    assert_same(r.json(), want[tuple(h)], server.atol)
                 except AssertionError as e:
                     errors.append(str(e)[:300])
 
@@ -114,5 +120,5 @@ def test_kill_ranker_under_load_degrades_then_recovers(server: ServerThread) -> 
     with httpx.Client(base_url=server.url, timeout=30) as c:  # recovered: ranked again, same as one-process
         r = c.post("/v1/recommend", json=body(HISTS[1]))
         assert r.status_code == 200 and r.json()["degraded"] is False
-        assert_same(r.json(), solo(server, HISTS[1]))
+        assert_same(r.json(), solo(server, HISTS[1]), server.atol)
         assert "genrec_degraded_responses_total" in c.get("/metrics").text

@@ -75,9 +75,8 @@ class ServeConfig:
     threads: int = 2
     pool_slots: int = 16
     # two-process K/V pool: "cpu" = shared memory, the ranking process ranks on the CPU; "cuda" = the
-    # pool on the server's GPU, shared through CUDA IPC handles, ranked there (experimental: on the
-    # H200 the ranking process's IPC attach did not complete, requests came back degraded)
-    kv_pool_device: str = "cpu"
+    # pool on the server's GPU, shared through CUDA IPC handles, ranked there; "auto" = the server's device
+    kv_pool_device: str = "auto"
     rank_timeout_s: float = 2.0
     stale_retries: int = 3
     pool_dir: Path | None = None
@@ -233,10 +232,12 @@ class Service:
     """Everything the routes share: the bundle holder, metrics, and (two-process mode) pool + ranker."""
 
     def __init__(self, cfg: ServeConfig, holder: BundleHolder | None = None) -> None:
-        if cfg.kv_pool_device not in ("cpu", "cuda"):
-            raise ConfigError(f"kv_pool_device must be 'cpu' or 'cuda', got {cfg.kv_pool_device!r}")
+        if cfg.kv_pool_device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"kv_pool_device must be 'auto', 'cpu' or 'cuda', got {cfg.kv_pool_device!r}")
         if cfg.kv_pool_device == "cuda" and not str(cfg.device).startswith("cuda"):
             raise ConfigError("kv_pool_device 'cuda' needs the server on a GPU (--device cuda)")
+        on_gpu = str(cfg.device).startswith("cuda")
+        self.pool_on_gpu = cfg.kv_pool_device == "cuda" or (cfg.kv_pool_device == "auto" and on_gpu)
         self.cfg = cfg
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
         self.metrics = Metrics()
@@ -273,7 +274,7 @@ class Service:
     def _ensure_pool(self, eng: Engine) -> KVPool:
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
         spec = pool_spec_for(eng.cfg, self.cfg.pool_slots, eng.cfg.max_items,
-                             device=str(eng.rec.device) if self.cfg.kv_pool_device == "cuda" else "cpu")
+                             device=str(eng.rec.device) if self.pool_on_gpu else "cpu")
         with self._pool_lock:
             if self.pool is not None and self.pool.spec == spec:
                 return self.pool

@@ -332,7 +332,7 @@ def _free_port() -> int:
 
 def start_server(workdir: str | Path, *, two_process: bool = False, threads: int = 2, micro_batch: int = 1,
                  ready_timeout: float = 180.0, device: str = "cpu", micro_batch_policy: str = "timed",
-                 micro_batch_wait_ms: float = 2.0) -> tuple[subprocess.Popen, str]:
+                 micro_batch_wait_ms: float = 2.0, kv_pool_device: str = "auto") -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200."""
     import httpx
 
@@ -340,7 +340,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
     cmd = [sys.executable, "-m", "genrec.cli", "serve", str(workdir), "--host", "127.0.0.1", "--port", str(port),
            "--threads", str(threads), "--micro-batch", str(micro_batch),
            "--micro-batch-policy", micro_batch_policy, "--micro-batch-wait-ms", str(micro_batch_wait_ms),
-           "--device", device] + (["--two-process"] if two_process else [])
+           "--device", device] + (["--two-process", "--kv-pool-device", kv_pool_device] if two_process else [])
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     t_end = time.time() + ready_timeout
@@ -361,7 +361,8 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
                 max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
                 rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
-                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0) -> BenchResult:
+                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0,
+                kv_pool_device: str = "auto") -> BenchResult:
     """Start (or target) a local server, drive it, stop it; returns the result."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
@@ -369,7 +370,8 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
     proc = None
     if url is None:
         proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
-                                 micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms)
+                                 micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
+                                 kv_pool_device=kv_pool_device)
     try:
         return run_client(run_load(url, hist, duration=duration, concurrency=concurrency, max_requests=max_requests,
                                     body={"k": k, "beam_width": beam_width, "rank": rank}, client=client))

@@ -4,7 +4,8 @@ The server process prefills the history once, runs SID beams + ANN, writes the h
 the shared :class:`genrec.serve.kv_pool.KVPool` under a lease ``(slot, gen)`` and sends the ranking
 process ``(slot, gen, candidate vectors + SID codes, surface)`` over a local pipe. The ranking
 process reads the KV from the pool (seqlock: never another request's KV), runs ``model.rank``
-over it and answers the action probabilities. Candidates travel as the exact vectors the ANN
+over it (on a GPU as the one-process server does: replayed CUDA graphs, the server's
+``--precision``) and answers the action probabilities. Candidates travel as the exact vectors the ANN
 index holds, so both processes score identical inputs and the results equal one-process mode.
 
 Faults: every call has a timeout; a dead ranking process fails its pending calls at once
@@ -41,12 +42,19 @@ class RankerUnavailable(GenrecError):
 def ranker_main(conn: Connection, threads: int = 1) -> None:
     """Ranking process loop: ``{"id", "pool", "slot", "gen", "ckpt", "vecs", "sid", "surface", "ts"}`` ->
     ``{"id", "ok", "logits" | "error", "stale"}``. Exits when the pipe closes."""
+    import contextlib
+
     import torch
 
+    from genrec.model.graphs import GraphedRanker
+    from genrec.retrieve.recommender import graph_mode
     from genrec.serve.engine import load_model
+    from genrec.validation import trusted_inputs
 
     torch.set_num_threads(max(1, threads))
     models: dict[tuple[str, str], Any] = {}
+    graphed: dict[tuple[str, str], GraphedRanker] = {}
+    bf16 = os.environ.get("GENREC_PRECISION", "float32") == "bf16"  # the server's --precision (inherited)
     pools: dict[str, KVPool] = {}
     while True:
         try:
@@ -64,16 +72,26 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
             dev = pool.spec.device  # a CUDA pool (IPC handles): rank on that GPU; else on the CPU
             if (ck, dev) not in models:
                 models.clear()  # keep one model: the version being served
+                graphed.clear()
                 models[(ck, dev)] = load_model(ck, dev)
-            model = models[(ck, dev)]
+                if graph_mode(torch.device(dev)) == "all":  # as the one-process ranker: replayed CUDA graphs
+                    graphed[(ck, dev)] = GraphedRanker(models[(ck, dev)])
+            model, grank = models[(ck, dev)], graphed.get((ck, dev))
             if msg.get("delay"):
                 time.sleep(float(msg["delay"]))  # test hook: a slow reader
             cache = pool.read(int(msg["slot"]), int(msg["gen"]), layout=model.config.layout)
-            with torch.no_grad():
+            amp = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and dev.startswith("cuda")
+                   else contextlib.nullcontext())
+            with torch.no_grad(), amp:
                 vecs = torch.from_numpy(msg["vecs"])[None].to(dev)  # [1, m, Di]
                 sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"])[None].to(dev)  # [1, m, L]
                 ts = None if msg["ts"] is None else torch.tensor([int(msg["ts"])], device=dev)
-                logits = model.rank(cache, vecs, sid, torch.tensor([int(msg["surface"])], device=dev), ts)  # [1, m, C]
+                surf = torch.tensor([int(msg["surface"])], device=dev)
+                if grank is not None and grank.supports(cache, vecs):
+                    logits = grank(cache, vecs, sid, surf, ts)  # [1, m, C]
+                else:
+                    with trusted_inputs():  # SID codes come from the server's catalogue
+                        logits = model.rank(cache, vecs, sid, surf, ts)
             conn.send({"id": msg["id"], "ok": True, "logits": logits[0].float().cpu().numpy()})
         except StaleSlotError as e:
             conn.send({"id": msg["id"], "ok": False, "stale": True, "error": str(e)})
