@@ -3,7 +3,7 @@
 # through CUDA IPC, pool smaller than the concurrency, ranker kill -9 under load), then serving at a
 # 1,000-item history, beam 60, ranking on: one-process, two-process (pool on the GPU, the default
 # there) and two-process with the pool in CPU shared memory; 1 client and 4 clients, 10 s each.
-# Carry .whl, runs/beauty.
+# Carry .whl, runs/beauty, .gpudata (movielens-100k for the test fixture).
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 unset GENREC_CUDA_GRAPHS
