@@ -75,7 +75,7 @@ def best_valid(run_dir: Path) -> tuple[float | None, int | None]:
 
 FUSION_GRID = ([(0.0, 1.0, v) for v in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)]
                + [(0.0, 0.0, 1.0)]
-               + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0)])
+               + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)])
 
 
 def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],
@@ -89,15 +89,15 @@ def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], c
 
     sid_beam: dict[str, int] = {}
     beams = [int(x) for x in a.sid_beams.split(",") if x.strip()]
-    if beams and "genrec" in chosen:
-        rec = Recommender.from_checkpoint(root / chosen["genrec"]["name"], "BEST", device=dev)
+    for fam in [f for f in chosen if f.startswith("genrec")] if beams else []:
+        rec = Recommender.from_checkpoint(root / chosen[fam]["name"], "BEST", device=dev)
         scores = {}
         for bw in beams:
             m = evaluate_retrieval(rec.objective, valid_set, paths=("sid",), beam_width=bw, context_len=rec.context_len,
                                    trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)["sid"]
             scores[bw] = m["recall@10"]
-            print(f"valid SID beam {bw}: R@10 {m['recall@10']:.4f}", flush=True)
-        sid_beam["genrec"] = max(beams, key=lambda bw: (scores[bw], -bw))
+            print(f"valid SID beam {bw} ({fam}): R@10 {m['recall@10']:.4f}", flush=True)
+        sid_beam[fam] = max(beams, key=lambda bw: (scores[bw], -bw))
         del rec
     rows: list[dict[str, Any]] = []
     for c in configs:
@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--l0l1-beam", type=int, default=50, help="SID beam width inside the L0+L1 path")
     ap.add_argument("--no-token-sweep", action="store_true")
     ap.add_argument("--valid-cases", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads per training process (0: the cores / the processes this run starts)")
     ap.add_argument("--test-cases", type=int, default=0, help="0 = every test case (a smaller number: smoke runs only)")
     a = ap.parse_args()
     base = Path(a.workdir).resolve()
@@ -162,7 +164,7 @@ def main() -> None:
             ov = [*grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
             log = open(d / "train.log", "wb")
             # each process gets its share of the cores (torch's default, all cores each, oversubscribes)
-            threads = str(max(1, (os.cpu_count() or 1) // max(1, min(a.parallel, len(configs)))))
+            threads = str(a.threads or max(1, (os.cpu_count() or 1) // max(1, min(a.parallel, len(configs)))))
             env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
             p = subprocess.Popen([sys.executable, __file__, "--worker", str(d), a.preset, *ov],
                                  stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -132,12 +132,16 @@ def sid_build(
     codebook_size: Optional[int] = typer.Option(None, help="Codes per level (default: suits the catalogue)."),
     method: str = typer.Option("rqkmeans", help="rqkmeans | rqvae"),
     seed: int = typer.Option(0),
+    source: str = typer.Option("content", help="What is quantised: content (PinGER) or content+engagement "
+                                               "(collaborative SIDs: co-engaged items share prefixes)."),
+    engagement_weight: float = typer.Option(1.0, help="content+engagement: the engagement block's weight."),
 ) -> None:
-    """Quantise content vectors into a new SID version (codes, trie, index, stats)."""
+    """Quantise item vectors into a new SID version (codes, trie, index, stats)."""
     from genrec.pipeline import build_semantic_ids
 
     with _working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
-        sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed)
+        sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
+                                source=source, engagement_weight=engagement_weight)
     _echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
                 "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_group", "unique_rate")}})
 
@@ -153,11 +157,13 @@ def sid_assign(
     import numpy as np
 
     from genrec.features import content as fc
-    from genrec.sid.build import assign_sids
+    from genrec.sid.build import assign_sids, new_item_vectors, open_current
 
     reader = fc._read_npy_vectors if vectors.suffix == ".npy" else fc._read_parquet_vectors
     ids, vecs = reader(vectors)
-    sb = assign_sids(Path(workdir) / "sid", np.asarray(vecs, dtype=np.float32), np.asarray(ids, dtype=np.int64))
+    cur = open_current(Path(workdir) / "sid")
+    x = new_item_vectors(cur.path, np.asarray(vecs, dtype=np.float32), cur.quantizer.dim)
+    sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
     _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes})
 
 

@@ -77,16 +77,22 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
 
 
 def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
-                       method: str = "rqkmeans", seed: int = 0) -> Any:
-    """Quantise the content vectors into a new SID version under ``WORKDIR/sid``."""
+                       method: str = "rqkmeans", seed: int = 0, source: str = "content",
+                       engagement_weight: float = 1.0) -> Any:
+    """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
+    vectors (``source="content"``, PinGER's choice) or content beside engagement (collaborative
+    SIDs, see :func:`genrec.sid.build.sid_input_vectors`)."""
     from genrec.features.store import ItemVectors
-    from genrec.sid.build import build_sids
+    from genrec.sid.build import build_sids, sid_input_vectors
 
     wd = WorkDir(workdir)
     vecs = ItemVectors.load(wd.features)
-    return build_sids(np.asarray(vecs.content), np.asarray(vecs.item_ids), wd.sid, levels=levels,
-                      codebook_size=codebook_size, method=method, seed=seed,
-                      inputs={"features": str(wd.features)})
+    x = sid_input_vectors(np.asarray(vecs.content), np.asarray(vecs.engagement), source, engagement_weight)
+    inputs: dict[str, Any] = {"features": str(wd.features), "source": source}
+    if source != "content":
+        inputs["engagement_weight"] = float(engagement_weight)
+    return build_sids(x, np.asarray(vecs.item_ids), wd.sid, levels=levels,
+                      codebook_size=codebook_size, method=method, seed=seed, inputs=inputs)
 
 
 def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:

@@ -71,6 +71,59 @@ class SidBuild:
         return len(self.codebook_sizes)
 
 
+SID_SOURCES = ("content", "content+engagement")
+
+
+def sid_input_vectors(content: Any, engagement: Any | None, source: str = "content",
+                      engagement_weight: float = 1.0) -> np.ndarray:
+    """The vectors a SID build quantises: f32 ``[n, d]``.
+
+    ``"content"``: the content vectors as they are (PinGER: a new item gets its SID from content
+    alone). ``"content+engagement"`` (collaborative SIDs): the L2-normalised content vector
+    beside ``engagement_weight`` times the L2-normalised engagement vector, so items that are
+    engaged with together tend to share SID prefixes. ``engagement`` None (or an all-zero row:
+    an item nobody engaged with yet) leaves that block zero, which is how ``sid assign`` codes
+    new items against such a codebook.
+    """
+    if source not in SID_SOURCES:
+        raise ConfigError(f"SID source must be one of {', '.join(SID_SOURCES)}, got {source!r}")
+    c = check_vectors(content, name="content vectors")
+    if source == "content":
+        return c
+    if not math.isfinite(engagement_weight) or engagement_weight <= 0:
+        raise ConfigError(f"engagement_weight must be a finite number > 0, got {engagement_weight}")
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        n = np.linalg.norm(x, axis=1, keepdims=True)
+        return np.where(n > 0, x / np.maximum(n, 1e-12), 0.0).astype(np.float32)
+
+    if engagement is None:
+        e = np.zeros((c.shape[0], 0), np.float32)
+    else:
+        e = check_vectors(engagement, name="engagement vectors")
+        if e.shape[0] != c.shape[0]:
+            raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
+                            field="engagement")
+    return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
+
+
+def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int) -> np.ndarray:
+    """What ``sid assign`` quantises for NEW items (content vectors only) under the build recipe of
+    the version at ``version_path``: the content vectors themselves, or for a collaborative
+    (``content+engagement``) build the normalised content beside an all-zero engagement block --
+    a new item has no engagement yet, as the items nobody engaged with at build time."""
+    inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
+    source = inputs.get("source", "content")
+    c = check_vectors(content, name="new item content vectors")
+    if source == "content":
+        return c
+    if quantizer_dim <= c.shape[1]:
+        raise DataError(f"new item vectors have dimension {c.shape[1]}; the {source!r} codebooks take "
+                        f"{quantizer_dim} = content + engagement", field="vectors")
+    zeros = np.zeros((c.shape[0], quantizer_dim - c.shape[1]), np.float32)
+    return sid_input_vectors(c, zeros, source, float(inputs.get("engagement_weight", 1.0)))
+
+
 def default_codebook(n_items: int, levels: int) -> int:
     """Codebook size K per semantic level: K**levels ~ n_items, clipped to 2..1024.
 
