@@ -17,7 +17,7 @@ for w in 1 2; do
   OUT=$OUT/cs$w timeout $T python3 benchmarks/tune_quality.py runs/beauty-cs$w --grid benchmarks/grids/beauty-csid-collab.json \
     --parallel 1 $ARGS > /tmp/tune_cs$w.log 2>&1 &
 done
-wait
+wait $(jobs -p)  # not a bare wait: that also waits for the tee of the process substitution above
 for f in base cs1 cs2; do
   echo "=== $f"; grep -v "Warn\|^\s*$" /tmp/tune_$f.log | grep -v "started\|exited" | tail -16
   cp /tmp/tune_$f.log $OUT/tune_$f.log

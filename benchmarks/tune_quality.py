@@ -227,8 +227,10 @@ def main() -> None:
                                                            test_set.target_rows), ks)}}
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     token_sweep: dict[str, list[dict[str, float]]] = {}
+    (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))  # partial: a cut-off run keeps it
     sid_beam, fusion = choose_on_validation(a, configs, chosen, root, valid_set, ks, dev)
     report["sid_beam_valid"], report["fusion_valid"] = sid_beam, fusion
+    (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     for fam, r in chosen.items():
         d = root / r["name"]
         rec = Recommender.from_checkpoint(d, "BEST", device=dev)
