@@ -4,7 +4,7 @@
 
 L1 score = a * action-head utility + w * (user . candidate vector) + v * log P(candidate's SID)
 (see ``Recommender._run_batch``). The L0 -> L1 path runs ONCE on the validation cases and records
-every candidate's score parts; every (a, w, v) of the grid (``tune_quality.FUSION_GRID``) is then
+every candidate's score parts; every (a, w, v) of the grid (``genrec.retrieve.fusion.FUSION_GRID``) is then
 scored offline (``genrec.eval.evaluate.fusion_metrics``, tested equal to re-running the path).
 The weighting with the best validation Recall@10 (ties: the earlier, simpler one) runs once on
 the test cases, beside the ANN-only and SID-only paths and the heads alone on the same cases.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ from genrec.eval.evaluate import EvalConfig, fusion_metrics, l0l1_pass, load_eva
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.retrieve.recommender import Recommender
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_quality import FUSION_GRID  # noqa: E402
+from genrec.retrieve.fusion import FUSION_GRID
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from genrec.retrieve.fusion import FUSION_GRID  # the grid `genrec fusion tune` uses
+
 
 def _link_parts(base: Path, d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
@@ -71,11 +73,6 @@ def best_valid(run_dir: Path) -> tuple[float | None, int | None]:
         return None, None
     st = read_json(ckpt / "extra.json").get("_trainer", {})
     return st.get("best_metric"), st.get("best_step")
-
-
-FUSION_GRID = ([(0.0, 1.0, v) for v in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)]
-               + [(0.0, 0.0, 1.0)]
-               + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)])
 
 
 def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],

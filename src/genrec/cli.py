@@ -18,7 +18,9 @@ features_app = typer.Typer(no_args_is_help=True, help="Item vectors: content and
 sid_app = typer.Typer(no_args_is_help=True, help="Semantic IDs: codes, prefix trie, SID->item index.")
 app.add_typer(data_app, name="data")
 app.add_typer(features_app, name="features")
+fusion_app = typer.Typer(no_args_is_help=True, help="L1 score fusion: choose the weights on validation, show them.")
 app.add_typer(sid_app, name="sid")
+app.add_typer(fusion_app, name="fusion")
 
 WORKDIR = typer.Argument(..., help="Run directory (created if missing).")
 
@@ -397,9 +399,12 @@ def eval_cmd(
     beam: int = typer.Option(20, help="SID beam width."),
     lam: float = typer.Option(0.0, "--lambda", help="Diversity penalty for the SID and L0+L1 paths."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
-    action_weight: float = typer.Option(1.0, help="L1 score fusion: a * utility(action heads) + ..."),
-    retrieval_weight: float = typer.Option(0.0, help="L1 score fusion: ... + w * (user . candidate vector) + ..."),
-    sid_weight: float = typer.Option(0.0, help="L1 score fusion: ... + v * log P(candidate's SID) under the beams."),
+    action_weight: Optional[float] = typer.Option(
+        None, help="L1 score fusion: a * utility(action heads) + ... (default: the stored choice, else 1)."),
+    retrieval_weight: Optional[float] = typer.Option(
+        None, help="L1 score fusion: ... + w * (user . candidate vector) + ... (default: stored, else 0)."),
+    sid_weight: Optional[float] = typer.Option(
+        None, help="L1 score fusion: ... + v * log P(candidate's SID) under the beams (default: stored, else 0)."),
     sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
@@ -424,6 +429,51 @@ def eval_cmd(
                     "the test split is meant to be measured once", fg=typer.colors.YELLOW, err=True)
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+
+
+@fusion_app.command("tune")
+@_friendly
+def fusion_tune(
+    workdir: Path = typer.Argument(..., help="A trained run directory."),
+    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    max_users: int = typer.Option(2000, help="Validation cases to choose on (0 = all)."),
+    beam: int = typer.Option(50, help="SID beam width inside L0."),
+    overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
+    metric: str = typer.Option("recall@10", help="recall@K or ndcg@K, K in 5, 10, 20."),
+) -> None:
+    """Choose the L1 score-fusion weights (a * heads + w * dense logit + v * log P(SID)) on the
+    validation split and store them for this checkpoint: recommend, eval and serve then use them."""
+    from genrec.eval.evaluate import tune_fusion
+
+    with _working(f"choosing the L1 fusion weights on {max_users or 'all'} validation cases ..."):
+        out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam,
+                          overretrieve=overretrieve, metric=metric)
+    top = sorted(out["grid"], key=lambda r: -r[metric])[:8]
+    typer.echo(f"| a | w | v | {metric} (valid) |\n|---|---|---|---|")
+    for r in top:
+        typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r[metric]:.4f} |")
+    h = out["heads_only_valid"]
+    c = out["chosen"]
+    typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g}, {metric} "
+               f"{out['valid'][metric]:.4f} on {out['chosen_on']['cases']} validation cases"
+               + ("" if h is None else f" (heads alone: {h[metric]:.4f})"))
+    typer.echo(f"stored: {out['path']}")
+
+
+@fusion_app.command("show")
+@_friendly
+def fusion_show(
+    workdir: Path = typer.Argument(..., help="A trained run directory."),
+    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+) -> None:
+    """The L1 fusion weights the Recommender uses for this checkpoint, and where they come from."""
+    from dataclasses import asdict
+
+    from genrec.retrieve.recommender import Recommender
+
+    rec = Recommender.from_checkpoint(workdir, checkpoint)
+    _echo_json({"checkpoint": str(rec.checkpoint), "step": rec.step, "weights": asdict(rec.fusion),
+                "stored": None if rec.fusion_path is None else str(rec.fusion_path)})
 
 
 @app.command("cold-start")

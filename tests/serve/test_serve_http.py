@@ -34,6 +34,8 @@ def test_health_ready_metrics(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"ok": True}
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["ready"] and r.json()["index_version"].startswith("step-")
+    # no `genrec fusion tune` on this run: UniPinRec's L1 (the action heads alone)
+    assert r.json()["l1_fusion"] == {"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0, "stored": None}
     client.post("/v1/recommend", json={"history": hist([1, 2, 3]), "k": 5})
     m = client.get("/metrics").text
     for name in ("genrec_stage_latency_ms_bucket", 'stage="encode"', 'stage="sid"', 'stage="ann"', 'stage="rank"',

@@ -25,6 +25,7 @@ that already existed in the run dir when this one was written.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import time
 from collections.abc import Sequence
@@ -52,9 +53,10 @@ class EvalConfig:
     diversity_lambda: float = 0.0
     overretrieve: int = 3
     # L1 score fusion (Recommender._run_batch): a * utility + w * user.candidate + v * log P(SID)
-    retrieval_weight: float = 0.0
-    sid_weight: float = 0.0
-    action_weight: float = 1.0
+    # None: the Recommender's (chosen by `genrec fusion tune` for this checkpoint, else a=1, w=v=0)
+    retrieval_weight: float | None = None
+    sid_weight: float | None = None
+    action_weight: float | None = None
     utility: dict[str, float] | None = None
     """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
     next interaction of any kind, so the matching utility is the probability of engaging at all
@@ -80,12 +82,10 @@ class EvalConfig:
             raise ConfigError("diversity lambda must be >= 0")
         if self.overretrieve < 1:
             raise ConfigError(f"overretrieve must be >= 1, got {self.overretrieve}")
-        if not self.retrieval_weight >= 0:
-            raise ConfigError(f"--retrieval-weight must be >= 0, got {self.retrieval_weight}")
-        if not self.sid_weight >= 0:
-            raise ConfigError(f"--sid-weight must be >= 0, got {self.sid_weight}")
-        if not self.action_weight >= 0:
-            raise ConfigError(f"--action-weight must be >= 0, got {self.action_weight}")
+        for flag, x in (("--retrieval-weight", self.retrieval_weight), ("--sid-weight", self.sid_weight),
+                        ("--action-weight", self.action_weight)):
+            if x is not None and not (x >= 0 and math.isfinite(x)):
+                raise ConfigError(f"{flag} must be a finite number >= 0, got {x}")
         if any(c < 1 for c in self.sweep_context):
             raise ConfigError("context lengths must be >= 1")
 
@@ -158,11 +158,13 @@ def sid_pass(rec: Recommender, es: EvalSet, *, beam_width: int, diversity_lambda
 @torch.no_grad()
 def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: int, diversity_lambda: float,
               overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128,
-              retrieval_weight: float = 0.0, sid_weight: float = 0.0, action_weight: float = 1.0,
+              retrieval_weight: float | None = None, sid_weight: float | None = None,
+              action_weight: float | None = None,
               parts: list[dict[str, np.ndarray]] | None = None) -> dict[str, float]:
-    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``)
-    path on every case. ``parts``: when a list, each batch's L1 score parts are appended to it
-    (with the batch's ``target_rows``), for :func:`fusion_metrics`."""
+    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``;
+    a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
+    batch's L1 score parts are appended to it (with the batch's ``target_rows``), for
+    :func:`fusion_metrics`."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
     src_hits = {"sid": 0, "ann": 0, "both": 0}
@@ -202,6 +204,70 @@ def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], ac
         top = np.take_along_axis(pt["rows"], order, axis=1)
         ranks.append(rank_in_list(top, pt["target_rows"]))
     return topk_metrics(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
+
+
+def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
+                  grid: Sequence[tuple[float, float, float]], metric: str = "recall@10"
+                  ) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Every weighting of ``grid`` scored from recorded score parts (:func:`fusion_metrics`), and
+    the best by ``metric``; ties go to the earlier (simpler) weighting. Returns (best, all rows)."""
+    if not grid:
+        raise ConfigError("fusion grid is empty")
+    rows = [{"a": a, "w": w, "v": v, **fusion_metrics(parts, ks, a, w, v)} for a, w, v in grid]
+    return max(rows, key=lambda r: r[metric]), rows  # max keeps the first of equals
+
+
+def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 50,
+                overretrieve: int = 3, batch_size: int = 128, metric: str = "recall@10",
+                grid: Sequence[tuple[float, float, float]] | None = None, save: bool = True,
+                rec: Recommender | None = None) -> dict[str, Any]:
+    """Choose the L1 fusion weights (a, w, v) on the VALIDATION split and store them for the
+    checkpoint (``genrec.retrieve.fusion``): the L0 -> L1 path runs once on ``max_users``
+    validation cases recording every candidate's score parts, every weighting of ``grid`` (default
+    ``FUSION_GRID``) is scored offline by :func:`fusion_metrics`, and the best by ``metric``
+    (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. Utility: every action
+    weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``."""
+    from genrec.retrieve.fusion import FUSION_GRID, FusionWeights, fusion_file, save_fusion
+
+    t0 = time.perf_counter()
+    rec = rec or Recommender.from_checkpoint(workdir, checkpoint)
+    if rec.model.action_head is None or rec.ann is None:
+        raise ConfigError("fusion tune: this model has no L0 -> L1 path (needs ranking heads and a dense stage)")
+    ks = (5, 10, 20)
+    if metric not in {f"{m}@{k}" for m in ("recall", "ndcg") for k in ks}:
+        raise ConfigError(f"metric must be recall@K or ndcg@K with K in {ks}, got {metric!r}")
+    cfg = EvalConfig(split="valid", max_users=max_users, beam_width=beam_width, overretrieve=overretrieve,
+                     batch_size=batch_size)
+    cfg.validate()
+    es = load_eval_data(rec, workdir, cfg).es
+    if len(es) == 0:
+        raise ConfigError(f"split 'valid' has no evaluation cases in {workdir}")
+    parts: list[dict[str, np.ndarray]] = []
+    utility = {a: 1.0 for a in rec.actions}
+    l0l1_pass(rec, es, ks=ks, beam_width=beam_width, diversity_lambda=0.0, overretrieve=overretrieve,
+              utility=utility, batch_size=batch_size, parts=parts)
+    best, rows = choose_fusion(parts, ks, grid or FUSION_GRID, metric)
+    heads = next((r for r in rows if (r["a"], r["w"], r["v"]) == (1.0, 0.0, 0.0)), None)
+    chosen = FusionWeights(best["a"], best["w"], best["v"])
+    out: dict[str, Any] = {
+        "chosen": asdict(chosen), "metric": metric, "valid": {k: v for k, v in best.items() if k not in ("a", "w", "v")},
+        "heads_only_valid": None if heads is None else {k: v for k, v in heads.items() if k not in ("a", "w", "v")},
+        "chosen_on": {"split": "valid", "cases": len(es), "beam_width": beam_width, "overretrieve": overretrieve,
+                      "utility": utility},
+        "checkpoint": str(rec.checkpoint), "step": rec.step, "grid": rows, "seconds": time.perf_counter() - t0}
+    if save:
+        assert rec.checkpoint is not None
+        sid_version = None
+        if rec.config.uses_sids:
+            from genrec.sid.build import open_current
+
+            sid_version = open_current(WorkDir(workdir).sid).version
+        path = fusion_file(workdir, rec.checkpoint, sid_version)
+        save_fusion(path, chosen, {k: out[k] for k in ("metric", "valid", "chosen_on", "checkpoint", "step")}
+                    | {"sid_version": sid_version})
+        out["path"] = str(path)
+        rec.fusion, rec.fusion_path = chosen, path
+    return out
 
 
 def history_tokens_per_item(layout: str, sid_levels: int) -> int:
@@ -280,7 +346,10 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                      "cases": len(es), "catalogue_items": len(rec.catalog), "ks": list(ks),
                      "beam_width": cfg.beam_width, "diversity_lambda": cfg.diversity_lambda,
                      "overretrieve": cfg.overretrieve, "utility": rec.default_utility() if cfg.utility is None
-                     else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users},
+                     else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users,
+                     "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
+                                                               cfg.sid_weight)),
+                                   "stored": None if rec.fusion_path is None else str(rec.fusion_path)}},
         "model_selection": "checkpoint chosen on the valid split by the trainer (BEST when early stopping marked "
                            "one, else LATEST); the test split is for one final measurement",
         "previous_test_reports": previous if cfg.split == "test" else [],

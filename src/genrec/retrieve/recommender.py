@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -50,6 +49,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
+from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion
 from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -187,6 +187,10 @@ class Recommender:
         self.step = step
         self.checkpoint = checkpoint
         self.precision = "float32"  # "bf16": autocast on CUDA (see from_checkpoint)
+        # the L1 score fusion used when a call does not name its weights: UniPinRec's L1 (heads only)
+        # unless `genrec fusion tune` stored a choice for this checkpoint (see from_checkpoint)
+        self.fusion = FusionWeights()
+        self.fusion_path: Path | None = None
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
@@ -251,6 +255,7 @@ class Recommender:
         objective.to(device)
         step = int(read_json(ckpt / "meta.json")["step"])
         trie = sid_index = leaf_rows = None
+        sid_version: str | None = None
         if mcfg.uses_sids:
             from genrec.sid.build import open_current
 
@@ -259,7 +264,7 @@ class Recommender:
             if sizes != list(mcfg.sid_codebook_sizes):
                 raise ConfigError(f"{wd.sid}: current SID version {sb.version} has codebooks {sizes}, the model was "
                                   f"trained with {mcfg.sid_codebook_sizes}; retrain or point CURRENT back")
-            sid_index = sb.index
+            sid_index, sid_version = sb.index, sb.version
             if mcfg.layout in ("pinger", "tiger"):  # SID heads -> a decoding stage (dense + fusion has none)
                 t = sb.trie
                 trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sizes, device=device)
@@ -274,6 +279,10 @@ class Recommender:
         rec.precision = prec
         if rec.model.user_head is not None:
             rec.ann = rec._load_or_build_ann(wd, ckpt, ann_config or AnnConfig())
+        fpath = fusion_file(wd.root, ckpt, sid_version)
+        chosen = load_fusion(fpath)
+        if chosen is not None:  # chosen on validation for exactly these weights and SIDs
+            rec.fusion, rec.fusion_path = chosen, fpath
         return rec
 
     def _load_or_build_ann(self, wd: WorkDir, ckpt: Path, cfg: AnnConfig) -> AnnIndex:
@@ -556,28 +565,26 @@ class Recommender:
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
-                  retrieval_weight: float = 0.0, sid_weight: float = 0.0,
-                  action_weight: float = 1.0, keep_parts: bool = False) -> BatchResult:
+                  retrieval_weight: float | None = None, sid_weight: float | None = None,
+                  action_weight: float | None = None, keep_parts: bool = False) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring).
 
         The L1 score of a candidate is ``a * Σ_c u_c p_c + w * (user · candidate vector) +
         v * log P(SID)``: ``action_weight`` a >= 0 scales the action heads' utility (UniPinRec's
-        L1: a = 1, w = v = 0, the default); ``retrieval_weight`` w >= 0 fuses the dense retrieval
+        L1: a = 1, w = v = 0); ``retrieval_weight`` w >= 0 fuses the dense retrieval
         logit; ``sid_weight`` v >= 0 fuses the log-probability of the candidate's SID under the
         beam search -- for a candidate the SID stage did not retrieve, the request's lowest
         retrieved beam log-probability (its SID scored below every kept beam's). Both fused
         terms are log-scale scores of the same encoding, so the fusion is a product of experts.
+        A weight left None takes :attr:`fusion`'s (the weights ``genrec fusion tune`` chose on
+        validation for this checkpoint, else a = 1, w = v = 0).
         ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``)."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if overretrieve < 1:
             raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
-        if not (retrieval_weight >= 0 and math.isfinite(retrieval_weight)):
-            raise ConfigError(f"retrieval_weight must be a finite number >= 0, got {retrieval_weight}")
-        if not (sid_weight >= 0 and math.isfinite(sid_weight)):
-            raise ConfigError(f"sid_weight must be a finite number >= 0, got {sid_weight}")
-        if not (action_weight >= 0 and math.isfinite(action_weight)):
-            raise ConfigError(f"action_weight must be a finite number >= 0, got {action_weight}")
+        fw = self.fusion.resolve(action_weight, retrieval_weight, sid_weight)  # checks each: finite, >= 0
+        action_weight, retrieval_weight, sid_weight = fw.action_weight, fw.retrieval_weight, fw.sid_weight
         srcs, do_rank = self.check_sources(sources, rank)
         u = self.utility_vector(utility)
         t: dict[str, float] = {}
@@ -722,15 +729,16 @@ class Recommender:
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
-                  surface: str | int | None = None, request_ts: int | None = None, retrieval_weight: float = 0.0,
-                  sid_weight: float = 0.0, action_weight: float = 1.0) -> RecommendationList | list[RecommendationList]:
+                  surface: str | int | None = None, request_ts: int | None = None,
+                  retrieval_weight: float | None = None, sid_weight: float | None = None,
+                  action_weight: float | None = None) -> RecommendationList | list[RecommendationList]:
         """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
 
         ``sources=None`` / ``rank=None`` mean "every stage this model has" (a TIGER-layout model has
         no ANN or ranking stage; a dense-only one no SID stage). ``surface`` is the request surface
         (default: the last history item's); ``request_ts`` the request time (default: the last
         history item's timestamp). ``action_weight`` / ``retrieval_weight`` / ``sid_weight``: the L1
-        score fusion (see :meth:`_run_batch`)."""
+        score fusion (see :meth:`_run_batch`; None: :attr:`fusion`'s)."""
         t_wall = time.perf_counter()
         is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
         hs = list(history) if is_batch else [history]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import os
@@ -436,10 +437,15 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         ready = svc.holder.ready and (svc.ranker is None or svc.ranker.alive)
-        body = {"ready": ready, "index_version": svc.holder.current.version if svc.holder.ready else None,
-                "ranker": None if svc.ranker is None else {"alive": svc.ranker.alive, "pid": svc.ranker.pid,
-                                                           "restarts": svc.ranker.restarts},
-                "last_reload_error": svc.holder.last_error}
+        ranker = None if svc.ranker is None else {"alive": svc.ranker.alive, "pid": svc.ranker.pid,
+                                                  "restarts": svc.ranker.restarts}
+        body: dict[str, Any] = {"ready": ready, "ranker": ranker, "last_reload_error": svc.holder.last_error,
+                                "index_version": svc.holder.current.version if svc.holder.ready else None}
+        if svc.holder.ready:  # the L1 score fusion this version ranks with (genrec fusion tune / defaults)
+            rec = svc.holder.current.engine.rec
+            fusion: dict[str, Any] = dataclasses.asdict(rec.fusion)
+            fusion["stored"] = None if rec.fusion_path is None else str(rec.fusion_path)
+            body["l1_fusion"] = fusion
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")

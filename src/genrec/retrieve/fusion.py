@@ -1,0 +1,102 @@
+"""L1 score-fusion weights, chosen on validation and kept beside the checkpoint they were chosen for.
+
+The L1 score of a candidate (``Recommender._run_batch``) is ``a * Σ_c u_c p_c + w * (user ·
+candidate vector) + v * log P(candidate's SID)``: the action heads' utility (UniPinRec's L1 alone:
+a = 1, w = v = 0), the dense retrieval logit and the SID beam log-probability -- a product of
+experts over the one encoding. Which weighting is best depends on the data (on Amazon Beauty, one
+action type and no impressions, the heads alone rank badly and a = 0, w = 1, v = 0.05 wins), so
+``genrec fusion tune`` chooses it on validation and stores it here; the Recommender, ``genrec
+recommend``, ``genrec eval`` and the server then use it unless told otherwise.
+
+Non-standard: the file is keyed by the checkpoint's weights (sha256 of ``model.safetensors``) and
+the SID version, under ``WORKDIR/fusion/``; weights chosen for another checkpoint or other SIDs are
+never picked up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from genrec.errors import ConfigError, DataError
+from genrec.workdir import atomic_write_json, read_json
+
+__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion"]
+
+FORMAT = "genrec.fusion/1"
+
+
+@dataclass(frozen=True)
+class FusionWeights:
+    """``a`` (action heads' utility), ``w`` (dense retrieval logit), ``v`` (SID log-probability)."""
+
+    action_weight: float = 1.0
+    retrieval_weight: float = 0.0
+    sid_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, x in asdict(self).items():
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {x!r}")
+
+    def resolve(self, action_weight: float | None, retrieval_weight: float | None,
+                sid_weight: float | None) -> FusionWeights:
+        """These weights with any explicitly given one replacing its default."""
+        return FusionWeights(self.action_weight if action_weight is None else action_weight,
+                             self.retrieval_weight if retrieval_weight is None else retrieval_weight,
+                             self.sid_weight if sid_weight is None else sid_weight)
+
+
+# (a, w, v): the dense logit with SID priors of growing weight, the SID log-probability alone, and
+# the heads with every (w, v) pair beside them
+FUSION_GRID: tuple[tuple[float, float, float], ...] = tuple(
+    [(0.0, 1.0, v) for v in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)]
+    + [(0.0, 0.0, 1.0)]
+    + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)])
+
+
+def _weights_sha(ckpt: Path) -> str:
+    h = hashlib.sha256()
+    with open(ckpt / "model.safetensors", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def fusion_file(workdir: str | Path, ckpt: str | Path, sid_version: str | None) -> Path:
+    """``WORKDIR/fusion/<sha of the checkpoint's weights>-<SID version or 'nosid'>.json``."""
+    return Path(workdir) / "fusion" / f"{_weights_sha(Path(ckpt))}-{sid_version or 'nosid'}.json"
+
+
+def save_fusion(path: str | Path, weights: FusionWeights, meta: dict[str, Any]) -> Path:
+    """Write the chosen weights (and how they were chosen) atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"format": FORMAT, "weights": asdict(weights), **meta})
+    return path
+
+
+def load_fusion(path: str | Path) -> FusionWeights | None:
+    """The weights stored at ``path``; None when there is no such file. A damaged or foreign file is
+    an error that names it (never silently replaced by defaults)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        d = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"not valid JSON ({e})", path=path) from e
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        fmt = d.get("format") if isinstance(d, dict) else None
+        raise DataError(f"not a genrec fusion file (format {fmt!r})", path=path, field="format")
+    w = d.get("weights")
+    if not isinstance(w, dict) or set(w) != {"action_weight", "retrieval_weight", "sid_weight"}:
+        raise DataError("expected weights {action_weight, retrieval_weight, sid_weight}", path=path, field="weights")
+    try:
+        return FusionWeights(**w)
+    except ConfigError as e:
+        raise DataError(str(e), path=path, field="weights") from e

@@ -1,0 +1,151 @@
+"""`genrec fusion tune`: the L1 fusion weights chosen on validation, stored per checkpoint + SID
+version, and used by recommend / eval / serve unless a call names its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from genrec.errors import ConfigError, DataError
+from genrec.eval.evaluate import EvalConfig, choose_fusion, evaluate, fusion_metrics, tune_fusion
+from genrec.retrieve.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion
+from genrec.retrieve.recommender import Recommender
+
+from .test_evaluate import build_run
+
+
+# ----------------------------------------------------------------------------- the weights and their file
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "1"])
+def test_weights_must_be_finite_and_non_negative(bad: object) -> None:
+    for field in ("action_weight", "retrieval_weight", "sid_weight"):
+        with pytest.raises(ConfigError, match=field):
+            FusionWeights(**{field: bad})  # type: ignore[arg-type]
+
+
+def test_resolve_replaces_only_the_named_weights() -> None:
+    f = FusionWeights(0.0, 1.0, 0.05)
+    assert f.resolve(None, None, None) == f
+    assert f.resolve(2.0, None, None) == FusionWeights(2.0, 1.0, 0.05)
+    assert f.resolve(None, 0.0, 3.0) == FusionWeights(0.0, 0.0, 3.0)
+    with pytest.raises(ConfigError, match="sid_weight"):
+        f.resolve(None, None, -0.1)
+
+
+def test_file_round_trip_and_damaged_files_name_themselves(tmp_path: Path) -> None:
+    p = tmp_path / "fusion" / "x.json"
+    assert load_fusion(p) is None
+    save_fusion(p, FusionWeights(0.0, 1.0, 0.05), {"metric": "recall@10"})
+    assert load_fusion(p) == FusionWeights(0.0, 1.0, 0.05)
+    for text, what in (("{not json", "not valid JSON"), (json.dumps({"format": "other"}), "format"),
+                       (json.dumps([1, 2]), "format"),
+                       (json.dumps({"format": "genrec.fusion/1", "weights": {"action_weight": 1}}), "weights"),
+                       (json.dumps({"format": "genrec.fusion/1", "weights": {
+                           "action_weight": -1, "retrieval_weight": 0, "sid_weight": 0}}), "action_weight")):
+        p.write_text(text)
+        with pytest.raises(DataError, match=what) as e:
+            load_fusion(p)
+        assert str(p) in str(e.value)
+
+
+def test_grid_holds_the_heads_alone_and_the_round_5_choice() -> None:
+    assert (1.0, 0.0, 0.0) in FUSION_GRID and (0.0, 1.0, 0.05) in FUSION_GRID
+    assert len(set(FUSION_GRID)) == len(FUSION_GRID)
+
+
+def test_choose_fusion_picks_the_weighting_that_ranks_targets_first() -> None:
+    """Hand-made parts: the dense logit puts every target first, the heads put it last, the SID
+    log-probability is flat. Any weighting with w > 0 and a = 0 wins; ties go to the earlier."""
+    rng = np.random.default_rng(0)
+    parts = []
+    for _ in range(3):
+        b, m = 8, 12
+        rows = np.stack([rng.permutation(100)[:m] for _ in range(b)])
+        tgt = rows[np.arange(b), rng.integers(0, m, b)]
+        is_t = rows == tgt[:, None]
+        parts.append({"rows": rows, "utility": np.where(is_t, 0.0, 1.0).astype(np.float32),
+                      "dot": np.where(is_t, 5.0, rng.normal(size=(b, m))).astype(np.float32),
+                      "sid_lp": np.full((b, m), -3.0, np.float32), "target_rows": tgt})
+    grid = [(1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.0, 1.0, 0.0), (0.0, 1.0, 0.5), (1.0, 0.5, 0.0)]
+    best, rows = choose_fusion(parts, (1, 5), grid, "recall@1")
+    assert (best["a"], best["w"], best["v"]) == (0.0, 1.0, 0.0)  # first of the two perfect ones
+    assert best["recall@1"] == 1.0 and rows[0]["recall@1"] == 0.0
+    assert [r["recall@1"] for r in rows] == [fusion_metrics(parts, (1, 5), *g)["recall@1"] for g in grid]
+    with pytest.raises(ConfigError, match="empty"):
+        choose_fusion(parts, (1, 5), [], "recall@1")
+
+
+# ----------------------------------------------------------------------------- end to end on a trained run
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
+    return build_run(tmp_path_factory.mktemp("fusion"), datasets_root)
+
+
+GRID = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 0.5), (1.0, 2.0, 1.0)]
+
+
+def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> None:
+    rec0 = Recommender.from_checkpoint(root)
+    assert rec0.fusion == FusionWeights() and rec0.fusion_path is None  # nothing stored yet: UniPinRec's L1
+    out = tune_fusion(root, max_users=40, beam_width=12, overretrieve=2, grid=GRID, metric="ndcg@20")
+    path = Path(out["path"])
+    assert path == fusion_file(root, rec0.checkpoint, "v0001") and path.exists()
+    best = max(out["grid"], key=lambda r: r["ndcg@20"])
+    assert out["chosen"] == {"action_weight": best["a"], "retrieval_weight": best["w"], "sid_weight": best["v"]}
+    assert out["chosen_on"]["split"] == "valid" and out["chosen_on"]["cases"] == 40
+    stored = load_fusion(path)
+    # store a non-default choice, as a real tune on real data would pick, to see it used everywhere
+    save_fusion(path, FusionWeights(0.0, 1.0, 0.5), {"metric": "ndcg@20"})
+    rec = Recommender.from_checkpoint(root)
+    assert stored is not None and rec.fusion == FusionWeights(0.0, 1.0, 0.5) and rec.fusion_path == path
+    hist = [{"item_id": int(i)} for i in rec.catalog.item_ids[[3, 40, 7, 90, 11]]]
+    got = rec.recommend(hist, k=10, beam_width=12, overretrieve=2)
+    want = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, action_weight=0.0, retrieval_weight=1.0,
+                         sid_weight=0.5)
+    heads = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, action_weight=1.0, retrieval_weight=0.0,
+                          sid_weight=0.0)
+    assert [(r.item_id, r.score) for r in got] == [(r.item_id, r.score) for r in want]
+    assert [r.score for r in got] != [r.score for r in heads]
+    rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False), rec=rec)
+    assert rep["protocol"]["l1_fusion"] == {"action_weight": 0.0, "retrieval_weight": 1.0, "sid_weight": 0.5,
+                                            "stored": str(path)}
+    rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False, sid_weight=2.0),
+                   rec=rec)
+    assert rep["protocol"]["l1_fusion"]["sid_weight"] == 2.0  # an explicit weight wins
+
+
+def test_weights_of_other_sids_or_a_damaged_file(root: Path) -> None:
+    rec = Recommender.from_checkpoint(root)
+    other = fusion_file(root, rec.checkpoint, "v0099")  # chosen for SIDs this checkpoint does not serve
+    save_fusion(other, FusionWeights(0.0, 3.0, 3.0), {})
+    assert Recommender.from_checkpoint(root).fusion != FusionWeights(0.0, 3.0, 3.0)
+    mine = fusion_file(root, rec.checkpoint, "v0001")
+    keep = mine.read_bytes() if mine.exists() else None
+    try:
+        mine.write_text("{broken")
+        with pytest.raises(DataError, match="not valid JSON") as e:
+            Recommender.from_checkpoint(root)
+        assert str(mine) in str(e.value)
+    finally:
+        if keep is None:
+            mine.unlink()
+        else:
+            mine.write_bytes(keep)
+
+
+def test_cli_tune_and_show(root: Path) -> None:
+    from genrec.cli import app
+
+    r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam", "8",
+                                 "--metric", "recall@20"])
+    assert r.exit_code == 0, r.output
+    assert "chosen: a=" in r.output and "stored: " in r.output
+    r = CliRunner().invoke(app, ["fusion", "show", str(root)])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output[r.output.index("{"):])
+    assert shown["stored"] and set(shown["weights"]) == {"action_weight", "retrieval_weight", "sid_weight"}
+    r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--metric", "mrr"])
+    assert r.exit_code != 0 and "metric" in r.output
