@@ -1,8 +1,9 @@
 """``genrec quickstart``: the whole pipeline on the default data, with a one-screen summary.
 
 prepare (Iceberg tables) -> features (content + engagement) -> SIDs (codes, trie, index)
--> train (quickstart preset, a few minutes on 2 CPU cores) -> validation metrics beside the
-popularity baseline -> recommendations for one user from one history encode.
+-> train (quickstart preset, a few minutes on 2 CPU cores) -> the L1 fusion weights chosen on
+validation users -> validation metrics beside the popularity baseline -> recommendations for one
+user from one history encode.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rich.table import Table
 
 
 def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data_dir: str | Path | None = None,
-                   download: bool = False, steps: int = 0, console: Console | None = None) -> dict[str, Any]:
+                   download: bool = False, steps: int = 0, fusion_users: int = 500,
+                   console: Console | None = None) -> dict[str, Any]:
     from genrec import pipeline
     from genrec.data.ingest.options import IngestOptions
     from genrec.data.splits import SplitSpec, eval_cases, train_events
@@ -54,6 +56,15 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     res = train_run(wd, cfg, resume=False)
     step(f"train {res['step']} steps ({cfg.variant}, preset quickstart)", t)
 
+    from genrec.eval.evaluate import tune_fusion
+
+    t = time.perf_counter()
+    with con.status("choosing the L1 score-fusion weights on validation users ..."):
+        fusion = tune_fusion(wd, max_users=fusion_users, beam_width=20)
+    c = fusion["chosen"]
+    step(f"fusion tune: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} on "
+         f"{fusion['chosen_on']['cases']} validation users (stored for this checkpoint)", t)
+
     # popularity on the same validation cases (same split)
     store = pipeline.open_store(wd)
     events = store.read_events()
@@ -72,6 +83,9 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
         if f"valid/{p}/recall@10" in v:
             table.add_row(f"genrec {p}", f"{v[f'valid/{p}/recall@10']:.4f}", f"{v[f'valid/{p}/ndcg@10']:.4f}",
                           f"{v[f'valid/{p}/recall@20']:.4f}")
+    fv = fusion["valid"]
+    table.add_row(f"genrec L0+L1 (weights chosen on these {fusion['chosen_on']['cases']} users)",
+                  f"{fv['recall@10']:.4f}", f"{fv['ndcg@10']:.4f}", f"{fv['recall@20']:.4f}")
     table.add_row("popularity (all valid users)", f"{pop_m['recall@10']:.4f}", f"{pop_m['ndcg@10']:.4f}",
                   f"{pop_m['recall@20']:.4f}")
     con.print(table)
@@ -87,4 +101,4 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     step(f"recommend for user {user} (one history encode: SID beams + ANN -> L1 ranking)", t)
     timings["total"] = round(time.perf_counter() - t0, 1)
     con.print(f"[bold]quickstart done in {timings['total']} s[/bold] — run dir: {wd}")
-    return {"timings": timings, "train": res, "popularity": pop_m, "recommendations": recs.to_dict()}
+    return {"timings": timings, "train": res, "popularity": pop_m, "fusion": fusion, "recommendations": recs.to_dict()}
