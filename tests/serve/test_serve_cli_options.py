@@ -14,3 +14,22 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--cuda-graphs must be off, sid or all" in r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path), "--precision", "fp8"])
     assert r.exit_code == 2 and "--precision must be float32 or bf16" in r.output
+    r = CliRunner().invoke(app, ["serve", str(tmp_path), "--two-process", "--kv-pool-device", "gpu"])
+    assert r.exit_code == 2 and "--kv-pool-device must be auto, cpu or cuda" in r.output
+
+
+def test_kv_pool_device_follows_the_server_device(tmp_path: Path) -> None:
+    """auto: shared memory on a CPU server; "cuda" on a CPU server is refused with a message."""
+    import pytest
+
+    from genrec.errors import ConfigError
+    from genrec.serve.app import ServeConfig, Service
+
+    assert Service(ServeConfig(workdir=tmp_path, two_process=True)).pool_on_gpu is False
+    assert Service(ServeConfig(workdir=tmp_path, two_process=True, device="cuda:0")).pool_on_gpu is True
+    assert Service(ServeConfig(workdir=tmp_path, two_process=True, device="cuda:0",
+                               kv_pool_device="cpu")).pool_on_gpu is False
+    with pytest.raises(ConfigError, match="needs the server on a GPU"):
+        Service(ServeConfig(workdir=tmp_path, two_process=True, kv_pool_device="cuda"))
+    with pytest.raises(ConfigError, match="'auto', 'cpu' or 'cuda'"):
+        Service(ServeConfig(workdir=tmp_path, two_process=True, kv_pool_device="shm"))
