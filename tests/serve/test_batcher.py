@@ -293,14 +293,16 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
 
         def client(i: int) -> None:
             h = [{"item_id": x} for x in hists[i % len(hists)]]
+            fusion = {"retrieval_weight": 1.0, "action_weight": 0.0} if i % 3 == 1 else {}  # never batched together
             with httpx.Client(base_url=s.url, timeout=30) as c:
-                r = c.post("/v1/recommend", json={"history": h, "k": 6, "beam_width": 10})
+                r = c.post("/v1/recommend", json={"history": h, "k": 6, "beam_width": 10,
+                                                  **({"fusion": fusion} if fusion else {})})
             try:
                 assert r.status_code == 200, r.text
                 if not h:
                     assert r.json()["cold_start"]
                     return
-                want = rec.recommend(h, k=6, beam_width=10)
+                want = rec.recommend(h, k=6, beam_width=10, **fusion)
                 got = r.json()["items"]
                 assert [x["item_id"] for x in got] == [w.item_id for w in want]
                 np.testing.assert_allclose([x["score"] for x in got], [w.score for w in want], rtol=0, atol=1e-5)

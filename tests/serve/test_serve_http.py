@@ -121,6 +121,35 @@ def test_out_of_range_is_422_naming_field(client: httpx.Client, field: str, valu
     assert field in body["message"]
 
 
+def test_per_request_fusion_weights(server: ServerThread, client: httpx.Client) -> None:
+    """A request's L1 weights reach the ranking exactly as the Recommender's keyword arguments do;
+    a weight left out keeps the server's."""
+    rec = server.service.holder.current.engine.rec
+    h = hist([1, 50, 172, 181, 258, 7])
+    scores = {}
+    for fusion in ({"retrieval_weight": 1.0, "action_weight": 0}, {"sid_weight": 2.0}):  # ints are numbers too
+        r = client.post("/v1/recommend", json={"history": h, "k": 8, "fusion": fusion})
+        assert r.status_code == 200, r.text
+        want = rec.recommend(h, k=8, **fusion)
+        got = r.json()["items"]
+        assert [x["item_id"] for x in got] == [x.item_id for x in want]
+        np.testing.assert_allclose([x["score"] for x in got], [x.score for x in want], rtol=0, atol=1e-6)
+        scores[tuple(fusion)] = [x["score"] for x in got]
+    plain = client.post("/v1/recommend", json={"history": h, "k": 8}).json()["items"]
+    assert [x["score"] for x in plain] not in scores.values()  # the weights really changed the scores
+
+
+@pytest.mark.parametrize("fusion,field", [({"sid_weight": -1}, "fusion.sid_weight"),
+                                          ({"action_weight": 1e9}, "fusion.action_weight"),
+                                          ({"retrieval_weight": "1"}, "fusion.retrieval_weight"),
+                                          ({"sid_weight": True}, "fusion.sid_weight"),
+                                          ({"weight": 1}, "fusion.weight"), (3, "fusion")])
+def test_bad_fusion_weights_are_422_naming_field(client: httpx.Client, fusion: object, field: str) -> None:
+    r = client.post("/v1/recommend", json={"history": hist([1, 2]), "fusion": fusion})
+    assert r.status_code == 422, r.text
+    assert any(f.startswith(field) for f in r.json()["fields"]), r.json()
+
+
 def test_bad_vocab_and_nan_and_json(client: httpx.Client) -> None:
     r = client.post("/v1/recommend", json={"history": [{"item_id": 1, "action": "teleport"}]})
     assert r.status_code == 422 and "action" in r.json()["message"], r.text

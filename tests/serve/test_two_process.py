@@ -39,10 +39,10 @@ def body(ids: list[int], **kw: object) -> dict:
     return {"history": [{"item_id": i} for i in ids], "k": 6, "beam_width": 10, **kw}
 
 
-def solo(server: ServerThread, ids: list[int], **kw: object) -> list:
+def solo(server: ServerThread, ids: list[int], **fusion: float) -> list:
     rec = server.service.holder.current.engine.rec
-    b = body(ids, **kw)
-    return rec.recommend(b["history"], k=b["k"], beam_width=b["beam_width"])
+    b = body(ids)
+    return rec.recommend(b["history"], k=b["k"], beam_width=b["beam_width"], **fusion)
 
 
 def assert_same(resp: dict, want: list, atol: float = 1e-5) -> None:
@@ -60,6 +60,10 @@ def test_two_process_equals_one_process(server: ServerThread) -> None:
             assert r.status_code == 200, r.text
             assert r.json()["degraded"] is False
             assert_same(r.json(), solo(server, ids), server.atol)
+        fusion = {"action_weight": 0.5, "retrieval_weight": 1.0, "sid_weight": 0.2}  # remote heads, fused here
+        r = c.post("/v1/recommend", json=body(HISTS[0], fusion=fusion))
+        assert r.status_code == 200 and r.json()["degraded"] is False, r.text
+        assert_same(r.json(), solo(server, HISTS[0], **fusion), server.atol)
 
 
 def test_concurrent_requests_pool_smaller_than_concurrency(server: ServerThread) -> None:

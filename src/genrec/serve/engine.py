@@ -67,6 +67,11 @@ def load_model(ckpt: str | Path, device: str = "cpu") -> GenRecModel:
     return model.to(device).eval()
 
 
+def _fusion_kw(fusion: Mapping[str, float | None] | None) -> dict[str, float | None]:
+    f = fusion or {}
+    return {k: f.get(k) for k in ("action_weight", "retrieval_weight", "sid_weight")}
+
+
 def _input_error(e: Exception) -> InputError:
     fld = getattr(e, "field", None) or "body"
     msg = str(e)
@@ -132,8 +137,11 @@ class Engine:
 
     def recommend(self, history: Sequence[Mapping[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
                   sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
-                  remote_rank: RemoteRank | None = None) -> dict[str, Any]:
-        """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``)."""
+                  remote_rank: RemoteRank | None = None, fusion: Mapping[str, float | None] | None = None
+                  ) -> dict[str, Any]:
+        """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``). ``fusion``: the
+        request's L1 weights (``action_weight`` / ``retrieval_weight`` / ``sid_weight``; None or a
+        missing key: the served checkpoint's)."""
         dropped, any_known, history = self._known(history)
         if not any_known:
             return self.cold_start(dropped, k)
@@ -154,14 +162,16 @@ class Engine:
             rec.score_candidates = score_candidates  # type: ignore[method-assign]
         try:
             res = rec.recommend(list(history), k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                                sources=list(sources), rank=rank, surface=surface, request_ts=request_ts)
+                                sources=list(sources), rank=rank, surface=surface, request_ts=request_ts,
+                                **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
         return self._format(res)
 
     def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
-                       request_ts: int | None = None) -> list[dict[str, Any]]:
+                       request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None
+                       ) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm = []
@@ -177,7 +187,7 @@ class Engine:
             try:
                 res = self.rec.recommend([list(p) for p in plain], k=k, beam_width=beam_width,
                                          diversity_lambda=diversity_lambda, sources=list(sources), rank=rank,
-                                         surface=surface, request_ts=request_ts)
+                                         surface=surface, request_ts=request_ts, **_fusion_kw(fusion))
             except (DataError, ConfigError) as e:
                 raise _input_error(e) from e
             for i, r in zip(warm, res):

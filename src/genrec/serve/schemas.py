@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, with_config
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, with_config
 from typing_extensions import Annotated, NotRequired, TypedDict  # pydantic needs typing_extensions' TypedDict < 3.12
 
 MAX_K = 1000
@@ -25,6 +25,7 @@ MAX_BEAM = 256
 MAX_LAMBDA = 10.0
 MAX_HISTORY = 10_000
 MAX_CANDIDATES = 2_000
+MAX_FUSION_WEIGHT = 1_000.0
 INT64 = 2 ** 63 - 1
 
 ItemId = StrictInt
@@ -45,6 +46,15 @@ class HistoryItem(TypedDict):
     ts: NotRequired[Optional[Annotated[StrictInt, Field(ge=-INT64, le=INT64)]]]
 
 
+class FusionWeightsRequest(_Strict):
+    """Per-request L1 score fusion; a weight left out takes the server's (``genrec fusion tune``'s
+    choice for the served checkpoint, else the action heads alone; ``/readyz`` shows them)."""
+
+    action_weight: Optional[StrictFloat] = Field(default=None, ge=0.0, le=MAX_FUSION_WEIGHT)
+    retrieval_weight: Optional[StrictFloat] = Field(default=None, ge=0.0, le=MAX_FUSION_WEIGHT)
+    sid_weight: Optional[StrictFloat] = Field(default=None, ge=0.0, le=MAX_FUSION_WEIGHT)
+
+
 class RecommendRequest(_Strict):
     history: list[HistoryItem] = Field(max_length=MAX_HISTORY)
     surface: Vocab = None
@@ -54,6 +64,7 @@ class RecommendRequest(_Strict):
     diversity_lambda: float = Field(default=0.0, ge=0.0, le=MAX_LAMBDA)
     sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: list(_ALL_SOURCES), min_length=1, max_length=2)
     rank: StrictBool = True
+    fusion: Optional[FusionWeightsRequest] = None
 
 
 class RankRequest(_Strict):
