@@ -71,6 +71,25 @@ def test_inflight_bundle_survives_swap(run_copy: Path) -> None:
     assert [x["item_id"] for x in after["items"]] == [x["item_id"] for x in before["items"]]
 
 
+def test_reload_picks_up_new_fusion_weights(run_copy: Path) -> None:
+    """`genrec fusion tune` on the served checkpoint, then a reload: the new weights are a new
+    version, swapped in; the served ranking then equals the Recommender's with those weights."""
+    from genrec.retrieve.fusion import FusionWeights, fusion_file, save_fusion
+
+    holder = BundleHolder(run_copy)
+    b0 = holder.load_initial()
+    assert "+l1-" not in b0.version
+    assert holder.reload()["swapped"] is False  # nothing changed: the same version is kept
+    rec0 = b0.engine.rec
+    save_fusion(fusion_file(run_copy, rec0.checkpoint, b0.engine.sid_version), FusionWeights(0.0, 1.0, 0.3), {})
+    res = holder.reload()
+    assert res["swapped"] and holder.current.version == b0.version + "+l1-a0-w1-v0.3", res
+    got = holder.current.engine.recommend(REQ["history"], k=5, beam_width=8, diversity_lambda=0.0,
+                                          sources=["sid", "ann"], rank=True)
+    want = rec0.recommend(REQ["history"], k=5, beam_width=8, action_weight=0.0, retrieval_weight=1.0, sid_weight=0.3)
+    assert [x["item_id"] for x in got["items"]] == [w.item_id for w in want]
+
+
 def test_failed_reload_keeps_serving(run_copy: Path) -> None:
     holder = BundleHolder(run_copy)
     v0 = holder.load_initial().version

@@ -103,8 +103,14 @@ class Engine:
 
     @property
     def version(self) -> str:
+        """``<checkpoint>+<SID version>``, and ``+l1-a<a>-w<w>-v<v>`` when the checkpoint has stored
+        fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload swaps it in."""
         ck = self.checkpoint.name if self.checkpoint is not None else "model"
-        return f"{ck}+{self.sid_version}" if self.sid_version else ck
+        v = f"{ck}+{self.sid_version}" if self.sid_version else ck
+        if getattr(self.rec, "fusion_path", None) is not None:
+            f = self.rec.fusion
+            v += f"+l1-a{f.action_weight:g}-w{f.retrieval_weight:g}-v{f.sid_weight:g}"
+        return v
 
     # ------------------------------------------------------------------ recommend
     def _known(self, history: Sequence[Any]) -> tuple[list[int], bool, Sequence[Any]]:
