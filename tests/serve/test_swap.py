@@ -90,6 +90,25 @@ def test_reload_picks_up_new_fusion_weights(run_copy: Path) -> None:
     assert [x["item_id"] for x in got["items"]] == [w.item_id for w in want]
 
 
+def test_before_swap_sees_the_new_engine_first_and_cannot_block_it(run_copy: Path) -> None:
+    from genrec.pipeline import build_semantic_ids
+
+    holder = BundleHolder(run_copy)
+    old = holder.load_initial()
+    seen: list[tuple[str, str]] = []
+
+    def prepare(eng) -> None:  # noqa: ANN001
+        seen.append((eng.version, holder.current.version))  # runs while the old bundle still serves
+        raise RuntimeError("ranker down")
+
+    holder.before_swap = prepare
+    assert holder.reload()["swapped"] is False and seen == []  # nothing new: not called
+    build_semantic_ids(run_copy)
+    res = holder.reload()
+    assert res["ok"] and res["swapped"] and holder.current.version != old.version
+    assert seen == [(holder.current.version, old.version)]
+
+
 def test_failed_reload_keeps_serving(run_copy: Path) -> None:
     holder = BundleHolder(run_copy)
     v0 = holder.load_initial().version

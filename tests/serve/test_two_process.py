@@ -52,6 +52,12 @@ def assert_same(resp: dict, want: list, atol: float = 1e-5) -> None:
         np.testing.assert_allclose(list(x["action_probs"].values()), list(w.action_probs.values()), rtol=0, atol=atol)
 
 
+def test_ranker_holds_the_served_model_before_the_first_request(server: ServerThread) -> None:
+    svc = server.service
+    eng = svc.holder.current.engine
+    assert [str(eng.checkpoint), svc.pool.spec.device] in svc.ranker.status()
+
+
 def test_two_process_equals_one_process(server: ServerThread) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert c.get("/readyz").json()["ranker"]["alive"]
@@ -126,3 +132,20 @@ def test_kill_ranker_under_load_degrades_then_recovers(server: ServerThread) -> 
         assert r.status_code == 200 and r.json()["degraded"] is False
         assert_same(r.json(), solo(server, HISTS[1]), server.atol)
         assert "genrec_degraded_responses_total" in c.get("/metrics").text
+
+
+def test_a_restarted_ranker_is_warmed_without_traffic(server: ServerThread) -> None:
+    svc = server.service
+    pid0, restarts0 = svc.ranker.pid, svc.ranker.restarts
+    os.kill(pid0, signal.SIGKILL)  # no requests from here on: only the supervisor can load the model
+    want = [str(svc.holder.current.engine.checkpoint), svc.pool.spec.device]
+    t_end = time.time() + 60
+    while time.time() < t_end:
+        if svc.ranker.restarts > restarts0 and svc.ranker.alive:
+            try:
+                if want in svc.ranker.status():
+                    break
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+        time.sleep(0.1)
+    assert svc.ranker.pid != pid0 and want in svc.ranker.status()

@@ -259,6 +259,12 @@ class Service:
             self._ensure_pool(b.engine)
             self.ranker = RankerClient(timeout_s=self.cfg.rank_timeout_s).start()
             self.ranker.wait_ready()
+            # the ranking process loads the served model now, not on its first request (which would
+            # otherwise wait out the load and could time out into a degraded answer); likewise after a
+            # restart, and for a hot-swapped model before the swap
+            self._warm_ranker(b.engine)
+            self.ranker.after_restart = lambda: self._warm_ranker(self.holder.current.engine)
+            self.holder.before_swap = self._warm_ranker
         if self.cfg.gc_freeze:
             freeze_heap()
 
@@ -271,6 +277,10 @@ class Service:
             self.pool.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+    def _warm_ranker(self, eng: Engine) -> None:
+        if self.ranker is not None:
+            self.ranker.warm(self._ensure_pool(eng), eng.checkpoint)
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)

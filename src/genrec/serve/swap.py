@@ -16,6 +16,7 @@ partial index: it either sees the previous ``CURRENT`` or the new, complete one.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from genrec.serve.engine import Engine
+
+log = logging.getLogger("genrec.serve")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class BundleHolder:
         self._bundle: Bundle | None = None
         self.last_error: str | None = None
         self.reloads = 0
+        # called with a freshly built engine before it is swapped in (two-process mode: the ranking
+        # process loads the new model first); its failure is logged, never blocks the swap
+        self.before_swap: Callable[[Engine], None] | None = None
 
     @property
     def current(self) -> Bundle:
@@ -80,6 +86,11 @@ class BundleHolder:
                         "seconds": time.perf_counter() - t0}
             self.last_error = None
             swapped = old is None or new.version != old.version
+            if swapped and self.before_swap is not None:
+                try:
+                    self.before_swap(new.engine)
+                except Exception as e:  # noqa: BLE001 - the new bundle still serves
+                    log.warning("preparing bundle %s before the swap failed: %s", new.version, e)
             if swapped:
                 self._bundle = new  # the one atomic reference swap
                 self.reloads += 1

@@ -17,10 +17,12 @@ path, safetensors), caching one model per checkpoint, so a hot swap needs no ran
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
@@ -34,15 +36,20 @@ from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError
 
 __all__ = ["RankerClient", "RankerUnavailable", "ranker_main"]
 
+log = logging.getLogger("genrec.serve")
+
 
 class RankerUnavailable(GenrecError):
     """The ranking process is down, restarting, or did not answer in time."""
 
 
 def ranker_main(conn: Connection, threads: int = 1) -> None:
-    """Ranking process loop: ``{"id", "pool", "slot", "gen", "ckpt", "vecs", "sid", "surface", "ts"}`` ->
-    ``{"id", "ok", "logits" | "error", "stale"}``. Exits when the pipe closes."""
+    """Ranking process loop. ``{"op": "rank", "id", "pool", "slot", "gen", "ckpt", "vecs", "sid",
+    "surface", "ts"}`` -> ``{"id", "ok", "logits" | "error", "stale"}``; ``{"op": "warm", "ckpt",
+    "pool"}`` loads the model and attaches the pool ahead of the first request (at start and before
+    a hot swap); ``{"op": "status"}`` -> the loaded checkpoints. Exits when the pipe closes."""
     import contextlib
+    from collections import OrderedDict
 
     import torch
 
@@ -52,31 +59,47 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
     from genrec.validation import trusted_inputs
 
     torch.set_num_threads(max(1, threads))
-    models: dict[tuple[str, str], Any] = {}
-    graphed: dict[tuple[str, str], GraphedRanker] = {}
+    # the served checkpoint and the one before it: a hot swap warms the new model while requests
+    # that started on the old bundle still rank on the old one
+    models: OrderedDict[tuple[str, str], tuple[Any, GraphedRanker | None]] = OrderedDict()
     bf16 = os.environ.get("GENREC_PRECISION", "float32") == "bf16"  # the server's --precision (inherited)
     pools: dict[str, KVPool] = {}
+
+    def pool_of(path: str) -> KVPool:
+        if path not in pools:
+            pools[path] = KVPool.attach(path)
+        return pools[path]
+
+    def model_of(ck: str, dev: str) -> tuple[Any, GraphedRanker | None]:
+        key = (ck, dev)
+        if key not in models:
+            m = load_model(ck, dev)
+            # as the one-process ranker: replayed CUDA graphs on a GPU
+            models[key] = (m, GraphedRanker(m) if graph_mode(torch.device(dev)) == "all" else None)
+            while len(models) > 2:
+                models.popitem(last=False)
+        models.move_to_end(key)
+        return models[key]
+
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        if msg.get("op") == "ping":
+        op = msg.get("op", "rank")
+        if op == "ping":
             conn.send({"id": msg["id"], "ok": True, "pid": os.getpid()})
             continue
         try:
-            ck = msg["ckpt"]
-            pool = pools.get(msg["pool"])
-            if pool is None:
-                pool = pools[msg["pool"]] = KVPool.attach(msg["pool"])
+            if op == "status":
+                conn.send({"id": msg["id"], "ok": True, "models": [list(k) for k in models]})
+                continue
+            pool = pool_of(msg["pool"])
             dev = pool.spec.device  # a CUDA pool (IPC handles): rank on that GPU; else on the CPU
-            if (ck, dev) not in models:
-                models.clear()  # keep one model: the version being served
-                graphed.clear()
-                models[(ck, dev)] = load_model(ck, dev)
-                if graph_mode(torch.device(dev)) == "all":  # as the one-process ranker: replayed CUDA graphs
-                    graphed[(ck, dev)] = GraphedRanker(models[(ck, dev)])
-            model, grank = models[(ck, dev)], graphed.get((ck, dev))
+            model, grank = model_of(msg["ckpt"], dev)
+            if op == "warm":
+                conn.send({"id": msg["id"], "ok": True, "models": [list(k) for k in models]})
+                continue
             if msg.get("delay"):
                 time.sleep(float(msg["delay"]))  # test hook: a slow reader
             cache = pool.read(int(msg["slot"]), int(msg["gen"]), layout=model.config.layout)
@@ -116,6 +139,8 @@ class RankerClient:
         self._stop = threading.Event()
         self.restarts = 0
         self._supervisor: threading.Thread | None = None
+        # called (on the supervisor thread) once a restarted ranking process answers: e.g. warm it
+        self.after_restart: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "RankerClient":
@@ -164,6 +189,12 @@ class RankerClient:
                     return
                 self.restarts += 1
                 self._spawn()
+                if self.after_restart is not None:
+                    try:
+                        self.wait_ready(60.0)
+                        self.after_restart()
+                    except Exception as e:  # noqa: BLE001 - requests load the model lazily instead
+                        log.warning("warming the restarted ranking process failed: %s", e)
 
     def _read_loop(self, conn: Connection) -> None:
         while True:
@@ -216,6 +247,18 @@ class RankerClient:
                 if time.time() > t_end:
                     raise
                 time.sleep(0.05)
+
+    def warm(self, pool: KVPool, ckpt: Path, timeout: float = 300.0) -> list[list[str]]:
+        """Have the ranking process load ``ckpt`` (on the pool's device) and attach ``pool`` now,
+        not on its first request; returns the (checkpoint, device) pairs it holds."""
+        out = self._call({"op": "warm", "pool": str(pool.path), "ckpt": str(ckpt)}, timeout)
+        if not out["ok"]:
+            raise RankerUnavailable(f"ranking process could not load {ckpt}: {out['error']}")
+        return list(out["models"])
+
+    def status(self, timeout: float = 10.0) -> list[list[str]]:
+        """The (checkpoint, device) pairs the ranking process holds (most recently used last)."""
+        return list(self._call({"op": "status"}, timeout)["models"])
 
     def rank(self, pool: KVPool, lease: Lease, ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
              surface: int, request_ts: int | None, delay: float = 0.0) -> np.ndarray:
