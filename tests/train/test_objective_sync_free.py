@@ -17,7 +17,7 @@ from genrec.train.objective import JointObjective, ObjectiveConfig
 KS = [8, 6, 5]
 
 
-def _setup(seed: int, layout: str = "pinger") -> JointObjective:
+def _setup(seed: int, layout: str = "pinger", smoothing: float = 0.0) -> JointObjective:
     torch.manual_seed(seed)
     n = 60
     g = torch.Generator().manual_seed(seed)
@@ -26,7 +26,8 @@ def _setup(seed: int, layout: str = "pinger") -> JointObjective:
                       n_engagement=0)
     cfg = ModelConfig.from_name("tiny", layout=layout, sid_levels=3, sid_codebook_sizes=KS, n_actions=3, n_surfaces=2,
                                 dropout=0.0)
-    return JointObjective(GenRecModel(cfg), cat, ObjectiveConfig(w_item=0.0, w_action=0.0), [0, 1])
+    return JointObjective(GenRecModel(cfg), cat, ObjectiveConfig(w_item=0.0, w_action=0.0,
+                                                                 sid_label_smoothing=smoothing), [0, 1])
 
 
 def _batch(seed: int, b: int = 4, n: int = 7) -> TrainBatch:
@@ -38,8 +39,9 @@ def _batch(seed: int, b: int = 4, n: int = 7) -> TrainBatch:
                       request_ts=None)
 
 
-def _selected_sid_loss(obj: JointObjective, b: TrainBatch) -> torch.Tensor:
-    """Twin: the mean CE over rows picked by boolean selection (the former implementation)."""
+def _selected_sid_loss(obj: JointObjective, b: TrainBatch, eps: float = 0.0) -> torch.Tensor:
+    """Twin: the mean CE over rows picked by boolean selection (the former implementation); with
+    label smoothing written out: (1 - ε) · (-log p_target) + ε · mean over codes of (-log p)."""
     mb, valid = obj.model_batch(b, mask_actions=False)
     out = obj.model(mb)
     positive = obj.pos_action[b.actions] & valid
@@ -49,14 +51,15 @@ def _selected_sid_loss(obj: JointObjective, b: TrainBatch) -> torch.Tensor:
         m = ok & positive
         lgs.append(lg[m])
         tgts.append(tgt[..., lvl][m])
-    total = sum(F.cross_entropy(lg.float(), t, reduction="sum") for lg, t in zip(lgs, tgts))
+    total = sum(((1 - eps) * -F.log_softmax(lg.float(), -1).gather(1, t[:, None])[:, 0]
+                 + eps * -F.log_softmax(lg.float(), -1).mean(-1)).sum() for lg, t in zip(lgs, tgts))
     return total / max(sum(int(t.numel()) for t in tgts), 1)  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed,eps", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.1), (4, 0.3)])
 @pytest.mark.parametrize("layout", ["pinger", "tiger"])
-def test_weighted_sid_loss_equals_row_selection(seed: int, layout: str) -> None:
-    obj = _setup(seed, layout)
+def test_weighted_sid_loss_equals_row_selection(seed: int, eps: float, layout: str) -> None:
+    obj = _setup(seed, layout, eps)
     b = _batch(seed)
     torch.manual_seed(7)
     out = obj.training_step(b)
@@ -64,7 +67,7 @@ def test_weighted_sid_loss_equals_row_selection(seed: int, layout: str) -> None:
     got = {n: p.grad.clone() for n, p in obj.named_parameters() if p.grad is not None}
     obj.zero_grad(set_to_none=True)
     torch.manual_seed(7)
-    want = _selected_sid_loss(obj, b)
+    want = _selected_sid_loss(obj, b, eps)
     want.backward()
     torch.testing.assert_close(out["sid"], want, atol=1e-6, rtol=1e-6)
     for n, p in obj.named_parameters():

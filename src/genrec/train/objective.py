@@ -40,6 +40,7 @@ class ObjectiveConfig:
     w_sid: float = 1.0
     w_item: float = 1.0
     w_action: float = 1.0
+    sid_label_smoothing: float = 0.0  # ε of the SID levels' cross-entropy (generative retrieval overfits early)
     p_mask: float = 0.2
     item_loss: str = "sampled"  # sampled | full
     n_negatives: int = 512
@@ -56,6 +57,8 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.p_mask must be in [0, 1), got {self.p_mask}")
         if not 0.0 <= self.engagement_dropout < 1.0:
             raise ConfigError(f"objective.engagement_dropout must be in [0, 1), got {self.engagement_dropout}")
+        if not 0.0 <= self.sid_label_smoothing < 1.0:
+            raise ConfigError(f"objective.sid_label_smoothing must be in [0, 1), got {self.sid_label_smoothing}")
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
 
@@ -165,7 +168,8 @@ class JointObjective(nn.Module):
             count = out.hidden.new_zeros((), dtype=torch.float32)
             for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
                 w = (ok & positive).float()  # [B, n]
-                ce = F.cross_entropy(lg.float().flatten(0, 1), tgt[..., lvl].flatten(), reduction="none")  # [B*n]
+                ce = F.cross_entropy(lg.float().flatten(0, 1), tgt[..., lvl].flatten(), reduction="none",
+                                     label_smoothing=cfg.sid_label_smoothing)  # [B*n]
                 loss_sum = loss_sum + torch.where(w.flatten() > 0, ce, 0.0).sum()
                 count = count + w.sum()
             terms["sid"] = loss_sum / count.clamp(min=1.0)
