@@ -97,14 +97,19 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     assert out["chosen"] == {"action_weight": best["a"], "retrieval_weight": best["w"], "sid_weight": best["v"]}
     assert out["chosen_on"]["split"] == "valid" and out["chosen_on"]["cases"] == 40
     stored = load_fusion(path)
+    assert json.loads(path.read_text())["chosen_on"]["utility"] == {a: 1.0 for a in rec0.actions}
+    assert rec0.default_utility() != {a: 1.0 for a in rec0.actions}  # the +1 / -1 default before tuning
+    assert Recommender.from_checkpoint(root).default_utility() == {a: 1.0 for a in rec0.actions}  # chosen with it
     # store a non-default choice, as a real tune on real data would pick, to see it used everywhere
-    save_fusion(path, FusionWeights(0.0, 1.0, 0.5), {"metric": "ndcg@20"})
+    util = {a: float(i) - 1.0 for i, a in enumerate(rec0.actions)}
+    save_fusion(path, FusionWeights(0.0, 1.0, 0.5), {"metric": "ndcg@20", "chosen_on": {"utility": util}})
     rec = Recommender.from_checkpoint(root)
     assert stored is not None and rec.fusion == FusionWeights(0.0, 1.0, 0.5) and rec.fusion_path == path
+    assert rec.default_utility() == util
     hist = [{"item_id": int(i)} for i in rec.catalog.item_ids[[3, 40, 7, 90, 11]]]
     got = rec.recommend(hist, k=10, beam_width=12, overretrieve=2)
     want = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, action_weight=0.0, retrieval_weight=1.0,
-                         sid_weight=0.5)
+                         sid_weight=0.5, utility=util)
     heads = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, action_weight=1.0, retrieval_weight=0.0,
                           sid_weight=0.0)
     assert [(r.item_id, r.score) for r in got] == [(r.item_id, r.score) for r in want]
@@ -129,6 +134,23 @@ def test_weights_of_other_sids_or_a_damaged_file(root: Path) -> None:
         with pytest.raises(DataError, match="not valid JSON") as e:
             Recommender.from_checkpoint(root)
         assert str(mine) in str(e.value)
+    finally:
+        if keep is None:
+            mine.unlink()
+        else:
+            mine.write_bytes(keep)
+
+
+def test_a_stored_utility_must_name_the_models_actions(root: Path) -> None:
+    rec = Recommender.from_checkpoint(root)
+    mine = fusion_file(root, rec.checkpoint, "v0001")
+    keep = mine.read_bytes() if mine.exists() else None
+    try:
+        for bad in ({"teleport": 1.0}, {rec.actions[0]: "1"}, [1.0]):
+            save_fusion(mine, FusionWeights(), {"chosen_on": {"utility": bad}})
+            with pytest.raises(DataError, match="utility") as e:
+                Recommender.from_checkpoint(root)
+            assert str(mine) in str(e.value)
     finally:
         if keep is None:
             mine.unlink()

@@ -35,7 +35,10 @@ def test_health_ready_metrics(client: httpx.Client) -> None:
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["ready"] and r.json()["index_version"].startswith("step-")
     # no `genrec fusion tune` on this run: UniPinRec's L1 (the action heads alone)
-    assert r.json()["l1_fusion"] == {"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0, "stored": None}
+    f = r.json()["l1_fusion"]
+    assert {k: f[k] for k in ("action_weight", "retrieval_weight", "sid_weight", "stored")} == {
+        "action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0, "stored": None}
+    assert f["utility"] == {"view": 1.0, "like": 1.0, "dislike": -1.0}  # +1 positive, -1 negative actions
     client.post("/v1/recommend", json={"history": hist([1, 2, 3]), "k": 5})
     m = client.get("/metrics").text
     for name in ("genrec_stage_latency_ms_bucket", 'stage="encode"', 'stage="sid"', 'stage="ann"', 'stage="rank"',

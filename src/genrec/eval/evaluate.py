@@ -266,7 +266,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
         save_fusion(path, chosen, {k: out[k] for k in ("metric", "valid", "chosen_on", "checkpoint", "step")}
                     | {"sid_version": sid_version})
         out["path"] = str(path)
-        rec.fusion, rec.fusion_path = chosen, path
+        rec.fusion, rec.fusion_path, rec.fusion_utility = chosen, path, dict(utility)
     return out
 
 

@@ -5,8 +5,10 @@ candidate vector) + v * log P(candidate's SID)``: the action heads' utility (Uni
 a = 1, w = v = 0), the dense retrieval logit and the SID beam log-probability -- a product of
 experts over the one encoding. Which weighting is best depends on the data (on Amazon Beauty, one
 action type and no impressions, the heads alone rank badly and a = 0, w = 1, v = 0.05 wins), so
-``genrec fusion tune`` chooses it on validation and stores it here; the Recommender, ``genrec
-recommend``, ``genrec eval`` and the server then use it unless told otherwise.
+``genrec fusion tune`` chooses it on validation and stores it here, with the action utility it
+was chosen under; the Recommender, ``genrec recommend``, ``genrec eval`` and the server then use
+both (the utility replaces the +1 / -1 default) unless told otherwise: the scoring that was
+validated is the scoring that is served.
 
 Non-standard: the file is keyed by the checkpoint's weights (sha256 of ``model.safetensors``) and
 the SID version, under ``WORKDIR/fusion/``; weights chosen for another checkpoint or other SIDs are
@@ -25,7 +27,7 @@ from typing import Any
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_write_json, read_json
 
-__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion"]
+__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_utility"]
 
 FORMAT = "genrec.fusion/1"
 
@@ -78,6 +80,20 @@ def save_fusion(path: str | Path, weights: FusionWeights, meta: dict[str, Any]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"format": FORMAT, "weights": asdict(weights), **meta})
     return path
+
+
+def load_fusion_utility(path: str | Path, actions: list[str]) -> dict[str, float] | None:
+    """The action utility the stored weights were chosen with (``chosen_on.utility``), checked
+    against the model's ``actions``; None when the file records none."""
+    path = Path(path)
+    u = read_json(path).get("chosen_on", {}).get("utility")
+    if u is None:
+        return None
+    if not isinstance(u, dict) or not all(isinstance(k, str) and k in actions for k in u) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in u.values()):
+        raise DataError(f"chosen_on.utility must map this model's actions {actions} to finite numbers, got {u!r}",
+                        path=path, field="chosen_on.utility")
+    return {k: float(v) for k, v in u.items()}
 
 
 def load_fusion(path: str | Path) -> FusionWeights | None:

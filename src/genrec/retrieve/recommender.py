@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
-from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion
+from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion, load_fusion_utility
 from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -191,6 +191,7 @@ class Recommender:
         # unless `genrec fusion tune` stored a choice for this checkpoint (see from_checkpoint)
         self.fusion = FusionWeights()
         self.fusion_path: Path | None = None
+        self.fusion_utility: dict[str, float] | None = None  # the utility the stored weights were chosen with
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
@@ -283,6 +284,7 @@ class Recommender:
         chosen = load_fusion(fpath)
         if chosen is not None:  # chosen on validation for exactly these weights and SIDs
             rec.fusion, rec.fusion_path = chosen, fpath
+            rec.fusion_utility = load_fusion_utility(fpath, rec.actions)
         return rec
 
     def _load_or_build_ann(self, wd: WorkDir, ckpt: Path, cfg: AnnConfig) -> AnnIndex:
@@ -299,7 +301,10 @@ class Recommender:
 
     # ------------------------------------------------------------------ input
     def default_utility(self) -> dict[str, float]:
-        """+1 for the dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), else 0."""
+        """The utility stored with the fusion weights (``genrec fusion tune``), else +1 for the
+        dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), 0 for the rest."""
+        if self.fusion_utility is not None:
+            return dict(self.fusion_utility)
         return {a: (1.0 if a in self.positive_actions else -1.0 if a.lower() in NEGATIVE_ACTIONS else 0.0)
                 for a in self.actions}
 

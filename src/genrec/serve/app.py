@@ -456,6 +456,7 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
             rec = svc.holder.current.engine.rec
             fusion: dict[str, Any] = dataclasses.asdict(rec.fusion)
             fusion["stored"] = None if rec.fusion_path is None else str(rec.fusion_path)
+            fusion["utility"] = rec.default_utility()
             body["l1_fusion"] = fusion
         return JSONResponse(body, status_code=200 if ready else 503)
 
