@@ -11,7 +11,8 @@ index holds, so both processes score identical inputs and the results equal one-
 Faults: every call has a timeout; a dead ranking process fails its pending calls at once
 (:class:`RankerUnavailable`, the server answers retrieval-only results flagged ``degraded``),
 and a supervisor thread restarts it. Non-standard: the ranker loads only the model (by checkpoint
-path, safetensors), caching one model per checkpoint, so a hot swap needs no ranker restart.
+path, safetensors) and keeps the served one and the one before it, so a hot swap needs no ranker
+restart; the server has it load a model ahead of use (at start, after a restart, before a swap).
 """
 
 from __future__ import annotations
