@@ -117,6 +117,10 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False), rec=rec)
     assert rep["protocol"]["l1_fusion"] == {"action_weight": 0.0, "retrieval_weight": 1.0, "sid_weight": 0.5,
                                             "stored": str(path)}
+    from genrec.eval.report import markdown
+
+    assert ("L1 score = 0 · utility + 1 · dense logit + 0.5 · log P(SID) (chosen on validation by `genrec fusion "
+            "tune`)") in markdown(rep)
     rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False, sid_weight=2.0),
                    rec=rec)
     assert rep["protocol"]["l1_fusion"]["sid_weight"] == 2.0  # an explicit weight wins

@@ -43,6 +43,14 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _fusion_line(f: dict[str, Any] | None) -> str:
+    if not f:
+        return ""
+    src = "chosen on validation by `genrec fusion tune`" if f.get("stored") else "defaults"
+    return (f" L1 score = {f['action_weight']:g} · utility + {f['retrieval_weight']:g} · dense logit + "
+            f"{f['sid_weight']:g} · log P(SID) ({src}).")
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The human-readable table of one report."""
     p = report.get("protocol", {})
@@ -57,7 +65,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"Variant `{report.get('variant')}` (layout `{report.get('layout')}`), {p.get('cases')} cases, "
               f"{p.get('catalogue_items')} items, split `{p.get('split_kind')}`, full catalogue, history items "
               f"{'excluded' if p.get('history_excluded') else 'NOT excluded'}; beam {p.get('beam_width')}, "
-              f"λ = {p.get('diversity_lambda')}, over-retrieval r = {p.get('overretrieve')}.", "",
+              f"λ = {p.get('diversity_lambda')}, over-retrieval r = {p.get('overretrieve')}."
+              + _fusion_line(p.get("l1_fusion")), "",
               "| Path | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name, m in report.get("paths", {}).items():
         lines.append(f"| {PATH_NAMES.get(name, name)} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
