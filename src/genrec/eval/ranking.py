@@ -98,18 +98,25 @@ def ranking_metrics(rec: "Recommender", slates: Sequence[Slate], *, utility: Map
         return {"auc": {}, f"hit@{k}": float("nan"), "n_slates": 0, "n_items": 0,
                 "note": f"layout {rec.config.layout!r} has no action heads"}
     probs = score_slates(rec, slates, batch_size=batch_size)
-    n_act = len(rec.actions)
+    u = rec.utility_vector(utility).cpu().numpy()
+    return slate_metrics(probs, slates, rec.actions, rec.positive_actions, u, k)
+
+
+def slate_metrics(probs: Sequence[np.ndarray], slates: Sequence[Slate], actions: Sequence[str],
+                  positive_actions: Sequence[str], u: np.ndarray, k: int = 3) -> dict[str, Any]:
+    """The metrics of :func:`ranking_metrics` from already scored slates (``probs[i]``: slate i's
+    ``[k_i, C]`` action probabilities; ``u``: the utility vector ``[C]``)."""
+    n_act = len(actions)
     bits = 1 << np.arange(n_act)
-    if probs:
-        p_all = np.concatenate(probs)  # [M, C]
+    if len(probs):
+        p_all = np.concatenate(list(probs))  # [M, C]
         y_all = (np.concatenate([s.labels for s in slates])[:, None] & bits[None, :]) > 0  # [M, C]
     else:
         p_all = np.zeros((0, n_act))
         y_all = np.zeros((0, n_act), bool)
-    u = rec.utility_vector(utility).cpu().numpy()
-    pos_mask = sum(1 << rec.actions.index(a) for a in rec.positive_actions if a in rec.actions)
+    pos_mask = sum(1 << list(actions).index(a) for a in positive_actions if a in actions)
     hit = hit_at_k_slates([p @ u for p in probs], [(s.labels & pos_mask) > 0 for s in slates], k)
-    return {"auc": {a: auc(p_all[:, c], y_all[:, c]) for c, a in enumerate(rec.actions)}, f"hit@{k}": hit,
+    return {"auc": {a: auc(p_all[:, c], y_all[:, c]) for c, a in enumerate(actions)}, f"hit@{k}": hit,
             "n_slates": len(slates), "n_items": int(len(p_all)),
             "positive_rate": {a: float(y_all[:, c].mean()) if len(y_all) else float("nan")
-                              for c, a in enumerate(rec.actions)}}
+                              for c, a in enumerate(actions)}}
