@@ -175,3 +175,18 @@ def test_cli_tune_and_show(root: Path) -> None:
     assert shown["stored"] and set(shown["weights"]) == {"action_weight", "retrieval_weight", "sid_weight"}
     r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--metric", "mrr"])
     assert r.exit_code != 0 and "metric" in r.output
+
+
+def test_file_digest_is_the_sha256_and_follows_changes(tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    from genrec.workdir import file_digest
+
+    p = tmp_path / "w.bin"
+    p.write_bytes(b"a" * 3_000_000)
+    assert file_digest(p) == hashlib.sha256(b"a" * 3_000_000).hexdigest()
+    st = p.stat()
+    p.write_bytes(b"b" * 3_000_000)  # same size: the mtime tells the change
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert file_digest(p) == hashlib.sha256(b"b" * 3_000_000).hexdigest()

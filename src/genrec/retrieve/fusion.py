@@ -17,7 +17,6 @@ never picked up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from genrec.errors import ConfigError, DataError
-from genrec.workdir import atomic_write_json, read_json
+from genrec.workdir import atomic_write_json, file_digest, read_json
 
 __all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_utility"]
 
@@ -61,17 +60,10 @@ FUSION_GRID: tuple[tuple[float, float, float], ...] = tuple(
     + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)])
 
 
-def _weights_sha(ckpt: Path) -> str:
-    h = hashlib.sha256()
-    with open(ckpt / "model.safetensors", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 def fusion_file(workdir: str | Path, ckpt: str | Path, sid_version: str | None) -> Path:
     """``WORKDIR/fusion/<sha of the checkpoint's weights>-<SID version or 'nosid'>.json``."""
-    return Path(workdir) / "fusion" / f"{_weights_sha(Path(ckpt))}-{sid_version or 'nosid'}.json"
+    weights = file_digest(Path(ckpt) / "model.safetensors")[:16]
+    return Path(workdir) / "fusion" / f"{weights}-{sid_version or 'nosid'}.json"
 
 
 def save_fusion(path: str | Path, weights: FusionWeights, meta: dict[str, Any]) -> Path:

@@ -58,7 +58,7 @@ from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.kv_cache import KVCache
 from genrec.retrieve.ann import AnnConfig, AnnIndex
 from genrec.train.batches import ItemCatalog
-from genrec.workdir import WorkDir, read_json
+from genrec.workdir import WorkDir, file_digest, read_json
 
 if TYPE_CHECKING:
     from genrec.train.objective import JointObjective
@@ -143,12 +143,11 @@ def _sid_lp_matrix(union: Sequence[dict[int, list[Any]]], b: int, m: int) -> np.
 
 
 def _sha(paths: Sequence[Path]) -> str:
+    """A short fingerprint of the files' contents (missing files are skipped)."""
     h = hashlib.sha256()
     for p in paths:
         if p.exists():
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
+            h.update(file_digest(p).encode())
     return h.hexdigest()[:10]
 
 
