@@ -3,7 +3,9 @@ version, and used by recommend / eval / serve unless a call names its own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +89,19 @@ def root(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
 GRID = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 0.5), (1.0, 2.0, 1.0)]
 
 
+@contextlib.contextmanager
+def restored(path: Path) -> Iterator[Path]:
+    """The file at ``path`` as it was (or absent) after the block, whatever the block wrote there."""
+    keep = path.read_bytes() if path.exists() else None
+    try:
+        yield path
+    finally:
+        if keep is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(keep)
+
+
 def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> None:
     rec0 = Recommender.from_checkpoint(root)
     assert rec0.fusion == FusionWeights() and rec0.fusion_path is None  # nothing stored yet: UniPinRec's L1
@@ -131,35 +146,21 @@ def test_weights_of_other_sids_or_a_damaged_file(root: Path) -> None:
     other = fusion_file(root, rec.checkpoint, "v0099")  # chosen for SIDs this checkpoint does not serve
     save_fusion(other, FusionWeights(0.0, 3.0, 3.0), {})
     assert Recommender.from_checkpoint(root).fusion != FusionWeights(0.0, 3.0, 3.0)
-    mine = fusion_file(root, rec.checkpoint, "v0001")
-    keep = mine.read_bytes() if mine.exists() else None
-    try:
+    with restored(fusion_file(root, rec.checkpoint, "v0001")) as mine:
         mine.write_text("{broken")
         with pytest.raises(DataError, match="not valid JSON") as e:
             Recommender.from_checkpoint(root)
         assert str(mine) in str(e.value)
-    finally:
-        if keep is None:
-            mine.unlink()
-        else:
-            mine.write_bytes(keep)
 
 
 def test_a_stored_utility_must_name_the_models_actions(root: Path) -> None:
     rec = Recommender.from_checkpoint(root)
-    mine = fusion_file(root, rec.checkpoint, "v0001")
-    keep = mine.read_bytes() if mine.exists() else None
-    try:
+    with restored(fusion_file(root, rec.checkpoint, "v0001")) as mine:
         for bad in ({"teleport": 1.0}, {rec.actions[0]: "1"}, [1.0]):
             save_fusion(mine, FusionWeights(), {"chosen_on": {"utility": bad}})
             with pytest.raises(DataError, match="utility") as e:
                 Recommender.from_checkpoint(root)
             assert str(mine) in str(e.value)
-    finally:
-        if keep is None:
-            mine.unlink()
-        else:
-            mine.write_bytes(keep)
 
 
 def test_cli_tune_and_show(root: Path) -> None:
