@@ -68,7 +68,10 @@ def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) 
     want = topk_metrics(np.array(ranks), KS)
     for key, v in want.items():
         assert got[key] == pytest.approx(v, abs=1e-9), key
-    ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len)["ann"]
+    ro: dict[str, np.ndarray] = {}
+    ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len,
+                             ranks_out=ro)["ann"]
+    np.testing.assert_array_equal(ro["ann"], ann_ranks)  # the per-case ranks, for paired comparisons
     for key, v in topk_metrics(np.array(ann_ranks), KS).items():
         assert ann[key] == pytest.approx(v, abs=1e-9), key
 

@@ -62,8 +62,11 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None,
-                       prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
+                       prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None,
+                       ranks_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path.
+    ``ranks_out``: when a dict, each evaluated path's per-case 0-based rank of the target (-1: not
+    retrieved) is stored in it, for paired comparisons (:mod:`genrec.eval.significance`).
 
     ``prefix_expansion = (leaf_start at depth L-1, final code of each leaf)`` switches the SID path
     to coarse-prefix retrieval (PinGER's index lookup at a shallower depth): beams over the
@@ -111,6 +114,8 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
         out["ann"] = topk_metrics(ranks["ann"], ks)
     if want_sid:
         out["sid"] = topk_metrics(ranks["sid"], ks)
+    if ranks_out is not None:
+        ranks_out.update({p: ranks[p] for p in out})
     model.train(was_training)
     return out
 

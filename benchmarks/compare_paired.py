@@ -1,0 +1,83 @@
+"""Compare trained runs on the SAME evaluation users, with paired bootstrap intervals.
+
+    python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann]
+                                        [--beam 20] [--max-users 0] [--n-boot 2000]
+
+Each run directory is scored on its split's leave-one-out cases (the runs must share tables, so
+the cases are the same: checked). Per path, every run's per-user rank of the target is recorded
+once; Recall@10 / NDCG@10 of every resample of users are then recomputed for every run
+(``genrec.eval.significance.paired_bootstrap``). A difference too small to see against either
+run's own standard error can still be decided this way. Choose on ``valid``; touch ``test`` once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from genrec.eval.evaluate import EvalConfig, load_eval_data
+from genrec.eval.metrics import topk_metrics
+from genrec.eval.retrieval import evaluate_retrieval
+from genrec.eval.significance import paired_bootstrap
+from genrec.retrieve.recommender import Recommender
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--split", default="valid")
+    ap.add_argument("--paths", default="sid,ann")
+    ap.add_argument("--beam", type=int, default=20)
+    ap.add_argument("--max-users", type=int, default=0)
+    ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--checkpoint", default=None, help="BEST, LATEST or none (BEST if marked, else LATEST)")
+    a = ap.parse_args()
+    if len(a.runs) < 2:
+        raise SystemExit("give at least two run directories")
+    names = [Path(r).name for r in a.runs]
+    ranks: dict[str, dict[str, np.ndarray]] = {}
+    targets = None
+    for name, run in zip(names, a.runs):
+        rec = Recommender.from_checkpoint(run, a.checkpoint)
+        es = load_eval_data(rec, run, EvalConfig(split=a.split, max_users=a.max_users)).es
+        if targets is None:
+            targets = np.asarray(es.target_rows)
+        elif not np.array_equal(targets, np.asarray(es.target_rows)):
+            raise SystemExit(f"{run}: its {a.split} cases differ from {a.runs[0]}'s (other tables or sampling?)")
+        ro: dict[str, np.ndarray] = {}
+        evaluate_retrieval(rec.objective, es, paths=tuple(a.paths.split(",")), beam_width=a.beam,
+                           context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows, ranks_out=ro)
+        ranks[name] = ro
+        print(f"{name}: step {rec.step}, {len(es)} cases, paths {sorted(ro)}", flush=True)
+    assert targets is not None
+    report: dict[str, object] = {"split": a.split, "cases": len(targets), "beam": a.beam, "paths": {}}
+    for path in a.paths.split(","):
+        have = [n for n in names if path in ranks[n]]
+        if len(have) < 2:
+            continue
+        print(f"\n## {path} path, {len(targets)} {a.split} cases\n")
+        print("| run | Recall@10 | NDCG@10 |\n|---|---|---|")
+        for n in have:
+            m = topk_metrics(ranks[n][path], (10,))
+            print(f"| {n} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} |")
+        rows = {}
+        for metric in ("recall@10", "ndcg@10"):
+            res = paired_bootstrap({n: (lambda idx, r=ranks[n][path], k=metric: topk_metrics(r[idx], (10,))[k])
+                                    for n in have}, len(targets), n_boot=a.n_boot)
+            print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
+            for (x, y), d in res.items():
+                if have.index(x) < have.index(y):
+                    mark = " **decided**" if d.decided else ""
+                    print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
+                    rows[f"{metric}: {x} - {y}"] = vars(d)
+        report["paths"][path] = rows  # type: ignore[index]
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "compare_paired.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
