@@ -260,15 +260,11 @@ def main() -> None:
         ch = fusion["chosen"]
         rec = Recommender.from_checkpoint(root / ch["config"], "BEST", device=dev)
         # store the choice for that checkpoint, as `genrec fusion tune` would: serving it then uses it
-        from genrec.retrieve.fusion import FusionWeights, fusion_file, save_fusion
-        from genrec.sid.build import open_current
+        from genrec.retrieve.fusion import FusionWeights
 
-        assert rec.checkpoint is not None
-        sid_v = open_current(root / ch["config"] / "sid").version if rec.config.uses_sids else None
-        save_fusion(fusion_file(root / ch["config"], rec.checkpoint, sid_v), FusionWeights(ch["a"], ch["w"], ch["v"]),
-                    {"metric": "recall@10", "valid": {k: v for k, v in ch.items() if k not in ("config", "a", "w", "v")},
-                     "chosen_on": {"split": "valid", "cases": len(valid_set), "beam_width": a.l0l1_beam},
-                     "checkpoint": str(rec.checkpoint), "step": rec.step, "sid_version": sid_v})
+        rec.store_fusion(FusionWeights(ch["a"], ch["w"], ch["v"]), {x: 1.0 for x in rec.actions},
+                         {"metric": "recall@10", "valid": {k: v for k, v in ch.items() if k not in ("config", "a", "w", "v")},
+                          "chosen_on": {"split": "valid", "cases": len(valid_set), "beam_width": a.l0l1_beam}})
         kw = dict(ks=ks, beam_width=a.l0l1_beam, diversity_lambda=0.0, overretrieve=3,
                   utility={x: 1.0 for x in rec.actions}, batch_size=256)
         l0l1 = l0l1_pass(rec, test_set, action_weight=ch["a"], retrieval_weight=ch["w"], sid_weight=ch["v"], **kw)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -227,7 +226,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     ``FUSION_GRID``) is scored offline by :func:`fusion_metrics`, and the best by ``metric``
     (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. Utility: every action
     weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``."""
-    from genrec.retrieve.fusion import FUSION_GRID, FusionWeights, fusion_file, save_fusion
+    from genrec.retrieve.fusion import FUSION_GRID, FusionWeights
 
     t0 = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, checkpoint)
@@ -256,17 +255,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
                       "utility": utility},
         "checkpoint": str(rec.checkpoint), "step": rec.step, "grid": rows, "seconds": time.perf_counter() - t0}
     if save:
-        assert rec.checkpoint is not None
-        sid_version = None
-        if rec.config.uses_sids:
-            from genrec.sid.build import open_current
-
-            sid_version = open_current(WorkDir(workdir).sid).version
-        path = fusion_file(workdir, rec.checkpoint, sid_version)
-        save_fusion(path, chosen, {k: out[k] for k in ("metric", "valid", "chosen_on", "checkpoint", "step")}
-                    | {"sid_version": sid_version})
-        out["path"] = str(path)
-        rec.fusion, rec.fusion_path, rec.fusion_utility = chosen, path, dict(utility)
+        out["path"] = str(rec.store_fusion(chosen, utility, {k: out[k] for k in ("metric", "valid", "chosen_on")}))
     return out
 
 

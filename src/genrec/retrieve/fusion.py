@@ -26,7 +26,7 @@ from typing import Any
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_write_json, file_digest, read_json
 
-__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_utility"]
+__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_record"]
 
 FORMAT = "genrec.fusion/1"
 
@@ -74,24 +74,32 @@ def save_fusion(path: str | Path, weights: FusionWeights, meta: dict[str, Any]) 
     return path
 
 
-def load_fusion_utility(path: str | Path, actions: list[str]) -> dict[str, float] | None:
-    """The action utility the stored weights were chosen with (``chosen_on.utility``), checked
-    against the model's ``actions``; None when the file records none."""
+def load_fusion(path: str | Path) -> FusionWeights | None:
+    """The weights stored at ``path``; None when there is no such file. A damaged or foreign file is
+    an error that names it (never silently replaced by defaults)."""
+    rec = _read(Path(path))
+    return None if rec is None else rec[0]
+
+
+def load_fusion_record(path: str | Path, actions: list[str]) -> tuple[FusionWeights, dict[str, float] | None] | None:
+    """The stored weights and the action utility they were chosen with (``chosen_on.utility``,
+    checked against the model's ``actions``; None when the file records none), from one read."""
     path = Path(path)
-    u = read_json(path).get("chosen_on", {}).get("utility")
-    if u is None:
+    rec = _read(path)
+    if rec is None:
         return None
+    weights, d = rec
+    u = d.get("chosen_on", {}).get("utility")
+    if u is None:
+        return weights, None
     if not isinstance(u, dict) or not all(isinstance(k, str) and k in actions for k in u) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in u.values()):
         raise DataError(f"chosen_on.utility must map this model's actions {actions} to finite numbers, got {u!r}",
                         path=path, field="chosen_on.utility")
-    return {k: float(v) for k, v in u.items()}
+    return weights, {k: float(v) for k, v in u.items()}
 
 
-def load_fusion(path: str | Path) -> FusionWeights | None:
-    """The weights stored at ``path``; None when there is no such file. A damaged or foreign file is
-    an error that names it (never silently replaced by defaults)."""
-    path = Path(path)
+def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:
     if not path.exists():
         return None
     try:
@@ -105,6 +113,6 @@ def load_fusion(path: str | Path) -> FusionWeights | None:
     if not isinstance(w, dict) or set(w) != {"action_weight", "retrieval_weight", "sid_weight"}:
         raise DataError("expected weights {action_weight, retrieval_weight, sid_weight}", path=path, field="weights")
     try:
-        return FusionWeights(**w)
+        return FusionWeights(**w), d
     except ConfigError as e:
         raise DataError(str(e), path=path, field="weights") from e

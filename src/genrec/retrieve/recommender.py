@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
-from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion, load_fusion_utility
+from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -191,6 +191,8 @@ class Recommender:
         self.fusion = FusionWeights()
         self.fusion_path: Path | None = None
         self.fusion_utility: dict[str, float] | None = None  # the utility the stored weights were chosen with
+        self.workdir: Path | None = None  # the run directory (from_checkpoint)
+        self.sid_version: str | None = None  # the SID version loaded beside the weights
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
@@ -279,12 +281,24 @@ class Recommender:
         rec.precision = prec
         if rec.model.user_head is not None:
             rec.ann = rec._load_or_build_ann(wd, ckpt, ann_config or AnnConfig())
+        rec.workdir, rec.sid_version = wd.root, sid_version
         fpath = fusion_file(wd.root, ckpt, sid_version)
-        chosen = load_fusion(fpath)
-        if chosen is not None:  # chosen on validation for exactly these weights and SIDs
-            rec.fusion, rec.fusion_path = chosen, fpath
-            rec.fusion_utility = load_fusion_utility(fpath, rec.actions)
+        stored = load_fusion_record(fpath, rec.actions)
+        if stored is not None:  # chosen on validation for exactly these weights and SIDs
+            rec.fusion, rec.fusion_utility = stored
+            rec.fusion_path = fpath
         return rec
+
+    def store_fusion(self, weights: FusionWeights, utility: Mapping[str, float], meta: dict[str, Any]) -> Path:
+        """Keep ``weights`` (chosen on validation under ``utility``) for this checkpoint and SID
+        version -- ``WORKDIR/fusion/``, written atomically -- and use them from now on."""
+        if self.workdir is None or self.checkpoint is None:
+            raise ConfigError("store_fusion: this Recommender was not loaded from a run directory")
+        path = save_fusion(fusion_file(self.workdir, self.checkpoint, self.sid_version), weights,
+                           {**meta, "chosen_on": {**meta.get("chosen_on", {}), "utility": dict(utility)},
+                            "checkpoint": str(self.checkpoint), "step": self.step, "sid_version": self.sid_version})
+        self.fusion, self.fusion_path, self.fusion_utility = weights, path, dict(utility)
+        return path
 
     def _load_or_build_ann(self, wd: WorkDir, ckpt: Path, cfg: AnnConfig) -> AnnIndex:
         """``WORKDIR/ann/step-NNNNNN-<hash of weights + features + index kind>``, built atomically once."""

@@ -33,8 +33,8 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
-import os
 import logging
+import os
 import signal
 import tempfile
 import threading

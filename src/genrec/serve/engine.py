@@ -86,7 +86,7 @@ class Engine:
         self.cfg: ModelConfig = rec.config
         self.popular = popular
         self.checkpoint: Path = rec.checkpoint
-        self.sid_version = getattr(rec.sid_index, "version", None) if rec.sid_index is not None else None
+        self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
 
     @classmethod
@@ -107,7 +107,7 @@ class Engine:
         fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload swaps it in."""
         ck = self.checkpoint.name if self.checkpoint is not None else "model"
         v = f"{ck}+{self.sid_version}" if self.sid_version else ck
-        if getattr(self.rec, "fusion_path", None) is not None:
+        if self.rec.fusion_path is not None:
             f = self.rec.fusion
             v += f"+l1-a{f.action_weight:g}-w{f.retrieval_weight:g}-v{f.sid_weight:g}"
         return v
