@@ -5,7 +5,7 @@
 L1 score = a * action-head utility + w * (user . candidate vector) + v * log P(candidate's SID)
 (see ``Recommender._run_batch``). The L0 -> L1 path runs ONCE on the validation cases and records
 every candidate's score parts; every (a, w, v) of the grid (``genrec.retrieve.fusion.FUSION_GRID``) is then
-scored offline (``genrec.eval.evaluate.fusion_metrics``, tested equal to re-running the path).
+scored offline (``genrec.eval.evaluate.choose_fusion``, tested equal to re-running the path).
 The weighting with the best validation Recall@10 (ties: the earlier, simpler one) runs once on
 the test cases, beside the ANN-only and SID-only paths and the heads alone on the same cases.
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from genrec.eval.evaluate import EvalConfig, fusion_metrics, l0l1_pass, load_eval_data
+from genrec.eval.evaluate import EvalConfig, choose_fusion, l0l1_pass, load_eval_data
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.retrieve.recommender import Recommender
 
@@ -42,15 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     es = {s: load_eval_data(rec, a.workdir, EvalConfig(split=s, max_users=a.max_users)).es for s in ("valid", "test")}
     parts: list[dict[str, Any]] = []
     l0l1_pass(rec, es["valid"], parts=parts, **kw)
-    grid = [{"a": aw, "w": w, "v": v, **fusion_metrics(parts, ks, aw, w, v)} for aw, w, v in FUSION_GRID]
-    best = max(grid, key=lambda r: r["recall@10"])
+    best, grid = choose_fusion(parts, ks, FUSION_GRID)
     out: dict[str, Any] = {"workdir": a.workdir, "step": rec.step, "beam": a.beam, "grid_valid": grid,
                            "chosen": {k: best[k] for k in ("a", "w", "v")}, "valid": {}, "test": {}}
     for split in ("valid", "test"):
         paths = evaluate_retrieval(rec.objective, es[split], paths=("ann", "sid"), ks=ks, beam_width=a.beam,
                                    context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)
         out[split]["ann"], out[split]["sid"] = paths["ann"], paths["sid"]
-        out[split]["heads alone (a=1, w=v=0)"] = l0l1_pass(rec, es[split], **kw)
+        out[split]["heads alone (a=1, w=v=0)"] = l0l1_pass(rec, es[split], action_weight=1.0, retrieval_weight=0.0,
+                                                           sid_weight=0.0, **kw)  # named: not the stored weights
     out["test"]["l0l1 fused"] = l0l1_pass(rec, es["test"], action_weight=best["a"], retrieval_weight=best["w"],
                                           sid_weight=best["v"], **kw)
     out["valid"]["l0l1 fused"] = {k: best[k] for k in best if k not in ("a", "w", "v")}

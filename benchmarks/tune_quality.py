@@ -17,7 +17,7 @@ cases: SID-path recall of the chosen genrec and TIGER models against serving his
 L0+L1: every configuration marked ``"l0l1": true`` runs the L0 (SID beams ∪ ANN, over-retrieved)
 -> L1 path once on the validation cases, recording each candidate's score parts; the L1 fusion
 weights (a * action utility + w * dense logit + v * log P(SID), see ``Recommender._run_batch``)
-are chosen on validation over a grid (``genrec.eval.evaluate.fusion_metrics``), across those
+are chosen on validation over a grid (``genrec.eval.evaluate.choose_fusion``), across those
 configurations, and only the chosen (configuration, weights) runs on the test split. The SID
 path's beam width is likewise chosen on validation among ``--sid-beams``.
 
@@ -80,7 +80,7 @@ def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], c
                          ) -> tuple[dict[str, int], dict[str, Any]]:
     """Validation only: the genrec SID path's beam width, and the L0+L1 (configuration, fusion
     weights) -- one recorded L0+L1 pass per configuration, re-weighted offline over FUSION_GRID."""
-    from genrec.eval.evaluate import fusion_metrics, l0l1_pass
+    from genrec.eval.evaluate import choose_fusion, l0l1_pass
     from genrec.eval.retrieval import evaluate_retrieval
     from genrec.retrieve.recommender import Recommender
 
@@ -105,15 +105,12 @@ def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], c
         t0 = time.perf_counter()
         l0l1_pass(rec, valid_set, ks=ks, beam_width=a.l0l1_beam, diversity_lambda=0.0, overretrieve=3,
                   utility={x: 1.0 for x in rec.actions}, batch_size=256, parts=parts)
-        for aw, w, v in FUSION_GRID:
-            m = fusion_metrics(parts, ks, aw, w, v)
-            rows.append({"config": c["name"], "a": aw, "w": w, "v": v, **m})
-        best = max((r for r in rows if r["config"] == c["name"]), key=lambda r: r["recall@10"])
+        best, mine = choose_fusion(parts, ks, FUSION_GRID)
+        rows += [{"config": c["name"], **r} for r in mine]
+        at = {(r["a"], r["w"], r["v"]): r["recall@10"] for r in mine}
         print(f"valid L0+L1 {c['name']} ({time.perf_counter() - t0:.0f}s): best R@10 {best['recall@10']:.4f} at "
-              f"a={best['a']:g} w={best['w']:g} v={best['v']:g}; a=1,w=v=0 (heads alone) "
-              f"{next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (1.0, 0.0, 0.0)):.4f}; "
-              f"w=1 only (dense) {next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (0.0, 1.0, 0.0)):.4f}; "
-              f"v only (SID) {next(r['recall@10'] for r in rows if r['config'] == c['name'] and (r['a'], r['w'], r['v']) == (0.0, 0.0, 1.0)):.4f}",
+              f"a={best['a']:g} w={best['w']:g} v={best['v']:g}; a=1,w=v=0 (heads alone) {at[(1.0, 0.0, 0.0)]:.4f}; "
+              f"w=1 only (dense) {at[(0.0, 1.0, 0.0)]:.4f}; v only (SID) {at[(0.0, 0.0, 1.0)]:.4f}",
               flush=True)
         del rec
     out: dict[str, Any] = {"grid": rows}

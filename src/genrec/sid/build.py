@@ -81,9 +81,9 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     ``"content"``: the content vectors as they are (PinGER: a new item gets its SID from content
     alone). ``"content+engagement"`` (collaborative SIDs): the L2-normalised content vector
     beside ``engagement_weight`` times the L2-normalised engagement vector, so items that are
-    engaged with together tend to share SID prefixes. ``engagement`` None (or an all-zero row:
-    an item nobody engaged with yet) leaves that block zero, which is how ``sid assign`` codes
-    new items against such a codebook.
+    engaged with together tend to share SID prefixes. An all-zero engagement row (an item nobody
+    engaged with yet) leaves that block zero, which is how ``sid assign`` codes new items against
+    such a codebook.
     """
     if source not in SID_SOURCES:
         raise ConfigError(f"SID source must be one of {', '.join(SID_SOURCES)}, got {source!r}")
@@ -98,12 +98,11 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
         return np.where(n > 0, x / np.maximum(n, 1e-12), 0.0).astype(np.float32)
 
     if engagement is None:
-        e = np.zeros((c.shape[0], 0), np.float32)
-    else:
-        e = check_vectors(engagement, name="engagement vectors")
-        if e.shape[0] != c.shape[0]:
-            raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
-                            field="engagement")
+        raise ConfigError("SID source 'content+engagement' needs the engagement vectors")
+    e = check_vectors(engagement, name="engagement vectors")
+    if e.shape[0] != c.shape[0]:
+        raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
+                        field="engagement")
     return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
 
 
