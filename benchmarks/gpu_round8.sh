@@ -5,6 +5,6 @@
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 d=runs/beauty-cb64; ln -sfn $PWD/runs/beauty/tables $d/tables; ln -sfn $PWD/runs/beauty/features $d/features
-timeout ${TUNE_TIMEOUT:-570} python3 benchmarks/tune_quality.py $d --grid benchmarks/grids/beauty-final.json \
+timeout ${TUNE_TIMEOUT:-570} python3 benchmarks/tune_quality.py $d --grid benchmarks/grids/beauty-round8.json \
   --parallel 3 --sid-beams 100 --l0l1-beam 50 --no-token-sweep --valid-cases 5000 --threads 4 2>&1 \
   | grep -v "Warn\|^\s*$" | grep -v "started" | tail -30
