@@ -1,13 +1,15 @@
 """Compare trained runs on the SAME evaluation users, with paired bootstrap intervals.
 
     python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann]
-                                        [--beam 20] [--max-users 0] [--n-boot 2000]
+                                        [--beam 20] [--max-users 0] [--n-boot 2000] [--across]
 
 Each run directory is scored on its split's leave-one-out cases (the runs must share tables, so
 the cases are the same: checked). Per path, every run's per-user rank of the target is recorded
 once; Recall@10 / NDCG@10 of every resample of users are then recomputed for every run
 (``genrec.eval.significance.paired_bootstrap``). A difference too small to see against either
-run's own standard error can still be decided this way. Choose on ``valid``; touch ``test`` once.
+run's own standard error can still be decided this way. ``--across`` also compares paths across
+runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
+Choose on ``valid``; touch ``test`` once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=20)
     ap.add_argument("--max-users", type=int, default=0)
     ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--across", action="store_true",
+                    help="also compare every run's every path against every other (run, path), e.g. SID vs ANN")
     ap.add_argument("--checkpoint", default=None, help="BEST, LATEST or none (BEST if marked, else LATEST)")
     a = ap.parse_args()
     if len(a.runs) < 2:
@@ -56,27 +60,37 @@ def main() -> None:
     assert targets is not None
     report: dict[str, object] = {"split": a.split, "cases": len(targets), "beam": a.beam, "paths": {}}
     for path in a.paths.split(","):
-        have = [n for n in names if path in ranks[n]]
-        if len(have) < 2:
-            continue
-        print(f"\n## {path} path, {len(targets)} {a.split} cases\n")
-        print("| run | Recall@10 | NDCG@10 |\n|---|---|---|")
-        for n in have:
-            m = topk_metrics(ranks[n][path], (10,))
-            print(f"| {n} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} |")
-        rows = {}
-        for metric in ("recall@10", "ndcg@10"):
-            res = paired_bootstrap({n: (lambda idx, r=ranks[n][path], k=metric: topk_metrics(r[idx], (10,))[k])
-                                    for n in have}, len(targets), n_boot=a.n_boot)
-            print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
-            for (x, y), d in res.items():
-                if have.index(x) < have.index(y):
-                    mark = " **decided**" if d.decided else ""
-                    print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
-                    rows[f"{metric}: {x} - {y}"] = vars(d)
-        report["paths"][path] = rows  # type: ignore[index]
+        entries = {n: ranks[n][path] for n in names if path in ranks[n]}
+        if len(entries) >= 2:
+            report["paths"][path] = section(f"{path} path", entries, len(targets), a)  # type: ignore[index]
+    if a.across:  # every (run, path) against every other: e.g. one run's SID path against another's ANN path
+        entries = {f"{n}/{p}": ranks[n][p] for n in names for p in a.paths.split(",") if p in ranks[n]}
+        if len(entries) >= 2:
+            report["across"] = section("runs and paths", entries, len(targets), a)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "compare_paired.json").write_text(json.dumps(report, indent=1))
+
+
+def section(title: str, entries: dict[str, np.ndarray], n_cases: int, a: argparse.Namespace) -> dict[str, object]:
+    """Print Recall@10 / NDCG@10 of each entry (per-case target ranks) and every pair's paired
+    bootstrap difference; returns the differences by name."""
+    names = list(entries)
+    print(f"\n## {title}, {n_cases} {a.split} cases\n")
+    print("| run | Recall@10 | NDCG@10 |\n|---|---|---|")
+    for n in names:
+        m = topk_metrics(entries[n], (10,))
+        print(f"| {n} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} |")
+    rows: dict[str, object] = {}
+    for metric in ("recall@10", "ndcg@10"):
+        res = paired_bootstrap({n: (lambda idx, r=entries[n], k=metric: topk_metrics(r[idx], (10,))[k]) for n in names},
+                               n_cases, n_boot=a.n_boot)
+        print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
+        for (x, y), d in res.items():
+            if names.index(x) < names.index(y):
+                mark = " **decided**" if d.decided else ""
+                print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
+                rows[f"{metric}: {x} - {y}"] = vars(d)
+    return rows
 
 
 if __name__ == "__main__":
