@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from genrec.retrieve.fusion import FUSION_GRID  # the grid `genrec fusion tune` uses
@@ -216,11 +217,11 @@ def main() -> None:
                               max_cases=a.valid_cases, seed=0)
     pop = Popularity(catalog.item_ids, train_events(store.read_events(), split).column("item_id").to_numpy())
     ks = (5, 10, 20)
-    test: dict[str, dict[str, dict[str, float]]] = {
-        "popularity": {"pop": topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(test_set),
-                                                           test_set.target_rows), ks)}}
+    pop_ranks = rank_of_targets(lambda idx: pop.score(len(idx)), len(test_set), test_set.target_rows)
+    test: dict[str, dict[str, dict[str, float]]] = {"popularity": {"pop": topk_metrics(pop_ranks, ks)}}
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     token_sweep: dict[str, list[dict[str, float]]] = {}
+    test_ranks: dict[str, np.ndarray] = {"popularity/pop": np.asarray(pop_ranks)}  # family/path -> per-case ranks
     (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))  # partial: a cut-off run keeps it
     sid_beam, fusion = choose_on_validation(a, configs, chosen, root, valid_set, ks, dev)
     report["sid_beam_valid"], report["fusion_valid"] = sid_beam, fusion
@@ -230,13 +231,15 @@ def main() -> None:
         rec = Recommender.from_checkpoint(d, "BEST", device=dev)
         ctx = rec.context_len
         paths = ("ann",) if fam in sid_beam else ("ann", "sid")  # (the SID path then runs below at its beam)
+        ro: dict[str, np.ndarray] = {}
         res = evaluate_retrieval(rec.objective, test_set, paths=paths, beam_width=a.beam, context_len=ctx,
-                                 trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)
+                                 trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks, ranks_out=ro)
         if fam in sid_beam and rec.trie is not None:  # the SID path at the beam chosen on validation
             res["sid"] = evaluate_retrieval(rec.objective, test_set, paths=("sid",), beam_width=sid_beam[fam],
                                             context_len=ctx, trie=rec.trie, leaf_rows=rec.leaf_rows,
-                                            batch_size=256, ks=ks)["sid"]
+                                            batch_size=256, ks=ks, ranks_out=ro)["sid"]
             res["sid"]["beam"] = sid_beam[fam]
+        test_ranks.update({f"{fam}/{p}": r for p, r in ro.items() if p in res})
         test[f"{fam} ({r['name']}, step {rec.step})"] = res
         print(fam, r["name"], json.dumps({p: {k: round(v, 4) for k, v in m.items()} for p, m in res.items()}),
               flush=True)
@@ -264,11 +267,15 @@ def main() -> None:
                           "chosen_on": {"split": "valid", "cases": len(valid_set), "beam_width": a.l0l1_beam}})
         kw = dict(ks=ks, beam_width=a.l0l1_beam, diversity_lambda=0.0, overretrieve=3,
                   utility={x: 1.0 for x in rec.actions}, batch_size=256)
-        l0l1 = l0l1_pass(rec, test_set, action_weight=ch["a"], retrieval_weight=ch["w"], sid_weight=ch["v"], **kw)
+        ro = {}
+        l0l1 = l0l1_pass(rec, test_set, action_weight=ch["a"], retrieval_weight=ch["w"], sid_weight=ch["v"],
+                         ranks_out=ro, **kw)
+        test_ranks[f"{fam_of(configs, ch['config'])}/l0l1"] = ro["l0l1"]
         test[f"genrec L0+L1 ({ch['config']}, step {rec.step}, a={ch['a']:g} w={ch['w']:g} v={ch['v']:g})"] = {"l0l1": l0l1}
         print("l0l1 test", json.dumps({k: round(v, 4) for k, v in l0l1.items()}), flush=True)
         del rec
     report.update({"test": test, "test_cases": len(test_set), "token_sweep_valid": token_sweep,
+                   "test_paired": paired_table(test_ranks, len(test_set)),
                    "total_seconds": time.perf_counter() - t_start})
     (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     print("\n| model (chosen on validation) | path | Recall@5 | NDCG@5 | Recall@10 | NDCG@10 | Recall@20 |")
@@ -281,6 +288,30 @@ def main() -> None:
     for fam, pts in token_sweep.items():
         for pt in pts:
             print(f"| {fam} | {pt['context_items']} | {pt['serving_tokens']} | {pt['recall@10']:.4f} |")
+
+
+def fam_of(configs: list[dict[str, Any]], name: str) -> str:
+    return next((c["family"] for c in configs if c["name"] == name), name)
+
+
+def paired_table(test_ranks: dict[str, np.ndarray], n_cases: int, n_boot: int = 2000) -> dict[str, dict[str, float]]:
+    """Every genrec path's test Recall@10 against every baseline path's, paired over the same test
+    cases (``genrec.eval.significance.paired_bootstrap``); printed as a table and returned."""
+    from genrec.eval.metrics import topk_metrics
+    from genrec.eval.significance import paired_bootstrap
+
+    if len(test_ranks) < 2:
+        return {}
+    res = paired_bootstrap({k: (lambda idx, r=r: topk_metrics(r[idx], (10,))["recall@10"]) for k, r in test_ranks.items()},
+                           n_cases, n_boot=n_boot)
+    out = {}
+    print("\n| test Recall@10, paired | difference | 95% interval | P(> 0) |\n|---|---|---|---|")
+    for (x, y), d in res.items():
+        if x.startswith("genrec") and not y.startswith("genrec"):
+            mark = " **decided**" if d.decided else ""
+            print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
+            out[f"{x} - {y}"] = vars(d)
+    return out
 
 
 if __name__ == "__main__":

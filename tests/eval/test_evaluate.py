@@ -52,8 +52,9 @@ def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) 
     data = load_eval_data(rec, root, EvalConfig(split="valid", max_users=40))
     es = data.es
     assert len(es) == 40
+    l0l1_ranks: dict[str, np.ndarray] = {}
     got = l0l1_pass(rec, es, ks=KS, beam_width=12, diversity_lambda=0.5, overretrieve=2, utility=None,
-                    batch_size=16)
+                    batch_size=16, ranks_out=l0l1_ranks)
     ranks, ann_ranks = [], []
     for i, ex in enumerate(es.examples):  # one request at a time through the public API
         recs = rec.recommend(_history(rec, ex), k=20, beam_width=12, diversity_lambda=0.5, sources=None,
@@ -68,6 +69,7 @@ def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) 
     want = topk_metrics(np.array(ranks), KS)
     for key, v in want.items():
         assert got[key] == pytest.approx(v, abs=1e-9), key
+    np.testing.assert_array_equal(l0l1_ranks["l0l1"], ranks)  # per case, for paired comparisons
     ro: dict[str, np.ndarray] = {}
     ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len,
                              ranks_out=ro)["ann"]

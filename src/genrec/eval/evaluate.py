@@ -159,11 +159,13 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
               overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128,
               retrieval_weight: float | None = None, sid_weight: float | None = None,
               action_weight: float | None = None,
-              parts: list[dict[str, np.ndarray]] | None = None) -> dict[str, float]:
+              parts: list[dict[str, np.ndarray]] | None = None,
+              ranks_out: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``;
     a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
     batch's L1 score parts are appended to it (with the batch's ``target_rows``), for
-    :func:`fusion_metrics`."""
+    :func:`fusion_metrics`. ``ranks_out``: when a dict, ``ranks_out["l0l1"]`` gets every case's
+    0-based rank of its target in the top ``max(ks)`` (-1: not there), for paired comparisons."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
     src_hits = {"sid": 0, "ann": 0, "both": 0}
@@ -180,6 +182,8 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
         for i in np.flatnonzero(r >= 0):
             bits = int(res.src[i, r[i]])
             src_hits["both" if bits == 3 else "sid" if bits == 1 else "ann"] += 1
+    if ranks_out is not None:
+        ranks_out["l0l1"] = ranks
     out = topk_metrics(ranks, ks)
     out.update({f"hits_from_{k}": float(v) for k, v in src_hits.items()})
     return out
