@@ -22,7 +22,7 @@ import numpy as np
 
 from genrec.eval.evaluate import EvalConfig, load_eval_data
 from genrec.eval.ranking import collect_slates, score_slates, slate_metrics
-from genrec.eval.significance import paired_bootstrap
+from genrec.eval.significance import PairedDiff, paired_bootstrap
 from genrec.retrieve.recommender import Recommender
 
 
@@ -59,25 +59,24 @@ def main() -> None:
         return f
 
     table: dict[str, dict[str, float]] = {}
-    pairs: dict[str, dict[str, dict[str, float]]] = {}
+    diffs: dict[str, dict[str, PairedDiff]] = {}
     for name in [*actions, "hit@3"]:
         res = paired_bootstrap({v: metric(v, name) for v in names}, len(slates), n_boot=a.n_boot, seed=0)
         for v in names:
             table.setdefault(v, {})[name] = metric(v, name)(np.arange(len(slates)))
-        pairs[name] = {f"{x} - {y}": {"diff": d.observed, "low": d.low, "high": d.high, "p_greater": d.p_greater}
-                       for (x, y), d in res.items() if names.index(x) < names.index(y)}
+        diffs[name] = {f"{x} - {y}": d for (x, y), d in res.items() if names.index(x) < names.index(y)}
+    pairs = {name: {pair: {"diff": d.observed, "low": d.low, "high": d.high, "p_greater": d.p_greater}
+                    for pair, d in ds.items()} for name, ds in diffs.items()}
     metrics = [*[f"AUC({x})" for x in actions], "Hit@3"]
     print(f"\n{len(slates)} slates ({a.split} split), every variant on the same slates\n")
     print("| variant | " + " | ".join(metrics) + " |\n|---|" + "---|" * len(metrics))
     for v in names:
         print(f"| {v} | " + " | ".join(f"{table[v][n]:.4f}" for n in [*actions, "hit@3"]) + " |")
     print("\n| metric | pair | difference | 95% interval (paired bootstrap) | P(difference > 0) |\n|---|---|---|---|---|")
-    for name, ps in pairs.items():
+    for name, ds in diffs.items():
         label = "Hit@3" if name == "hit@3" else f"AUC({name})"
-        for pair, d in ps.items():
-            mark = " **decided**" if d["low"] > 0 or d["high"] < 0 else ""
-            print(f"| {label} | {pair} | {d['diff']:+.4f} | [{d['low']:+.4f}, {d['high']:+.4f}]{mark} | "
-                  f"{d['p_greater']:.3f} |")
+        for pair, d in ds.items():
+            print(f"| {label} | {pair} | {d.cells()} |")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "ablation_paired.json").write_text(
             json.dumps({"slates": len(slates), "metrics": table, "pairs": pairs, "n_boot": a.n_boot}, indent=1))

@@ -6,7 +6,7 @@
 Each run directory is scored on its split's leave-one-out cases (the runs must share tables, so
 the cases are the same: checked). Per path, every run's per-user rank of the target is recorded
 once; Recall@10 / NDCG@10 of every resample of users are then recomputed for every run
-(``genrec.eval.significance.paired_bootstrap``). A difference too small to see against either
+(``genrec.eval.significance.paired_topk``). A difference too small to see against either
 run's own standard error can still be decided this way. ``--across`` also compares paths across
 runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
 Choose on ``valid``; touch ``test`` once.
@@ -24,7 +24,7 @@ import numpy as np
 from genrec.eval.evaluate import EvalConfig, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval
-from genrec.eval.significance import paired_bootstrap
+from genrec.eval.significance import paired_topk
 from genrec.retrieve.recommender import Recommender
 
 
@@ -82,13 +82,11 @@ def section(title: str, entries: dict[str, np.ndarray], n_cases: int, a: argpars
         print(f"| {n} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} |")
     rows: dict[str, object] = {}
     for metric in ("recall@10", "ndcg@10"):
-        res = paired_bootstrap({n: (lambda idx, r=entries[n], k=metric: topk_metrics(r[idx], (10,))[k]) for n in names},
-                               n_cases, n_boot=a.n_boot)
+        res = paired_topk(entries, metric, n_boot=a.n_boot)
         print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
         for (x, y), d in res.items():
             if names.index(x) < names.index(y):
-                mark = " **decided**" if d.decided else ""
-                print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
+                print(f"| {x} − {y} | {d.cells()} |")
                 rows[f"{metric}: {x} - {y}"] = vars(d)
     return rows
 

@@ -275,7 +275,7 @@ def main() -> None:
         print("l0l1 test", json.dumps({k: round(v, 4) for k, v in l0l1.items()}), flush=True)
         del rec
     report.update({"test": test, "test_cases": len(test_set), "token_sweep_valid": token_sweep,
-                   "test_paired": paired_table(test_ranks, len(test_set)),
+                   "test_paired": paired_table(test_ranks),
                    "total_seconds": time.perf_counter() - t_start})
     (out_dir / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     print("\n| model (chosen on validation) | path | Recall@5 | NDCG@5 | Recall@10 | NDCG@10 | Recall@20 |")
@@ -294,22 +294,18 @@ def fam_of(configs: list[dict[str, Any]], name: str) -> str:
     return next((c["family"] for c in configs if c["name"] == name), name)
 
 
-def paired_table(test_ranks: dict[str, np.ndarray], n_cases: int, n_boot: int = 2000) -> dict[str, dict[str, float]]:
+def paired_table(test_ranks: dict[str, np.ndarray], n_boot: int = 2000) -> dict[str, dict[str, float]]:
     """Every genrec path's test Recall@10 against every baseline path's, paired over the same test
-    cases (``genrec.eval.significance.paired_bootstrap``); printed as a table and returned."""
-    from genrec.eval.metrics import topk_metrics
-    from genrec.eval.significance import paired_bootstrap
+    cases (``genrec.eval.significance.paired_topk``); printed as a table and returned."""
+    from genrec.eval.significance import paired_topk
 
     if len(test_ranks) < 2:
         return {}
-    res = paired_bootstrap({k: (lambda idx, r=r: topk_metrics(r[idx], (10,))["recall@10"]) for k, r in test_ranks.items()},
-                           n_cases, n_boot=n_boot)
     out = {}
     print("\n| test Recall@10, paired | difference | 95% interval | P(> 0) |\n|---|---|---|---|")
-    for (x, y), d in res.items():
+    for (x, y), d in paired_topk(test_ranks, "recall@10", n_boot=n_boot).items():
         if x.startswith("genrec") and not y.startswith("genrec"):
-            mark = " **decided**" if d.decided else ""
-            print(f"| {x} − {y} | {d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f} |")
+            print(f"| {x} − {y} | {d.cells()} |")
             out[f"{x} - {y}"] = vars(d)
     return out
 

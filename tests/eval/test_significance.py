@@ -65,3 +65,22 @@ def test_nan_resamples_are_left_out_and_bad_arguments_named() -> None:
         paired_bootstrap({"a": lambda i: 0.0}, 0)
     with pytest.raises(ConfigError, match="n_boot"):
         paired_bootstrap({"a": lambda i: 0.0}, 5, n_boot=0)
+
+
+def test_paired_topk_equals_the_bootstrap_of_topk_metrics_and_formats_cells() -> None:
+    from genrec.eval.metrics import topk_metrics
+    from genrec.eval.significance import paired_topk
+
+    rng = np.random.default_rng(3)
+    ranks = {v: rng.integers(-1, 30, 200) for v in ("a", "b", "c")}
+    got = paired_topk(ranks, "ndcg@10", n_boot=300, seed=5)
+    want = paired_bootstrap({v: (lambda idx, r=r: topk_metrics(r[idx], (10,))["ndcg@10"]) for v, r in ranks.items()},
+                            200, n_boot=300, seed=5)
+    assert got == want
+    d = got[("a", "b")]
+    mark = " **decided**" if d.decided else ""
+    assert d.cells() == f"{d.observed:+.4f} | [{d.low:+.4f}, {d.high:+.4f}]{mark} | {d.p_greater:.3f}"
+    with pytest.raises(ConfigError, match="same cases"):
+        paired_topk({"a": ranks["a"], "b": ranks["b"][:10]})
+    with pytest.raises(ConfigError, match="recall@K"):
+        paired_topk(ranks, "mrr")

@@ -17,7 +17,7 @@ import numpy as np
 
 from genrec.errors import ConfigError
 
-__all__ = ["PairedDiff", "paired_bootstrap"]
+__all__ = ["PairedDiff", "paired_bootstrap", "paired_topk"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class PairedDiff:
     def decided(self) -> bool:
         """The interval excludes 0."""
         return self.low > 0 or self.high < 0
+
+    def cells(self) -> str:
+        """Markdown table cells: difference | interval (marked when decided) | P(> 0)."""
+        mark = " **decided**" if self.decided else ""
+        return f"{self.observed:+.4f} | [{self.low:+.4f}, {self.high:+.4f}]{mark} | {self.p_greater:.3f}"
 
 
 def paired_bootstrap(metrics: Mapping[str, Callable[[np.ndarray], float]], n_cases: int, *, n_boot: int = 2000,
@@ -65,3 +70,19 @@ def paired_bootstrap(metrics: Mapping[str, Callable[[np.ndarray], float]], n_cas
             p = float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
         out[(names[a], names[b])] = PairedDiff(observed[names[a]] - observed[names[b]], lo, hi, p)
     return out
+
+
+def paired_topk(ranks: Mapping[str, np.ndarray], metric: str = "recall@10", *, n_boot: int = 2000,
+                seed: int = 0) -> dict[tuple[str, str], PairedDiff]:
+    """:func:`paired_bootstrap` of a top-K retrieval metric (``recall@K`` / ``ndcg@K``) from every
+    variant's per-case 0-based target ranks (-1: not retrieved), all over the same cases."""
+    from genrec.eval.metrics import topk_metrics
+
+    name, _, k = metric.partition("@")
+    if name not in ("recall", "ndcg") or not k.isdigit():
+        raise ConfigError(f"metric must be recall@K or ndcg@K, got {metric!r}")
+    sizes = {len(r) for r in ranks.values()}
+    if len(sizes) != 1:
+        raise ConfigError(f"every variant needs ranks for the same cases, got lengths {sorted(sizes)}")
+    return paired_bootstrap({v: (lambda idx, r=np.asarray(r): topk_metrics(r[idx], (int(k),))[metric])
+                             for v, r in ranks.items()}, sizes.pop(), n_boot=n_boot, seed=seed)
