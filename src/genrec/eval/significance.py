@@ -84,5 +84,7 @@ def paired_topk(ranks: Mapping[str, np.ndarray], metric: str = "recall@10", *, n
     sizes = {len(r) for r in ranks.values()}
     if len(sizes) != 1:
         raise ConfigError(f"every variant needs ranks for the same cases, got lengths {sorted(sizes)}")
-    return paired_bootstrap({v: (lambda idx, r=np.asarray(r): topk_metrics(r[idx], (int(k),))[metric])
-                             for v, r in ranks.items()}, sizes.pop(), n_boot=n_boot, seed=seed)
+    def of(r: np.ndarray) -> Callable[[np.ndarray], float]:
+        return lambda idx: topk_metrics(r[idx], (int(k),))[metric]
+
+    return paired_bootstrap({v: of(np.asarray(r)) for v, r in ranks.items()}, sizes.pop(), n_boot=n_boot, seed=seed)
