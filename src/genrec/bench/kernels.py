@@ -224,9 +224,6 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
 
     record("item-block triton (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
            pairs, graph=True)
-    fused_dq = ItemBlockConfig.tuned(D).replace(fuse_dense_dq=True)
-    record("item-block triton (tuned, fused dq)", lambda: item_block_attention(*xs, lengths, T, config=fused_dq),
-           pairs, graph=True)
     record("item-block triton (original)", lambda: item_block_attention(*xs, lengths, T), pairs, graph=True)
     bm = _guard("flex block mask", lambda: _flex_block_mask(lengths, n_items, T)) if DEV == "cuda" else None
     flex = torch.compile(flex_attention, dynamic=False)
