@@ -3,7 +3,6 @@
 Usage (GPU only; on a CPU machine it prints a message and exits 0):
 
     python benchmarks/sweep_item_block.py --out sweep_item_block.json [--iters 20] [--warmup 5] [--jobs 12] [--quick]
-    python benchmarks/sweep_item_block.py --fused-dq --out sweep_fused_dq.json   # only the fuse_dense_dq grid
     TRITON_INTERPRET=1 python benchmarks/sweep_item_block.py --tiny --out /tmp/s.json   # CPU smoke test
 
 Shapes: bf16, B=8, 1,024 items x T=5 tokens (S=5,120), 12 heads x 64 and 8 heads x 128.
@@ -61,8 +60,7 @@ except ImportError:  # no triton: main() says so
 
 SHAPE = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
 CHECK = {"B": 2, "n_items": 48, "lengths": [48, 31], "tol": 2e-2}  # n_items * T divisible by 16: same specialisation
-FLAGS = {"gather_dense": "+gather", "split_tail": "+split", "fuse_delta": "+delta", "fuse_sid_kv": "+sidkv",
-         "fuse_dense_dq": "+dqatomic"}
+FLAGS = {"gather_dense": "+gather", "split_tail": "+split", "fuse_delta": "+delta", "fuse_sid_kv": "+sidkv"}
 NEW = {"split_tail": True, "fuse_delta": True, "fuse_sid_kv": True}  # gather_dense measured no gain: ablation only
 
 
@@ -90,8 +88,7 @@ def coupled_grid(quick: bool, tiny: bool) -> list[ItemBlockConfig]:
     legacy = ItemBlockConfig()
     if tiny:
         return [legacy]
-    grid = [legacy, *(legacy.replace(**{f: True}) for f in FLAGS if f != "fuse_dense_dq"), legacy.replace(**NEW),
-            legacy.replace(**NEW, gather_dense=True)]
+    grid = [legacy, *(legacy.replace(**{f: True}) for f in FLAGS), legacy.replace(**NEW), legacy.replace(**NEW, gather_dense=True)]
     for new in (False, True):
         for bm in (64, 128):
             for bn in (64, 128):
@@ -100,26 +97,6 @@ def coupled_grid(quick: bool, tiny: bool) -> list[ItemBlockConfig]:
                         cfg = ItemBlockConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s, **(NEW if new else {}))
                         if cfg not in grid:
                             grid.append(cfg)
-    return grid
-
-
-def fused_dq_grid(D: int, quick: bool, tiny: bool) -> list[ItemBlockConfig]:
-    """``--fused-dq``: the tuned configuration with and without ``fuse_dense_dq`` (the dense dk/dv
-    kernel also adds the dense keys' share of dq atomically; 5 matmuls per tile instead of 7),
-    and the dense dk/dv kernel's tiles re-swept under it (that kernel now does 5/4 of its work)."""
-    tuned = ItemBlockConfig.tuned(D)
-    fused = tuned.replace(fuse_dense_dq=True)
-    if tiny:
-        return [tuned, fused]
-    tiles = (64, 128) if quick else (32, 64, 128)
-    grid = [tuned, fused]
-    for bi in tiles:
-        for bq in tiles:
-            for w in (4, 8):
-                for st in ((3,) if quick else (2, 3)):
-                    c = fused.replace(kv_block_i=bi, kv_block_q=bq, kv_warps=w, kv_stages=st)
-                    if c not in grid:
-                        grid.append(c)
     return grid
 
 
@@ -297,12 +274,8 @@ def guard(errors: list[dict[str, Any]], name: str, fn: Callable[[], Any]) -> Any
 def sweep_shape(H: int, D: int, args: argparse.Namespace, device: str, res: dict[str, Any]) -> None:
     T = SHAPE["T"]
     errors: list[dict[str, Any]] = res["errors"]
-    if args.fused_dq:  # only the fused-dq grid, beside the original default
-        coupled = [ItemBlockConfig(), *fused_dq_grid(D, args.quick, args.tiny)]
-        kernels: dict[str, list[ItemBlockConfig]] = {}
-    else:
-        coupled = coupled_grid(args.quick, args.tiny)
-        kernels = per_kernel_grid(args.quick, args.tiny)
+    coupled = coupled_grid(args.quick, args.tiny)
+    kernels = per_kernel_grid(args.quick, args.tiny)
     if args.match:  # a subset; the original default stays as the baseline
         keep = lambda c: c == ItemBlockConfig() or re.search(args.match, describe(c)) is not None  # noqa: E731
         coupled = [c for c in coupled if keep(c)]
@@ -399,8 +372,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)), help="parallel check/compile workers")
     ap.add_argument("--quick", action="store_true", help="a smaller grid (fewer warps / stages / tiles)")
     ap.add_argument("--match", default=None, help="only configs whose name matches this regex (plus the original default)")
-    ap.add_argument("--fused-dq", action="store_true",
-                    help="only the fuse_dense_dq grid (the tuned config with/without it, the dense dk/dv tiles under it)")
     ap.add_argument("--shapes", default=None, help="comma-separated HxD, e.g. 12x64 (default: 12x64,8x128)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, one config per grid; with TRITON_INTERPRET=1 also on CPU (smoke test)")
     args = ap.parse_args(argv)

@@ -171,11 +171,6 @@ VARIANTS = {
     "all_wide_kv_keys": ItemBlockConfig(
         block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
     ),
-    "fuse_dense_dq": ItemBlockConfig(block_m=16, block_n=16, fuse_dense_dq=True),
-    "fuse_dense_dq_all": ItemBlockConfig(
-        block_m=32, block_n=16, split_tail=True, fuse_delta=True, fuse_sid_kv=True, fuse_dense_dq=True,
-        dq_block_m=16, kv_block_i=32, kv_block_q=16,
-    ),
 }
 
 
@@ -218,15 +213,14 @@ def test_variant_bf16_close_to_fp32_reference(variant) -> None:
 @given(
     T=st.sampled_from([1, 2, 3, 5]),
     n_items=st.integers(1, 30),
-    flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans()),
+    flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
     tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
     data=st.data(),
 )
 def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
-    gather, split, fuse, fuse_sid, fuse_dq = flags
+    gather, split, fuse, fuse_sid = flags
     cfg = ItemBlockConfig(
         block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
-        fuse_dense_dq=fuse_dq,
         dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
     )
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)

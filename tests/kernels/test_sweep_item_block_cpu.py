@@ -43,18 +43,3 @@ def test_sweep_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in result["coupled"] + result["composite"])
     assert set(next(iter(result["breakdown"].values()))) == {"original default", "composite"}
     assert "sorted by fwd+bwd" in proc.stdout
-
-
-def test_sweep_fused_dq_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = tmp_path / "sweep.json"
-    args = [sys.executable, str(SWEEP), "--tiny", "--fused-dq", "--iters", "1", "--warmup", "0", "--out", str(out)]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
-    assert result["errors"] == []
-    assert result["checks"] and all(c["status"] == "ok" for c in result["checks"])
-    fused = [r for r in result["coupled"] if r["config"]["fuse_dense_dq"]]
-    assert len(result["coupled"]) == 3 and len(fused) == 1 and "+dqatomic" in fused[0]["name"]
-    assert result["per_kernel"] == []

@@ -65,10 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``fuse_dense_dq``: the dense dk/dv kernel also computes the dense keys' share of dq from the
-    dS tile it already holds (one more matmul, added atomically into an fp32 buffer), and the dq
-    kernel keeps only the in-block part: 5 matmuls per (query, dense key) tile instead of 7
-    (FlashAttention-2's backward layout). dq's summation order then varies from run to run.
     """
 
     block_m: int = 64
@@ -79,7 +75,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    fuse_dense_dq: bool = False
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -266,10 +261,8 @@ def _item_block_bwd_dq_kernel(
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    DENSE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    # DENSE False (ItemBlockConfig.fuse_dense_dq): only the in-block part; the dense dk/dv kernel,
-    # run after this one, adds the dense keys' share into DQ (then an fp32 buffer) atomically.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -300,16 +293,15 @@ def _item_block_bwd_dq_kernel(
     hi = tl.where(item0 < n_valid, item0, 0)
     kd_ptr = KD + b * skdb + h * skdh
     vd_ptr = VD + b * svdb + h * svdh
-    if DENSE:
-        if SPLIT_TAIL:
-            hi_full = (hi // BLOCK_N) * BLOCK_N
-            dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
-                                 BLOCK_N, D, False, IEEE, UPCAST)
-            dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
-                                 BLOCK_N, D, True, IEEE, UPCAST)
-        else:
-            dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
-                                 BLOCK_N, D, True, IEEE, UPCAST)
+    if SPLIT_TAIL:
+        hi_full = (hi // BLOCK_N) * BLOCK_N
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
+                             BLOCK_N, D, False, IEEE, UPCAST)
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
+                             BLOCK_N, D, True, IEEE, UPCAST)
+    else:
+        dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
+                             BLOCK_N, D, True, IEEE, UPCAST)
 
     kb = tl.load(K + b * skb + h * skh + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     vb = tl.load(V + b * svb + h * svh + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -320,10 +312,7 @@ def _item_block_bwd_dq_kernel(
     kd_ = q_dense[None, :]
     vis_dense = kd_ & ((qd & (ki <= qi)) | ((~qd) & (ki < qi)))
     vis_sid = (~kd_) & (~qd) & (ki == qi) & (q_slot[None, :] <= q_slot[:, None])
-    if DENSE:
-        vis = (vis_dense | vis_sid) & row_ok[:, None] & row_ok[None, :]
-    else:  # every dense key's share of dq, in-block ones included, comes from the dense dk/dv kernel
-        vis = vis_sid & row_ok[:, None] & row_ok[None, :]
+    vis = (vis_dense | vis_sid) & row_ok[:, None] & row_ok[None, :]
     p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     dp = _dot(do, tl.trans(vb), IEEE, UPCAST)
     ds = p * (dp - delta[:, None])
@@ -387,8 +376,8 @@ def _item_block_bwd_sid_kv_kernel(
 
 @triton.jit
 def _kv_query_tiles(
-    dk, dv, kd, vd, j, j_ok, Q, DO, LSE, DELTA, DQA, sqs, sdos, sdqas, start, end, q_hi, qk_scale, sm_scale,
-    T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    dk, dv, kd, vd, j, j_ok, Q, DO, LSE, DELTA, sqs, sdos, start, end, q_hi, qk_scale,
+    T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys j over query tokens [start, end). Unmasked tiles (every query item > every
@@ -415,20 +404,17 @@ def _kv_query_tiles(
         dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
         dst = pt * (dpt - dl[None, :])
         dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
-        if ATOMIC_DQ:  # these keys' share of dq for the tile's queries: dS K, summed across key blocks
-            dq_part = _dot(tl.trans(dst).to(kd.dtype), kd, IEEE, UPCAST) * sm_scale  # [BQ, D]
-            tl.atomic_add(DQA + qt[:, None] * sdqas + offs_d[None, :], dq_part, mask=q_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _item_block_bwd_dense_kv_kernel(
-    Q, KD, VD, DO, LSE, DELTA, DK, DV, DQA, LENGTHS,
+    Q, KD, VD, DO, LSE, DELTA, DK, DV, LENGTHS,
     sqb, sqh, sqs, skdb, skdh, skdn, svdb, svdh, svdn, sdob, sdoh, sdos, slb, slh,
-    sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdqab, sdqah, sdqas,
+    sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, ATOMIC_DQ: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
@@ -453,17 +439,16 @@ def _item_block_bwd_dense_kv_kernel(
     do_ptr = DO + b * sdob + h * sdoh
     l_ptr = LSE + b * slb + h * slh
     dl_ptr = DELTA + b * slb + h * slh
-    dqa_ptr = DQA + b * sdqab + h * sdqah
     if SPLIT_TAIL:  # queries of items >= j0 + BLOCK_I see every key of the tile: no mask there
         DIAG = ((BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q) * BLOCK_Q  # query tokens that can be masked
         mid = tl.minimum(j0 * T + DIAG, q_hi)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, dqa_ptr, sqs, sdos, sdqas,
-                                 j0 * T, mid, q_hi, qk_scale, sm_scale, T, BLOCK_Q, D, True, ATOMIC_DQ, IEEE, UPCAST)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, dqa_ptr, sqs, sdos, sdqas,
-                                 mid, q_hi, q_hi, qk_scale, sm_scale, T, BLOCK_Q, D, False, ATOMIC_DQ, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, mid, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, mid, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, False, IEEE, UPCAST)
     else:
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, dqa_ptr, sqs, sdos, sdqas,
-                                 j0 * T, q_hi, q_hi, qk_scale, sm_scale, T, BLOCK_Q, D, True, ATOMIC_DQ, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
     dk = dk * sm_scale
     dtok = j * T + (T - 1)
     st_ok = j < N_ITEMS  # padding items' rows are written too (as zeros)
@@ -587,8 +572,7 @@ def item_block_attention_fwd(
 
 class _Backward:
     """The inputs of the three backward kernels, prepared once; each kernel is one method so a
-    benchmark can time them one by one. ``run_dq`` must run first when ``cfg.fuse_delta`` (it writes
-    delta) or ``cfg.fuse_dense_dq`` (it stores the in-block dq the dense dk/dv kernel adds to)."""
+    benchmark can time them one by one. ``dq()`` must run first when ``cfg.fuse_delta``."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -605,22 +589,19 @@ class _Backward:
         assert self.delta.stride() == lse.stride(), "LSE and DELTA share strides in the kernels"
         self.kd, self.vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
         self.dq, self.dk, self.dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-        # fuse_dense_dq: dq is summed in fp32 (the in-block part stored, the dense part added atomically)
-        self.dqa = self.dq if not cfg.fuse_dense_dq or q.dtype == torch.float32 else _empty(q.shape, q, torch.float32)
         self.consts = {"D": D, "IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
 
     def run_dq(self) -> None:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_M, BLOCK_ITEMS = _blocks(T, c.dq_block_m or c.block_m)
         _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
-            q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dqa, self.dk, self.dv, self.lengths,
+            q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
-            *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dqa),
+            *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
             *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.S, self.scale * _LOG2E, self.scale,
             T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(c.dq_block_n or c.block_n),
-            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1,
-            DENSE=not c.fuse_dense_dq, **self.consts,
+            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1, **self.consts,
             **_launch_opts(c.dq_warps or c.num_warps, c.dq_stages or c.num_stages, self.D),
         )
 
@@ -642,12 +623,11 @@ class _Backward:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_I = _tile(c.kv_block_i) if c.kv_block_i else _blocks(T, c.block_m)[0]
         _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H)](
-            q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.dqa, self.lengths,
+            q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
-            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv), *_strides3(self.dqa),
+            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.n_items, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail,
-            ATOMIC_DQ=c.fuse_dense_dq, **self.consts,
+            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail, **self.consts,
             **_launch_opts(c.kv_warps or c.num_warps, c.kv_stages or c.num_stages, self.D),
         )
 
@@ -656,8 +636,6 @@ class _Backward:
             self.run_dq()
             self.run_sid_kv()
             self.run_dense_kv()
-            if self.dqa is not self.dq:
-                self.dq.copy_(self.dqa)
         return self.dq, self.dk, self.dv
 
 
