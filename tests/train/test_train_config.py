@@ -72,6 +72,21 @@ def test_bad_overrides_name_the_key(override: str, key: str) -> None:
     assert repr(key) in str(e.value)
 
 
+def test_decay_by_deadline_needs_a_time_budget() -> None:
+    assert TrainConfig().decay_by == "steps"
+    cfg = apply_overrides(_RunCfg(), ["train.decay_by=deadline", "train.max_minutes=30"])
+    assert cfg.train.decay_by == "deadline" and cfg.train.max_minutes == 30.0
+    assert TrainConfig.from_dict(cfg.train.to_dict()) == cfg.train
+    with pytest.raises(ConfigError, match="'max_minutes': must be > 0 when decay_by='deadline'"):
+        TrainConfig(decay_by="deadline")
+    with pytest.raises(ConfigError, match="'max_minutes'"):
+        apply_overrides(_RunCfg(), ["train.decay_by=deadline"])
+    with pytest.raises(ConfigError, match="'decay_by': must be steps|deadline"):
+        TrainConfig(decay_by="time")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'train.decay_by'"):
+        apply_overrides(_RunCfg(), ["train.decay_by=time"])
+
+
 def test_missing_equals_sign() -> None:
     with pytest.raises(ConfigError, match="key=value"):
         apply_overrides(TrainConfig(), ["lr"])

@@ -127,6 +127,63 @@ def test_lr_schedule_by_hand() -> None:
     assert [const(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
 
 
+def test_lr_schedule_with_time_progress() -> None:
+    """``decay_by="deadline"``: the decay's progress is max(step, time) clipped to [0, 1]; warm-up and
+    constant decay ignore the clock."""
+    for decay in ("cosine", "linear", "constant"):
+        cfg = TrainConfig(warmup_steps=4, total_steps=14, decay=decay, min_lr_ratio=0.1)
+        steps_only = lr_multiplier(cfg)
+        at_zero = lr_multiplier(cfg, lambda: 0.0)
+        assert [at_zero(s) for s in range(20)] == [steps_only(s) for s in range(20)]
+        for t in (1.0, 3.0):  # the budget used up (or overrun): the floor right after warm-up
+            done = lr_multiplier(cfg, lambda t=t: t)
+            assert [done(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]  # warm-up stays step-based
+            want = 1.0 if decay == "constant" else 0.1
+            assert [done(s) for s in range(4, 20)] == pytest.approx([want] * 16)
+    cfg = TrainConfig(warmup_steps=4, total_steps=1000, decay="cosine", min_lr_ratio=0.1)
+    half = lr_multiplier(cfg, lambda: 0.5)
+    assert half(5) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # time ahead of steps
+    assert half(900) == pytest.approx(lr_multiplier(cfg)(900))  # steps ahead of time
+    assert lr_multiplier(cfg, lambda: -1.0)(4) == pytest.approx(1.0)  # clipped below at 0
+
+
+def _deadline_fit(workdir: Path, monkeypatch: pytest.MonkeyPatch, decay_by: str) -> tuple[Trainer, list[dict]]:
+    import genrec.train.trainer as trainer_mod
+
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: 2.0 * next(ticks))  # 2 s per call
+    torch.manual_seed(0)
+    cfg = standin.tiny_config(total_steps=1000, log_every=1, ckpt_every=0, max_minutes=1.0, decay_by=decay_by)
+    tr = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, workdir,
+                 dist_info=DistInfo())
+    tr.fit()
+    return tr, [json.loads(x) for x in (workdir / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_deadline_decay_reaches_the_floor_when_time_runs_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time-capped run far from ``total_steps``: by steps the LR would still be near its peak; with
+    ``decay_by=deadline`` it falls with the clock and the last step logs lr * min_lr_ratio. The
+    checkpoint it leaves resumes (the schedule's closure is not part of the scheduler state)."""
+    tr, log = _deadline_fit(tmp_path / "a", monkeypatch, "deadline")
+    cfg = tr.cfg
+    assert cfg.decay_by == "deadline" and 3 < tr.step < 20
+    assert log[-1]["step"] == tr.step and log[-1]["lr"] == pytest.approx(cfg.lr * cfg.min_lr_ratio)
+    steps_only = lr_multiplier(cfg)
+    after_warmup = [r for r in log if r["step"] >= cfg.warmup_steps]
+    assert all(r["lr"] < cfg.lr * steps_only(r["step"]) - 1e-9 for r in after_warmup)
+    assert [r["lr"] for r in after_warmup] == sorted((r["lr"] for r in after_warmup), reverse=True)
+    _, log_steps = _deadline_fit(tmp_path / "b", monkeypatch, "steps")  # the same clock, by steps
+    assert log_steps[-1]["step"] == tr.step
+    assert log_steps[-1]["lr"] == pytest.approx(cfg.lr * steps_only(tr.step)) and log_steps[-1]["lr"] > 0.9 * cfg.lr
+
+    # resume from the time-capped run's checkpoint: a new fit, a new clock and budget
+    first = tr.step
+    tr2, log2 = _deadline_fit(tmp_path / "a", monkeypatch, "deadline")
+    assert [r["step"] for r in log2][:first + 1] == list(range(1, first + 2))  # old lines kept, new ones follow
+    assert tr2.step > first and log2[-1]["lr"] == pytest.approx(cfg.lr * cfg.min_lr_ratio)
+    assert set(tr2.scheduler.state_dict()["lr_lambdas"]) == {None}
+
+
 def test_no_weight_decay_on_norms_biases_embeddings() -> None:
     model = standin.TinyNextItem()
     groups = param_groups(model, 0.05)

@@ -45,6 +45,9 @@ class TrainConfig:
     total_steps: int = 1000
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = 0.1
+    # "deadline": the decay's progress is max(step progress, elapsed / max_minutes), so the LR reaches
+    # min_lr_ratio when the time budget ends (for time-capped runs that would otherwise stop mid-schedule)
+    decay_by: Literal["steps", "deadline"] = "steps"
     grad_clip: float = 1.0  # 0 disables clipping
     batch_size: int = 256
     seed: int = 0
@@ -126,6 +129,9 @@ def validate(cfg: TrainConfig) -> None:
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     need(cfg.keep_last >= 1, "keep_last", "must be >= 1")
     need(cfg.max_minutes >= 0, "max_minutes", "must be >= 0 (0 = no time limit)")
+    need(cfg.decay_by in ("steps", "deadline"), "decay_by", "must be steps|deadline")
+    need(cfg.decay_by != "deadline" or cfg.max_minutes > 0, "max_minutes",
+         "must be > 0 when decay_by='deadline' (the LR decays to its floor by that wall time)")
     es = cfg.early_stopping
     if es.mode not in ("max", "min"):
         raise ConfigError(f"train config 'early_stopping.mode': must be max|min, got {es.mode!r}")

@@ -12,7 +12,9 @@ Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
 ``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
 uninterrupted run's loss trajectory without gathering per-rank RNG states; the LR schedule is a
 plain closure over the *current* config (not restored from the checkpoint), so ``total_steps``
-may be extended on resume.
+may be extended on resume. With ``decay_by="deadline"`` it also reads this ``fit()``'s wall clock
+(rank 0's, shared by the ``max_minutes`` check), so that part restarts with each process and is
+not replayed exactly on resume.
 """
 
 from __future__ import annotations
@@ -104,8 +106,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-def lr_multiplier(cfg: TrainConfig) -> Callable[[int], float]:
-    """Linear warm-up to 1 over ``warmup_steps``, then cosine/linear decay to ``min_lr_ratio``."""
+def lr_multiplier(cfg: TrainConfig, time_progress: Callable[[], float] | None = None) -> Callable[[int], float]:
+    """Linear warm-up to 1 over ``warmup_steps``, then cosine/linear decay to ``min_lr_ratio``.
+
+    With ``time_progress`` (the fraction of the wall-time budget used; see ``TrainConfig.decay_by``)
+    the decay's progress is the larger of the step and time fractions; warm-up stays step-based.
+    """
     warm, total, floor, kind = cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio, cfg.decay
 
     def mult(step: int) -> float:
@@ -113,7 +119,10 @@ def lr_multiplier(cfg: TrainConfig) -> Callable[[int], float]:
             return (step + 1) / warm
         if kind == "constant":
             return 1.0
-        progress = min(1.0, (step - warm) / max(1, total - warm))
+        progress = (step - warm) / max(1, total - warm)
+        if time_progress is not None:
+            progress = max(progress, time_progress())
+        progress = min(1.0, max(0.0, progress))
         if kind == "cosine":
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
         return floor + (1 - floor) * (1 - progress)
@@ -226,7 +235,9 @@ class Trainer:
         self.wrapped = wrap_model(_StepModule(self.model), self.info,
                                   find_unused_parameters=cfg.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg))
+        self._elapsed = 0.0  # rank 0's seconds since fit() began, as of the last _out_of_time check
+        time_progress = self._time_progress if cfg.decay_by == "deadline" else None
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, time_progress))
         self.factory = train_iter_factory
         self.eval_fn = eval_fn
         self.extra = dict(extra or {})
@@ -320,17 +331,26 @@ class Trainer:
         return better, es.patience > 0 and self.bad_evals >= es.patience
 
     def _out_of_time(self, t_fit: float) -> bool:
-        """``max_minutes`` reached (rank 0's clock decides, so every rank stops at the same step)."""
+        """``max_minutes`` reached (rank 0's clock decides, so every rank stops at the same step).
+
+        Also records that elapsed time in ``self._elapsed`` for the ``decay_by="deadline"`` schedule,
+        so every rank computes the same LR.
+        """
         if self.cfg.max_minutes <= 0:
             return False
-        over = time.perf_counter() - t_fit > 60.0 * self.cfg.max_minutes
+        elapsed = time.perf_counter() - t_fit
         if self.info.world_size > 1:
             import torch.distributed as dist
 
-            flag = torch.tensor([float(over)], device=self.device)
-            dist.broadcast(flag, src=0)
-            over = bool(flag.item())
-        return over
+            shared = torch.tensor([elapsed], dtype=torch.float64, device=self.device)
+            dist.broadcast(shared, src=0)
+            elapsed = float(shared.item())
+        self._elapsed = elapsed
+        return elapsed > 60.0 * self.cfg.max_minutes
+
+    def _time_progress(self) -> float:
+        """Fraction of ``max_minutes`` this fit has used (0 before it starts); see ``_out_of_time``."""
+        return self._elapsed / (60.0 * self.cfg.max_minutes) if self.cfg.max_minutes > 0 else 0.0
 
     def fit(self, *, resume: bool = True) -> TrainResult:
         """Train until ``cfg.total_steps`` (or early stop / data end); returns the trajectory."""
@@ -358,6 +378,7 @@ class Trainer:
         win_n = 0.0
         win_items = win_tokens = 0.0
         t0 = t_fit = time.perf_counter()
+        self._elapsed = 0.0
         self.model.train()
         try:
             while self.step < cfg.total_steps:
@@ -380,6 +401,8 @@ class Trainer:
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                              if cfg.grad_clip > 0 else torch.zeros(()))
                 self.optimizer.step()
+                # the clock is read before scheduler.step(), so a "deadline" decay sees this step's time
+                out_of_time = self._out_of_time(t_fit)
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
@@ -392,7 +415,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
 
-                last = self.step >= cfg.total_steps or self._out_of_time(t_fit)
+                last = self.step >= cfg.total_steps or out_of_time
                 if (cfg.log_every and self.step % cfg.log_every == 0) or last:
                     rows = self._drain(pending)
                     for r in rows:
