@@ -44,9 +44,10 @@ def _run_both(q, k, v, do, lengths, T, block_m, block_n, config=None):
     else:
         out = item_block_attention(*qk, lengths, T, config=config)
     grads = torch.autograd.grad(out, qk, do)
-    qr = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    # the reference runs on the CPU in fp32 whatever device the kernel ran on (callers compare a.cpu() to it)
+    qr = [x.detach().float().cpu().requires_grad_() for x in (q, k, v)]
     ref = item_block_attention_ref(*qr, lengths.cpu(), T)
-    grads_ref = torch.autograd.grad(ref, qr, do.float())
+    grads_ref = torch.autograd.grad(ref, qr, do.float().cpu())
     return out, grads, ref, grads_ref
 
 
