@@ -147,13 +147,14 @@ def test_lr_schedule_with_time_progress() -> None:
     assert lr_multiplier(cfg, lambda: -1.0)(4) == pytest.approx(1.0)  # clipped below at 0
 
 
-def _deadline_fit(workdir: Path, monkeypatch: pytest.MonkeyPatch, decay_by: str) -> tuple[Trainer, list[dict]]:
+def _deadline_fit(workdir: Path, monkeypatch: pytest.MonkeyPatch, decay_by: str,
+                  max_minutes: float = 1.0) -> tuple[Trainer, list[dict]]:
     import genrec.train.trainer as trainer_mod
 
     ticks = iter(range(10 ** 6))
     monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: 2.0 * next(ticks))  # 2 s per call
     torch.manual_seed(0)
-    cfg = standin.tiny_config(total_steps=1000, log_every=1, ckpt_every=0, max_minutes=1.0, decay_by=decay_by)
+    cfg = standin.tiny_config(total_steps=1000, log_every=1, ckpt_every=0, max_minutes=max_minutes, decay_by=decay_by)
     tr = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, workdir,
                  dist_info=DistInfo())
     tr.fit()
@@ -162,8 +163,7 @@ def _deadline_fit(workdir: Path, monkeypatch: pytest.MonkeyPatch, decay_by: str)
 
 def test_deadline_decay_reaches_the_floor_when_time_runs_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A time-capped run far from ``total_steps``: by steps the LR would still be near its peak; with
-    ``decay_by=deadline`` it falls with the clock and the last step logs lr * min_lr_ratio. The
-    checkpoint it leaves resumes (the schedule's closure is not part of the scheduler state)."""
+    ``decay_by=deadline`` it falls with the clock and the last step logs lr * min_lr_ratio."""
     tr, log = _deadline_fit(tmp_path / "a", monkeypatch, "deadline")
     cfg = tr.cfg
     assert cfg.decay_by == "deadline" and 3 < tr.step < 20
@@ -176,12 +176,44 @@ def test_deadline_decay_reaches_the_floor_when_time_runs_out(tmp_path: Path, mon
     assert log_steps[-1]["step"] == tr.step
     assert log_steps[-1]["lr"] == pytest.approx(cfg.lr * steps_only(tr.step)) and log_steps[-1]["lr"] > 0.9 * cfg.lr
 
-    # resume from the time-capped run's checkpoint: a new fit, a new clock and budget
-    first = tr.step
-    tr2, log2 = _deadline_fit(tmp_path / "a", monkeypatch, "deadline")
-    assert [r["step"] for r in log2][:first + 1] == list(range(1, first + 2))  # old lines kept, new ones follow
-    assert tr2.step > first and log2[-1]["lr"] == pytest.approx(cfg.lr * cfg.min_lr_ratio)
-    assert set(tr2.scheduler.state_dict()["lr_lambdas"]) == {None}
+
+def test_time_budget_covers_the_whole_run_across_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time used is saved in the checkpoint: resuming a run whose budget is spent takes no step;
+    resuming with a larger budget continues the deadline decay from where it stopped (not from the
+    peak) and reaches the floor again at the new deadline. The schedule's closure is not saved."""
+    wd = tmp_path / "a"
+    tr, log = _deadline_fit(wd, monkeypatch, "deadline")
+    first, spent = tr.step, tr._elapsed
+    assert spent > 60.0
+    again, log_again = _deadline_fit(wd, monkeypatch, "deadline")  # same budget: nothing left
+    assert again.step == first and log_again == log and again._elapsed >= spent
+    more, log_more = _deadline_fit(wd, monkeypatch, "deadline", max_minutes=2.0)  # twice the budget
+    assert [r["step"] for r in log_more][:first] == list(range(1, first + 1))  # old lines kept
+    new = [r for r in log_more if r["step"] > first]
+    assert new and more.step > first and more._elapsed > 120.0
+    cfg = more.cfg
+    floor = cfg.lr * cfg.min_lr_ratio
+    # half of the doubled budget was used: the first new step sits mid-decay, below the peak
+    assert floor < new[0]["lr"] < 0.6 * cfg.lr
+    assert [r["lr"] for r in new] == sorted((r["lr"] for r in new), reverse=True)
+    assert new[-1]["lr"] == pytest.approx(floor)
+    assert set(more.scheduler.state_dict()["lr_lambdas"]) == {None}
+
+
+def test_step_budget_run_records_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a time budget the elapsed time is still recorded, so a later time-capped resume counts it."""
+    wd = tmp_path / "s"
+    import genrec.train.trainer as trainer_mod
+
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: 2.0 * next(ticks))
+    cfg = standin.tiny_config(total_steps=5, log_every=1, ckpt_every=0)
+    tr = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg, wd, dist_info=DistInfo())
+    tr.fit()
+    assert tr.step == 5 and tr._elapsed > 0
+    tr2 = Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()),
+                  standin.tiny_config(total_steps=10, log_every=1, ckpt_every=0), wd, dist_info=DistInfo())
+    assert tr2.resume() and tr2._elapsed == pytest.approx(tr._elapsed)
 
 
 def test_no_weight_decay_on_norms_biases_embeddings() -> None:

@@ -61,7 +61,7 @@ class TrainConfig:
     tensorboard: bool = True
     progress: Literal["auto", "on", "off"] = "auto"
     find_unused_parameters: bool = False
-    max_minutes: float = 0.0  # >0: stop after this much wall time (evaluated + checkpointed like the last step)
+    max_minutes: float = 0.0  # >0: stop after this much wall time, over the whole run (resumes count on from the checkpoint); evaluated + checkpointed like the last step
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     def __post_init__(self) -> None:

@@ -12,9 +12,11 @@ Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
 ``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
 uninterrupted run's loss trajectory without gathering per-rank RNG states; the LR schedule is a
 plain closure over the *current* config (not restored from the checkpoint), so ``total_steps``
-may be extended on resume. With ``decay_by="deadline"`` it also reads this ``fit()``'s wall clock
-(rank 0's, shared by the ``max_minutes`` check), so that part restarts with each process and is
-not replayed exactly on resume.
+may be extended on resume. ``max_minutes`` is likewise the whole run's budget: the training time
+used so far is saved in each checkpoint and a resumed run goes on counting from it (a run resumed
+with its budget spent takes no step; raise ``max_minutes`` to extend it). With
+``decay_by="deadline"`` the schedule reads that clock too (rank 0's, shared by the ``max_minutes``
+check), so it carries on from where the run stopped, though wall time is not replayed exactly.
 """
 
 from __future__ import annotations
@@ -235,7 +237,9 @@ class Trainer:
         self.wrapped = wrap_model(_StepModule(self.model), self.info,
                                   find_unused_parameters=cfg.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, cfg)
-        self._elapsed = 0.0  # rank 0's seconds since fit() began, as of the last _out_of_time check
+        # rank 0's training seconds, as of the last _out_of_time check: this fit's clock plus the time
+        # earlier fits of the run used (restored on resume), so max_minutes is the run's whole budget
+        self._elapsed = self._elapsed_before = 0.0
         time_progress = self._time_progress if cfg.decay_by == "deadline" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, time_progress))
         self.factory = train_iter_factory
@@ -253,7 +257,8 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "best_metric": self.best_metric, "best_step": self.best_step,
-                "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size}
+                "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size,
+                "elapsed_s": self._elapsed}
 
     def save(self, *, mark_best: bool = False) -> Path | None:
         """Checkpoint the current step (rank 0 writes; all ranks wait)."""
@@ -280,6 +285,7 @@ class Trainer:
         self.best_metric = state.get("best_metric")
         self.best_step = state.get("best_step")
         self.bad_evals = int(state.get("bad_evals", 0))
+        self._elapsed = self._elapsed_before = float(state.get("elapsed_s", 0.0))
         self._last_saved = self.step
         for k, v in extra.items():
             self.extra.setdefault(k, v)
@@ -333,12 +339,14 @@ class Trainer:
     def _out_of_time(self, t_fit: float) -> bool:
         """``max_minutes`` reached (rank 0's clock decides, so every rank stops at the same step).
 
-        Also records that elapsed time in ``self._elapsed`` for the ``decay_by="deadline"`` schedule,
-        so every rank computes the same LR.
+        The budget covers the whole run: the time earlier fits used (saved in the checkpoint) counts.
+        Also records the elapsed time in ``self._elapsed`` for the ``decay_by="deadline"`` schedule,
+        so every rank computes the same LR, and for the next checkpoint.
         """
+        elapsed = self._elapsed_before + (time.perf_counter() - t_fit)
         if self.cfg.max_minutes <= 0:
+            self._elapsed = elapsed
             return False
-        elapsed = time.perf_counter() - t_fit
         if self.info.world_size > 1:
             import torch.distributed as dist
 
@@ -349,7 +357,7 @@ class Trainer:
         return elapsed > 60.0 * self.cfg.max_minutes
 
     def _time_progress(self) -> float:
-        """Fraction of ``max_minutes`` this fit has used (0 before it starts); see ``_out_of_time``."""
+        """Fraction of ``max_minutes`` the run has used (restored on resume); see ``_out_of_time``."""
         return self._elapsed / (60.0 * self.cfg.max_minutes) if self.cfg.max_minutes > 0 else 0.0
 
     def fit(self, *, resume: bool = True) -> TrainResult:
@@ -378,10 +386,11 @@ class Trainer:
         win_n = 0.0
         win_items = win_tokens = 0.0
         t0 = t_fit = time.perf_counter()
-        self._elapsed = 0.0
+        # a resumed run whose time budget is already spent takes no step (like one at total_steps)
+        spent = self._out_of_time(t_fit)
         self.model.train()
         try:
-            while self.step < cfg.total_steps:
+            while self.step < cfg.total_steps and not spent:
                 torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
                 try:
                     batch = next(it)
