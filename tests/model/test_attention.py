@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrec.errors import ConfigError
-from genrec.kernels.attention import attention, attention_with_lse, merge_attention, prepare_mask, resolve_impl
+from genrec.kernels.attention import (
+    CausalMask,
+    attention,
+    attention_with_lse,
+    causal_fast_path,
+    merge_attention,
+    prepare_mask,
+    resolve_impl,
+)
 from genrec.model.layout import build_layout
 from genrec.model.mask import flex_block_mask, make_mask_mod, reference_mask
 
@@ -93,6 +101,44 @@ def test_impl_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GENREC_ATTN")
     assert resolve_impl("triton", "cpu") == "reference"  # forced off on CPU
     assert resolve_impl("triton", "cuda") == "triton"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    layout=st.sampled_from(["tiger", "dense", "hstu"]), n=st.integers(1, 7), data=st.data(),
+    h=st.integers(1, 2), seed=st.integers(0, 10_000),
+)
+def test_causal_fast_path_equals_the_layout_mask_on_valid_tokens(layout, n, data, h, seed) -> None:
+    """SDPA is_causal (CausalMask) vs the explicit mask of a right-padded token-causal layout: the
+    same outputs on every valid query and the same q/k/v gradients of a loss over valid queries."""
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=1, max_size=3)))
+    lay = build_layout(lengths, n, layout, 3)
+    b, s = lay.meta.shape
+    q, k, v = (x.requires_grad_() for x in _qkv(b, h, s, s, 8, seed))
+    ref_mask = prepare_mask(make_mask_mod(lay.meta, lay.meta, layout), b, s, s, "reference", "cpu")
+    valid = (lay.meta.kind != -2)[:, None, :, None]  # [B, 1, S, 1]
+    w = torch.randn(b, h, s, 8, generator=torch.Generator().manual_seed(seed + 1))
+    outs, grads = [], []
+    for mask in (ref_mask, CausalMask()):
+        out = attention(q, k, v, mask=mask)
+        outs.append(out)
+        grads.append(torch.autograd.grad((out * w * valid).sum(), (q, k, v)))
+    keep = valid.expand_as(outs[0])
+    torch.testing.assert_close(outs[1][keep], outs[0][keep], atol=1e-5, rtol=1e-5)
+    for a, c in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_causal_fast_path_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GENREC_ATTN", raising=False)
+    assert causal_fast_path("auto", "cuda") and causal_fast_path("triton", "cuda")
+    assert not causal_fast_path("auto", "cpu") and not causal_fast_path("triton", "cpu")  # forced off on CPU
+    assert not causal_fast_path("reference", "cuda") and not causal_fast_path("flex", "cuda")
+    monkeypatch.setenv("GENREC_ATTN", "reference")
+    assert not causal_fast_path("auto", "cuda")  # the env var forces it off
+    q, k, v = _qkv(1, 1, 3, 4, 8, 0)
+    with pytest.raises(ValueError, match="CausalMask"):
+        attention(q, k, v, mask=CausalMask())
 
 
 def test_bad_shapes_raise() -> None:

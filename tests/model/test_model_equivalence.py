@@ -246,3 +246,47 @@ def test_compiled_flex_model_forward_equals_reference_on_gpu(monkeypatch: pytest
     torch.testing.assert_close(fx.hidden[real], ref.hidden[real], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(ranked, ref.cand_action_logits, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(user, ref.next_user_vec, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["tiger", "dense", "hstu"])
+def test_causal_fast_path_model_equals_reference(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole model of a token-causal layout with its attention on SDPA is_causal (the CUDA fast
+    path, forced on here on the CPU) equals the explicit-mask reference: hidden states of every
+    valid token and every parameter's gradient of a loss over them. With candidates after the
+    history the explicit mask stays (a candidate is not causal)."""
+    import genrec.model.backbone as backbone_mod
+    from genrec.kernels.attention import CausalMask
+
+    monkeypatch.delenv("GENREC_ATTN", raising=False)
+    model = make_model(6, layout=layout, sid_fusion=layout != "hstu")
+    batch = make_batch(model.config, [5, 2, 4], 5, 0, 6)
+    seen: list[str] = []
+    real_mask = Backbone._mask
+
+    def spy(self, *a, **kw):
+        m = real_mask(self, *a, **kw)
+        seen.append(type(m).__name__)
+        return m
+
+    monkeypatch.setattr(Backbone, "_mask", spy)
+    results = []
+    for fast in (False, True):
+        monkeypatch.setattr(backbone_mod, "causal_fast_path", lambda impl, device, fast=fast: fast)
+        model.zero_grad()
+        out = model(batch)
+        real = out.layout.meta.kind != -2  # padding query rows are don't-care
+        w = torch.randn(out.hidden.shape, generator=torch.Generator().manual_seed(1))
+        (out.hidden * w)[real].sum().backward()
+        results.append((out.hidden.detach()[real], {n: p.grad.clone() for n, p in model.named_parameters()
+                                                    if p.grad is not None}))
+    assert seen == ["Tensor", "CausalMask"]
+    (h_ref, g_ref), (h_fast, g_fast) = results
+    torch.testing.assert_close(h_fast, h_ref, **TOL)
+    assert g_ref.keys() == g_fast.keys() and g_ref
+    for n in g_ref:
+        torch.testing.assert_close(g_fast[n], g_ref[n], atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+    if layout != "tiger":  # candidates: the explicit mask, fast path or not
+        seen.clear()
+        with torch.no_grad():
+            model(make_batch(model.config, [5, 2, 4], 5, 3, 6))
+        assert seen == ["Tensor"] and CausalMask.__name__ not in seen

@@ -11,8 +11,12 @@ fallback on CPU — it runs there in torch 2.13, slowly), ``triton`` (PinGER §3
 kernel, :mod:`genrec.kernels.item_block`: CUDA only, full forward of the PinGER training layout;
 a trailing candidate segment (M-FALCON: each candidate sees the history's dense tokens and
 itself) is split off and attended by :func:`candidate_attention`; anything else — CPU, decode
-steps — falls back to ``reference``; neither has attention-probability dropout). ``GENREC_ATTN=<impl>`` in the
-environment overrides everything, so every fast path can be forced off.
+steps — falls back to ``reference``; neither has attention-probability dropout). The token-causal
+layouts (TIGER / dense / HSTU) in a full training forward without candidates take
+:class:`CausalMask` on CUDA under ``auto`` and ``triton`` (see :func:`causal_fast_path`): SDPA with
+``is_causal=True`` (FlashAttention, attention dropout included), equal to the explicit mask on every
+valid token of right-padded rows. ``GENREC_ATTN=<impl>`` in the environment overrides everything,
+so every fast path can be forced off.
 
 ``attention_with_lse`` / ``merge_attention`` are the two halves of cascade attention (PinGER
 §3.3.4 / serving): attend to disjoint key sets separately, then combine with the online-softmax
@@ -62,6 +66,22 @@ def resolve_impl(
     if choice == "triton" and torch.device(device).type != "cuda":
         choice = "reference"  # fast paths are forced off on CPU
     return choice
+
+
+def causal_fast_path(impl: str | None, device: torch.device | str) -> bool:
+    """May a token-causal layout use :class:`CausalMask`? On CUDA under ``auto`` or ``triton``
+    (after ``GENREC_ATTN``); never on CPU, and never when ``reference`` or ``flex`` is asked for."""
+    choice = os.environ.get("GENREC_ATTN") or impl or "auto"
+    return torch.device(device).type == "cuda" and choice in ("auto", "triton")
+
+
+class CausalMask:
+    """Token-causal attention over right-padded rows, as SDPA's ``is_causal=True`` computes it.
+
+    For a TIGER / dense / HSTU layout without candidates or cache this equals the explicit mask
+    (``k_tok <= q_tok``, padding keys hidden) on every valid query: padding sits after the valid
+    tokens of its row, so no valid query can reach it. Padding queries differ (they see the tokens
+    before them instead of only themselves); nothing reads them and no loss counts them."""
 
 
 class ItemBlockMask:
@@ -169,6 +189,10 @@ def attention(
         mask = prepare_mask(mask_mod, b, sq, sk, resolve_impl(impl, q.device, b * sq * sk), q.device)
     if isinstance(mask, ItemBlockMask):
         return _item_block(q, k, v, mask)
+    if isinstance(mask, CausalMask):
+        if sq != sk:
+            raise ValueError(f"attention: CausalMask needs as many keys as queries, got Sq={sq}, Sk={sk}")
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     if isinstance(mask, torch.Tensor):
         if mask.shape[-2:] != (sq, sk):
             raise ValueError(f"attention: mask shape {tuple(mask.shape)} does not match Sq={sq}, Sk={sk}")

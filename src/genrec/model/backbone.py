@@ -14,11 +14,18 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from genrec.kernels.attention import ItemBlockMask, attention, prepare_mask, resolve_impl
+from genrec.kernels.attention import (
+    CausalMask,
+    ItemBlockMask,
+    attention,
+    causal_fast_path,
+    prepare_mask,
+    resolve_impl,
+)
 from genrec.model.config import ModelConfig
 from genrec.model.kv_cache import KVCache
 from genrec.model.layout import CAND, DENSE, TokenMeta
-from genrec.model.mask import make_mask_mod, reference_mask
+from genrec.model.mask import CAUSAL_LAYOUTS, make_mask_mod, reference_mask
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -95,6 +102,12 @@ class Backbone(nn.Module):
               n_cand: int | None = None) -> Any:
         b, sq = q_meta.shape
         sk = k_meta.shape[1]
+        if layout in CAUSAL_LAYOUTS and q_meta is k_meta and causal_fast_path(self.cfg.attn_impl, device):
+            # full forward (no cache) of a token-causal layout: causal SDPA when no candidate follows
+            # the history; n_cand None: counted here (one host sync)
+            m = int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
+            if m == 0:
+                return CausalMask()
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout

@@ -27,6 +27,7 @@ import torch
 from genrec.model.layout import CAND, DENSE, PAD, TokenMeta
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+CAUSAL_LAYOUTS = ("tiger", "dense", "hstu")  # history causal over token order
 
 
 def allowed(
@@ -53,7 +54,7 @@ def allowed(
         rule2 = q_sid & ((k_dense & (k_pos < q_pos)) | (k_sid & (k_pos == q_pos) & (k_kind <= q_kind)))
         cand = q_cand & (k_dense | same)
         ok = rule1 | rule2 | cand
-    elif layout in ("tiger", "dense", "hstu"):
+    elif layout in CAUSAL_LAYOUTS:
         q_hist = ~(q_pad | q_cand)
         k_hist = ~(k_pad | k_cand)
         ok = (q_hist & k_hist & (k_tok <= q_tok)) | (q_cand & (k_hist | same))
