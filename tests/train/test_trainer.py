@@ -177,7 +177,8 @@ def test_deadline_decay_reaches_the_floor_when_time_runs_out(tmp_path: Path, mon
     assert log_steps[-1]["lr"] == pytest.approx(cfg.lr * steps_only(tr.step)) and log_steps[-1]["lr"] > 0.9 * cfg.lr
 
 
-def test_time_budget_covers_the_whole_run_across_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_time_budget_covers_the_whole_run_across_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """The time used is saved in the checkpoint: resuming a run whose budget is spent takes no step;
     resuming with a larger budget continues the deadline decay from where it stopped (not from the
     peak) and reaches the floor again at the new deadline. The schedule's closure is not saved."""
@@ -187,6 +188,7 @@ def test_time_budget_covers_the_whole_run_across_resumes(tmp_path: Path, monkeyp
     assert spent > 60.0
     again, log_again = _deadline_fit(wd, monkeypatch, "deadline")  # same budget: nothing left
     assert again.step == first and log_again == log and again._elapsed >= spent
+    assert "time budget is spent" in capsys.readouterr().err
     more, log_more = _deadline_fit(wd, monkeypatch, "deadline", max_minutes=2.0)  # twice the budget
     assert [r["step"] for r in log_more][:first] == list(range(1, first + 1))  # old lines kept
     new = [r for r in log_more if r["step"] > first]

@@ -388,6 +388,10 @@ class Trainer:
         t0 = t_fit = time.perf_counter()
         # a resumed run whose time budget is already spent takes no step (like one at total_steps)
         spent = self._out_of_time(t_fit)
+        if spent and info.is_main:
+            print(f"[genrec.train] the run's time budget is spent ({self._elapsed / 60:.1f} of train.max_minutes="
+                  f"{cfg.max_minutes:g} used at step {self.step}): no step taken; raise train.max_minutes to go on",
+                  file=sys.stderr)
         self.model.train()
         try:
             while self.step < cfg.total_steps and not spent:
