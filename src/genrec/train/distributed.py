@@ -54,7 +54,6 @@ def init_distributed(device: str = "auto", *, timeout_s: float = 600.0) -> DistI
     Safe to call twice and in a plain ``python`` process (returns a single-rank DistInfo).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     if world <= 1:
