@@ -290,3 +290,26 @@ def test_causal_fast_path_model_equals_reference(layout: str, monkeypatch: pytes
         with torch.no_grad():
             model(make_batch(model.config, [5, 2, 4], 5, 3, 6))
         assert seen == ["Tensor"] and CausalMask.__name__ not in seen
+
+
+@pytest.mark.parametrize("layout", ["pinger", "tiger", "dense", "hstu"])
+def test_forward_and_encode_tell_the_mask_how_many_candidates(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention switch counts candidates with a host sync when it is not told (n_cand None), and a
+    sync cannot be captured in a CUDA graph (the serving encode is). The training forward and
+    encode_history always tell it."""
+    calls: list[int | None] = []
+    real_mask = Backbone._mask
+
+    def spy(self, q_meta, k_meta, lay, device, n_cand=None):
+        if q_meta is k_meta:  # full forwards and prefills (decode steps never count)
+            calls.append(n_cand)
+        return real_mask(self, q_meta, k_meta, lay, device, n_cand)
+
+    monkeypatch.setattr(Backbone, "_mask", spy)
+    model = make_model(7, layout=layout, sid_fusion=layout != "hstu")
+    k = 0 if layout == "tiger" else 2
+    batch = make_batch(model.config, [4, 2], 4, k, 7)
+    with torch.no_grad():
+        model(batch)
+        model.encode_history(truncate(batch, 4))
+    assert calls == [k, 0]

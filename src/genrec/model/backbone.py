@@ -127,9 +127,12 @@ class Backbone(nn.Module):
         candidate tokens every row holds, when the caller knows (saves the attention switch a sync)."""
         return self._run(x, meta, layout, None, n_cand)[0]
 
-    def prefill(self, x: torch.Tensor, meta: TokenMeta, layout: str) -> tuple[KVCache, torch.Tensor]:
-        """Encode history tokens, returning a filled :class:`KVCache` and hidden ``[B, S, D]``."""
-        h, ks, vs = self._run(x, meta, layout, None)
+    def prefill(self, x: torch.Tensor, meta: TokenMeta, layout: str,
+                n_cand: int | None = None) -> tuple[KVCache, torch.Tensor]:
+        """Encode history tokens, returning a filled :class:`KVCache` and hidden ``[B, S, D]``.
+        ``n_cand``: trailing candidate tokens when the caller knows (0 for a history: no host sync,
+        so the encode can be captured in a CUDA graph)."""
+        h, ks, vs = self._run(x, meta, layout, None, n_cand)
         return KVCache(layout=layout).prefill(ks, vs, meta), h
 
     def decode(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, append: bool = False) -> torch.Tensor:

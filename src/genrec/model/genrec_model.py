@@ -355,7 +355,7 @@ class GenRecModel(nn.Module):
         if checks_on() and batch.lengths.numel() and int(batch.lengths.min()) < 1:
             raise ValueError("encode_history: every row needs at least one history item (lengths >= 1)")
         x, lay, _, _ = self._history_tokens(batch, serving=True, n_cand=0)
-        cache, h = self.backbone.prefill(x, lay.meta, self.config.layout)
+        cache, h = self.backbone.prefill(x, lay.meta, self.config.layout, n_cand=0)
         last_tok = lay.slot_index(self._context_slot())[lay.lengths - 1]  # [B]
         last_h = _gather_rows(h, last_tok)  # [B, D]
         cache.lengths, cache.last_hidden = lay.lengths, last_h
