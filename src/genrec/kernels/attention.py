@@ -12,10 +12,10 @@ kernel, :mod:`genrec.kernels.item_block`: CUDA only, full forward of the PinGER 
 a trailing candidate segment (M-FALCON: each candidate sees the history's dense tokens and
 itself) is split off and attended by :func:`candidate_attention`; anything else — CPU, decode
 steps — falls back to ``reference``; neither has attention-probability dropout). The token-causal
-layouts (TIGER / dense / HSTU) in a full forward without candidates (training, the serving prefill) take
-:class:`CausalMask` on CUDA under ``auto`` and ``triton`` (see :func:`causal_fast_path`): SDPA with
-``is_causal=True`` (FlashAttention, attention dropout included), equal to the explicit mask on every
-valid token of right-padded rows. ``GENREC_ATTN=<impl>`` in the environment overrides everything,
+layouts (TIGER / dense / HSTU) in a full forward without candidates (training, the serving
+prefill) take :class:`CausalMask` on CUDA under ``auto`` and ``triton`` (see
+:func:`causal_fast_path`): SDPA with ``is_causal=True`` (FlashAttention, attention dropout
+included), equal to the explicit mask on every valid token of right-padded rows. ``GENREC_ATTN=<impl>`` in the environment overrides everything,
 so every fast path can be forced off.
 
 ``attention_with_lse`` / ``merge_attention`` are the two halves of cascade attention (PinGER
