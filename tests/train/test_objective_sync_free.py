@@ -76,6 +76,31 @@ def test_weighted_sid_loss_equals_row_selection(seed: int, eps: float, layout: s
     assert out["n_items"] == int(b.lengths.sum())
 
 
+@pytest.mark.parametrize("layout", ["pinger", "tiger"])
+def test_per_level_sid_terms(layout: str) -> None:
+    """``sid_l1..sid_lL``: each level's mean CE over its selected rows (the twin), logged detached;
+    weighted by their row counts they give back ``sid``."""
+    obj = _setup(5, layout, 0.0)
+    b = _batch(5)
+    torch.manual_seed(7)
+    out = obj.training_step(b)
+    mb, valid = obj.model_batch(b, mask_actions=False)
+    torch.manual_seed(7)
+    ref = obj.model(mb)
+    positive = obj.pos_action[b.actions] & valid
+    tgt = obj.codes[b.rows]
+    sums, counts = [], []
+    for lvl, (lg, ok) in enumerate(zip(ref.sid_logits, ref.sid_valid or [])):
+        m = ok & positive
+        ce = F.cross_entropy(lg[m].float(), tgt[..., lvl][m], reduction="sum")
+        torch.testing.assert_close(out[f"sid_l{lvl + 1}"], ce / max(int(m.sum()), 1), atol=1e-6, rtol=1e-6)
+        assert not out[f"sid_l{lvl + 1}"].requires_grad
+        sums.append(ce)
+        counts.append(int(m.sum()))
+    assert f"sid_l{len(sums) + 1}" not in out and len(sums) == len(ref.sid_logits)
+    torch.testing.assert_close(out["sid"], sum(sums) / sum(counts), atol=1e-6, rtol=1e-6)
+
+
 def _selected_action_loss(obj: JointObjective, b: TrainBatch) -> torch.Tensor:
     """Twin: the action loss over boolean-selected rows (the former implementation)."""
     from genrec.model.losses import action_loss

@@ -170,8 +170,11 @@ class JointObjective(nn.Module):
                 w = (ok & positive).float()  # [B, n]
                 ce = F.cross_entropy(lg.float().flatten(0, 1), tgt[..., lvl].flatten(), reduction="none",
                                      label_smoothing=cfg.sid_label_smoothing)  # [B*n]
-                loss_sum = loss_sum + torch.where(w.flatten() > 0, ce, 0.0).sum()
-                count = count + w.sum()
+                lvl_sum, lvl_count = torch.where(w.flatten() > 0, ce, 0.0).sum(), w.sum()
+                # each level's own CE, logged (not optimised separately): which level is hard to predict
+                terms[f"sid_l{lvl + 1}"] = (lvl_sum / lvl_count.clamp(min=1.0)).detach()
+                loss_sum = loss_sum + lvl_sum
+                count = count + lvl_count
             terms["sid"] = loss_sum / count.clamp(min=1.0)
             total = total + cfg.w_sid * terms["sid"]
         if cfg.w_item > 0 and out.user_vecs is not None:
