@@ -39,21 +39,27 @@ def _batch(seed: int, b: int = 4, n: int = 7) -> TrainBatch:
                       request_ts=None)
 
 
-def _selected_sid_loss(obj: JointObjective, b: TrainBatch, eps: float = 0.0) -> torch.Tensor:
-    """Twin: the mean CE over rows picked by boolean selection (the former implementation); with
-    label smoothing written out: (1 - ε) · (-log p_target) + ε · mean over codes of (-log p)."""
+def _selected_sid_levels(obj: JointObjective, b: TrainBatch, eps: float = 0.0) -> list[tuple[torch.Tensor, int]]:
+    """Twin: per SID level, the summed CE over rows picked by boolean selection (the former
+    implementation) and their count; with label smoothing written out: (1 - ε) · (-log p_target)
+    + ε · mean over codes of (-log p)."""
     mb, valid = obj.model_batch(b, mask_actions=False)
     out = obj.model(mb)
     positive = obj.pos_action[b.actions] & valid
     tgt = obj.codes[b.rows]
-    lgs, tgts = [], []
+    levels = []
     for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
         m = ok & positive
-        lgs.append(lg[m])
-        tgts.append(tgt[..., lvl][m])
-    total = sum(((1 - eps) * -F.log_softmax(lg.float(), -1).gather(1, t[:, None])[:, 0]
-                 + eps * -F.log_softmax(lg.float(), -1).mean(-1)).sum() for lg, t in zip(lgs, tgts))
-    return total / max(sum(int(t.numel()) for t in tgts), 1)  # type: ignore[operator]
+        logp = F.log_softmax(lg[m].float(), -1)
+        ce = (1 - eps) * -logp.gather(1, tgt[..., lvl][m][:, None])[:, 0] + eps * -logp.mean(-1)
+        levels.append((ce.sum(), int(m.sum())))
+    return levels
+
+
+def _selected_sid_loss(obj: JointObjective, b: TrainBatch, eps: float = 0.0) -> torch.Tensor:
+    """Twin: the mean CE over every level's selected rows."""
+    levels = _selected_sid_levels(obj, b, eps)
+    return sum(ce for ce, _ in levels) / max(sum(n for _, n in levels), 1)  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("seed,eps", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.1), (4, 0.3)])
@@ -84,20 +90,13 @@ def test_per_level_sid_terms(layout: str) -> None:
     b = _batch(5)
     torch.manual_seed(7)
     out = obj.training_step(b)
-    mb, valid = obj.model_batch(b, mask_actions=False)
     torch.manual_seed(7)
-    ref = obj.model(mb)
-    positive = obj.pos_action[b.actions] & valid
-    tgt = obj.codes[b.rows]
-    sums, counts = [], []
-    for lvl, (lg, ok) in enumerate(zip(ref.sid_logits, ref.sid_valid or [])):
-        m = ok & positive
-        ce = F.cross_entropy(lg[m].float(), tgt[..., lvl][m], reduction="sum")
-        torch.testing.assert_close(out[f"sid_l{lvl + 1}"], ce / max(int(m.sum()), 1), atol=1e-6, rtol=1e-6)
+    levels = _selected_sid_levels(obj, b)
+    for lvl, (ce, n) in enumerate(levels):
+        torch.testing.assert_close(out[f"sid_l{lvl + 1}"], ce / max(n, 1), atol=1e-6, rtol=1e-6)
         assert not out[f"sid_l{lvl + 1}"].requires_grad
-        sums.append(ce)
-        counts.append(int(m.sum()))
-    assert f"sid_l{len(sums) + 1}" not in out and len(sums) == len(ref.sid_logits)
+    sums, counts = [ce for ce, _ in levels], [n for _, n in levels]
+    assert f"sid_l{len(sums) + 1}" not in out and len(sums) == obj.model.config.sid_levels
     torch.testing.assert_close(out["sid"], sum(sums) / sum(counts), atol=1e-6, rtol=1e-6)
 
 

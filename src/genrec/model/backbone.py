@@ -102,20 +102,22 @@ class Backbone(nn.Module):
               n_cand: int | None = None) -> Any:
         b, sq = q_meta.shape
         sk = k_meta.shape[1]
+
+        def n_cands() -> int:  # trailing candidate tokens; n_cand None: counted here (one host sync)
+            return int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
+
         if layout in CAUSAL_LAYOUTS and q_meta is k_meta and causal_fast_path(self.cfg.attn_impl, device):
             # full forward (no cache) of a token-causal layout: causal SDPA when no candidate follows
-            # the history; n_cand None: counted here (one host sync)
-            m = int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
-            if m == 0:
+            if n_cands() == 0:
                 return CausalMask()
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout
         if impl == "triton":
             # the item-block kernel covers the full PinGER training layout (no cache), candidates
-            # after the history included; n_cand None: counted here (one host sync)
+            # after the history included
             if layout == "pinger" and q_meta is k_meta:
-                m = int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
+                m = n_cands()
                 if (sq - m) % self.cfg.sid_levels == 0:
                     lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
                     return ItemBlockMask(lengths, self.cfg.sid_levels, m)
