@@ -254,7 +254,9 @@ def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
                                                      beams.valid[0].tolist()) if ok}
     u = np.array([rec.default_utility()[a] for a in rec.actions])
     for a, w, v in ((1.0, 0.0, 3.0), (1.0, 0.7, 0.4), (0.0, 1.0, 2.0)):
-        recs = rec.recommend(HIST, k=200, beam_width=16, overretrieve=3, retrieval_weight=w, sid_weight=v,
+        # k above the L0 union (SID beams + ANN x 3): every candidate comes back, so the floor below is
+        # taken over every SID-retrieved candidate, as the recommender takes it
+        recs = rec.recommend(HIST, k=1000, beam_width=16, overretrieve=3, retrieval_weight=w, sid_weight=v,
                              action_weight=a)
         ids = [r.item_id for r in recs]
         cos = (rec.item_vecs[torch.from_numpy(rec.catalog.rows(np.array(ids)))] @ user[0]).numpy()
