@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~8 min): the full training step, PinGER against the TIGER layout at equal context,
+# One device call (~5 min; PROFILE=1 also writes a profile of the PinGER step to $OUT): the full training step, PinGER against the TIGER layout at equal context,
 # now that TIGER's full forward runs causal SDPA (FlashAttention) on CUDA instead of an explicit mask
 # (d01fb27): the 1.24x of 9909bcb (8 x 1,024 items, d 768) measured again; longer contexts (4 x 2,048,
 # 2 x 4,096 items), and narrower models (d 256 and 384, heads of 64) at 1,024 and 2,048 items, where
@@ -10,6 +10,11 @@ source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_model_triton.py \
   tests/model tests/decode 2>&1 | tail -4
+if [ -n "$PROFILE" ]; then
+  timeout 100 python3 benchmarks/bench_train.py --preset gpu-base runs/beauty --synthetic 8x1024 --steps 10 --warmup 5 \
+    --profile 3 --variants pinger model.d_model=768 model.n_heads=12 model.d_ff=3072 model.dropout=0.0 \
+    model.attn_impl=triton objective.w_item=0 objective.w_action=0 > $OUT/profile_pinger.log 2>&1
+fi
 BT="python3 benchmarks/bench_train.py --preset gpu-base"
 COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
 D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
