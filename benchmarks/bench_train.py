@@ -55,6 +55,8 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     model = GenRecModel(mcfg)
+    if cfg.train.compile:
+        model.compile()
     _, ocfg = variant_overrides(cfg)
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)

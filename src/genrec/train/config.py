@@ -61,6 +61,9 @@ class TrainConfig:
     tensorboard: bool = True
     progress: Literal["auto", "on", "off"] = "auto"
     find_unused_parameters: bool = False
+    # torch.compile the model's training forward (fuses the elementwise work between the matmuls and
+    # attention kernels; an eager step is host-bound at small widths). Compiles once per batch shape.
+    compile: bool = False
     max_minutes: float = 0.0  # >0: stop after this much wall time, over the whole run (resumes count on from the checkpoint); evaluated + checkpointed like the last step
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 

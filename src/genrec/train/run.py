@@ -234,6 +234,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     pos = [info.actions.index(a) for a in info.positive_actions]
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
     init_and_freeze(objective, cfg)
+    if cfg.train.compile:
+        model.compile()  # in place: the state dict keeps its keys, checkpoints stay interchangeable
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
