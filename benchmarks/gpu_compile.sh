@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call (~7 min): train.compile (torch.compile of the training forward) on the full training step,
+# PinGER against the TIGER layout at equal context (synthetic full-length histories, d 768, 12 heads x 64,
+# 4 layers, SID loss only), eager and compiled, and the gpu-base step on Beauty's own batches. First the GPU
+# tests of the compiled step and of the one-row SID fusion. Carry .whl and runs/beauty.
+source benchmarks/gpu_env.sh || exit 1
+exec > >(tee "$OUT/run.log") 2>&1
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/train/test_compile.py \
+  tests/model/test_fusion.py 2>&1 | tail -4
+BT="python3 benchmarks/bench_train.py --preset gpu-base"
+COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
+D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
+run() {  # name, timeout, args...
+  local name=$1 t=$2; shift 2
+  echo "== $name"; mkdir -p $OUT/$name
+  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -3
+}
+run 8x1024-d768-compiled 150 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+run 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+run beauty-gpu-base-eager 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0
+run beauty-gpu-base-compiled 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true
