@@ -665,6 +665,56 @@ class ItemBlockAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+# ---------------------------------------------------------------- the same kernels as torch custom ops
+# torch.compile cannot trace the autograd.Function above (Triton launches with Python-side tile
+# choices); as ``genrec::item_block_fwd`` / ``genrec::item_block_bwd`` the kernels are opaque ops of
+# the compiled graph, with fake (shape-only) implementations and the autograd formula registered, so
+# a compiled training forward stays one graph. They run the tuned configuration of the head dim.
+
+
+@torch.library.custom_op("genrec::item_block_fwd", mutates_args=())
+def _item_block_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return item_block_attention_fwd(q, k, v, lengths, T, scale, config=ItemBlockConfig.tuned(q.shape[-1]))
+
+
+@_item_block_fwd_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
+      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, S, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("genrec::item_block_bwd", mutates_args=())
+def _item_block_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, lengths: torch.Tensor, T: int, scale: float
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lengths = lengths.to(torch.int32).contiguous()
+    return _Backward(q, k, v, out, lse, do, lengths, T, scale, ItemBlockConfig.tuned(q.shape[-1])).run()
+
+
+@_item_block_bwd_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+      do: torch.Tensor, lengths: torch.Tensor, T: int, scale: float
+      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, lengths, T, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], lengths)
+    ctx.T, ctx.scale = T, scale
+
+
+def _op_backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, out, lse, lengths = ctx.saved_tensors
+    dq, dk, dv = _item_block_bwd_op(q, k, v, out, lse, dout, lengths, ctx.T, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_item_block_fwd_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+
 def item_block_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -684,5 +734,10 @@ def item_block_attention(
     ``block_m`` tokens per query block (rounded to a power of two; holds ``block_m // T`` whole
     items), ``block_n`` dense keys per step of the unmasked loop; ``num_warps`` defaults to 4
     (D <= 64) or 8. ``config`` (an :class:`ItemBlockConfig`) sets every tuning knob instead.
+    Traced by ``torch.compile`` it becomes the ``genrec::item_block_fwd`` op, which always runs
+    ``ItemBlockConfig.tuned(D)`` (the configuration the model passes).
     """
+    if torch.compiler.is_compiling():  # traced by torch.compile: the custom op, which runs the tuned configuration
+        sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return _item_block_fwd_op(q, k, v, lengths, T, sc)[0]
     return ItemBlockAttention.apply(q, k, v, lengths, T, scale, block_m, block_n, num_warps, config)
