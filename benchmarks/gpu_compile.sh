@@ -17,5 +17,7 @@ run() {  # name, timeout, args...
 }
 run 8x1024-d768-compiled 150 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
 run 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+run beauty-gpu-base-eager-triton 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 model.attn_impl=triton
+run beauty-gpu-base-compiled-triton 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true model.attn_impl=triton
 run beauty-gpu-base-eager 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0
 run beauty-gpu-base-compiled 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true
