@@ -62,26 +62,28 @@ def test_compile_is_a_train_config_key() -> None:
 
 @pytest.mark.gpu
 def test_compiled_training_step_on_gpu_matches_eager() -> None:
-    """Inductor on CUDA with the item-block Triton attention, bf16 autocast: same loss and
-    gradients as the eager model within bf16 tolerance."""
+    """Inductor on CUDA with the item-block Triton attention, bf16 autocast: the compiled model's loss
+    and gradients are as close to the float32 eager model's as the eager bf16 model's are."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     over = dict(layout="pinger", sid_fusion=True, target_condition=True, attn_impl="triton",
                 d_model=128, n_heads=2, d_ff=256, max_items=64)
-    eager = make_model(3, **over).train().cuda()
-    comp = make_model(3, **over).train().cuda()
-    comp.compile()
+    models = [make_model(3, **over).train().cuda() for _ in range(3)]  # fp32 eager, bf16 eager, bf16 compiled
+    models[2].compile()
     torch._dynamo.reset()
-    b = make_batch(eager.config, [40, 17, 64, 3], 64, 0, seed=6)
+    b = make_batch(models[0].config, [40, 17, 64, 3], 64, 0, seed=6)
     batch = dataclasses.replace(b, **{f.name: getattr(b, f.name).cuda() for f in dataclasses.fields(b)
                                       if isinstance(getattr(b, f.name), torch.Tensor)})
     res = []
-    for m in (eager, comp):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+    for i, m in enumerate(models):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=i > 0):
             o = m(batch)
             loss = sum(lg.float().logsumexp(-1).mean() for lg in o.sid_logits)
         loss.backward()
-        res.append((float(loss), torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])))
-    assert abs(res[0][0] - res[1][0]) < 1e-2 * abs(res[0][0])
-    err = (res[0][1] - res[1][1]).norm() / res[0][1].norm()
-    assert err < 3e-2, float(err)
+        res.append((loss.item(), torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])))
+    (l32, g32), (le, ge), (lc, gc) = res
+    err_e, err_c = (ge - g32).norm() / g32.norm(), (gc - g32).norm() / g32.norm()
+    print(f"loss fp32 {l32:.5f} eager-bf16 {le:.5f} compiled-bf16 {lc:.5f}; grad rel err eager {err_e:.2e} compiled {err_c:.2e}")
+    assert ge.shape == gc.shape
+    assert abs(lc - l32) <= 2 * abs(le - l32) + 1e-3 * abs(l32)
+    assert err_c <= 2 * err_e + 1e-3, (float(err_c), float(err_e))
