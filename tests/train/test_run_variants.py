@@ -105,3 +105,27 @@ def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
         content = F.normalize(enc.mlp(rec.objective.feats), dim=-1)
         assert torch.allclose(rec.item_vecs[~torch.from_numpy(known)], content[~torch.from_numpy(known)], atol=1e-6)
         assert not torch.allclose(rec.item_vecs[torch.from_numpy(known)], content[torch.from_numpy(known)], atol=1e-3)
+
+
+def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch):  # noqa: ANN001
+    """``train.compile=true`` through ``train_run``: the compiled model trains, evaluates and
+    checkpoints; the weights load into a plain (uncompiled) model with the same keys. Dynamo +
+    AOTAutograd without code generation (``aot_eager``) keeps it fast on a CPU; the GPU test in
+    tests/train/test_compile.py runs inductor."""
+    from genrec.model.genrec_model import GenRecModel
+
+    calls = []
+    plain_compile = GenRecModel.compile
+
+    def spy(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(k)
+        return plain_compile(self, backend="aot_eager")
+
+    monkeypatch.setattr(GenRecModel, "compile", spy)
+    torch._dynamo.reset()
+    wd = _fork(prepared, "compiled")
+    res = train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=pinger", "train.compile=true", "train.total_steps=3",
+                                                        "data.valid_cases=16"]), resume=False)
+    assert calls and res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]
+    keys = set(_weights(wd))
+    assert keys and not any("_orig_mod" in k for k in keys)
