@@ -6,7 +6,8 @@
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=line -m "gpu or not gpu" tests/train/test_compile.py \
-  tests/model/test_fusion.py tests/kernels/test_item_block_op.py 2>&1 | tail -25
+  tests/model/test_fusion.py tests/kernels/test_item_block.py::test_opcheck_forward_op \
+  tests/kernels/test_item_block.py::test_compiled_op_equals_reference_forward_and_backward 2>&1 | tail -25
 BT="python3 benchmarks/bench_train.py --preset gpu-base"
 COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
 D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
