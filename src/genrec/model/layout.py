@@ -150,7 +150,9 @@ def build_layout(
     b, t = lengths.shape[0], len(kinds)
     item = torch.arange(n_items, device=dev)  # [n]
     pos_h = item[None, :, None].expand(b, n_items, t)  # [B, n, T]
-    kind_h = _kinds_tensor(tuple(kinds), dev)[None, None, :].expand(b, n_items, t)
+    # traced by torch.compile the constant is built in the graph (no cache needed there)
+    make_kinds = _kinds_tensor.__wrapped__ if torch.compiler.is_compiling() else _kinds_tensor
+    kind_h = make_kinds(tuple(kinds), dev)[None, None, :].expand(b, n_items, t)
     valid = (item[None, :] < lengths[:, None])[:, :, None]  # [B, n, 1]
     kind_h = torch.where(valid, kind_h, torch.full_like(kind_h, PAD))
     pos_c = lengths[:, None].expand(b, n_cand)  # [B, k]
