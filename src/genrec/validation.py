@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
+
 __all__ = ["checks_on", "trusted_inputs"]
 
 _TRUSTED: ContextVar[bool] = ContextVar("genrec_trusted_inputs", default=False)
@@ -31,8 +33,6 @@ def trusted_inputs() -> Iterator[None]:
 def checks_on() -> bool:
     """False inside :func:`trusted_inputs`, and while ``torch.compile`` traces (a compiled training
     forward runs on batches range-checked once per step by the objective; a sync would split its graph)."""
-    import torch
-
     if torch.compiler.is_compiling():
         return False
     return not _TRUSTED.get()

@@ -3,12 +3,11 @@ split it) and computes what the eager forward computes, values and gradients."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from genrec.train.config import TrainConfig
+from genrec.train.trainer import to_device
 from tests.model.test_model_equivalence import make_batch, make_model
 
 
@@ -71,9 +70,7 @@ def test_compiled_training_step_on_gpu_matches_eager() -> None:
     models = [make_model(3, **over).train().cuda() for _ in range(3)]  # fp32 eager, bf16 eager, bf16 compiled
     models[2].compile()
     torch._dynamo.reset()
-    b = make_batch(models[0].config, [40, 17, 64, 3], 64, 0, seed=6)
-    batch = dataclasses.replace(b, **{f.name: getattr(b, f.name).cuda() for f in dataclasses.fields(b)
-                                      if isinstance(getattr(b, f.name), torch.Tensor)})
+    batch = to_device(make_batch(models[0].config, [40, 17, 64, 3], 64, 0, seed=6), torch.device("cuda"))
     res = []
     for i, m in enumerate(models):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=i > 0):
