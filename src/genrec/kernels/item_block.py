@@ -65,6 +65,10 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
+    ``fwd_pair``: each forward program runs two adjacent query blocks, reading every dense K/V
+    tile once for both (half the dense K/V traffic per query; each block keeps its own part 2).
+    ``swap_grid``: launch grids ordered (B*H, blocks), so the heaviest blocks of every head run
+    first (else the heaviest of one head, then of the next).
     """
 
     block_m: int = 64
@@ -75,6 +79,8 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
+    fwd_pair: bool = False
+    swap_grid: bool = False
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -124,6 +130,25 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _inblock_index(tok, slot, ok, T: tl.constexpr):
+    # The PinGER mask inside a block of whole items as two integer comparisons. For query token r
+    # and key token c of the same block, visible <=> c <= r and key_rank(c) >= query_floor(r), with
+    #   key_rank  = c for an SID key, BIG for a dense key (a dense key passes the second test);
+    #   query_floor = first token of r's item for an SID query (its own item's SID keys of level
+    #                 <= its own pass), BIG for a dense query (no SID key passes);
+    # so a dense key is visible iff c <= r (an earlier item's dense token, or r itself when r is
+    # dense), an SID key iff it lies in r's own item at or before r and r is an SID query.
+    # Invalid rows get r = -1 and invalid keys c = BIG: nothing visible.
+    BIG: tl.constexpr = 1 << 30
+    is_sid = slot < T - 1
+    r = tl.where(ok, tok, -1)
+    floor = tl.where(is_sid, tok - slot, BIG)
+    c = tl.where(ok, tok, BIG)
+    rank = tl.where(is_sid, tok, BIG)
+    return r, floor, c, rank
+
+
+@triton.jit
 def _fwd_dense_tiles(
     acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -153,30 +178,76 @@ def _fwd_dense_tiles(
 
 
 @triton.jit
+def _program_ids(SWAP_GRID: tl.constexpr):
+    # (block index counted from the last block, batch*head). Default grid (blocks, B*H); with
+    # SWAP_GRID (B*H, blocks): consecutive programs are the same block of different heads, so the
+    # heaviest blocks of EVERY head start first (longest-first scheduling over the whole grid).
+    if SWAP_GRID:
+        return tl.num_programs(1) - 1 - tl.program_id(1), tl.program_id(0)
+    else:
+        return tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
+def _fwd_block_rows(qptr, sqs, item0, n_valid, T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    D: tl.constexpr):
+    # The rows of one block of whole items starting at item0: tokens, slots, validity, q [BM, D].
+    rows = tl.arange(0, BLOCK_M)
+    in_block = rows < BLOCK_ITEMS * T
+    tok = item0 * T + rows  # [BLOCK_M]
+    q_slot = rows % T
+    row_ok = in_block & (item0 + rows // T < n_valid)
+    offs_d = tl.arange(0, D)
+    q = tl.load(qptr + tok[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
+    return tok, q_slot, row_ok, in_block, q
+
+
+@triton.jit
+def _fwd_finish(
+    acc, l_i, m_i, q, kptr, vptr, sks, svs, optr, sos, lptr, tok, q_slot, row_ok, in_block, S, qk_scale,
+    T: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # Part 2: masked attention of the block's queries against the block's own tokens (the keys
+    # are the same token range, indexed by the same rows); then normalise and store out and lse.
+    offs_d = tl.arange(0, D)
+    kb = tl.load(kptr + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
+    vb = tl.load(vptr + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    s = _dot(q, tl.trans(kb), IEEE, UPCAST) * qk_scale  # [BM(q), BM(k)]
+    r, floor, c, rank = _inblock_index(tok, q_slot, row_ok, T)
+    vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, IEEE, UPCAST)
+    m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    out = tl.where(row_ok[:, None], out, 0.0)
+    lse = tl.where(row_ok, (m_i + tl.log2(l_safe)) / 1.4426950408889634, 0.0)  # natural-log LSE
+    st_ok = in_block & (tok < S)
+    tl.store(optr + tok[:, None] * sos + offs_d[None, :], out.to(optr.dtype.element_ty), mask=st_ok[:, None])
+    tl.store(lptr + tok, lse, mask=st_ok)
+
+
+@triton.jit
 def _item_block_fwd_kernel(
     Q, K, V, KD, VD, O, LSE, LENGTHS,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program_ids(SWAP_GRID)  # heaviest (latest) query blocks first
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
     item0 = pid_m * BLOCK_ITEMS
-    rows = tl.arange(0, BLOCK_M)
-    in_block = rows < BLOCK_ITEMS * T
-    tok = item0 * T + rows  # [BLOCK_M]
-    q_item = item0 + rows // T
-    q_dense = (rows % T) == T - 1
-    q_slot = rows % T
-    row_ok = in_block & (q_item < n_valid)
-    offs_d = tl.arange(0, D)
-
-    q = tl.load(Q + b * sqb + h * sqh + tok[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
+    tok, q_slot, row_ok, in_block, q = _fwd_block_rows(Q + b * sqb + h * sqh, sqs, item0, n_valid, T, BLOCK_ITEMS,
+                                                       BLOCK_M, D)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -194,35 +265,101 @@ def _item_block_fwd_kernel(
     else:
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
                                          BLOCK_N, D, True, IEEE, UPCAST)
+    _fwd_finish(acc, l_i, m_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, O + b * sob + h * soh, sos,
+                LSE + b * slb + h * slh, tok, q_slot, row_ok, in_block, S, qk_scale, T, D, IEEE, UPCAST)
 
-    # Part 2: masked attention of the block's queries against the block's own tokens.
-    k_item = q_item  # same token range: keys are indexed by the same `rows`
-    k_ok = row_ok
-    kb = tl.load(K + b * skb + h * skh + tok[:, None] * sks + offs_d[None, :], mask=k_ok[:, None], other=0.0)  # [BM, D]
-    vb = tl.load(V + b * svb + h * svh + tok[:, None] * svs + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-    s = _dot(q, tl.trans(kb), IEEE, UPCAST) * qk_scale  # [BM(q), BM(k)]
-    qi = q_item[:, None]
-    ki = k_item[None, :]
-    qd = q_dense[:, None]
-    kd_ = q_dense[None, :]
-    vis_dense = kd_ & ((qd & (ki <= qi)) | ((~qd) & (ki < qi)))
-    vis_sid = (~kd_) & (~qd) & (ki == qi) & (q_slot[None, :] <= q_slot[:, None])
-    vis = (vis_dense | vis_sid) & row_ok[:, None] & k_ok[None, :]
-    s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, IEEE, UPCAST)
-    m_i = m_new
 
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    out = tl.where(row_ok[:, None], out, 0.0)
-    lse = tl.where(row_ok, (m_i + tl.log2(l_safe)) / 1.4426950408889634, 0.0)  # natural-log LSE
-    st_ok = in_block & (tok < S)
-    tl.store(O + b * sob + h * soh + tok[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty), mask=st_ok[:, None])
-    tl.store(LSE + b * slb + h * slh + tok, lse, mask=st_ok)
+@triton.jit
+def _fwd_dense_tiles2(
+    acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, KD, VD, skdn, svdn, start, end, hi, qk_scale,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # _fwd_dense_tiles for two query blocks at once: each dense K/V tile is read once for both.
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for s0 in range(start, end, BLOCK_N):
+        n_idx = s0 + offs_n
+        n_ok = n_idx < hi
+        if MASKED:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
+        s_a = _dot(q_a, tl.trans(kd), IEEE, UPCAST) * qk_scale
+        s_b = _dot(q_b, tl.trans(kd), IEEE, UPCAST) * qk_scale
+        if MASKED:
+            s_a = tl.where(n_ok[None, :], s_a, float("-inf"))
+            s_b = tl.where(n_ok[None, :], s_b, float("-inf"))
+        mn_a = tl.maximum(m_a, tl.max(s_a, 1))
+        mn_b = tl.maximum(m_b, tl.max(s_b, 1))
+        al_a = tl.exp2(m_a - mn_a)
+        al_b = tl.exp2(m_b - mn_b)
+        p_a = tl.exp2(s_a - mn_a[:, None])
+        p_b = tl.exp2(s_b - mn_b[:, None])
+        l_a = l_a * al_a + tl.sum(p_a, 1)
+        l_b = l_b * al_b + tl.sum(p_b, 1)
+        acc_a = acc_a * al_a[:, None] + _dot(p_a.to(vd.dtype), vd, IEEE, UPCAST)
+        acc_b = acc_b * al_b[:, None] + _dot(p_b.to(vd.dtype), vd, IEEE, UPCAST)
+        m_a = mn_a
+        m_b = mn_b
+    return acc_a, l_a, m_a, acc_b, l_b, m_b
+
+
+@triton.jit
+def _item_block_fwd_pair_kernel(
+    Q, K, V, KD, VD, O, LSE, LENGTHS,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
+    sob, soh, sos, slb, slh,
+    H, S, qk_scale,
+    T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # The forward for two adjacent query blocks A, B (items [item0, item0 + BI), [item0 + BI,
+    # item0 + 2 BI)) per program: the dense tiles before A are loaded once for both, which halves
+    # the dense K/V traffic per query; B then also reads A's BI dense tokens; each block's part 2
+    # stays its own BM x BM tile (not one 2BM x 2BM tile, mostly masked).
+    pid_m, pid_bh = _program_ids(SWAP_GRID)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    n_valid = tl.load(LENGTHS + b)
+    item0 = pid_m * (2 * BLOCK_ITEMS)
+    qptr = Q + b * sqb + h * sqh
+    tok_a, slot_a, ok_a, inb_a, q_a = _fwd_block_rows(qptr, sqs, item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, D)
+    tok_b, slot_b, ok_b, inb_b, q_b = _fwd_block_rows(qptr, sqs, item0 + BLOCK_ITEMS, n_valid, T, BLOCK_ITEMS,
+                                                      BLOCK_M, D)
+    m_a = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_a = tl.zeros([BLOCK_M], tl.float32)
+    acc_a = tl.zeros([BLOCK_M, D], tl.float32)
+    m_b = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_b = tl.zeros([BLOCK_M], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, D], tl.float32)
+
+    hi = tl.where(item0 < n_valid, item0, 0)
+    kd_ptr = KD + b * skdb + h * skdh
+    vd_ptr = VD + b * svdb + h * svdh
+    if SPLIT_TAIL:
+        hi_full = (hi // BLOCK_N) * BLOCK_N
+        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
+                                                             skdn, svdn, 0, hi_full, hi, qk_scale, BLOCK_N, D, False,
+                                                             IEEE, UPCAST)
+        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
+                                                             skdn, svdn, hi_full, hi, hi, qk_scale, BLOCK_N, D, True,
+                                                             IEEE, UPCAST)
+    else:
+        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
+                                                             skdn, svdn, 0, hi, hi, qk_scale, BLOCK_N, D, True,
+                                                             IEEE, UPCAST)
+    # B also sees the dense tokens of A's items (all valid when B has a valid row; else B stores zeros)
+    hi_b = tl.where(item0 + BLOCK_ITEMS < n_valid, item0 + BLOCK_ITEMS, 0)
+    acc_b, l_b, m_b = _fwd_dense_tiles(acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr, skdn, svdn, hi, hi_b, hi_b, qk_scale,
+                                       BLOCK_N, D, True, IEEE, UPCAST)
+    kptr, vptr = K + b * skb + h * skh, V + b * svb + h * svh
+    optr, lptr = O + b * sob + h * soh, LSE + b * slb + h * slh
+    _fwd_finish(acc_a, l_a, m_a, q_a, kptr, vptr, sks, svs, optr, sos, lptr, tok_a, slot_a, ok_a, inb_a, S, qk_scale,
+                T, D, IEEE, UPCAST)
+    _fwd_finish(acc_b, l_b, m_b, q_b, kptr, vptr, sks, svs, optr, sos, lptr, tok_b, slot_b, ok_b, inb_b, S, qk_scale,
+                T, D, IEEE, UPCAST)
 
 
 @triton.jit
@@ -261,10 +398,9 @@ def _item_block_bwd_dq_kernel(
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program_ids(SWAP_GRID)  # heaviest (latest) query blocks first
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -274,7 +410,6 @@ def _item_block_bwd_dq_kernel(
     tok = item0 * T + rows
     q_item = item0 + rows // T
     q_slot = rows % T
-    q_dense = q_slot == T - 1
     row_ok = in_block & (q_item < n_valid)
     st_ok = in_block & (tok < S)
     offs_d = tl.arange(0, D)
@@ -306,13 +441,8 @@ def _item_block_bwd_dq_kernel(
     kb = tl.load(K + b * skb + h * skh + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     vb = tl.load(V + b * svb + h * svh + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     s = _dot(q, tl.trans(kb), IEEE, UPCAST) * qk_scale
-    qi = q_item[:, None]
-    ki = q_item[None, :]
-    qd = q_dense[:, None]
-    kd_ = q_dense[None, :]
-    vis_dense = kd_ & ((qd & (ki <= qi)) | ((~qd) & (ki < qi)))
-    vis_sid = (~kd_) & (~qd) & (ki == qi) & (q_slot[None, :] <= q_slot[:, None])
-    vis = (vis_dense | vis_sid) & row_ok[:, None] & row_ok[None, :]
+    r, floor, c, rank = _inblock_index(tok, q_slot, row_ok, T)
+    vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
     p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     dp = _dot(do, tl.trans(vb), IEEE, UPCAST)
     ds = p * (dp - delta[:, None])
@@ -363,7 +493,8 @@ def _item_block_bwd_sid_kv_kernel(
     lse2 = tl.load(LSE + b * slb + h * slh + tok, mask=r_ok, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + b * slb + h * slh + tok, mask=r_ok, other=0.0)
     st = _dot(k, tl.trans(q), IEEE, UPCAST) * qk_scale  # [BM(k), BM(q)]
-    vis = (r_item[:, None] == r_item[None, :]) & (r_slot[:, None] <= r_slot[None, :]) & r_ok[:, None] & r_ok[None, :]
+    r, floor, c, rank = _inblock_index(tok, r_slot, r_ok, T)  # dense rows: r_ok is False, so invisible
+    vis = (c[:, None] <= r[None, :]) & (rank[:, None] >= floor[None, :])  # [BM(k), BM(q)]
     pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)  # [BM(k), BM(q)]
     dv = _dot(pt.to(do.dtype), do, IEEE, UPCAST)  # [BM, D]
     dpt = _dot(v, tl.trans(do), IEEE, UPCAST)
@@ -376,7 +507,7 @@ def _item_block_bwd_sid_kv_kernel(
 
 @triton.jit
 def _kv_query_tiles(
-    dk, dv, kd, vd, j, j_ok, Q, DO, LSE, DELTA, sqs, sdos, start, end, q_hi, qk_scale,
+    dk, dv, kd, vd, jtok, Q, DO, LSE, DELTA, sqs, sdos, start, end, q_hi, qk_scale,
     T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -392,11 +523,8 @@ def _kv_query_tiles(
         l2 = tl.load(LSE + qt, mask=q_ok, other=0.0) * 1.4426950408889634
         dl = tl.load(DELTA + qt, mask=q_ok, other=0.0)
         st = _dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale  # [BI, BQ]
-        if MASKED:
-            q_item = qt // T
-            q_dense = (qt % T) == T - 1
-            vis = (q_dense[None, :] & (j[:, None] <= q_item[None, :])) | ((~q_dense[None, :]) & (j[:, None] < q_item[None, :]))
-            vis = vis & j_ok[:, None] & q_ok[None, :]
+        if MASKED:  # dense key j (token jT + T-1) is seen by query token r iff jT + T-1 <= r
+            vis = jtok[:, None] <= qt[None, :]  # (a query past q_hi loads zeros: dP = dS = 0 anyway)
             pt = tl.where(vis, tl.exp2(st - l2[None, :]), 0.0)
         else:
             pt = tl.exp2(st - l2[None, :])
@@ -414,14 +542,18 @@ def _item_block_bwd_dense_kv_kernel(
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
     # BLOCK_I dense keys (rows of the compact dense K/V) per program, a flash-style loop over
     # every query token from item j0 on; only the first BLOCK_I items' worth needs the mask.
-    pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
-    pid_bh = tl.program_id(1)
+    if SWAP_GRID:  # grid (B*H, key blocks): the heaviest key blocks of every head first
+        pid_i = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:
+        pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
+        pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -434,6 +566,7 @@ def _item_block_bwd_dense_kv_kernel(
     vd = tl.load(VD + b * svdb + h * svdh + j[:, None] * svdn + offs_d[None, :], mask=j_ok[:, None], other=0.0)
     dk = tl.zeros([BLOCK_I, D], tl.float32)
     dv = tl.zeros([BLOCK_I, D], tl.float32)
+    jtok = tl.where(j_ok, j * T + (T - 1), 1 << 30)  # dense key's token; padding keys: seen by no query
     q_hi = n_valid * T
     q_ptr = Q + b * sqb + h * sqh
     do_ptr = DO + b * sdob + h * sdoh
@@ -442,12 +575,12 @@ def _item_block_bwd_dense_kv_kernel(
     if SPLIT_TAIL:  # queries of items >= j0 + BLOCK_I see every key of the tile: no mask there
         DIAG = ((BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q) * BLOCK_Q  # query tokens that can be masked
         mid = tl.minimum(j0 * T + DIAG, q_hi)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, mid, q_hi,
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, mid, q_hi,
                                  qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, mid, q_hi, q_hi,
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, mid, q_hi, q_hi,
                                  qk_scale, T, BLOCK_Q, D, False, IEEE, UPCAST)
     else:
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, q_hi, q_hi,
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, q_hi, q_hi,
                                  qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
     dk = dk * sm_scale
     dtok = j * T + (T - 1)
@@ -504,6 +637,10 @@ def _blocks(T: int, block_m: int) -> tuple[int, int]:
     return block_m, block_m // T
 
 
+def _grid(blocks: int, bh: int, swap: bool) -> tuple[int, int]:
+    return (bh, blocks) if swap else (blocks, bh)
+
+
 def _tile(x: int) -> int:
     return max(16, _next_pow2(x))
 
@@ -558,14 +695,15 @@ def item_block_attention_fwd(
     if out.numel() == 0:
         return out, lse.zero_()
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
-    grid = (triton.cdiv(n_items, BLOCK_ITEMS), B * H)
-    _item_block_fwd_kernel[grid](
+    kernel = _item_block_fwd_pair_kernel if cfg.fwd_pair else _item_block_fwd_kernel
+    grid = _grid(triton.cdiv(n_items, BLOCK_ITEMS * (2 if cfg.fwd_pair else 1)), B * H, cfg.swap_grid)
+    kernel[grid](
         q, k, v, kd, vd, out, lse, lengths,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(kd), *_strides3(vd), *_strides3(out),
         lse.stride(0), lse.stride(1),
         H, S, scale * _LOG2E,
         T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(cfg.block_n), D=D, SPLIT_TAIL=cfg.split_tail,
-        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
+        SWAP_GRID=cfg.swap_grid, IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
     )
     return out, lse
 
@@ -594,14 +732,15 @@ class _Backward:
     def run_dq(self) -> None:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_M, BLOCK_ITEMS = _blocks(T, c.dq_block_m or c.block_m)
-        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
+        _item_block_bwd_dq_kernel[_grid(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H, c.swap_grid)](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
             *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
             *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.S, self.scale * _LOG2E, self.scale,
             T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(c.dq_block_n or c.block_n),
-            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1, **self.consts,
+            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1,
+            SWAP_GRID=c.swap_grid, **self.consts,
             **_launch_opts(c.dq_warps or c.num_warps, c.dq_stages or c.num_stages, self.D),
         )
 
@@ -622,12 +761,13 @@ class _Backward:
     def run_dense_kv(self) -> None:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_I = _tile(c.kv_block_i) if c.kv_block_i else _blocks(T, c.block_m)[0]
-        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H)](
+        _item_block_bwd_dense_kv_kernel[_grid(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H, c.swap_grid)](
             q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
             self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.n_items, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail, **self.consts,
+            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail,
+            SWAP_GRID=c.swap_grid, **self.consts,
             **_launch_opts(c.kv_warps or c.num_warps, c.kv_stages or c.num_stages, self.D),
         )
 

@@ -1,0 +1,118 @@
+"""Probe: the item-block kernel's cheaper in-block mask, paired forward blocks and the swapped grid.
+
+Usage (GPU only): python benchmarks/probe_item_block_fwd.py --old OLD.py --out probe.json [--iters 30]
+
+``--old``: a copy of ``src/genrec/kernels/item_block.py`` from an earlier commit (e.g.
+``git show HEAD~1:src/genrec/kernels/item_block.py > old.py``); its tuned configuration is timed in
+the same run as the baseline. Same shapes as ``sweep_item_block.py`` (bf16, B 8 x 1,024 items x 5
+tokens, 12 x 64 and 8 x 128). Every configuration is first checked against the fp32 reference
+(``sweep_item_block.check_all``); then each is timed as a CUDA-graph replay (GPU time), forward
+and forward + backward, in two rounds (A B C ... A B C ...) so that drift shows; then the per-kernel
+breakdown of the current tuned configuration and of the fastest. Prints a table; ``--out`` gets JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sweep_item_block as sw  # noqa: E402
+
+from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # noqa: E402
+
+
+def load_old(path: str) -> Any:
+    """The old kernel module, minus its torch custom ops (the current module registered those names)."""
+    text = Path(path).read_text()
+    a, b = text.find("@torch.library.custom_op"), text.find("def item_block_attention(")
+    if a >= 0 and b > a:
+        text = text[:a] + text[b:]
+    spec = importlib.util.spec_from_loader("item_block_old", loader=None)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(text, path, "exec"), mod.__dict__)  # noqa: S102 - our own file from git
+    return mod
+
+
+def configs(D: int) -> dict[str, ItemBlockConfig]:
+    t = ItemBlockConfig.tuned(D)
+    out = {"tuned (new mask)": t, "tuned +swap": t.replace(swap_grid=True)}
+    for name, ch in {
+        "+pair": {}, "+pair bn32": {"block_n": 32}, "+pair bn128": {"block_n": 128}, "+pair w8": {"num_warps": 8},
+        "+pair s2": {"num_stages": 2}, "+pair s4": {"num_stages": 4}, "+pair +swap": {"swap_grid": True},
+        "+pair bm32": {"block_m": 32},
+    }.items():
+        out[f"tuned {name}"] = t.replace(fwd_pair=True, **ch)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=8)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
+        return 0
+    old = load_old(args.old)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "errors": []}
+    timer = sw.Timer("cuda", args.warmup, args.iters)
+    for H, D in sw.SHAPE["heads"]:
+        T = sw.SHAPE["T"]
+        cfgs = configs(D)
+        checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)
+        bench = sw.Bench("cuda", sw.SHAPE["B"], sw.SHAPE["n_items"], T, H, D, timer)
+        old_cfg = old.ItemBlockConfig.tuned(D)
+        calls: dict[str, Callable[[], Any]] = {
+            "HEAD tuned (old mask)": lambda: old.item_block_attention(*bench.xs, bench.lengths, T, config=old_cfg)}
+        for name, c in cfgs.items():
+            if checks[c]["status"] != "ok":
+                print(f"[{H}x{D}] skip {name}: {checks[c]['status']} {checks[c].get('error', checks[c].get('errs'))}")
+                res["errors"].append({"shape": f"{H}x{D}", "name": name, **{k: str(v) for k, v in checks[c].items()}})
+                continue
+            calls[name] = (lambda c=c: item_block_attention(*bench.xs, bench.lengths, T, config=c))
+        rows: dict[str, dict[str, list[float]]] = {n: {"fwd": [], "fwd_bwd": []} for n in calls}
+        for _ in range(2):
+            for name, f in calls.items():
+                fb = (lambda f=f: torch.autograd.grad(f(), bench.xs, bench.do))
+                r = sw.guard(res["errors"], name, lambda: (timer.graph(f), timer.graph(fb)))
+                if r:
+                    rows[name]["fwd"].append(r[0])
+                    rows[name]["fwd_bwd"].append(r[1])
+        best = min((n for n in rows if n in cfgs and rows[n]["fwd_bwd"]), key=lambda n: min(rows[n]["fwd_bwd"]))
+        breakdown = {n: sw.guard(res["errors"], f"breakdown {n}", lambda n=n: bench.per_kernel(cfgs[n]))
+                     for n in dict.fromkeys(["tuned (new mask)", best])}
+        res["shapes"][f"{H}x{D}"] = {"rows": rows, "best": best, "breakdown": breakdown, "fwd_flops": bench.fwd_flops,
+                                     "checks": {n: checks[c]["status"] for n, c in cfgs.items()}}
+        base = min(rows["HEAD tuned (old mask)"]["fwd_bwd"])
+        print(f"\n[{H} heads x {D}] GPU time (CUDA graph), ms, two rounds; ratio = HEAD fwd+bwd / this fwd+bwd")
+        print(f"{'configuration':28s} {'fwd':>15s} {'fwd+bwd':>15s} {'TFLOP/s':>8s} {'ratio':>6s}")
+        for n, r in rows.items():
+            if r["fwd_bwd"]:
+                fb = min(r["fwd_bwd"])
+                print(f"{n:28s} {' / '.join(f'{x:.3f}' for x in r['fwd']):>15s} {' / '.join(f'{x:.3f}' for x in r['fwd_bwd']):>15s}"
+                      f" {3.5 * bench.fwd_flops / fb / 1e9:8.0f} {base / fb:6.3f}")
+        for n, b in breakdown.items():
+            print(f"  breakdown {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in (b or {}).items() if v is not None))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+    print(f"\nerrors: {len(res['errors'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"wall {time.time() - t0:.0f} s")
+    raise SystemExit(rc)
