@@ -1,14 +1,16 @@
-"""Probe: the item-block kernel's cheaper in-block mask, paired forward blocks and the swapped grid.
+"""Probe: this commit's item-block kernel against earlier commits' kernels, and its tuned neighbours.
 
-Usage (GPU only): python benchmarks/probe_item_block_fwd.py --old OLD.py --out probe.json [--iters 30]
+Usage (GPU only):
+    python benchmarks/probe_item_block_fwd.py --old NAME=OLD.py [--old ...] --out probe.json [--iters 30]
 
 ``--old``: a copy of ``src/genrec/kernels/item_block.py`` from an earlier commit (e.g.
-``git show HEAD~1:src/genrec/kernels/item_block.py > old.py``); its tuned configuration is timed in
-the same run as the baseline. Same shapes as ``sweep_item_block.py`` (bf16, B 8 x 1,024 items x 5
-tokens, 12 x 64 and 8 x 128). Every configuration is first checked against the fp32 reference
+``git show REV:src/genrec/kernels/item_block.py > old.py``); its tuned configuration is timed in the
+same run; the first one is the baseline of the ratio column. Same shapes as ``sweep_item_block.py``
+(bf16, B 8 x 1,024 items x 5 tokens, 12 x 64 and 8 x 128). Every configuration of this commit
+(the tuned one and single-knob neighbours of it) is first checked against the fp32 reference
 (``sweep_item_block.check_all``); then each is timed as a CUDA-graph replay (GPU time), forward
 and forward + backward, in two rounds (A B C ... A B C ...) so that drift shows; then the per-kernel
-breakdown of the current tuned configuration and of the fastest. Prints a table; ``--out`` gets JSON.
+breakdown of the tuned configuration and of the fastest. Prints a table; ``--out`` gets JSON.
 """
 
 from __future__ import annotations
@@ -46,20 +48,21 @@ def load_old(path: str) -> Any:
 
 
 def configs(D: int) -> dict[str, ItemBlockConfig]:
+    """The tuned configuration of this commit, and single-knob neighbours of it."""
     t = ItemBlockConfig.tuned(D)
-    out = {"tuned (new mask)": t, "tuned +swap": t.replace(swap_grid=True)}
-    for name, ch in {
-        "+pair": {}, "+pair bn32": {"block_n": 32}, "+pair bn128": {"block_n": 128}, "+pair w8": {"num_warps": 8},
-        "+pair s2": {"num_stages": 2}, "+pair s4": {"num_stages": 4}, "+pair +swap": {"swap_grid": True},
-        "+pair bm32": {"block_m": 32},
-    }.items():
-        out[f"tuned {name}"] = t.replace(fwd_pair=True, **ch)
+    out = {"tuned": t}
+    for knob, values in {"block_n": (32, 128), "num_stages": (2, 4), "dq_block_n": (32, 64), "dq_stages": (2, 4),
+                         "kv_block_q": (64, 128), "kv_stages": (2, 3)}.items():
+        for x in values:
+            if getattr(t, knob) != x:
+                out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", required=True)
+    ap.add_argument("--old", action="append", default=[], metavar="NAME=PATH",
+                    help="an earlier commit's item_block.py, timed (its tuned configuration) as NAME; repeatable")
     ap.add_argument("--out", default="")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -68,7 +71,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
         return 0
-    old = load_old(args.old)
+    olds = {name: load_old(path) for name, path in (o.split("=", 1) for o in args.old)}
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}, "errors": []}
     timer = sw.Timer("cuda", args.warmup, args.iters)
     for H, D in sw.SHAPE["heads"]:
@@ -76,9 +79,9 @@ def main() -> int:
         cfgs = configs(D)
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)
         bench = sw.Bench("cuda", sw.SHAPE["B"], sw.SHAPE["n_items"], T, H, D, timer)
-        old_cfg = old.ItemBlockConfig.tuned(D)
         calls: dict[str, Callable[[], Any]] = {
-            "HEAD tuned (old mask)": lambda: old.item_block_attention(*bench.xs, bench.lengths, T, config=old_cfg)}
+            name: (lambda m=m: m.item_block_attention(*bench.xs, bench.lengths, T, config=m.ItemBlockConfig.tuned(D)))
+            for name, m in olds.items()}
         for name, c in cfgs.items():
             if checks[c]["status"] != "ok":
                 print(f"[{H}x{D}] skip {name}: {checks[c]['status']} {checks[c].get('error', checks[c].get('errs'))}")
@@ -95,16 +98,17 @@ def main() -> int:
                     rows[name]["fwd_bwd"].append(r[1])
         best = min((n for n in rows if n in cfgs and rows[n]["fwd_bwd"]), key=lambda n: min(rows[n]["fwd_bwd"]))
         breakdown = {n: sw.guard(res["errors"], f"breakdown {n}", lambda n=n: bench.per_kernel(cfgs[n]))
-                     for n in dict.fromkeys(["tuned (new mask)", best])}
+                     for n in dict.fromkeys(["tuned", best])}
         res["shapes"][f"{H}x{D}"] = {"rows": rows, "best": best, "breakdown": breakdown, "fwd_flops": bench.fwd_flops,
                                      "checks": {n: checks[c]["status"] for n, c in cfgs.items()}}
-        base = min(rows["HEAD tuned (old mask)"]["fwd_bwd"])
-        print(f"\n[{H} heads x {D}] GPU time (CUDA graph), ms, two rounds; ratio = HEAD fwd+bwd / this fwd+bwd")
-        print(f"{'configuration':28s} {'fwd':>15s} {'fwd+bwd':>15s} {'TFLOP/s':>8s} {'ratio':>6s}")
+        first = next(iter(rows))
+        base = min(rows[first]["fwd_bwd"])
+        print(f"\n[{H} heads x {D}] GPU time (CUDA graph), ms, two rounds; ratio = {first} fwd+bwd / this fwd+bwd")
+        print(f"{'configuration':30s} {'fwd':>15s} {'fwd+bwd':>15s} {'TFLOP/s':>8s} {'ratio':>6s}")
         for n, r in rows.items():
             if r["fwd_bwd"]:
                 fb = min(r["fwd_bwd"])
-                print(f"{n:28s} {' / '.join(f'{x:.3f}' for x in r['fwd']):>15s} {' / '.join(f'{x:.3f}' for x in r['fwd_bwd']):>15s}"
+                print(f"{n:30s} {' / '.join(f'{x:.3f}' for x in r['fwd']):>15s} {' / '.join(f'{x:.3f}' for x in r['fwd_bwd']):>15s}"
                       f" {3.5 * bench.fwd_flops / fb / 1e9:8.0f} {base / fb:6.3f}")
         for n, b in breakdown.items():
             print(f"  breakdown {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in (b or {}).items() if v is not None))

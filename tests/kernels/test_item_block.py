@@ -154,6 +154,8 @@ def test_rejects_bad_input() -> None:
         item_block_attention(x, x, x, torch.tensor([2], device=DEVICE), 3)
     with pytest.raises(ValueError, match="dtype"):
         item_block_attention(q, q.double(), q, torch.tensor([2], device=DEVICE), 3)
+    with pytest.raises(ValueError, match="scale"):
+        item_block_attention(q, q, q, torch.tensor([2], device=DEVICE), 3, scale=-0.5)
 
 
 # ---------------------------------------------------------------- tuning variants (ItemBlockConfig)
@@ -164,9 +166,6 @@ VARIANTS = {
     "split_tail": ItemBlockConfig(block_m=16, block_n=16, split_tail=True),
     "fuse_delta": ItemBlockConfig(block_m=16, block_n=16, fuse_delta=True),
     "fuse_sid_kv": ItemBlockConfig(block_m=16, block_n=16, fuse_sid_kv=True),
-    "fwd_pair": ItemBlockConfig(block_m=16, block_n=16, fwd_pair=True),
-    "fwd_pair_split_swap": ItemBlockConfig(block_m=16, block_n=16, fwd_pair=True, split_tail=True, swap_grid=True),
-    "swap_grid": ItemBlockConfig(block_m=16, block_n=16, swap_grid=True, fuse_delta=True, fuse_sid_kv=True),
     "all_own_bwd_tiles": ItemBlockConfig(
         block_m=32, block_n=16, num_stages=2, gather_dense=True, split_tail=True, fuse_delta=True, fuse_sid_kv=True,
         dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
@@ -217,15 +216,14 @@ def test_variant_bf16_close_to_fp32_reference(variant) -> None:
 @given(
     T=st.sampled_from([1, 2, 3, 5]),
     n_items=st.integers(1, 30),
-    flags=st.tuples(*[st.booleans() for _ in range(6)]),
+    flags=st.tuples(*[st.booleans() for _ in range(4)]),
     tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
     data=st.data(),
 )
 def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
-    gather, split, fuse, fuse_sid, pair, swap = flags
+    gather, split, fuse, fuse_sid = flags
     cfg = ItemBlockConfig(
         block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
-        fwd_pair=pair, swap_grid=swap,
         dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
     )
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)

@@ -65,10 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``fwd_pair``: each forward program runs two adjacent query blocks, reading every dense K/V
-    tile once for both (half the dense K/V traffic per query; each block keeps its own part 2).
-    ``swap_grid``: launch grids ordered (B*H, blocks), so the heaviest blocks of every head run
-    first (else the heaviest of one head, then of the next).
     """
 
     block_m: int = 64
@@ -79,8 +75,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    fwd_pair: bool = False
-    swap_grid: bool = False
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -153,39 +147,33 @@ def _fwd_dense_tiles(
     acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED).
+    # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED). The
+    # pointers advance by one tile per step; the scale (> 0) is applied to the row max and inside
+    # the exponent's argument (one fused multiply-add per score, no separate scaling pass).
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
+    kp = KD + (start + offs_n)[:, None] * skdn + offs_d[None, :]
+    vp = VD + (start + offs_n)[:, None] * svdn + offs_d[None, :]
     for s0 in range(start, end, BLOCK_N):
-        n_idx = s0 + offs_n  # item index of each dense key  [BN]
-        n_ok = n_idx < hi
         if MASKED:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            n_ok = s0 + offs_n < hi  # [BN]
+            kd = tl.load(kp, mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(vp, mask=n_ok[:, None], other=0.0)
         else:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
-        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
+            kd = tl.load(kp)
+            vd = tl.load(vp)
+        qk = _dot(q, tl.trans(kd), IEEE, UPCAST)  # [BM, BN], unscaled
         if MASKED:
-            s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+            qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p.to(vd.dtype), vd, IEEE, UPCAST)
         m_i = m_new
+        kp += BLOCK_N * skdn
+        vp += BLOCK_N * svdn
     return acc, l_i, m_i
-
-
-@triton.jit
-def _program_ids(SWAP_GRID: tl.constexpr):
-    # (block index counted from the last block, batch*head). Default grid (blocks, B*H); with
-    # SWAP_GRID (B*H, blocks): consecutive programs are the same block of different heads, so the
-    # heaviest blocks of EVERY head start first (longest-first scheduling over the whole grid).
-    if SWAP_GRID:
-        return tl.num_programs(1) - 1 - tl.program_id(1), tl.program_id(0)
-    else:
-        return tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit
@@ -239,9 +227,10 @@ def _item_block_fwd_kernel(
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid_m, pid_bh = _program_ids(SWAP_GRID)  # heaviest (latest) query blocks first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
+    pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -270,99 +259,6 @@ def _item_block_fwd_kernel(
 
 
 @triton.jit
-def _fwd_dense_tiles2(
-    acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, KD, VD, skdn, svdn, start, end, hi, qk_scale,
-    BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # _fwd_dense_tiles for two query blocks at once: each dense K/V tile is read once for both.
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    for s0 in range(start, end, BLOCK_N):
-        n_idx = s0 + offs_n
-        n_ok = n_idx < hi
-        if MASKED:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        else:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
-        s_a = _dot(q_a, tl.trans(kd), IEEE, UPCAST) * qk_scale
-        s_b = _dot(q_b, tl.trans(kd), IEEE, UPCAST) * qk_scale
-        if MASKED:
-            s_a = tl.where(n_ok[None, :], s_a, float("-inf"))
-            s_b = tl.where(n_ok[None, :], s_b, float("-inf"))
-        mn_a = tl.maximum(m_a, tl.max(s_a, 1))
-        mn_b = tl.maximum(m_b, tl.max(s_b, 1))
-        al_a = tl.exp2(m_a - mn_a)
-        al_b = tl.exp2(m_b - mn_b)
-        p_a = tl.exp2(s_a - mn_a[:, None])
-        p_b = tl.exp2(s_b - mn_b[:, None])
-        l_a = l_a * al_a + tl.sum(p_a, 1)
-        l_b = l_b * al_b + tl.sum(p_b, 1)
-        acc_a = acc_a * al_a[:, None] + _dot(p_a.to(vd.dtype), vd, IEEE, UPCAST)
-        acc_b = acc_b * al_b[:, None] + _dot(p_b.to(vd.dtype), vd, IEEE, UPCAST)
-        m_a = mn_a
-        m_b = mn_b
-    return acc_a, l_a, m_a, acc_b, l_b, m_b
-
-
-@triton.jit
-def _item_block_fwd_pair_kernel(
-    Q, K, V, KD, VD, O, LSE, LENGTHS,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
-    sob, soh, sos, slb, slh,
-    H, S, qk_scale,
-    T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # The forward for two adjacent query blocks A, B (items [item0, item0 + BI), [item0 + BI,
-    # item0 + 2 BI)) per program: the dense tiles before A are loaded once for both, which halves
-    # the dense K/V traffic per query; B then also reads A's BI dense tokens; each block's part 2
-    # stays its own BM x BM tile (not one 2BM x 2BM tile, mostly masked).
-    pid_m, pid_bh = _program_ids(SWAP_GRID)
-    b = (pid_bh // H).to(tl.int64)
-    h = pid_bh % H
-    n_valid = tl.load(LENGTHS + b)
-    item0 = pid_m * (2 * BLOCK_ITEMS)
-    qptr = Q + b * sqb + h * sqh
-    tok_a, slot_a, ok_a, inb_a, q_a = _fwd_block_rows(qptr, sqs, item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, D)
-    tok_b, slot_b, ok_b, inb_b, q_b = _fwd_block_rows(qptr, sqs, item0 + BLOCK_ITEMS, n_valid, T, BLOCK_ITEMS,
-                                                      BLOCK_M, D)
-    m_a = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_a = tl.zeros([BLOCK_M], tl.float32)
-    acc_a = tl.zeros([BLOCK_M, D], tl.float32)
-    m_b = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_b = tl.zeros([BLOCK_M], tl.float32)
-    acc_b = tl.zeros([BLOCK_M, D], tl.float32)
-
-    hi = tl.where(item0 < n_valid, item0, 0)
-    kd_ptr = KD + b * skdb + h * skdh
-    vd_ptr = VD + b * svdb + h * svdh
-    if SPLIT_TAIL:
-        hi_full = (hi // BLOCK_N) * BLOCK_N
-        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
-                                                             skdn, svdn, 0, hi_full, hi, qk_scale, BLOCK_N, D, False,
-                                                             IEEE, UPCAST)
-        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
-                                                             skdn, svdn, hi_full, hi, hi, qk_scale, BLOCK_N, D, True,
-                                                             IEEE, UPCAST)
-    else:
-        acc_a, l_a, m_a, acc_b, l_b, m_b = _fwd_dense_tiles2(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr,
-                                                             skdn, svdn, 0, hi, hi, qk_scale, BLOCK_N, D, True,
-                                                             IEEE, UPCAST)
-    # B also sees the dense tokens of A's items (all valid when B has a valid row; else B stores zeros)
-    hi_b = tl.where(item0 + BLOCK_ITEMS < n_valid, item0 + BLOCK_ITEMS, 0)
-    acc_b, l_b, m_b = _fwd_dense_tiles(acc_b, l_b, m_b, q_b, kd_ptr, vd_ptr, skdn, svdn, hi, hi_b, hi_b, qk_scale,
-                                       BLOCK_N, D, True, IEEE, UPCAST)
-    kptr, vptr = K + b * skb + h * skh, V + b * svb + h * svh
-    optr, lptr = O + b * sob + h * soh, LSE + b * slb + h * slh
-    _fwd_finish(acc_a, l_a, m_a, q_a, kptr, vptr, sks, svs, optr, sos, lptr, tok_a, slot_a, ok_a, inb_a, S, qk_scale,
-                T, D, IEEE, UPCAST)
-    _fwd_finish(acc_b, l_b, m_b, q_b, kptr, vptr, sks, svs, optr, sos, lptr, tok_b, slot_b, ok_b, inb_b, S, qk_scale,
-                T, D, IEEE, UPCAST)
-
-
-@triton.jit
 def _dq_dense_tiles(
     dq, q, do, lse2, delta, row_ok, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -371,22 +267,24 @@ def _dq_dense_tiles(
     # q = dO = lse = delta = 0, so its dS is exactly 0.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
+    kp = KD + (start + offs_n)[:, None] * skdn + offs_d[None, :]
+    vp = VD + (start + offs_n)[:, None] * svdn + offs_d[None, :]
     for s0 in range(start, end, BLOCK_N):
-        n_idx = s0 + offs_n
-        n_ok = n_idx < hi
         if MASKED:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            n_ok = s0 + offs_n < hi
+            kd = tl.load(kp, mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(vp, mask=n_ok[:, None], other=0.0)
         else:
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
-            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
-        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale
-        p = tl.exp2(s - lse2[:, None])
+            kd = tl.load(kp)
+            vd = tl.load(vp)
+        p = tl.exp2(_dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale - lse2[:, None])
         if MASKED:
             p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)  # [BM, BN]
         dp = _dot(do, tl.trans(vd), IEEE, UPCAST)
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(kd.dtype), kd, IEEE, UPCAST)
+        kp += BLOCK_N * skdn
+        vp += BLOCK_N * svdn
     return dq
 
 
@@ -398,9 +296,10 @@ def _item_block_bwd_dq_kernel(
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid_m, pid_bh = _program_ids(SWAP_GRID)  # heaviest (latest) query blocks first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
+    pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -515,23 +414,24 @@ def _kv_query_tiles(
     # key j) need no `where`: a query token >= q_hi loads q = dO = lse = delta = 0, so dP = dS = 0.
     offs_q = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, D)
+    qp = Q + (start + offs_q)[:, None] * sqs + offs_d[None, :]
+    dop = DO + (start + offs_q)[:, None] * sdos + offs_d[None, :]
     for s0 in range(start, end, BLOCK_Q):
         qt = s0 + offs_q  # query tokens  [BQ]
         q_ok = qt < q_hi
-        qq = tl.load(Q + qt[:, None] * sqs + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [BQ, D]
-        qdo = tl.load(DO + qt[:, None] * sdos + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+        qq = tl.load(qp, mask=q_ok[:, None], other=0.0)  # [BQ, D]
+        qdo = tl.load(dop, mask=q_ok[:, None], other=0.0)
         l2 = tl.load(LSE + qt, mask=q_ok, other=0.0) * 1.4426950408889634
         dl = tl.load(DELTA + qt, mask=q_ok, other=0.0)
-        st = _dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale  # [BI, BQ]
+        pt = tl.exp2(_dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale - l2[None, :])  # [BI, BQ]
         if MASKED:  # dense key j (token jT + T-1) is seen by query token r iff jT + T-1 <= r
-            vis = jtok[:, None] <= qt[None, :]  # (a query past q_hi loads zeros: dP = dS = 0 anyway)
-            pt = tl.where(vis, tl.exp2(st - l2[None, :]), 0.0)
-        else:
-            pt = tl.exp2(st - l2[None, :])
+            pt = tl.where(jtok[:, None] <= qt[None, :], pt, 0.0)  # (a query past q_hi loads zeros: dS = 0 anyway)
         dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
         dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
         dst = pt * (dpt - dl[None, :])
         dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
+        qp += BLOCK_Q * sqs
+        dop += BLOCK_Q * sdos
     return dk, dv
 
 
@@ -542,18 +442,14 @@ def _item_block_bwd_dense_kv_kernel(
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SWAP_GRID: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
     # BLOCK_I dense keys (rows of the compact dense K/V) per program, a flash-style loop over
     # every query token from item j0 on; only the first BLOCK_I items' worth needs the mask.
-    if SWAP_GRID:  # grid (B*H, key blocks): the heaviest key blocks of every head first
-        pid_i = tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:
-        pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
-        pid_bh = tl.program_id(1)
+    pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
+    pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -637,10 +533,6 @@ def _blocks(T: int, block_m: int) -> tuple[int, int]:
     return block_m, block_m // T
 
 
-def _grid(blocks: int, bh: int, swap: bool) -> tuple[int, int]:
-    return (bh, blocks) if swap else (blocks, bh)
-
-
 def _tile(x: int) -> int:
     return max(16, _next_pow2(x))
 
@@ -689,21 +581,22 @@ def item_block_attention_fwd(
     n_items = _check_inputs(q, k, v, lengths, T)
     B, H, S, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if not scale > 0:  # the kernels scale the row max, which commutes with max only for a positive scale
+        raise ValueError(f"scale: expected a positive number, got {scale}")
     BLOCK_M, BLOCK_ITEMS = _blocks(T, cfg.block_m)
     out = _empty(q.shape, q)
     lse = _empty((B, H, S), q, torch.float32)
     if out.numel() == 0:
         return out, lse.zero_()
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
-    kernel = _item_block_fwd_pair_kernel if cfg.fwd_pair else _item_block_fwd_kernel
-    grid = _grid(triton.cdiv(n_items, BLOCK_ITEMS * (2 if cfg.fwd_pair else 1)), B * H, cfg.swap_grid)
-    kernel[grid](
+    grid = (triton.cdiv(n_items, BLOCK_ITEMS), B * H)
+    _item_block_fwd_kernel[grid](
         q, k, v, kd, vd, out, lse, lengths,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(kd), *_strides3(vd), *_strides3(out),
         lse.stride(0), lse.stride(1),
         H, S, scale * _LOG2E,
         T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(cfg.block_n), D=D, SPLIT_TAIL=cfg.split_tail,
-        SWAP_GRID=cfg.swap_grid, IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
+        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
     )
     return out, lse
 
@@ -732,15 +625,14 @@ class _Backward:
     def run_dq(self) -> None:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_M, BLOCK_ITEMS = _blocks(T, c.dq_block_m or c.block_m)
-        _item_block_bwd_dq_kernel[_grid(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H, c.swap_grid)](
+        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
             *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
             *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.S, self.scale * _LOG2E, self.scale,
             T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(c.dq_block_n or c.block_n),
-            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1,
-            SWAP_GRID=c.swap_grid, **self.consts,
+            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1, **self.consts,
             **_launch_opts(c.dq_warps or c.num_warps, c.dq_stages or c.num_stages, self.D),
         )
 
@@ -761,13 +653,12 @@ class _Backward:
     def run_dense_kv(self) -> None:
         c, q, T = self.cfg, self.q, self.T
         BLOCK_I = _tile(c.kv_block_i) if c.kv_block_i else _blocks(T, c.block_m)[0]
-        _item_block_bwd_dense_kv_kernel[_grid(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H, c.swap_grid)](
+        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H)](
             q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
             self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.n_items, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail,
-            SWAP_GRID=c.swap_grid, **self.consts,
+            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail, **self.consts,
             **_launch_opts(c.kv_warps or c.num_warps, c.kv_stages or c.num_stages, self.D),
         )
 
