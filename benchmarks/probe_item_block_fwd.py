@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--no-neighbours", action="store_true", help="time the tuned configuration only")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
@@ -77,6 +78,8 @@ def main() -> int:
     for H, D in sw.SHAPE["heads"]:
         T = sw.SHAPE["T"]
         cfgs = configs(D)
+        if args.no_neighbours:
+            cfgs = {"tuned": cfgs["tuned"]}
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)
         bench = sw.Bench("cuda", sw.SHAPE["B"], sw.SHAPE["n_items"], T, H, D, timer)
         calls: dict[str, Callable[[], Any]] = {

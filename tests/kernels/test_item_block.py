@@ -154,8 +154,6 @@ def test_rejects_bad_input() -> None:
         item_block_attention(x, x, x, torch.tensor([2], device=DEVICE), 3)
     with pytest.raises(ValueError, match="dtype"):
         item_block_attention(q, q.double(), q, torch.tensor([2], device=DEVICE), 3)
-    with pytest.raises(ValueError, match="scale"):
-        item_block_attention(q, q, q, torch.tensor([2], device=DEVICE), 3, scale=-0.5)
 
 
 # ---------------------------------------------------------------- tuning variants (ItemBlockConfig)

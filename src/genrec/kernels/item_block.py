@@ -147,32 +147,27 @@ def _fwd_dense_tiles(
     acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED). The
-    # pointers advance by one tile per step; the scale (> 0) is applied to the row max and inside
-    # the exponent's argument (one fused multiply-add per score, no separate scaling pass).
+    # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED).
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    kp = KD + (start + offs_n)[:, None] * skdn + offs_d[None, :]
-    vp = VD + (start + offs_n)[:, None] * svdn + offs_d[None, :]
     for s0 in range(start, end, BLOCK_N):
+        n_idx = s0 + offs_n  # item index of each dense key  [BN]
+        n_ok = n_idx < hi
         if MASKED:
-            n_ok = s0 + offs_n < hi  # [BN]
-            kd = tl.load(kp, mask=n_ok[:, None], other=0.0)  # [BN, D]
-            vd = tl.load(vp, mask=n_ok[:, None], other=0.0)
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         else:
-            kd = tl.load(kp)
-            vd = tl.load(vp)
-        qk = _dot(q, tl.trans(kd), IEEE, UPCAST)  # [BM, BN], unscaled
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
+        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
         if MASKED:
-            qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain
+            s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p.to(vd.dtype), vd, IEEE, UPCAST)
         m_i = m_new
-        kp += BLOCK_N * skdn
-        vp += BLOCK_N * svdn
     return acc, l_i, m_i
 
 
@@ -267,24 +262,22 @@ def _dq_dense_tiles(
     # q = dO = lse = delta = 0, so its dS is exactly 0.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    kp = KD + (start + offs_n)[:, None] * skdn + offs_d[None, :]
-    vp = VD + (start + offs_n)[:, None] * svdn + offs_d[None, :]
     for s0 in range(start, end, BLOCK_N):
+        n_idx = s0 + offs_n
+        n_ok = n_idx < hi
         if MASKED:
-            n_ok = s0 + offs_n < hi
-            kd = tl.load(kp, mask=n_ok[:, None], other=0.0)  # [BN, D]
-            vd = tl.load(vp, mask=n_ok[:, None], other=0.0)
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         else:
-            kd = tl.load(kp)
-            vd = tl.load(vp)
-        p = tl.exp2(_dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale - lse2[:, None])
+            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
+            vd = tl.load(VD + n_idx[:, None] * svdn + offs_d[None, :])
+        s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
         if MASKED:
             p = tl.where(n_ok[None, :] & row_ok[:, None], p, 0.0)  # [BM, BN]
         dp = _dot(do, tl.trans(vd), IEEE, UPCAST)
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(kd.dtype), kd, IEEE, UPCAST)
-        kp += BLOCK_N * skdn
-        vp += BLOCK_N * svdn
     return dq
 
 
@@ -414,24 +407,23 @@ def _kv_query_tiles(
     # key j) need no `where`: a query token >= q_hi loads q = dO = lse = delta = 0, so dP = dS = 0.
     offs_q = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, D)
-    qp = Q + (start + offs_q)[:, None] * sqs + offs_d[None, :]
-    dop = DO + (start + offs_q)[:, None] * sdos + offs_d[None, :]
     for s0 in range(start, end, BLOCK_Q):
         qt = s0 + offs_q  # query tokens  [BQ]
         q_ok = qt < q_hi
-        qq = tl.load(qp, mask=q_ok[:, None], other=0.0)  # [BQ, D]
-        qdo = tl.load(dop, mask=q_ok[:, None], other=0.0)
+        qq = tl.load(Q + qt[:, None] * sqs + offs_d[None, :], mask=q_ok[:, None], other=0.0)  # [BQ, D]
+        qdo = tl.load(DO + qt[:, None] * sdos + offs_d[None, :], mask=q_ok[:, None], other=0.0)
         l2 = tl.load(LSE + qt, mask=q_ok, other=0.0) * 1.4426950408889634
         dl = tl.load(DELTA + qt, mask=q_ok, other=0.0)
-        pt = tl.exp2(_dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale - l2[None, :])  # [BI, BQ]
+        st = _dot(kd, tl.trans(qq), IEEE, UPCAST) * qk_scale  # [BI, BQ]
         if MASKED:  # dense key j (token jT + T-1) is seen by query token r iff jT + T-1 <= r
-            pt = tl.where(jtok[:, None] <= qt[None, :], pt, 0.0)  # (a query past q_hi loads zeros: dS = 0 anyway)
+            vis = jtok[:, None] <= qt[None, :]  # (a query past q_hi loads zeros: dP = dS = 0 anyway)
+            pt = tl.where(vis, tl.exp2(st - l2[None, :]), 0.0)
+        else:
+            pt = tl.exp2(st - l2[None, :])
         dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
         dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
         dst = pt * (dpt - dl[None, :])
         dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
-        qp += BLOCK_Q * sqs
-        dop += BLOCK_Q * sdos
     return dk, dv
 
 
@@ -581,8 +573,6 @@ def item_block_attention_fwd(
     n_items = _check_inputs(q, k, v, lengths, T)
     B, H, S, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if not scale > 0:  # the kernels scale the row max, which commutes with max only for a positive scale
-        raise ValueError(f"scale: expected a positive number, got {scale}")
     BLOCK_M, BLOCK_ITEMS = _blocks(T, cfg.block_m)
     out = _empty(q.shape, q)
     lse = _empty((B, H, S), q, torch.float32)
