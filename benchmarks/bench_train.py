@@ -44,7 +44,8 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
                   profile: int = 0, synthetic: tuple[int, int] | None = None) -> dict:
     if synthetic:
         extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
-    cfg = RunConfig.from_name(preset, [f"variant={variant}", *extra])
+    # eager unless asked (train.compile=true): what these commands measured before gpu-base compiled by default
+    cfg = RunConfig.from_name(preset, ["train.compile=false", f"variant={variant}", *extra])
     store = open_store(workdir)
     info = store.info()
     catalog = load_catalog(workdir)

@@ -11,6 +11,6 @@ train_serve_model() {
   local wd=runs/beauty-serve p
   mkdir -p $wd; for p in tables features sid; do ln -sfn $PWD/runs/beauty/$p $wd/$p; done
   timeout 100 python3 -m genrec.cli train $wd --preset gpu-base --no-resume variant=pinger data.context_len=1000 \
-    train.total_steps=30 train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false \
+    train.compile=false train.total_steps=30 train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false \
     data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
 }

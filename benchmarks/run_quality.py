@@ -58,7 +58,7 @@ def main() -> None:
     results: dict[str, dict] = {"popularity": {"test": {"pop": topk_metrics(rank_of_targets(
         lambda idx: pop.score(len(idx)), len(test_all), test_all.target_rows), (5, 10, 20))}}}
     for v in a.variants.split(","):
-        cfg = RunConfig.from_name(a.preset, [f"variant={v}", *a.overrides])
+        cfg = RunConfig.from_name(a.preset, ["train.compile=false", f"variant={v}", *a.overrides])  # eager unless asked
         wd = variant_dir(base, v)
         t0 = time.perf_counter()
         res = train_run(wd, cfg, resume=False)

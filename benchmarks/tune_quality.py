@@ -156,7 +156,8 @@ def main() -> None:
             c = queue.pop(0)
             d = root / c["name"]
             _link_parts(base, d)
-            ov = [*grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
+            # eager unless the grid asks (train.compile=true): older grids keep their meaning
+            ov = ["train.compile=false", *grid.get("common", []), f"train.early_stopping.metric={c['select']}", *c["overrides"]]
             log = open(d / "train.log", "wb")
             # each process gets its share of the cores (torch's default, all cores each, oversubscribes)
             threads = str(a.threads or max(1, (os.cpu_count() or 1) // max(1, min(a.parallel, len(configs)))))

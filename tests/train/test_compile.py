@@ -59,6 +59,14 @@ def test_compile_is_a_train_config_key() -> None:
     assert TrainConfig.from_name("cpu-small").compile is False
 
 
+def test_only_the_gpu_run_preset_compiles_by_default() -> None:
+    from genrec.train.run import RUN_PRESETS, RunConfig
+
+    assert RunConfig.from_name("gpu-base").train.compile is True
+    assert RunConfig.from_name("gpu-base", ["train.compile=false"]).train.compile is False
+    assert [p for p in RUN_PRESETS if RunConfig.from_name(p).train.compile] == ["gpu-base"]
+
+
 @pytest.mark.gpu
 def test_compiled_training_step_on_gpu_matches_eager() -> None:
     """Inductor on CUDA with the item-block Triton attention, bf16 autocast: the compiled model's loss
