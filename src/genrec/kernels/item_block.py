@@ -101,8 +101,9 @@ class ItemBlockConfig:
     def tuned(cls, head_dim: int) -> ItemBlockConfig:
         """The configuration the model uses: the best of ``benchmarks/sweep_item_block.py`` on an
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
-        1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults) and 128 (8 heads: 1.49 /
-        1.83 vs 3.61 / 3.88); other head dims take the head-dim-64 one."""
+        1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
+        two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
+        since); other head dims take the head-dim-64 one."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
         if head_dim >= 128:
             return cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
