@@ -8,17 +8,9 @@ exec > >(tee "$OUT/run.log") 2>&1
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=line -m "gpu or not gpu" tests/train/test_compile.py \
   tests/model/test_fusion.py tests/kernels/test_item_block.py::test_opcheck_forward_op \
   tests/kernels/test_item_block.py::test_compiled_op_equals_reference_forward_and_backward 2>&1 | tail -25
-BT="python3 benchmarks/bench_train.py --preset gpu-base"
-COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
-D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
-run() {  # name, timeout, args...
-  local name=$1 t=$2; shift 2
-  echo "== $name"; mkdir -p $OUT/$name
-  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -8
-}
-run 8x1024-d768-compiled 150 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
-run 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
-run beauty-gpu-base-eager-triton 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 model.attn_impl=triton
-run beauty-gpu-base-compiled-triton 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true model.attn_impl=triton
-run beauty-gpu-base-eager 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0
-run beauty-gpu-base-compiled 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true
+bench_step 8x1024-d768-compiled 150 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+bench_step 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+bench_step beauty-gpu-base-eager-triton 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 model.attn_impl=triton
+bench_step beauty-gpu-base-compiled-triton 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true model.attn_impl=triton
+bench_step beauty-gpu-base-eager 60 runs/beauty --steps 100 --warmup 20 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0
+bench_step beauty-gpu-base-compiled 150 runs/beauty --steps 100 --warmup 40 --variants pinger variant=pinger objective.item_loss=full objective.w_action=0 objective.w_sid=4.0 train.compile=true

@@ -14,3 +14,13 @@ train_serve_model() {
     train.compile=false train.total_steps=30 train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false \
     data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
 }
+# The full training step benchmark as the step scripts call it: BT, the SID-loss-only step of equal-context
+# comparisons (COMMON), the d 768 width (D768), and bench_step NAME TIMEOUT ARGS... (output under $OUT/NAME).
+BT="python3 benchmarks/bench_train.py --preset gpu-base"
+COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
+D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
+bench_step() {
+  local name=$1 t=$2; shift 2
+  echo "== $name"; mkdir -p $OUT/$name
+  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -8
+}

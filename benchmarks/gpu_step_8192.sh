@@ -11,19 +11,11 @@ git show fd99f80:src/genrec/kernels/item_block.py > /tmp/item_block_fd99f80.py
   tests/kernels/test_item_block.py -k "variant or half_precision or poisoned or many_blocks" 2>&1 | grep -E "^E |passed|failed" | head -20
 timeout 120 python3 benchmarks/probe_item_block_fwd.py --old fd99f80=/tmp/item_block_fd99f80.py --no-neighbours \
   --iters 50 --out $OUT/probe_fwd.json | tail -14
-BT="python3 benchmarks/bench_train.py --preset gpu-base"
-COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
-D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
-run() {  # name, timeout, args...
-  local name=$1 t=$2; shift 2
-  echo "== $name"; mkdir -p $OUT/$name
-  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -6
-}
 if [ "${REPEAT:-0}" = 1 ]; then
-  run 1x8192-d768-compiled-40 200 runs/beauty --synthetic 1x8192 --steps 40 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+  bench_step 1x8192-d768-compiled-40 200 runs/beauty --synthetic 1x8192 --steps 40 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
   exit 0
 fi
-run 1x8192-d768-compiled 170 runs/beauty --synthetic 1x8192 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
-run 1x8192-d768-eager 80 runs/beauty --synthetic 1x8192 --steps 20 --warmup 5 --variants pinger,tiger $D768 $COMMON
-run 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
-run 8x1024-d768-compiled 140 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+bench_step 1x8192-d768-compiled 170 runs/beauty --synthetic 1x8192 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+bench_step 1x8192-d768-eager 80 runs/beauty --synthetic 1x8192 --steps 20 --warmup 5 --variants pinger,tiger $D768 $COMMON
+bench_step 2x4096-d768-compiled 150 runs/beauty --synthetic 2x4096 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
+bench_step 8x1024-d768-compiled 140 runs/beauty --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true

@@ -15,9 +15,6 @@ if [ -n "$PROFILE" ]; then
     --profile 3 --variants pinger model.d_model=768 model.n_heads=12 model.d_ff=3072 model.dropout=0.0 \
     model.attn_impl=triton objective.w_item=0 objective.w_action=0 > $OUT/profile_pinger.log 2>&1
 fi
-BT="python3 benchmarks/bench_train.py --preset gpu-base"
-COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
-D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
 D384="model.d_model=384 model.n_heads=6 model.d_ff=1536"
 D256="model.d_model=256 model.n_heads=4 model.d_ff=1024"
 run() {  # shape, width name, width overrides

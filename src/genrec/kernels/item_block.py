@@ -144,6 +144,18 @@ def _inblock_index(tok, slot, ok, T: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax_step(acc, l_i, m_i, s, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # One flash-attention update: scores s [BM, BN] (log2 domain, -inf where invisible) and values
+    # v [BN, D] folded into the running max m_i, sum l_i and output acc.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _fwd_dense_tiles(
     acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -163,12 +175,7 @@ def _fwd_dense_tiles(
         s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
         if MASKED:
             s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(vd.dtype), vd, IEEE, UPCAST)
-        m_i = m_new
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vd, IEEE, UPCAST)
     return acc, l_i, m_i
 
 
@@ -200,12 +207,7 @@ def _fwd_finish(
     r, floor, c, rank = _inblock_index(tok, q_slot, row_ok, T)
     vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
     s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, IEEE, UPCAST)
-    m_i = m_new
+    acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vb, IEEE, UPCAST)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
