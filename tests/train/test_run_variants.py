@@ -107,7 +107,7 @@ def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
         assert not torch.allclose(rec.item_vecs[torch.from_numpy(known)], content[torch.from_numpy(known)], atol=1e-3)
 
 
-def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch):  # noqa: ANN001
+def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, capsys):  # noqa: ANN001
     """``train.compile=true`` through ``train_run``: the compiled model trains, evaluates and
     checkpoints; the weights load into a plain (uncompiled) model with the same keys. Dynamo +
     AOTAutograd without code generation (``aot_eager``) keeps it fast on a CPU; the GPU test in
@@ -127,5 +127,6 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch):
     res = train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=pinger", "train.compile=true", "train.total_steps=3",
                                                         "data.valid_cases=16"]), resume=False)
     assert calls and res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]
+    assert "train.compile=true" in capsys.readouterr().err  # the user is told why the first steps are slow
     keys = set(_weights(wd))
     assert keys and not any("_orig_mod" in k for k in keys)

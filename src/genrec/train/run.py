@@ -24,6 +24,7 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     init_and_freeze(objective, cfg)
     if cfg.train.compile:
         model.compile()  # in place: the state dict keeps its keys, checkpoints stay interchangeable
+        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
+              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
