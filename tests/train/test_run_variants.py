@@ -130,3 +130,9 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, 
     assert "train.compile=true" in capsys.readouterr().err  # the user is told why the first steps are slow
     keys = set(_weights(wd))
     assert keys and not any("_orig_mod" in k for k in keys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_missing_cuda_fails_before_reading_data(tmp_path):  # noqa: ANN001
+    with pytest.raises(ConfigError, match="no CUDA device"):  # the workdir does not exist: never opened
+        train_run(tmp_path / "absent", RunConfig.from_name("cpu-tiny", ["train.device=cuda"]))

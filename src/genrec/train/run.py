@@ -202,8 +202,10 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
     from genrec.pipeline import load_catalog, open_store
+    from genrec.train.distributed import pick_device
     from genrec.train.trainer import Trainer
 
+    pick_device(cfg.train.device)  # a missing CUDA device fails here, before the data is read
     wd = WorkDir(workdir)
     store = open_store(wd.root)
     info = store.info()
@@ -237,8 +239,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     init_and_freeze(objective, cfg)
     if cfg.train.compile:
         model.compile()  # in place: the state dict keeps its keys, checkpoints stay interchangeable
-        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
-              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
@@ -280,6 +280,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
                       config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
+    if cfg.train.compile:  # said once the device is known to be there (the Trainer checked it)
+        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
+              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
     result = trainer.fit(resume=resume)
     final = eval_fn(objective)
     return {"step": result.step, "best_step": result.best_step, "valid": final,
