@@ -1,0 +1,147 @@
+"""Static look at the item-block kernels as compiled for the H200 (sm_90), on any machine, no GPU.
+
+Usage:
+    python benchmarks/inspect_item_block.py [--head-dims 64,128] [--set KNOB=VALUE ...] [--out FILE.json]
+
+Each of the three kernels the training step runs (forward; dq with the fused delta and SID dk/dv;
+dense dk/dv) is compiled ahead of time by Triton for ``GPUTarget("cuda", 90, 32)`` with the
+configuration ``ItemBlockConfig.tuned(D)`` (``--set`` changes knobs, e.g. ``--set dq_warps=4``),
+specialised as the benchmark shape launches it (bf16, B 8 x 1,024 items x 5 tokens, contiguous
+tensors: every pointer and every stride 16-aligned). It prints, per kernel: registers per thread,
+the stack frame and the local-memory loads/stores in the SASS (register spills), shared memory,
+and the instruction counts that say which path the compiler took -- HGMMA (Hopper warpgroup
+matmuls) vs HMMA, LDGSTS/UTMALDG (asynchronous copies to shared memory) vs LDG (loads through
+registers), MUFU (exp2 / log2 / reciprocal).
+
+The local Triton may not be the GPU machine's (3.6 there): the figures guide which
+configurations to time; only the timings on the GPU decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+SHAPE = {"B": 8, "n_items": 1024, "T": 5}
+OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "LDS", "STS", "LDL", "STL", "MUFU", "FFMA", "BAR")
+NOT_ALIGNED = {"H"}  # the head count (12 or 8); every other int argument is a multiple of 16 at this shape
+
+
+def _signature(fn: Any, consts: dict[str, Any]) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[Any]]]]:
+    sig: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        if name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        elif name in ("H", "S", "N_ITEMS") or not name[0].isupper():
+            sig[name] = "i32"
+        else:
+            sig[name] = {"LSE": "*fp32", "DELTA": "*fp32", "LENGTHS": "*i32"}.get(name, "*bf16")
+        if name not in NOT_ALIGNED:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def _sass_stats(cubin: bytes) -> dict[str, Any]:
+    import triton
+
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        usage = subprocess.run([str(bindir / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([str(bindir / "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    res = {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+    ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M))
+    return {**res, **{op: ops.get(op, 0) for op in OPS}}
+
+
+def kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:
+    """(name, jit function, constexprs, launch options) of the three kernels, as ``_Backward`` launches them."""
+    from genrec.kernels import item_block as ib
+
+    T = SHAPE["T"]
+    common = {"D": D, "IEEE": False, "UPCAST": False}
+    fm, fi = ib._blocks(T, cfg.block_m)
+    qm, qi = ib._blocks(T, cfg.dq_block_m or cfg.block_m)
+    kv_i = ib._tile(cfg.kv_block_i) if cfg.kv_block_i else ib._blocks(T, cfg.block_m)[0]
+    return [
+        ("forward", ib._item_block_fwd_kernel,
+         {"T": T, "BLOCK_ITEMS": fi, "BLOCK_M": fm, "BLOCK_N": ib._tile(cfg.block_n), "SPLIT_TAIL": cfg.split_tail,
+          **common}, ib._launch_opts(cfg.num_warps, cfg.num_stages, D)),
+        ("dq (+delta, +SID dk/dv)", ib._item_block_bwd_dq_kernel,
+         {"T": T, "BLOCK_ITEMS": qi, "BLOCK_M": qm, "BLOCK_N": ib._tile(cfg.dq_block_n or cfg.block_n),
+          "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv, **common},
+         ib._launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)),
+        ("dense dk/dv", ib._item_block_bwd_dense_kv_kernel,
+         {"T": T, "BLOCK_I": kv_i, "BLOCK_Q": ib._tile(cfg.kv_block_q or cfg.block_n), "SPLIT_TAIL": cfg.split_tail,
+          **common}, ib._launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)),
+    ]
+
+
+def inspect(D: int, changes: dict[str, int]) -> list[dict[str, Any]]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from genrec.kernels.item_block import ItemBlockConfig
+
+    cfg = ItemBlockConfig.tuned(D).replace(**changes)
+    rows = []
+    for name, fn, consts, opts in kernels(D, cfg):
+        sig, attrs = _signature(fn, consts)
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options=opts)
+        rows.append({"D": D, "kernel": name, "options": opts, "shared_bytes": k.metadata.shared,
+                     **_sass_stats(k.asm["cubin"])})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int or bool)")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("inspect_item_block: unset TRITON_INTERPRET (this compiles for sm_90)")
+        return 2
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the launch-time default of the Triton versions in use
+    changes: dict[str, Any] = {}
+    for kv in a.set:
+        k, v = kv.split("=", 1)
+        changes[k] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
+    rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes)]
+    import triton
+
+    print(f"triton {triton.__version__}, sm_90, ItemBlockConfig.tuned(D)" + (f" with {changes}" if changes else ""))
+    print(f"{'D':>4} {'kernel':24s} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'LDL/STL':>8} {'smem KB':>7} "
+          f"{'HGMMA':>5} {'HMMA':>4} {'LDGSTS':>6} {'LDG':>5} {'MUFU':>5}")
+    for r in rows:
+        print(f"{r['D']:>4} {r['kernel']:24s} {r['options']['num_warps']:>5} {r['options'].get('num_stages', '-'):>6} "
+              f"{r.get('reg', 0):>4} {r.get('stack', 0):>5} {str(r['LDL']) + '/' + str(r['STL']):>8} "
+              f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HMMA']:>4} {r['LDGSTS']:>6} {r['LDG']:>5} {r['MUFU']:>5}")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"triton": triton.__version__, "changes": changes, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
