@@ -56,6 +56,11 @@ def configs(D: int) -> dict[str, ItemBlockConfig]:
         for x in values:
             if getattr(t, knob) != x:
                 out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
+    # neighbours without register spills by benchmarks/inspect_item_block.py (Triton 3.6), untimed when added
+    combos = {64: [{"kv_block_q": 64, "kv_stages": 3}, {"kv_block_i": 128, "kv_warps": 8, "kv_block_q": 64}],
+              128: [{"dq_block_m": 64}, {"dq_block_m": 64, "dq_warps": 4}]}.get(D, [])
+    for ch in combos:
+        out["tuned " + " ".join(f"{k}={v}" for k, v in ch.items())] = t.replace(**ch)
     return out
 
 
