@@ -63,6 +63,18 @@ def test_resume_after_crash_replays_the_same_losses(tmp_path: Path) -> None:
     assert _run(tmp_path / "b", seed_init=5)[1].fit().history == []
 
 
+def test_eval_log_drops_records_past_the_resumed_checkpoint(tmp_path: Path) -> None:
+    cfg = standin.tiny_config(total_steps=4, eval_every=2, ckpt_every=4)
+    make = lambda: Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg,  # noqa: E731
+                           tmp_path, eval_fn=lambda m: {"recall@10": 0.5}, dist_info=DistInfo())
+    make().fit()
+    log = tmp_path / "eval_log.jsonl"
+    with open(log, "a") as f:  # what a run that crashed after its last checkpoint would have left
+        f.write(json.dumps({"step": 6, "recall@10": 0.9, "best": True}) + "\n")
+    make().fit()  # resumes at step 4 (finished): the record of step 6 goes
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [2, 4]
+
+
 def test_without_resume_state_the_trajectory_differs(tmp_path: Path) -> None:
     """Guards the test above: restarting from scratch at step 4's data position does NOT match."""
     _, tr_a = _run(tmp_path / "a", seed_init=0, total=6)
@@ -94,6 +106,9 @@ def test_early_stopping_keeps_the_best_checkpoint(tmp_path: Path) -> None:
     assert res.stopped_early and res.step == 8
     assert res.best_step == 4 and res.best_metric == pytest.approx(0.3)
     assert [e["step"] for e in res.evals] == [2, 4, 6, 8]
+    logged = [json.loads(x) for x in (tmp_path / "eval_log.jsonl").read_text().splitlines()]  # the curve on disk
+    assert [(r["step"], r["recall@10"], r["best"]) for r in logged] == [(2, 0.1, True), (4, 0.3, True),
+                                                                         (6, 0.2, False), (8, 0.25, False)]
     ckpts = tmp_path / "checkpoints"
     assert resolve_checkpoint(ckpts, "BEST").name == "step-000004"
     assert resolve_checkpoint(ckpts).name == "step-000008"

@@ -368,10 +368,12 @@ class Trainer:
         if self.step == 0:
             seed_everything(cfg.seed + info.rank)
         log_path = self.wd.root / "train_log.jsonl"
+        eval_log_path = self.wd.root / "eval_log.jsonl"  # one record per evaluation: step, metrics, best
         if info.is_main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.ckpt_dir / "config.json", self.config_dict)
             _truncate_log(log_path, self.step)
+            _truncate_log(eval_log_path, self.step)
         writer = None
         if cfg.tensorboard and info.is_main:
             from torch.utils.tensorboard import SummaryWriter
@@ -472,6 +474,9 @@ class Trainer:
                         for k, v in metrics.items():
                             writer.add_scalar(f"eval/{k}", v, self.step)
                     improved, stop = self._early_stop_update(metrics)
+                    if info.is_main:
+                        with open(eval_log_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps({"step": self.step, **metrics, "best": improved}) + "\n")
                     if improved:
                         result.last_checkpoint = self.save(mark_best=True)
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
