@@ -74,26 +74,17 @@ def _sass_stats(cubin: bytes) -> dict[str, Any]:
 
 
 def kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:
-    """(name, jit function, constexprs, launch options) of the three kernels, as ``_Backward`` launches them."""
+    """(name, jit function, constexprs, launch options) of the three kernels, from the launches' own helpers."""
     from genrec.kernels import item_block as ib
 
-    T = SHAPE["T"]
-    common = {"D": D, "IEEE": False, "UPCAST": False}
-    fm, fi = ib._blocks(T, cfg.block_m)
-    qm, qi = ib._blocks(T, cfg.dq_block_m or cfg.block_m)
-    kv_i = ib._tile(cfg.kv_block_i) if cfg.kv_block_i else ib._blocks(T, cfg.block_m)[0]
-    return [
-        ("forward", ib._item_block_fwd_kernel,
-         {"T": T, "BLOCK_ITEMS": fi, "BLOCK_M": fm, "BLOCK_N": ib._tile(cfg.block_n), "SPLIT_TAIL": cfg.split_tail,
-          **common}, ib._launch_opts(cfg.num_warps, cfg.num_stages, D)),
-        ("dq (+delta, +SID dk/dv)", ib._item_block_bwd_dq_kernel,
-         {"T": T, "BLOCK_ITEMS": qi, "BLOCK_M": qm, "BLOCK_N": ib._tile(cfg.dq_block_n or cfg.block_n),
-          "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv, **common},
-         ib._launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)),
-        ("dense dk/dv", ib._item_block_bwd_dense_kv_kernel,
-         {"T": T, "BLOCK_I": kv_i, "BLOCK_Q": ib._tile(cfg.kv_block_q or cfg.block_n), "SPLIT_TAIL": cfg.split_tail,
-          **common}, ib._launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)),
-    ]
+    T, dtype = SHAPE["T"], {"IEEE": False, "UPCAST": False}  # bf16 on a GPU
+    out = []
+    for name, fn, launch in (("forward", ib._item_block_fwd_kernel, ib._fwd_launch),
+                             ("dq (+delta, +SID dk/dv)", ib._item_block_bwd_dq_kernel, ib._dq_launch),
+                             ("dense dk/dv", ib._item_block_bwd_dense_kv_kernel, ib._dense_kv_launch)):
+        _, consts, opts = launch(cfg, T, D)
+        out.append((name, fn, {**consts, **dtype}, opts))
+    return out
 
 
 def inspect(D: int, changes: dict[str, int]) -> list[dict[str, Any]]:

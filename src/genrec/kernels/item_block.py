@@ -180,9 +180,10 @@ def _fwd_dense_tiles(
 
 
 @triton.jit
-def _fwd_block_rows(qptr, sqs, item0, n_valid, T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr,
+def _block_rows(qptr, sqs, item0, n_valid, T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr,
                     D: tl.constexpr):
-    # The rows of one block of whole items starting at item0: tokens, slots, validity, q [BM, D].
+    # The rows of one query block of whole items starting at item0 (forward and dq kernels):
+    # tokens, slots, validity, q [BM, D].
     rows = tl.arange(0, BLOCK_M)
     in_block = rows < BLOCK_ITEMS * T
     tok = item0 * T + rows  # [BLOCK_M]
@@ -233,7 +234,7 @@ def _item_block_fwd_kernel(
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
     item0 = pid_m * BLOCK_ITEMS
-    tok, q_slot, row_ok, in_block, q = _fwd_block_rows(Q + b * sqb + h * sqh, sqs, item0, n_valid, T, BLOCK_ITEMS,
+    tok, q_slot, row_ok, in_block, q = _block_rows(Q + b * sqb + h * sqh, sqs, item0, n_valid, T, BLOCK_ITEMS,
                                                        BLOCK_M, D)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -300,16 +301,10 @@ def _item_block_bwd_dq_kernel(
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
     item0 = pid_m * BLOCK_ITEMS
-    rows = tl.arange(0, BLOCK_M)
-    in_block = rows < BLOCK_ITEMS * T
-    tok = item0 * T + rows
-    q_item = item0 + rows // T
-    q_slot = rows % T
-    row_ok = in_block & (q_item < n_valid)
+    tok, q_slot, row_ok, in_block, q = _block_rows(Q + b * sqb + h * sqh, sqs, item0, n_valid, T, BLOCK_ITEMS,
+                                                   BLOCK_M, D)
     st_ok = in_block & (tok < S)
     offs_d = tl.arange(0, D)
-
-    q = tl.load(Q + b * sqb + h * sqh + tok[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
     do = tl.load(DO + b * sdob + h * sdoh + tok[:, None] * sdos + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     lse2 = tl.load(LSE + b * slb + h * slh + tok, mask=row_ok, other=0.0) * 1.4426950408889634  # [BM]
     if FUSE_DELTA:  # delta = rowsum(dO * O), stored for the two dk/dv kernels that run after this one
@@ -539,6 +534,35 @@ def _launch_opts(warps: int | None, stages: int | None, D: int) -> dict[str, int
     return opts
 
 
+Launch = tuple[int, dict[str, Any], dict[str, int]]  # (items per program, constexprs, launch options)
+
+
+def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
+    """The forward kernel's tile constexprs and launch options under ``cfg`` (also read by
+    ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
+    bm, bi = _blocks(T, cfg.block_m)
+    return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
+
+
+def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
+    bm, bi = _blocks(T, cfg.dq_block_m or cfg.block_m)
+    return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.dq_block_n or cfg.block_n), "D": D,
+                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1
+                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)
+
+
+def _dense_kv_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
+    bi = _tile(cfg.kv_block_i) if cfg.kv_block_i else _blocks(T, cfg.block_m)[0]
+    return bi, {"T": T, "BLOCK_I": bi, "BLOCK_Q": _tile(cfg.kv_block_q or cfg.block_n), "D": D,
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    """The softmax scale: 1/sqrt(head dim) unless given."""
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
 def _config(block_m: int, block_n: int, num_warps: int | None, config: ItemBlockConfig | None) -> ItemBlockConfig:
     if config is None:
         return ItemBlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps)
@@ -575,21 +599,19 @@ def item_block_attention_fwd(
     lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
     n_items = _check_inputs(q, k, v, lengths, T)
     B, H, S, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    BLOCK_M, BLOCK_ITEMS = _blocks(T, cfg.block_m)
+    scale = _scale(q, scale)
+    per_program, consts, opts = _fwd_launch(cfg, T, D)
     out = _empty(q.shape, q)
     lse = _empty((B, H, S), q, torch.float32)
     if out.numel() == 0:
         return out, lse.zero_()
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
-    grid = (triton.cdiv(n_items, BLOCK_ITEMS), B * H)
-    _item_block_fwd_kernel[grid](
+    _item_block_fwd_kernel[(triton.cdiv(n_items, per_program), B * H)](
         q, k, v, kd, vd, out, lse, lengths,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(kd), *_strides3(vd), *_strides3(out),
         lse.stride(0), lse.stride(1),
         H, S, scale * _LOG2E,
-        T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(cfg.block_n), D=D, SPLIT_TAIL=cfg.split_tail,
-        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **_launch_opts(cfg.num_warps, cfg.num_stages, D),
+        IEEE=q.dtype == torch.float32, UPCAST=_upcast(q), **consts, **opts,
     )
     return out, lse
 
@@ -613,20 +635,18 @@ class _Backward:
         assert self.delta.stride() == lse.stride(), "LSE and DELTA share strides in the kernels"
         self.kd, self.vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
         self.dq, self.dk, self.dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-        self.consts = {"D": D, "IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
+        self.consts = {"IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
 
     def run_dq(self) -> None:
-        c, q, T = self.cfg, self.q, self.T
-        BLOCK_M, BLOCK_ITEMS = _blocks(T, c.dq_block_m or c.block_m)
-        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](
+        q = self.q
+        per_program, consts, opts = _dq_launch(self.cfg, self.T, self.D)
+        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
             *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
             *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.S, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, BLOCK_N=_tile(c.dq_block_n or c.block_n),
-            SPLIT_TAIL=c.split_tail, FUSE_DELTA=c.fuse_delta, FUSE_SID_KV=c.fuse_sid_kv and T > 1, **self.consts,
-            **_launch_opts(c.dq_warps or c.num_warps, c.dq_stages or c.num_stages, self.D),
+            **consts, **self.consts, **opts,
         )
 
     def run_sid_kv(self) -> None:
@@ -639,20 +659,19 @@ class _Backward:
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.do),
             self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.S, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, **self.consts,
+            T=T, BLOCK_ITEMS=BLOCK_ITEMS, BLOCK_M=BLOCK_M, D=self.D, **self.consts,
             **_launch_opts(c.sid_warps or c.num_warps, None, self.D),
         )
 
     def run_dense_kv(self) -> None:
-        c, q, T = self.cfg, self.q, self.T
-        BLOCK_I = _tile(c.kv_block_i) if c.kv_block_i else _blocks(T, c.block_m)[0]
-        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, BLOCK_I), q.shape[0] * self.H)](
+        q = self.q
+        per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
+        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
             q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
             self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.n_items, self.scale * _LOG2E, self.scale,
-            T=T, BLOCK_I=BLOCK_I, BLOCK_Q=_tile(c.kv_block_q or c.block_n), SPLIT_TAIL=c.split_tail, **self.consts,
-            **_launch_opts(c.kv_warps or c.num_warps, c.kv_stages or c.num_stages, self.D),
+            **consts, **self.consts, **opts,
         )
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -675,7 +694,7 @@ class ItemBlockAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         cfg = _config(block_m, block_n, num_warps, config)
         lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        scale = _scale(q, scale)
         out, lse = item_block_attention_fwd(q, k, v, lengths, T, scale, config=cfg)
         ctx.save_for_backward(q, k, v, out, lse, lengths)
         ctx.cfg = (T, scale, cfg)
@@ -762,6 +781,5 @@ def item_block_attention(
     ``ItemBlockConfig.tuned(D)`` (the configuration the model passes).
     """
     if torch.compiler.is_compiling():  # traced by torch.compile: the custom op, which runs the tuned configuration
-        sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        return _item_block_fwd_op(q, k, v, lengths, T, sc)[0]
+        return _item_block_fwd_op(q, k, v, lengths, T, _scale(q, scale))[0]
     return ItemBlockAttention.apply(q, k, v, lengths, T, scale, block_m, block_n, num_warps, config)

@@ -237,8 +237,10 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     pos = [info.actions.index(a) for a in info.positive_actions]
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
     init_and_freeze(objective, cfg)
-    if cfg.train.compile:
+    if cfg.train.compile:  # (the device was checked at the top)
         model.compile()  # in place: the state dict keeps its keys, checkpoints stay interchangeable
+        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
+              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
@@ -280,9 +282,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
                       config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
-    if cfg.train.compile:  # said once the device is known to be there (the Trainer checked it)
-        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
-              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
     result = trainer.fit(resume=resume)
     final = eval_fn(objective)
     return {"step": result.step, "best_step": result.best_step, "valid": final,
