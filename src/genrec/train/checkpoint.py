@@ -3,6 +3,8 @@
 Layout of one checkpoint (``CKPT_ROOT/step-000123/``)::
 
     model.safetensors   model weights; tied tensors stored once, their other names in the metadata
+    train_model.safetensors  only when the served weights are not the trained ones (an EMA of them):
+                        the live weights training resumes from
     state.safetensors   optimizer + scheduler tensors and RNG states, flattened to "optim/...", "rng/..."
     state.json          the non-tensor skeleton of that state (tensors replaced by references)
     extra.json          caller's extra (e.g. SID / feature versions, trainer counters)
@@ -18,11 +20,12 @@ any moment leaves the previous checkpoint loadable and ``LATEST`` pointing at it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from genrec.errors import GenrecError
 from genrec.workdir import atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, read_json
 
 FORMAT_VERSION = 1
+TRAIN_WEIGHTS = "train_model.safetensors"
 LATEST = "LATEST"
 BEST = "BEST"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -187,9 +191,14 @@ def save_checkpoint(
     keep_last: int = 3,
     save_rng: bool = True,
     mark_best: bool = False,
+    served: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Path:
     """Write ``root/step-{step:06d}`` atomically, point ``LATEST`` (and ``BEST`` if asked) at it,
-    and delete older ``step-*`` folders beyond the last ``keep_last`` (never the ``BEST`` one)."""
+    and delete older ``step-*`` folders beyond the last ``keep_last`` (never the ``BEST`` one).
+
+    ``served``: a context in which ``model`` holds the weights to serve and evaluate (e.g.
+    ``WeightAverage.swapped``); they go to ``model.safetensors`` and the live weights, which
+    training resumes from, to ``train_model.safetensors``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(root)
@@ -207,7 +216,12 @@ def save_checkpoint(
     extra_skel = flatten_state(dict(extra or {}), {}, "extra")  # validates: extra must be JSON-able
     del extra_skel
     with atomic_dir(root / name, overwrite=True) as tmp:
-        save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
+        if served is None:
+            save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
+        else:
+            save_weights(_unwrap(model), tmp / TRAIN_WEIGHTS, metadata={"step": str(step)})
+            with served():
+                save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
         save_file(tensors, str(tmp / "state.safetensors"))
         atomic_write_json(tmp / "state.json", skeleton)
         atomic_write_json(tmp / "extra.json", dict(extra or {}))
@@ -304,6 +318,16 @@ def load_checkpoint(
     if restore_rng and "rng" in skeleton:
         set_rng_state(unflatten_state(skeleton["rng"], tensors))
     return dict(read_json(ckpt / "extra.json"))
+
+
+def load_train_weights(ckpt: str | Path, model: nn.Module, *, device: str | torch.device = "cpu") -> bool:
+    """Load a checkpoint folder's live training weights (``train_model.safetensors``) into ``model``
+    if it has them (it was saved with ``served``); False when the served weights are the trained ones."""
+    path = Path(ckpt) / TRAIN_WEIGHTS
+    if not path.exists():
+        return False
+    load_weights(_unwrap(model), path, device=device)
+    return True
 
 
 def load_config_dict(path: str | Path) -> dict[str, Any] | None:

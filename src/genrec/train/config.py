@@ -49,6 +49,10 @@ class TrainConfig:
     # min_lr_ratio when the time budget ends (for time-capped runs that would otherwise stop mid-schedule)
     decay_by: Literal["steps", "deadline"] = "steps"
     grad_clip: float = 1.0  # 0 disables clipping
+    # >0: keep an exponential moving average of the weights with this decay (warmed up; see
+    # genrec.train.ema); evaluation, early stopping and the checkpoint's model.safetensors use the
+    # average, training goes on from the live weights (saved beside it). 0 = off
+    ema_decay: float = 0.0
     batch_size: int = 256
     seed: int = 0
     bf16: bool = True  # autocast to bfloat16; only ever applied on CUDA
@@ -127,6 +131,7 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.decay in ("cosine", "linear", "constant"), "decay", "must be cosine|linear|constant")
     need(0 <= cfg.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
     need(cfg.grad_clip >= 0, "grad_clip", "must be >= 0")
+    need(0 <= cfg.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no weight average)")
     need(cfg.batch_size >= 1, "batch_size", "must be >= 1")
     for key in ("log_every", "eval_every", "ckpt_every", "num_workers"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")

@@ -40,6 +40,7 @@ from torch import nn
 from genrec.errors import ConfigError, GenrecError
 from genrec.train import checkpoint as ckpt
 from genrec.train.config import TrainConfig
+from genrec.train.ema import WeightAverage
 from genrec.train.distributed import (
     DistInfo,
     all_reduce_weighted,
@@ -237,6 +238,7 @@ class Trainer:
         self.wrapped = wrap_model(_StepModule(self.model), self.info,
                                   find_unused_parameters=cfg.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, cfg)
+        self.ema = WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         # rank 0's training seconds, as of the last _out_of_time check: this fit's clock plus the time
         # earlier fits of the run used (restored on resume), so max_minutes is the run's whole budget
         self._elapsed = self._elapsed_before = 0.0
@@ -258,7 +260,7 @@ class Trainer:
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "best_metric": self.best_metric, "best_step": self.best_step,
                 "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size,
-                "elapsed_s": self._elapsed}
+                "elapsed_s": self._elapsed, "ema_updates": self.ema.updates if self.ema is not None else 0}
 
     def save(self, *, mark_best: bool = False) -> Path | None:
         """Checkpoint the current step (rank 0 writes; all ranks wait)."""
@@ -267,7 +269,8 @@ class Trainer:
             path = ckpt.save_checkpoint(
                 self.ckpt_dir, self.step, self.model, self.optimizer, self.scheduler,
                 {**self.extra, TRAINER_KEY: self._trainer_state()},
-                config=self.config_dict, keep_last=self.cfg.keep_last, mark_best=mark_best)
+                config=self.config_dict, keep_last=self.cfg.keep_last, mark_best=mark_best,
+                served=self.ema.swapped if self.ema is not None else None)
         self._last_saved = self.step
         barrier(self.info)
         return path
@@ -281,6 +284,11 @@ class Trainer:
         extra = ckpt.load_checkpoint(found, self.model, self.optimizer, self.scheduler,
                                      device=str(self.device))
         state = extra.pop(TRAINER_KEY, {})
+        # the model now holds the checkpoint's served weights: the average, if it was saved with one
+        if self.ema is not None:
+            saved_avg = (found / ckpt.TRAIN_WEIGHTS).exists()
+            self.ema.reset(int(state.get("ema_updates", 0)) if saved_avg else 0)
+        ckpt.load_train_weights(found, self.model, device=str(self.device))
         self.step = int(state.get("step", ckpt.checkpoint_step(found)))
         self.best_metric = state.get("best_metric")
         self.best_step = state.get("best_step")
@@ -315,7 +323,8 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.eval_fn is not None and self.info.is_main:
             self.model.eval()
-            with torch.no_grad(), self._autocast():
+            averaged = self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
+            with torch.no_grad(), self._autocast(), averaged:
                 metrics = {k: float(v) for k, v in self.eval_fn(self.model).items()}
             self.model.train()
         return broadcast_object(metrics, self.info)
@@ -416,6 +425,8 @@ class Trainer:
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                              if cfg.grad_clip > 0 else torch.zeros(()))
                 self.optimizer.step()
+                if self.ema is not None:
+                    self.ema.update()
                 # the clock is read before scheduler.step(), so a "deadline" decay sees this step's time
                 out_of_time = self._out_of_time(t_fit)
                 self.scheduler.step()
