@@ -56,9 +56,10 @@ def configs(D: int) -> dict[str, ItemBlockConfig]:
         for x in values:
             if getattr(t, knob) != x:
                 out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
-    # neighbours without register spills by benchmarks/inspect_item_block.py (Triton 3.6), untimed when added
-    combos = {64: [{"kv_block_q": 64, "kv_stages": 3}, {"kv_block_i": 128, "kv_warps": 8, "kv_block_q": 64}],
-              128: [{"dq_block_m": 64}, {"dq_block_m": 64, "dq_warps": 4}]}.get(D, [])
+    # the forward's lazy rescaling (eleventh session), alone and with wider dense tiles or deeper pipelines,
+    # which fewer rescales might now pay for
+    combos = [{"lazy_rescale": True}, {"lazy_rescale": True, "block_n": 128}, {"lazy_rescale": True, "num_stages": 4},
+              {"lazy_rescale": True, "block_n": 32}]
     for ch in combos:
         out["tuned " + " ".join(f"{k}={v}" for k, v in ch.items())] = t.replace(**ch)
     return out
