@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (~3 min): the item-block kernel of this commit against earlier commits' kernels (OLD_REVS,
 # default fd99f80, the tenth session's start: commits the device's git copy holds) and its tuned
-# neighbours, among them the forward's lazy rescaling (probe_item_block_fwd.configs). First the static view
+# neighbours (probe_item_block_fwd.configs). First the static view
 # of the kernels under the device's Triton, and the GPU tests of the kernel's variants. Carry .whl.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1

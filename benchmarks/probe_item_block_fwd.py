@@ -56,10 +56,9 @@ def configs(D: int) -> dict[str, ItemBlockConfig]:
         for x in values:
             if getattr(t, knob) != x:
                 out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
-    # the forward's lazy rescaling (eleventh session), alone and with wider dense tiles or deeper pipelines,
-    # which fewer rescales might now pay for
-    combos = [{"lazy_rescale": True}, {"lazy_rescale": True, "block_n": 128}, {"lazy_rescale": True, "num_stages": 4},
-              {"lazy_rescale": True, "block_n": 32}]
+    # multi-knob neighbours to time beside the single-knob ones (timed and dropped so far: the spill-free
+    # dense dk/dv tiles, the forward's lazy rescaling; BENCHMARKS.md, eleventh session)
+    combos: list[dict[str, Any]] = []
     for ch in combos:
         out["tuned " + " ".join(f"{k}={v}" for k, v in ch.items())] = t.replace(**ch)
     return out

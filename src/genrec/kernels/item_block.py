@@ -65,9 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``lazy_rescale``: the forward's dense loop rescales its running sum and output only when some
-    row's running max rises by more than 2^8 (one branch per tile), instead of on every tile; the
-    probabilities are then bounded by 256 instead of 1, and the result is the same.
     """
 
     block_m: int = 64
@@ -78,7 +75,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    lazy_rescale: bool = False
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -160,28 +156,9 @@ def _online_softmax_step(acc, l_i, m_i, s, v, IEEE: tl.constexpr, UPCAST: tl.con
 
 
 @triton.jit
-def _lazy_softmax_step(acc, l_i, m_i, s, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # _online_softmax_step with the rescale skipped unless some row's max rose by more than 8 (log2
-    # domain): acc and l_i stay relative to a stale max m_i, p = 2^(s - m_i) <= 2^8 (FA4's lazy
-    # rescaling). The branch is one scalar test per tile; the first tile always takes it (m_i starts
-    # at -1e30). Out and lse depend on acc / l_i and m_i + log2(l_i) only, so they are unchanged.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    if tl.max(m_new - m_i, 0) > 8.0:
-        alpha = tl.exp2(m_i - m_new)
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
-        m_i = m_new
-    p = tl.exp2(s - m_i[:, None])
-    l_i = l_i + tl.sum(p, 1)
-    acc = acc + _dot(p.to(v.dtype), v, IEEE, UPCAST)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _fwd_dense_tiles(
     acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, hi, qk_scale,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    LAZY: tl.constexpr,
 ):
     # Flash loop over dense keys [start, end); keys >= hi are invisible (only when MASKED).
     offs_n = tl.arange(0, BLOCK_N)
@@ -198,10 +175,7 @@ def _fwd_dense_tiles(
         s = _dot(q, tl.trans(kd), IEEE, UPCAST) * qk_scale  # [BM, BN], log2 domain
         if MASKED:
             s = tl.where(n_ok[None, :], s, float("-inf"))
-        if LAZY:
-            acc, l_i, m_i = _lazy_softmax_step(acc, l_i, m_i, s, vd, IEEE, UPCAST)
-        else:
-            acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vd, IEEE, UPCAST)
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vd, IEEE, UPCAST)
     return acc, l_i, m_i
 
 
@@ -252,7 +226,7 @@ def _item_block_fwd_kernel(
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, LAZY: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -273,12 +247,12 @@ def _item_block_fwd_kernel(
     if SPLIT_TAIL:
         hi_full = (hi // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
-                                         BLOCK_N, D, False, IEEE, UPCAST, LAZY)
+                                         BLOCK_N, D, False, IEEE, UPCAST)
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
-                                         BLOCK_N, D, True, IEEE, UPCAST, LAZY)
+                                         BLOCK_N, D, True, IEEE, UPCAST)
     else:
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
-                                         BLOCK_N, D, True, IEEE, UPCAST, LAZY)
+                                         BLOCK_N, D, True, IEEE, UPCAST)
     _fwd_finish(acc, l_i, m_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, O + b * sob + h * soh, sos,
                 LSE + b * slb + h * slh, tok, q_slot, row_ok, in_block, S, qk_scale, T, D, IEEE, UPCAST)
 
@@ -568,7 +542,7 @@ def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
     bm, bi = _blocks(T, cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "LAZY": cfg.lazy_rescale}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
 
 
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
