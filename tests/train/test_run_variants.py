@@ -34,7 +34,7 @@ def _fork(base, name):  # noqa: ANN001, ANN202
 
 def _weights(run_dir):  # noqa: ANN001, ANN202
     ck = resolve_checkpoint(run_dir / "checkpoints")
-    return {k: v for k, v in load_file(str(next(ck.glob("*model*.safetensors")))).items()}
+    return dict(load_file(str(ck / "model.safetensors")))
 
 
 @pytest.mark.parametrize("variant", ["tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu"])
@@ -136,3 +136,20 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, 
 def test_missing_cuda_fails_before_reading_data(tmp_path):  # noqa: ANN001
     with pytest.raises(ConfigError, match="no CUDA device"):  # the workdir does not exist: never opened
         train_run(tmp_path / "absent", RunConfig.from_name("cpu-tiny", ["train.device=cuda"]))
+
+
+def test_weight_average_is_what_the_run_evaluates_and_serves(prepared):  # noqa: ANN001
+    """train.ema_decay: the run's final validation is of the averaged weights (the ones the checkpoint
+    serves), the same numbers as the trainer's own last evaluation, and the live weights sit beside them."""
+    import json
+
+    wd = _fork(prepared, "ema")
+    res = train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=6", "train.ema_decay=0.9",
+                                                         "data.valid_cases=64"]), resume=False)
+    last = json.loads((wd / "eval_log.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 6
+    assert res["valid"] == {k: v for k, v in last.items() if k.startswith("valid/")}
+    ck = resolve_checkpoint(wd / "checkpoints")
+    served, live = load_file(str(ck / "model.safetensors")), load_file(str(ck / "train_model.safetensors"))
+    assert served.keys() == live.keys()
+    assert any(not torch.equal(served[k], live[k]) for k in served)
