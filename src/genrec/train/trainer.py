@@ -1,5 +1,6 @@
 """A model-agnostic training loop: AdamW + warm-up/decay, clipping, bf16 on CUDA, checkpoints,
-exact resume, early stopping, TensorBoard, DDP.
+exact resume, early stopping, TensorBoard, DDP, and an optional weight average (``ema_decay``,
+:mod:`genrec.train.ema`) that evaluation and the checkpoint's served weights use.
 
 Protocol: ``model.training_step(batch) -> dict[str, Tensor]`` with a scalar ``"loss"`` plus any
 named scalar terms (logged as-is); the optional keys ``"n_items"`` (targets in this batch: the
