@@ -150,3 +150,15 @@ def test_turning_the_average_off_on_resume_trains_on_from_the_live_weights(tmp_p
     off.fit()
     for (k, x), (_, y) in zip(model_a.state_dict().items(), model_c.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=lambda s, k=k: f"{k}: {s}")
+
+
+def test_a_missing_live_weights_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A checkpoint saved with the average must not resume from its averaged weights if the live ones are gone."""
+    from genrec.train.checkpoint import CheckpointError
+
+    _, tr = _trainer(tmp_path, 0.8, total=4)
+    tr.fit()
+    (resolve_checkpoint(tmp_path / "checkpoints") / TRAIN_WEIGHTS).unlink()
+    _, again = _trainer(tmp_path, 0.8, total=8)
+    with pytest.raises(CheckpointError, match="train_model.safetensors is missing"):
+        again.fit()

@@ -325,6 +325,9 @@ def load_train_weights(ckpt: str | Path, model: nn.Module, *, device: str | torc
     if it has them (it was saved with ``served``); False when the served weights are the trained ones."""
     path = Path(ckpt) / TRAIN_WEIGHTS
     if not path.exists():
+        if TRAIN_WEIGHTS in read_json(Path(ckpt) / "meta.json").get("files", []):
+            raise CheckpointError(f"{path} is missing: the checkpoint was saved with it (an averaged model), "
+                                  f"so training cannot resume from its live weights")
         return False
     load_weights(_unwrap(model), path, device=device)
     return True
