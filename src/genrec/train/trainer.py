@@ -41,7 +41,6 @@ from torch import nn
 from genrec.errors import ConfigError, GenrecError
 from genrec.train import checkpoint as ckpt
 from genrec.train.config import TrainConfig
-from genrec.train.ema import WeightAverage
 from genrec.train.distributed import (
     DistInfo,
     all_reduce_weighted,
@@ -52,6 +51,7 @@ from genrec.train.distributed import (
     pick_device,
     wrap_model,
 )
+from genrec.train.ema import WeightAverage
 from genrec.workdir import WorkDir, atomic_write_bytes, atomic_write_json
 
 _RESERVED = {"loss", "n_items", "n_tokens"}
