@@ -216,12 +216,11 @@ def save_checkpoint(
     extra_skel = flatten_state(dict(extra or {}), {}, "extra")  # validates: extra must be JSON-able
     del extra_skel
     with atomic_dir(root / name, overwrite=True) as tmp:
-        if served is None:
-            save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
-        else:
-            save_weights(_unwrap(model), tmp / TRAIN_WEIGHTS, metadata={"step": str(step)})
-            with served():
-                save_weights(_unwrap(model), tmp / "model.safetensors", metadata={"step": str(step)})
+        weights_meta = {"step": str(step)}
+        if served is not None:  # the live weights first, then the served ones in their place
+            save_weights(_unwrap(model), tmp / TRAIN_WEIGHTS, metadata=weights_meta)
+        with served() if served is not None else contextlib.nullcontext():
+            save_weights(_unwrap(model), tmp / "model.safetensors", metadata=weights_meta)
         save_file(tensors, str(tmp / "state.safetensors"))
         atomic_write_json(tmp / "state.json", skeleton)
         atomic_write_json(tmp / "extra.json", dict(extra or {}))

@@ -285,10 +285,10 @@ class Trainer:
         extra = ckpt.load_checkpoint(found, self.model, self.optimizer, self.scheduler,
                                      device=str(self.device))
         state = extra.pop(TRAINER_KEY, {})
-        # the model now holds the checkpoint's served weights: the average, if it was saved with one
+        # the model now holds the checkpoint's served weights: the average if it was saved with one
+        # (ema_updates is 0 otherwise), so the average restarts there; then the live weights go back in
         if self.ema is not None:
-            saved_avg = (found / ckpt.TRAIN_WEIGHTS).exists()
-            self.ema.reset(int(state.get("ema_updates", 0)) if saved_avg else 0)
+            self.ema.reset(int(state.get("ema_updates", 0)))
         ckpt.load_train_weights(found, self.model, device=str(self.device))
         self.step = int(state.get("step", ckpt.checkpoint_step(found)))
         self.best_metric = state.get("best_metric")
