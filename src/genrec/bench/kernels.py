@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the block-size and split-count sweeps and the 8x128 shape")
+    ap.add_argument("--all-shapes", action="store_true", help="with --quick: keep the 8x128 training-attention shape")
     ap.add_argument("--only", default="correctness,train,cascade,ceilings", help="comma-separated sections to run")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes; with TRITON_INTERPRET=1 also runs on CPU (smoke test)")
     args = ap.parse_args(argv)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         _guard("correctness", check_correctness)
     if "train" in only:
         print("[2] training attention", flush=True)
-        shapes = TRAIN["heads"][:1] if args.quick else TRAIN["heads"]
+        shapes = TRAIN["heads"][:1] if args.quick and not args.all_shapes else TRAIN["heads"]
         for H, D in shapes:
             _guard(f"train H={H} D={D}", lambda: bench_train(H, D, args.warmup, args.iters, sweep=not args.quick))
     if "cascade" in only:

@@ -66,7 +66,7 @@ class ItemBlockConfig:
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
     ``store_ds``: the dense dk/dv kernel runs first and writes its dS tiles (q's dtype) to a scratch
-    ``[B, H, S, n_items]`` buffer; the dq kernel then reads them (one matmul per dense tile instead of
+    ``[B, H, n_items, S]`` buffer; the dq kernel then reads them (one matmul per dense tile instead of
     recomputing P and dP: three), and a small kernel computes ``delta`` before both
     (``fuse_delta`` unused). Used only while the buffer fits ``ds_budget_mb`` (else, and with 0, dS
     is recomputed as without the option).
@@ -297,20 +297,20 @@ def _dq_stored_tiles(
     dq, dsp, sdss, tok, row_ok, KD, skdn, start, end, hi,
     BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    # dq over dense keys [start, end) from the dS tiles the dense dk/dv kernel stored: one matmul per
-    # tile. Padding query rows load dS = 0 (their stored rows may be unwritten).
+    # dq over dense keys [start, end) from the dS tiles the dense dk/dv kernel stored (key-major): one
+    # matmul per tile. Padding query rows load dS = 0 (their stored entries may be unwritten).
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     for s0 in range(start, end, BLOCK_N):
         n_idx = s0 + offs_n
         if MASKED:
             n_ok = n_idx < hi
-            ds = tl.load(dsp + tok[:, None] * sdss + n_idx[None, :], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+            dst = tl.load(dsp + n_idx[:, None] * sdss + tok[None, :], mask=n_ok[:, None] & row_ok[None, :], other=0.0)
             kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         else:
-            ds = tl.load(dsp + tok[:, None] * sdss + n_idx[None, :], mask=row_ok[:, None], other=0.0)  # [BM, BN]
+            dst = tl.load(dsp + n_idx[:, None] * sdss + tok[None, :], mask=row_ok[None, :], other=0.0)  # [BN, BM]
             kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
-        dq += _dot(ds.to(kd.dtype), kd, IEEE, UPCAST)
+        dq += _dot(tl.trans(dst).to(kd.dtype), kd, IEEE, UPCAST)
     return dq
 
 
@@ -461,8 +461,8 @@ def _kv_query_tiles(
         dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
         dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
         dst = pt * (dpt - dl[None, :])
-        if STORE_DS:  # for the dq kernel, query-major: dS[query token, dense key]
-            tl.store(dsp + qt[None, :] * sdss + j[:, None], dst.to(dsp.dtype.element_ty), mask=j_ok[:, None] & q_ok[None, :])
+        if STORE_DS:  # for the dq kernel, key-major as computed: dS[dense key, query token]
+            tl.store(dsp + j[:, None] * sdss + qt[None, :], dst.to(dsp.dtype.element_ty), mask=j_ok[:, None] & q_ok[None, :])
         dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
     return dk, dv
 
@@ -690,11 +690,11 @@ class _Backward:
         self.q, self.k, self.v, self.out, self.lse, self.lengths, self.T, self.scale, self.cfg = q, k, v, out, lse, lengths, T, scale, cfg
         self.H, self.S, self.D, self.n_items = H, S, D, S // T
         self.do = do if do.stride(-1) == 1 else do.contiguous()
-        n_pad = -(-self.n_items // 8) * 8  # 16-byte rows
-        ds_bytes = B * H * S * n_pad * q.element_size()
-        self.use_ds = cfg.store_ds and ds_bytes <= cfg.ds_budget_mb * 2**20 and S * n_pad < 2**31
-        # dS[b, h, query token, dense key], written by the dense dk/dv kernel (only where dq reads it)
-        self.ds = _empty((B, H, S, n_pad), q) if self.use_ds else q
+        s_pad = -(-S // 8) * 8  # 16-byte rows
+        ds_bytes = B * H * self.n_items * s_pad * q.element_size()
+        self.use_ds = cfg.store_ds and ds_bytes <= cfg.ds_budget_mb * 2**20 and self.n_items * s_pad < 2**31
+        # dS[b, h, dense key, query token], written by the dense dk/dv kernel (only where dq reads it)
+        self.ds = _empty((B, H, self.n_items, s_pad), q) if self.use_ds else q
         if cfg.fuse_delta or self.use_ds:
             self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq kernel or, with dS stored, run_delta
         else:
