@@ -47,26 +47,6 @@ def load_old(path: str) -> Any:
     return mod
 
 
-def store_ds_configs(D: int) -> dict[str, ItemBlockConfig]:
-    """The tuned configuration, and it with dS stored (``store_ds``) under a grid of the dq kernel's
-    tiles (with dS stored that kernel does one matmul per tile) and the dense dk/dv kernel's query step."""
-    t = ItemBlockConfig.tuned(D)
-    ds = t.replace(store_ds=True)
-    out = {"tuned": t, "ds": ds}
-    for bm in (64, 128):
-        for bn in (32, 64, 128):
-            for w in (4, 8):
-                c = ds.replace(dq_block_m=bm, dq_block_n=bn, dq_warps=w)
-                if c != ds:
-                    out[f"ds dq {bm}x{bn} w{w}"] = c
-    for bq in (32, 64, 128):
-        for st in (2, 3):
-            c = ds.replace(kv_block_q=bq, kv_stages=st)
-            if c != ds:
-                out[f"ds kv_bq={bq} kv_s={st}"] = c
-    return out
-
-
 def configs(D: int) -> dict[str, ItemBlockConfig]:
     """The tuned configuration of this commit, and single-knob neighbours of it."""
     t = ItemBlockConfig.tuned(D)
@@ -95,7 +75,6 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--no-neighbours", action="store_true", help="time the tuned configuration only")
-    ap.add_argument("--store-ds", action="store_true", help="time the tuned configuration against store_ds_configs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
@@ -105,7 +84,7 @@ def main() -> int:
     timer = sw.Timer("cuda", args.warmup, args.iters)
     for H, D in sw.SHAPE["heads"]:
         T = sw.SHAPE["T"]
-        cfgs = store_ds_configs(D) if args.store_ds else configs(D)
+        cfgs = configs(D)
         if args.no_neighbours:
             cfgs = {"tuned": cfgs["tuned"]}
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)
@@ -129,7 +108,7 @@ def main() -> int:
                     rows[name]["fwd_bwd"].append(r[1])
         best = min((n for n in rows if n in cfgs and rows[n]["fwd_bwd"]), key=lambda n: min(rows[n]["fwd_bwd"]))
         breakdown = {n: sw.guard(res["errors"], f"breakdown {n}", lambda n=n: bench.per_kernel(cfgs[n]))
-                     for n in dict.fromkeys(["tuned", best, *(["ds"] if "ds" in cfgs else [])])}
+                     for n in dict.fromkeys(["tuned", best])}
         res["shapes"][f"{H}x{D}"] = {"rows": rows, "best": best, "breakdown": breakdown, "fwd_flops": bench.fwd_flops,
                                      "checks": {n: checks[c]["status"] for n, c in cfgs.items()}}
         first = next(iter(rows))

@@ -60,8 +60,7 @@ except ImportError:  # no triton: main() says so
 
 SHAPE = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
 CHECK = {"B": 2, "n_items": 48, "lengths": [48, 31], "tol": 2e-2}  # n_items * T divisible by 16: same specialisation
-FLAGS = {"gather_dense": "+gather", "split_tail": "+split", "fuse_delta": "+delta", "fuse_sid_kv": "+sidkv",
-         "store_ds": "+ds"}
+FLAGS = {"gather_dense": "+gather", "split_tail": "+split", "fuse_delta": "+delta", "fuse_sid_kv": "+sidkv"}
 NEW = {"split_tail": True, "fuse_delta": True, "fuse_sid_kv": True}  # gather_dense measured no gain: ablation only
 
 
@@ -72,8 +71,7 @@ def describe(cfg: ItemBlockConfig) -> str:
     """Short name: the fields that differ from the original default."""
     short = {"block_m": "bm", "block_n": "bn", "num_warps": "w", "num_stages": "s", "dq_block_m": "dq_bm",
              "dq_block_n": "dq_bn", "dq_warps": "dq_w", "dq_stages": "dq_s", "kv_block_i": "kv_bi",
-             "kv_block_q": "kv_bq", "kv_warps": "kv_w", "kv_stages": "kv_s", "sid_block_m": "sid_bm", "sid_warps": "sid_w",
-             "ds_budget_mb": "ds_mb"}
+             "kv_block_q": "kv_bq", "kv_warps": "kv_w", "kv_stages": "kv_s", "sid_block_m": "sid_bm", "sid_warps": "sid_w"}
     base = ItemBlockConfig()
     parts = []
     for f in dataclasses.fields(cfg):
@@ -243,20 +241,14 @@ class Bench:
         q, k, v, lengths, T = self.q, self.k, self.v, self.lengths, self.T
         out, lse = item_block_attention_fwd(q, k, v, lengths, T, scale, config=cfg)
         bw = _Backward(q, k, v, out, lse, self.do, lengths, T, scale, cfg)
-        if bw.use_ds:  # delta, then dS, then dq reads it
-            bw.run_delta()
-            bw.run_dense_kv()
-        else:
-            bw.run_dq()  # writes delta when fused: the dk/dv kernels read it
+        bw.run_dq()  # writes delta when fused: the dk/dv kernels read it
         fns: dict[str, Callable[[], Any]] = {
             "fwd": lambda: item_block_attention_fwd(q, k, v, lengths, T, scale, config=cfg),
             "dq": bw.run_dq, "sid_kv": bw.run_sid_kv, "dense_kv": bw.run_dense_kv,
         }
         if cfg.fuse_sid_kv:  # done inside the dq kernel
             del fns["sid_kv"]
-        if bw.use_ds:
-            fns["delta"] = bw.run_delta
-        elif not cfg.fuse_delta:
+        if not cfg.fuse_delta:
             fns["delta_torch"] = lambda: (self.do.float() * out.float()).sum(-1)
         if cfg.gather_dense:
             fns["gather_kv"] = lambda: (k[:, :, T - 1 :: T].contiguous(), v[:, :, T - 1 :: T].contiguous())

@@ -169,14 +169,6 @@ VARIANTS = {
         dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
         sid_block_m=16, sid_warps=2,
     ),
-    "store_ds": ItemBlockConfig(block_m=16, block_n=16, store_ds=True),
-    "store_ds_all": ItemBlockConfig(
-        block_m=16, block_n=16, split_tail=True, fuse_delta=True, fuse_sid_kv=True, store_ds=True,
-        dq_block_m=32, dq_block_n=16, kv_block_i=32, kv_block_q=16,
-    ),
-    # over its budget the option falls back to recomputing dS, with fuse_delta's delta from the dq kernel
-    "store_ds_over_budget": ItemBlockConfig(block_m=16, block_n=16, split_tail=True, fuse_delta=True, store_ds=True,
-                                            ds_budget_mb=0),
     "all_wide_kv_keys": ItemBlockConfig(
         block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
     ),
@@ -205,28 +197,6 @@ def test_variant_fp32_matches_reference_poisoned(poisoned, variant, T, n_items, 
         assert (a.cpu() - b).abs().max() < 1e-4, name
     for row, n in enumerate(lengths):  # padding rows: exactly 0
         assert torch.all(out[row, :, n * T :] == 0) and all(torch.all(g[row, :, n * T :] == 0) for g in grads)
-
-
-@pytest.mark.parametrize("budget_mb,used", [(4096, True), (0, False)])
-def test_store_ds_engages_within_its_budget(budget_mb: int, used: bool) -> None:
-    """The store_ds variants above test the stored-dS path only if it runs: within budget the dense
-    dk/dv kernel writes dS and the dq kernel reads it; over budget nothing is allocated."""
-    T, n_items = 5, 22
-    q, k, v, do = _inputs(2, 1, n_items, T, 16, torch.float32, seed=5)
-    lengths = torch.tensor([n_items, 9], dtype=torch.int32, device=DEVICE)
-    cfg = ItemBlockConfig(block_m=16, block_n=16, store_ds=True, ds_budget_mb=budget_mb)
-    out, lse = item_block_attention_fwd(q, k, v, lengths, T, config=cfg)
-    bw = item_block._Backward(q, k, v, out, lse, do, lengths, T, 0.25, cfg)
-    assert bw.use_ds is used
-    if used:
-        assert bw.ds.shape == (2, 1, n_items, 112)  # query tokens padded to a multiple of 8
-        bw.ds.fill_(float("nan"))
-        bw.run_delta()
-        bw.run_dense_kv()
-        # the rows dq will read hold finite dS; then dq reads nothing else (it comes out finite)
-        assert torch.isfinite(bw.ds[0, 0, 0, T:n_items * T]).all()
-        bw.run_dq()
-        assert torch.isfinite(bw.dq).all()
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -266,15 +236,14 @@ def test_rising_scores_rescale_mid_loop(split_tail: bool) -> None:
 @given(
     T=st.sampled_from([1, 2, 3, 5]),
     n_items=st.integers(1, 30),
-    flags=st.tuples(*[st.booleans() for _ in range(5)]),
+    flags=st.tuples(*[st.booleans() for _ in range(4)]),
     tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
     data=st.data(),
 )
 def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
-    gather, split, fuse, fuse_sid, store_ds = flags
+    gather, split, fuse, fuse_sid = flags
     cfg = ItemBlockConfig(
         block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
-        store_ds=store_ds,
         dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
     )
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)

@@ -65,11 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``store_ds``: the dense dk/dv kernel runs first and writes its dS tiles (q's dtype) to a scratch
-    ``[B, H, n_items, S]`` buffer; the dq kernel then reads them (one matmul per dense tile instead of
-    recomputing P and dP: three), and a small kernel computes ``delta`` before both
-    (``fuse_delta`` unused). Used only while the buffer fits ``ds_budget_mb`` (else, and with 0, dS
-    is recomputed as without the option).
     """
 
     block_m: int = 64
@@ -80,8 +75,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    store_ds: bool = False
-    ds_budget_mb: int = 4096
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -98,7 +91,7 @@ class ItemBlockConfig:
             x = getattr(self, f.name)
             if isinstance(x, bool) or x is None:
                 continue
-            if not isinstance(x, int) or x < (0 if f.name == "ds_budget_mb" else 1) or ("warps" in f.name and x & (x - 1)):
+            if not isinstance(x, int) or x < 1 or ("warps" in f.name and x & (x - 1)):
                 raise ValueError(f"ItemBlockConfig.{f.name}: expected a positive int (warps: a power of two), got {x!r}")
 
     def replace(self, **changes: Any) -> ItemBlockConfig:
@@ -293,37 +286,14 @@ def _dq_dense_tiles(
 
 
 @triton.jit
-def _dq_stored_tiles(
-    dq, dsp, sdss, tok, row_ok, KD, skdn, start, end, hi,
-    BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # dq over dense keys [start, end) from the dS tiles the dense dk/dv kernel stored (key-major): one
-    # matmul per tile. Padding query rows load dS = 0 (their stored entries may be unwritten).
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    for s0 in range(start, end, BLOCK_N):
-        n_idx = s0 + offs_n
-        if MASKED:
-            n_ok = n_idx < hi
-            dst = tl.load(dsp + n_idx[:, None] * sdss + tok[None, :], mask=n_ok[:, None] & row_ok[None, :], other=0.0)
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        else:
-            dst = tl.load(dsp + n_idx[:, None] * sdss + tok[None, :], mask=row_ok[None, :], other=0.0)  # [BN, BM]
-            kd = tl.load(KD + n_idx[:, None] * skdn + offs_d[None, :])
-        dq += _dot(tl.trans(dst).to(kd.dtype), kd, IEEE, UPCAST)
-    return dq
-
-
-@triton.jit
 def _item_block_bwd_dq_kernel(
-    Q, K, V, KD, VD, O, DO, LSE, DELTA, DQ, DK, DV, LENGTHS, DS,
+    Q, K, V, KD, VD, O, DO, LSE, DELTA, DQ, DK, DV, LENGTHS,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
     sob, soh, sos, sdob, sdoh, sdos, slb, slh, sdqb, sdqh, sdqs, sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
-    sdsb, sdsh, sdss,
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    STORED_DS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -348,17 +318,7 @@ def _item_block_bwd_dq_kernel(
     hi = tl.where(item0 < n_valid, item0, 0)
     kd_ptr = KD + b * skdb + h * skdh
     vd_ptr = VD + b * svdb + h * svdh
-    if STORED_DS:  # the dense dk/dv kernel ran first and stored dS
-        ds_ptr = DS + b * sdsb + h.to(tl.int64) * sdsh
-        if SPLIT_TAIL:
-            hi_full = (hi // BLOCK_N) * BLOCK_N
-            dq = _dq_stored_tiles(dq, ds_ptr, sdss, tok, row_ok, kd_ptr, skdn, 0, hi_full, hi, BLOCK_N, D, False,
-                                  IEEE, UPCAST)
-            dq = _dq_stored_tiles(dq, ds_ptr, sdss, tok, row_ok, kd_ptr, skdn, hi_full, hi, hi, BLOCK_N, D, True,
-                                  IEEE, UPCAST)
-        else:
-            dq = _dq_stored_tiles(dq, ds_ptr, sdss, tok, row_ok, kd_ptr, skdn, 0, hi, hi, BLOCK_N, D, True, IEEE, UPCAST)
-    elif SPLIT_TAIL:
+    if SPLIT_TAIL:
         hi_full = (hi // BLOCK_N) * BLOCK_N
         dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
                              BLOCK_N, D, False, IEEE, UPCAST)
@@ -437,8 +397,8 @@ def _item_block_bwd_sid_kv_kernel(
 
 @triton.jit
 def _kv_query_tiles(
-    dk, dv, kd, vd, jtok, j, j_ok, Q, DO, LSE, DELTA, dsp, sqs, sdos, sdss, start, end, q_hi, qk_scale,
-    T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, STORE_DS: tl.constexpr,
+    dk, dv, kd, vd, jtok, Q, DO, LSE, DELTA, sqs, sdos, start, end, q_hi, qk_scale,
+    T: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys j over query tokens [start, end). Unmasked tiles (every query item > every
@@ -461,20 +421,18 @@ def _kv_query_tiles(
         dv += _dot(pt.to(qdo.dtype), qdo, IEEE, UPCAST)
         dpt = _dot(vd, tl.trans(qdo), IEEE, UPCAST)
         dst = pt * (dpt - dl[None, :])
-        if STORE_DS:  # for the dq kernel, key-major as computed: dS[dense key, query token]
-            tl.store(dsp + j[:, None] * sdss + qt[None, :], dst.to(dsp.dtype.element_ty), mask=j_ok[:, None] & q_ok[None, :])
         dk += _dot(dst.to(qq.dtype), qq, IEEE, UPCAST)
     return dk, dv
 
 
 @triton.jit
 def _item_block_bwd_dense_kv_kernel(
-    Q, KD, VD, DO, LSE, DELTA, DK, DV, LENGTHS, DS,
+    Q, KD, VD, DO, LSE, DELTA, DK, DV, LENGTHS,
     sqb, sqh, sqs, skdb, skdh, skdn, svdb, svdh, svdn, sdob, sdoh, sdos, slb, slh,
-    sdkb, sdkh, sdks, sdvb, sdvh, sdvs, sdsb, sdsh, sdss,
+    sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, STORE_DS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
@@ -500,40 +458,21 @@ def _item_block_bwd_dense_kv_kernel(
     do_ptr = DO + b * sdob + h * sdoh
     l_ptr = LSE + b * slb + h * slh
     dl_ptr = DELTA + b * slb + h * slh
-    ds_ptr = DS + b * sdsb + h.to(tl.int64) * sdsh
     if SPLIT_TAIL:  # queries of items >= j0 + BLOCK_I see every key of the tile: no mask there
         DIAG = ((BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q) * BLOCK_Q  # query tokens that can be masked
         mid = tl.minimum(j0 * T + DIAG, q_hi)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, ds_ptr, sqs, sdos, sdss,
-                                 j0 * T, mid, q_hi, qk_scale, T, BLOCK_Q, D, True, STORE_DS, IEEE, UPCAST)
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, ds_ptr, sqs, sdos, sdss,
-                                 mid, q_hi, q_hi, qk_scale, T, BLOCK_Q, D, False, STORE_DS, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, mid, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, mid, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, False, IEEE, UPCAST)
     else:
-        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, j, j_ok, q_ptr, do_ptr, l_ptr, dl_ptr, ds_ptr, sqs, sdos, sdss,
-                                 j0 * T, q_hi, q_hi, qk_scale, T, BLOCK_Q, D, True, STORE_DS, IEEE, UPCAST)
+        dk, dv = _kv_query_tiles(dk, dv, kd, vd, jtok, q_ptr, do_ptr, l_ptr, dl_ptr, sqs, sdos, j0 * T, q_hi, q_hi,
+                                 qk_scale, T, BLOCK_Q, D, True, IEEE, UPCAST)
     dk = dk * sm_scale
     dtok = j * T + (T - 1)
     st_ok = j < N_ITEMS  # padding items' rows are written too (as zeros)
     tl.store(DK + b * sdkb + h * sdkh + dtok[:, None] * sdks + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=st_ok[:, None])
     tl.store(DV + b * sdvb + h * sdvh + dtok[:, None] * sdvs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=st_ok[:, None])
-
-
-@triton.jit
-def _item_block_delta_kernel(
-    O, DO, DELTA, sob, soh, sos, sdob, sdoh, sdos, slb, slh, H, S,
-    BLOCK_R: tl.constexpr, D: tl.constexpr,
-):
-    # delta = rowsum(dO * O) in fp32, for the backward kernels (store_ds: it must exist before the
-    # dense dk/dv kernel, which then runs first). Padding rows have O = 0: delta = 0.
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = pid_bh % H
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < S
-    offs_d = tl.arange(0, D)
-    o = tl.load(O + b * sob + h * soh + rows[:, None] * sos + offs_d[None, :], mask=ok[:, None], other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + offs_d[None, :], mask=ok[:, None], other=0.0)
-    tl.store(DELTA + b * slb + h * slh + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
 
 
 def _empty(shape: tuple[int, ...] | torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -609,14 +548,14 @@ def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bm, bi = _blocks(T, cfg.dq_block_m or cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.dq_block_n or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta and not cfg.store_ds,
-                "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1, "STORED_DS": cfg.store_ds}, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1
+                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)
 
 
 def _dense_kv_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bi = _tile(cfg.kv_block_i) if cfg.kv_block_i else _blocks(T, cfg.block_m)[0]
     return bi, {"T": T, "BLOCK_I": bi, "BLOCK_Q": _tile(cfg.kv_block_q or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "STORE_DS": cfg.store_ds}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
@@ -679,8 +618,7 @@ def item_block_attention_fwd(
 
 class _Backward:
     """The inputs of the three backward kernels, prepared once; each kernel is one method so a
-    benchmark can time them one by one. ``run_dq()`` must run first when ``cfg.fuse_delta``; with dS
-    stored (``use_ds``) the order is ``run_delta()``, ``run_dense_kv()``, then ``run_dq()``."""
+    benchmark can time them one by one. ``dq()`` must run first when ``cfg.fuse_delta``."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -690,13 +628,8 @@ class _Backward:
         self.q, self.k, self.v, self.out, self.lse, self.lengths, self.T, self.scale, self.cfg = q, k, v, out, lse, lengths, T, scale, cfg
         self.H, self.S, self.D, self.n_items = H, S, D, S // T
         self.do = do if do.stride(-1) == 1 else do.contiguous()
-        s_pad = -(-S // 8) * 8  # 16-byte rows
-        ds_bytes = B * H * self.n_items * s_pad * q.element_size()
-        self.use_ds = cfg.store_ds and ds_bytes <= cfg.ds_budget_mb * 2**20 and self.n_items * s_pad < 2**31
-        # dS[b, h, dense key, query token], written by the dense dk/dv kernel (only where dq reads it)
-        self.ds = _empty((B, H, self.n_items, s_pad), q) if self.use_ds else q
-        if cfg.fuse_delta or self.use_ds:
-            self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq kernel or, with dS stored, run_delta
+        if cfg.fuse_delta:
+            self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq kernel
         else:
             self.delta = (self.do.float() * out.float()).sum(-1).contiguous()  # [B, H, S]
         assert self.delta.stride() == lse.stride(), "LSE and DELTA share strides in the kernels"
@@ -709,23 +642,11 @@ class _Backward:
         per_program, consts, opts = _dq_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
-            self.ds, *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
+            *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
             *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
             *_strides3(self.dk), *_strides3(self.dv),
-            *self._ds_strides(), self.H, self.S, self.scale * _LOG2E, self.scale,
-            **{**consts, "FUSE_DELTA": self.cfg.fuse_delta and not self.use_ds, "STORED_DS": self.use_ds},
-            **self.consts, **opts,
-        )
-
-    def _ds_strides(self) -> tuple[int, int, int]:
-        return _strides3(self.ds) if self.use_ds else (0, 0, 0)
-
-    def run_delta(self) -> None:
-        """delta = rowsum(dO * O): a kernel of its own when dS is stored (the dq kernel then runs last)."""
-        out, do, BLOCK_R = self.out, self.do, 64
-        _item_block_delta_kernel[(triton.cdiv(self.S, BLOCK_R), out.shape[0] * self.H)](
-            out, do, self.delta, *_strides3(out), *_strides3(do), self.delta.stride(0), self.delta.stride(1),
-            self.H, self.S, BLOCK_R=BLOCK_R, D=self.D, num_warps=4,
+            self.H, self.S, self.scale * _LOG2E, self.scale,
+            **consts, **self.consts, **opts,
         )
 
     def run_sid_kv(self) -> None:
@@ -746,20 +667,15 @@ class _Backward:
         q = self.q
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
-            q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths, self.ds,
+            q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
-            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv), *self._ds_strides(),
+            self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),
             self.H, self.n_items, self.scale * _LOG2E, self.scale,
-            **{**consts, "STORE_DS": self.use_ds}, **self.consts, **opts,
+            **consts, **self.consts, **opts,
         )
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.dq.numel() and self.use_ds:  # dS first, then dq from it
-            self.run_delta()
-            self.run_sid_kv()
-            self.run_dense_kv()
-            self.run_dq()
-        elif self.dq.numel():
+        if self.dq.numel():
             self.run_dq()
             self.run_sid_kv()
             self.run_dense_kv()
