@@ -123,3 +123,37 @@ def test_captures_from_several_threads_at_once() -> None:
         t.join()
     assert not errors, errors[0]
     assert enc.captures == 4  # batch sizes 1-4, one bucket
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels needed")
+def test_capture_survives_garbage_graphs_collected_during_it() -> None:
+    """Garbage holding an earlier captured graph, collected by Python's cyclic GC while a new capture
+    is under way in the same thread, would destroy that graph inside the capture and invalidate it
+    (how the concurrent-capture test above failed on the H200 after earlier tests' graphs became
+    garbage). capture() pauses the GC, so the garbage is collected after."""
+    import gc
+
+    from genrec.model.graphs import capture
+
+    x = torch.arange(4.0, device="cuda")
+    box: dict[str, torch.cuda.CUDAGraph] = {}
+    box["old"], _ = capture(lambda: x + 1)
+    calls: list[int] = []
+
+    def run() -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 2:  # the captured call: the old graph becomes cyclic garbage, then many allocations
+            cycle: list[object] = [box.pop("old")]
+            cycle.append(cycle)
+            del cycle
+            junk = [[] for _ in range(20_000)]  # far past the young generation's threshold
+            del junk
+        return x * 2
+
+    graph, out = capture(run)
+    x.fill_(3.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.full((4,), 6.0, device="cuda"))
+    assert gc.collect() >= 2  # the cycle (and the old graph in it) was still there, freed only now

@@ -23,6 +23,7 @@ SID beam-search graph (:mod:`genrec.decode.graphs`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -86,10 +87,22 @@ def _capture_locked(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
         run()  # Triton compiles, cuBLAS handles, allocator pools
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    # thread_local: the server's other inference threads keep running their own (uncaptured) work
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"), \
-            torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), trusted_inputs():
-        out = run()
+    # Python's cyclic GC is paused for the capture: a collection that ran in this thread mid-capture
+    # and freed garbage holding an earlier captured graph would destroy that graph here, which CUDA
+    # forbids while this thread captures -- the capture is invalidated (seen on the H200 with the
+    # graphs of earlier encoders collected during a new capture). torch.cuda.graph no longer collects
+    # before capturing (torch.compiler.config.force_cudagraph_gc). GC state is process-wide, so no
+    # other thread collects meanwhile either; the garbage is collected after.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        # thread_local: the server's other inference threads keep running their own (uncaptured) work
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"), \
+                torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False), trusted_inputs():
+            out = run()
+    finally:
+        if gc_was_on:
+            gc.enable()
     return graph, out
 
 
