@@ -47,20 +47,6 @@ def load_old(path: str) -> Any:
     return mod
 
 
-def prefetch_configs(D: int) -> dict[str, ItemBlockConfig]:
-    """The tuned configuration, and it with the forward's scores prefetched (``fwd_prefetch``) over the
-    forward's dense-key step, pipeline depth and warps."""
-    t = ItemBlockConfig.tuned(D)
-    out = {"tuned": t, "prefetch": t.replace(fwd_prefetch=True)}
-    for bn in (32, 64, 128):
-        for st in (2, 3, 4):
-            for w in (4, 8):
-                c = t.replace(fwd_prefetch=True, block_n=bn, num_stages=st, num_warps=w)
-                if c != out["prefetch"]:
-                    out[f"prefetch bn={bn} s={st} w={w}"] = c
-    return out
-
-
 def configs(D: int) -> dict[str, ItemBlockConfig]:
     """The tuned configuration of this commit, and single-knob neighbours of it."""
     t = ItemBlockConfig.tuned(D)
@@ -89,7 +75,6 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--no-neighbours", action="store_true", help="time the tuned configuration only")
-    ap.add_argument("--prefetch", action="store_true", help="time the tuned configuration against prefetch_configs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
@@ -99,7 +84,7 @@ def main() -> int:
     timer = sw.Timer("cuda", args.warmup, args.iters)
     for H, D in sw.SHAPE["heads"]:
         T = sw.SHAPE["T"]
-        cfgs = prefetch_configs(D) if args.prefetch else configs(D)
+        cfgs = configs(D)
         if args.no_neighbours:
             cfgs = {"tuned": cfgs["tuned"]}
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)
@@ -123,7 +108,7 @@ def main() -> int:
                     rows[name]["fwd_bwd"].append(r[1])
         best = min((n for n in rows if n in cfgs and rows[n]["fwd_bwd"]), key=lambda n: min(rows[n]["fwd_bwd"]))
         breakdown = {n: sw.guard(res["errors"], f"breakdown {n}", lambda n=n: bench.per_kernel(cfgs[n]))
-                     for n in dict.fromkeys(["tuned", best, *(["prefetch"] if "prefetch" in cfgs else [])])}
+                     for n in dict.fromkeys(["tuned", best])}
         res["shapes"][f"{H}x{D}"] = {"rows": rows, "best": best, "breakdown": breakdown, "fwd_flops": bench.fwd_flops,
                                      "checks": {n: checks[c]["status"] for n, c in cfgs.items()}}
         first = next(iter(rows))

@@ -169,7 +169,6 @@ VARIANTS = {
         dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
         sid_block_m=16, sid_warps=2,
     ),
-    "fwd_prefetch": ItemBlockConfig(block_m=16, block_n=16, split_tail=True, fwd_prefetch=True),
     "all_wide_kv_keys": ItemBlockConfig(
         block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
     ),
@@ -211,8 +210,8 @@ def test_variant_bf16_close_to_fp32_reference(variant) -> None:
         assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
 
 
-@pytest.mark.parametrize("split_tail,prefetch", [(False, False), (True, False), (True, True)])
-def test_rising_scores_rescale_mid_loop(split_tail: bool, prefetch: bool) -> None:
+@pytest.mark.parametrize("split_tail", [False, True])
+def test_rising_scores_rescale_mid_loop(split_tail: bool) -> None:
     """Dense keys scaled up item by item: later tiles raise the running max by more than 2^128, so
     a forward that failed to rescale after its first tile would overflow fp32; the output still
     equals the reference."""
@@ -222,7 +221,7 @@ def test_rising_scores_rescale_mid_loop(split_tail: bool, prefetch: bool) -> Non
     k = k.abs() * (1.0 + growth)  # [B, H, S, D]: scores grow ~linearly with the key's item
     q = q.abs()
     lengths = torch.tensor([n_items, 29], dtype=torch.int32, device=DEVICE)
-    cfg = ItemBlockConfig(block_m=16, block_n=16, split_tail=split_tail, fwd_prefetch=prefetch)
+    cfg = ItemBlockConfig(block_m=16, block_n=16, split_tail=split_tail)
     out, grads, ref, grads_ref = _run_both(q, k, v, do, lengths, T, 0, 0, config=cfg)
     scores = (q.cpu() @ k.cpu().transpose(-1, -2)) * 1.4426950408889634 / D ** 0.5
     # the max rises past 2^128 (fp32 overflow for a stale max) after the first tile
@@ -237,15 +236,14 @@ def test_rising_scores_rescale_mid_loop(split_tail: bool, prefetch: bool) -> Non
 @given(
     T=st.sampled_from([1, 2, 3, 5]),
     n_items=st.integers(1, 30),
-    flags=st.tuples(*[st.booleans() for _ in range(5)]),
+    flags=st.tuples(*[st.booleans() for _ in range(4)]),
     tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
     data=st.data(),
 )
 def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
-    gather, split, fuse, fuse_sid, prefetch = flags
+    gather, split, fuse, fuse_sid = flags
     cfg = ItemBlockConfig(
         block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
-        fwd_prefetch=prefetch,
         dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
     )
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)

@@ -65,8 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``fwd_prefetch`` (with ``split_tail``): the forward's loop over full dense tiles issues the next
-    tile's scores before the current tile's softmax, so the matmul can run under it.
     """
 
     block_m: int = 64
@@ -77,7 +75,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    fwd_prefetch: bool = False
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -183,30 +180,6 @@ def _fwd_dense_tiles(
 
 
 @triton.jit
-def _fwd_dense_tiles_prefetch(
-    acc, l_i, m_i, q, KD, VD, skdn, svdn, start, end, qk_scale,
-    BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # The unmasked flash loop over full dense tiles [start, end) (a multiple of BLOCK_N), software
-    # pipelined by hand: tile i+1's raw scores are issued before tile i's softmax and first used one
-    # iteration later, so an asynchronous matmul can overlap the exponentials.
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    if end > start:
-        kd = tl.load(KD + (start + offs_n)[:, None] * skdn + offs_d[None, :])
-        s = _dot(q, tl.trans(kd), IEEE, UPCAST)  # raw scores; scaled when used
-        for s0 in range(start + BLOCK_N, end, BLOCK_N):
-            kn = tl.load(KD + (s0 + offs_n)[:, None] * skdn + offs_d[None, :])
-            s_next = _dot(q, tl.trans(kn), IEEE, UPCAST)
-            vd = tl.load(VD + (s0 - BLOCK_N + offs_n)[:, None] * svdn + offs_d[None, :])
-            acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s * qk_scale, vd, IEEE, UPCAST)
-            s = s_next
-        vd = tl.load(VD + (end - BLOCK_N + offs_n)[:, None] * svdn + offs_d[None, :])
-        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s * qk_scale, vd, IEEE, UPCAST)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _block_rows(qptr, sqs, item0, n_valid, T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr,
                     D: tl.constexpr):
     # The rows of one query block of whole items starting at item0 (forward and dq kernels):
@@ -253,7 +226,7 @@ def _item_block_fwd_kernel(
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, PREFETCH: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -273,12 +246,8 @@ def _item_block_fwd_kernel(
     vd_ptr = VD + b * svdb + h * svdh
     if SPLIT_TAIL:
         hi_full = (hi // BLOCK_N) * BLOCK_N
-        if PREFETCH:
-            acc, l_i, m_i = _fwd_dense_tiles_prefetch(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, qk_scale,
-                                                      BLOCK_N, D, IEEE, UPCAST)
-        else:
-            acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
-                                             BLOCK_N, D, False, IEEE, UPCAST)
+        acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi_full, hi, qk_scale,
+                                         BLOCK_N, D, False, IEEE, UPCAST)
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, hi_full, hi, hi, qk_scale,
                                          BLOCK_N, D, True, IEEE, UPCAST)
     else:
@@ -573,7 +542,7 @@ def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
     bm, bi = _blocks(T, cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "PREFETCH": cfg.fwd_prefetch}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
 
 
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
