@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: every test marked gpu (two-process serving with the KV pool on the GPU and its warm
 # path, the CUDA-IPC pool, CUDA graphs, beam selection, bf16 training, model equivalence on CUDA) and
-# the Triton kernel tests compiled for the GPU (TRITON_INTERPRET=0). Carry .whl and .gpudata.
+# the Triton kernel tests compiled for the GPU (TRITON_INTERPRET=0). Carry .whl and .gpudata, made here with
+# `bash scripts/fetch_gpu_wheels.sh` and `mkdir -p .gpudata && cp -r ../shared/datasets/* .gpudata/`.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 unset GENREC_CUDA_GRAPHS
