@@ -47,6 +47,21 @@ def load_old(path: str) -> Any:
     return mod
 
 
+def maxnreg_configs(D: int) -> dict[str, ItemBlockConfig]:
+    """The tuned configuration, and it with register caps that let more programs share an SM: at head dim
+    64 the forward (139 registers, 3 programs per SM) and dq (164) capped at 128 (4 per SM; the forward
+    without spills, dq with a small one, by benchmarks/inspect_item_block.py)."""
+    t = ItemBlockConfig.tuned(D)
+    out = {"tuned": t}
+    if D <= 64:
+        out |= {"fwd 128 regs": t.replace(maxnreg=128), "dq 128 regs": t.replace(dq_maxnreg=128),
+                "fwd + dq 128 regs": t.replace(maxnreg=128, dq_maxnreg=128),
+                "fwd 128 regs, 2 stages": t.replace(maxnreg=128, num_stages=2)}
+    else:
+        out |= {"fwd 168 regs, 2 stages": t.replace(maxnreg=168, num_stages=2)}
+    return out
+
+
 def configs(D: int) -> dict[str, ItemBlockConfig]:
     """The tuned configuration of this commit, and single-knob neighbours of it."""
     t = ItemBlockConfig.tuned(D)
@@ -75,6 +90,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--no-neighbours", action="store_true", help="time the tuned configuration only")
+    ap.add_argument("--maxnreg", action="store_true", help="time the tuned configuration against maxnreg_configs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
@@ -84,7 +100,7 @@ def main() -> int:
     timer = sw.Timer("cuda", args.warmup, args.iters)
     for H, D in sw.SHAPE["heads"]:
         T = sw.SHAPE["T"]
-        cfgs = configs(D)
+        cfgs = maxnreg_configs(D) if args.maxnreg else configs(D)
         if args.no_neighbours:
             cfgs = {"tuned": cfgs["tuned"]}
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)

@@ -169,6 +169,8 @@ VARIANTS = {
         dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
         sid_block_m=16, sid_warps=2,
     ),
+    # register caps: compiled on a GPU (a cap that spills must still compute the same); ignored by the interpreter
+    "maxnreg": ItemBlockConfig(block_m=16, block_n=16, split_tail=True, maxnreg=128, dq_maxnreg=96, kv_maxnreg=96),
     "all_wide_kv_keys": ItemBlockConfig(
         block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
     ),

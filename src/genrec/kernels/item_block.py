@@ -65,6 +65,8 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
+    ``maxnreg`` / ``dq_maxnreg`` / ``kv_maxnreg``: a cap on registers per thread for the forward / dq /
+    dense dk/dv kernel (more resident programs per SM, or spills); None: the compiler's choice.
     """
 
     block_m: int = 64
@@ -75,6 +77,7 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
+    maxnreg: int | None = None
     dq_block_m: int | None = None
     dq_block_n: int | None = None
     dq_warps: int | None = None
@@ -83,6 +86,8 @@ class ItemBlockConfig:
     kv_block_q: int | None = None
     kv_warps: int | None = None
     kv_stages: int | None = None
+    dq_maxnreg: int | None = None
+    kv_maxnreg: int | None = None
     sid_block_m: int | None = None
     sid_warps: int | None = None
 
@@ -527,10 +532,12 @@ def _tile(x: int) -> int:
     return max(16, _next_pow2(x))
 
 
-def _launch_opts(warps: int | None, stages: int | None, D: int) -> dict[str, int]:
+def _launch_opts(warps: int | None, stages: int | None, D: int, maxnreg: int | None = None) -> dict[str, int]:
     opts = {"num_warps": warps or _default_warps(D)}
     if stages is not None:  # None: Triton's own default
         opts["num_stages"] = stages
+    if maxnreg is not None and os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter has no registers
+        opts["maxnreg"] = maxnreg
     return opts
 
 
@@ -542,20 +549,22 @@ def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
     bm, bi = _blocks(T, cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D, cfg.maxnreg)
 
 
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bm, bi = _blocks(T, cfg.dq_block_m or cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.dq_block_n or cfg.block_n), "D": D,
                 "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1
-                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D)
+                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D,
+                                cfg.dq_maxnreg)
 
 
 def _dense_kv_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bi = _tile(cfg.kv_block_i) if cfg.kv_block_i else _blocks(T, cfg.block_m)[0]
     return bi, {"T": T, "BLOCK_I": bi, "BLOCK_Q": _tile(cfg.kv_block_q or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D,
+                                                  cfg.kv_maxnreg)
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
