@@ -36,14 +36,10 @@ class WeightAverage:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay!r}")
         self.decay = decay
         self.updates = 0
-        seen: set[int] = set()
-        self.names: list[str] = []
-        self.params: list[nn.Parameter] = []
-        for name, p in model.named_parameters():  # named_parameters already drops tied duplicates
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                self.names.append(name)
-                self.params.append(p)
+        # named_parameters yields a tied parameter once
+        trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.names: list[str] = [name for name, _ in trainable]
+        self.params: list[nn.Parameter] = [p for _, p in trainable]
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()

@@ -23,8 +23,6 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 
 from __future__ import annotations
 
-import contextlib
-
 import dataclasses
 import sys
 from dataclasses import dataclass, field
@@ -285,7 +283,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
                       config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
     result = trainer.fit(resume=resume)
-    with trainer.ema.swapped() if trainer.ema is not None else contextlib.nullcontext():
+    with trainer.averaged():
         final = eval_fn(objective)  # the weights the last checkpoint serves
     return {"step": result.step, "best_step": result.best_step, "valid": final,
             "train_examples": len(examples), "valid_cases": len(valid),

@@ -263,6 +263,11 @@ class Trainer:
                 "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size,
                 "elapsed_s": self._elapsed, "ema_updates": self.ema.updates if self.ema is not None else 0}
 
+    def averaged(self) -> contextlib.AbstractContextManager[None]:
+        """The weights to evaluate and serve in the model for a ``with`` block: the weight average
+        when ``ema_decay`` keeps one, else the live weights as they are."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
+
     def save(self, *, mark_best: bool = False) -> Path | None:
         """Checkpoint the current step (rank 0 writes; all ranks wait)."""
         path = None
@@ -324,8 +329,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.eval_fn is not None and self.info.is_main:
             self.model.eval()
-            averaged = self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
-            with torch.no_grad(), self._autocast(), averaged:
+            with torch.no_grad(), self._autocast(), self.averaged():
                 metrics = {k: float(v) for k, v in self.eval_fn(self.model).items()}
             self.model.train()
         return broadcast_object(metrics, self.info)
