@@ -71,13 +71,8 @@ def configs(D: int) -> dict[str, ItemBlockConfig]:
         for x in values:
             if getattr(t, knob) != x:
                 out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
-    # multi-knob neighbours to time beside the single-knob ones (timed and dropped so far: the spill-free
-    # dense dk/dv tiles, the forward's lazy rescaling; BENCHMARKS.md, eleventh session)
-    # multi-knob neighbours to time beside the single-knob ones (timed and dropped so far: the spill-free
-    # dense dk/dv tiles, the forward's lazy rescaling, 8 warps per kernel; BENCHMARKS.md, eleventh session)
-    combos: list[dict[str, Any]] = []
-    for ch in combos:
-        out["tuned " + " ".join(f"{k}={v}" for k, v in ch.items())] = t.replace(**ch)
+    # multi-knob neighbours timed and dropped so far (BENCHMARKS.md, eleventh and twelfth sessions): the
+    # spill-free dense dk/dv tiles, the forward's lazy rescaling, 8 warps per kernel, stored dS, prefetched scores
     return out
 
 
