@@ -86,8 +86,10 @@ def test_groups_by_key_and_isolates_failures(policy: str) -> None:
         return [i * 10 for i in items]
 
     out: dict[int, object] = {}
+    go = threading.Barrier(8)  # all 8 submit together, however slowly the threads start
 
     def run(i: int) -> None:
+        go.wait(10)
         try:
             out[i] = b.submit(i % 2, i if i != 5 else -5, fn)
         except ValueError as e:
@@ -284,7 +286,9 @@ def test_bad_policy_is_refused() -> None:
 
 @pytest.mark.parametrize("policy", ["busy", "timed"])
 def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
-    app = create_app(ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=20, micro_batch_policy=policy))
+    # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
+    # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
+    app = create_app(ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
     assert app.service.batcher.policy == policy
     hists = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305], [12], [100, 98, 56, 22], []]
     with ServerThread(app) as s:
@@ -295,6 +299,7 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
             h = [{"item_id": x} for x in hists[i % len(hists)]]
             fusion = {"retrieval_weight": 1.0, "action_weight": 0.0} if i % 3 == 1 else {}  # never batched together
             with httpx.Client(base_url=s.url, timeout=30) as c:
+                go.wait(30)
                 r = c.post("/v1/recommend", json={"history": h, "k": 6, "beam_width": 10,
                                                   **({"fusion": fusion} if fusion else {})})
             try:
@@ -309,6 +314,7 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
             except AssertionError as e:
                 errors.append(str(e)[:300])
 
+        go = threading.Barrier(12)
         ts = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for t in ts:
             t.start()
