@@ -486,8 +486,9 @@ def cold_start(
     preset: str = typer.Option("quickstart"),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value training overrides"),
 ) -> None:
-    """Withhold items from training, code them afterwards with the frozen SID codebook, and
-    report Recall@K per path on the test cases whose target is such an item."""
+    """Cold-start items: withhold some from training, code them with the frozen SID codebook, score them.
+
+    Reports Recall@K per path on the test cases whose target is a withheld item."""
     from genrec.eval.coldstart import run_cold_start
 
     r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []))
