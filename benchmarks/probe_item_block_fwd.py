@@ -62,18 +62,6 @@ def maxnreg_configs(D: int) -> dict[str, ItemBlockConfig]:
     return out
 
 
-def split_configs(D: int) -> dict[str, ItemBlockConfig]:
-    """The tuned configuration against the split in-block part (``split_inblock``): with the SID keys'
-    dk/dv fused into dq (key-major, row-wise) or in their own kernel; at head dim 128 also with an
-    8-warp forward (the split forward spills at 4 warps there, by inspect_item_block.py)."""
-    t = ItemBlockConfig.tuned(D)
-    out = {"tuned": t, "split in-block": t.replace(split_inblock=True),
-           "split, SID dk/dv kernel": t.replace(split_inblock=True, fuse_sid_kv=False)}
-    if D > 64:
-        out["split, SID kernel, fwd 8 warps"] = t.replace(split_inblock=True, fuse_sid_kv=False, num_warps=8)
-    return out
-
-
 def configs(D: int) -> dict[str, ItemBlockConfig]:
     """The tuned configuration of this commit, and single-knob neighbours of it."""
     t = ItemBlockConfig.tuned(D)
@@ -83,8 +71,9 @@ def configs(D: int) -> dict[str, ItemBlockConfig]:
         for x in values:
             if getattr(t, knob) != x:
                 out[f"tuned {knob}={x}"] = t.replace(**{knob: x})
-    # multi-knob neighbours timed and dropped so far (BENCHMARKS.md, eleventh and twelfth sessions): the
-    # spill-free dense dk/dv tiles, the forward's lazy rescaling, 8 warps per kernel, stored dS, prefetched scores
+    # multi-knob neighbours timed and dropped so far (BENCHMARKS.md, eleventh to thirteenth sessions): the
+    # spill-free dense dk/dv tiles, the forward's lazy rescaling, 8 warps per kernel, stored dS, prefetched
+    # scores, the split in-block part
     return out
 
 
@@ -98,7 +87,6 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--no-neighbours", action="store_true", help="time the tuned configuration only")
     ap.add_argument("--maxnreg", action="store_true", help="time the tuned configuration against maxnreg_configs")
-    ap.add_argument("--split-inblock", action="store_true", help="time the tuned configuration against split_configs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_item_block_fwd: no CUDA GPU; nothing to do.")
@@ -108,7 +96,7 @@ def main() -> int:
     timer = sw.Timer("cuda", args.warmup, args.iters)
     for H, D in sw.SHAPE["heads"]:
         T = sw.SHAPE["T"]
-        cfgs = maxnreg_configs(D) if args.maxnreg else split_configs(D) if args.split_inblock else configs(D)
+        cfgs = maxnreg_configs(D) if args.maxnreg else configs(D)
         if args.no_neighbours:
             cfgs = {"tuned": cfgs["tuned"]}
         checks = sw.check_all("cuda", H, D, T, list(cfgs.values()), args.jobs)

@@ -169,10 +169,6 @@ VARIANTS = {
         dq_block_m=16, dq_block_n=32, dq_warps=2, dq_stages=3, kv_block_i=16, kv_block_q=32, kv_warps=2, kv_stages=3,
         sid_block_m=16, sid_warps=2,
     ),
-    "split_inblock": ItemBlockConfig(block_m=16, block_n=16, split_inblock=True),
-    "split_inblock_fused": ItemBlockConfig(
-        block_m=32, block_n=16, split_tail=True, fuse_delta=True, fuse_sid_kv=True, split_inblock=True, dq_block_m=64,
-    ),
     # register caps: compiled on a GPU (a cap that spills must still compute the same); ignored by the interpreter
     "maxnreg": ItemBlockConfig(block_m=16, block_n=16, split_tail=True, maxnreg=128, dq_maxnreg=96, kv_maxnreg=96),
     "all_wide_kv_keys": ItemBlockConfig(
@@ -242,15 +238,14 @@ def test_rising_scores_rescale_mid_loop(split_tail: bool) -> None:
 @given(
     T=st.sampled_from([1, 2, 3, 5]),
     n_items=st.integers(1, 30),
-    flags=st.tuples(*[st.booleans() for _ in range(5)]),
+    flags=st.tuples(*[st.booleans() for _ in range(4)]),
     tiles=st.tuples(*[st.sampled_from([16, 32]) for _ in range(7)]),
     data=st.data(),
 )
 def test_random_config_fp32_matches_reference(T, n_items, flags, tiles, data) -> None:
-    gather, split, fuse, fuse_sid, split_inblock = flags
+    gather, split, fuse, fuse_sid = flags
     cfg = ItemBlockConfig(
         block_m=tiles[0], block_n=tiles[1], gather_dense=gather, split_tail=split, fuse_delta=fuse, fuse_sid_kv=fuse_sid,
-        split_inblock=split_inblock,
         dq_block_m=tiles[2], dq_block_n=tiles[3], kv_block_i=tiles[4], kv_block_q=tiles[5], sid_block_m=tiles[6],
     )
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n_items), min_size=2, max_size=2)), dtype=torch.int32)

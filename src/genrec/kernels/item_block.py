@@ -65,9 +65,6 @@ class ItemBlockConfig:
     ``fuse_delta``: the dq kernel computes ``delta`` (else a PyTorch op before the backward).
     ``fuse_sid_kv``: the dq kernel also computes dk/dv of the SID keys from the in-block tiles it
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
-    ``split_inblock``: the forward's and dq's in-block part without the ``[BM, BM]`` tile (whose mask
-    keeps ~T of BM keys per row): a ``[BM, items per block]`` tile against the block's dense keys,
-    and each SID query's own item's (at most T - 1) SID keys as row-wise dot products.
     ``maxnreg`` / ``dq_maxnreg`` / ``kv_maxnreg``: a cap on registers per thread for the forward / dq /
     dense dk/dv kernel (more resident programs per SM, or spills); None: the compiler's choice.
     """
@@ -80,7 +77,6 @@ class ItemBlockConfig:
     split_tail: bool = False
     fuse_delta: bool = False
     fuse_sid_kv: bool = False
-    split_inblock: bool = False
     maxnreg: int | None = None
     dq_block_m: int | None = None
     dq_block_n: int | None = None
@@ -204,67 +200,12 @@ def _block_rows(qptr, sqs, item0, n_valid, T: tl.constexpr, BLOCK_ITEMS: tl.cons
 
 
 @triton.jit
-def _inblock_dense_keys(kd_ptr, vd_ptr, skdn, svdn, item0, n_valid, tok, q_slot, row_ok,
-                        T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_IP: tl.constexpr, D: tl.constexpr):
-    # Split in-block part, dense keys: the block's own items' dense keys [BLOCK_IP, D] (rows of the
-    # compact dense K/V) and which query rows see them: dense key of item ki is visible to query
-    # token r of item qi iff ki < qi, or ki == qi and r is that item's dense token (c <= r).
-    jj = tl.arange(0, BLOCK_IP)
-    ki = item0 + jj
-    k_ok = (jj < BLOCK_ITEMS) & (ki < n_valid)
-    offs_d = tl.arange(0, D)
-    kdb = tl.load(kd_ptr + ki[:, None] * skdn + offs_d[None, :], mask=k_ok[:, None], other=0.0)  # [BIP, D]
-    vdb = tl.load(vd_ptr + ki[:, None] * svdn + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-    qi = tok // T
-    later = (ki[None, :] < qi[:, None]) | ((ki[None, :] == qi[:, None]) & (q_slot[:, None] == T - 1))
-    vis = later & row_ok[:, None]  # [BM, BIP]; a valid query's item bounds ki: no test of k_ok needed
-    return kdb, vdb, vis
-
-
-@triton.jit
-def _own_sid_key(ptr, stride, tok, q_slot, row_ok, j, T: tl.constexpr, D: tl.constexpr):
-    # Split in-block part, SID keys: for every query row, level-j SID key (or value) row of the
-    # row's own item, [BM, D], and whether the row sees it (an SID query of level >= j).
-    ok = row_ok & (q_slot < T - 1) & (q_slot >= j)
-    offs_d = tl.arange(0, D)
-    x = tl.load(ptr + (tok - q_slot + j)[:, None] * stride + offs_d[None, :], mask=ok[:, None], other=0.0)
-    return x, ok
-
-
-@triton.jit
-def _fwd_inblock_split(
-    acc, l_i, m_i, q, kptr, vptr, sks, svs, kd_ptr, vd_ptr, skdn, svdn, item0, n_valid, tok, q_slot, row_ok, qk_scale,
-    T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_IP: tl.constexpr, D: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # Part 2 without the [BM, BM] tile, whose mask keeps only a few pairs per row: one small tile
-    # against the block's dense keys [BM, BLOCK_IP], then each SID query's own item's SID keys
-    # (at most T - 1 per row) as row-wise dot products in fp32.
-    kdb, vdb, vis = _inblock_dense_keys(kd_ptr, vd_ptr, skdn, svdn, item0, n_valid, tok, q_slot, row_ok,
-                                        T, BLOCK_ITEMS, BLOCK_IP, D)
-    s = tl.where(vis, _dot(q, tl.trans(kdb), IEEE, UPCAST) * qk_scale, float("-inf"))
-    acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vdb, IEEE, UPCAST)
-    qf = q.to(tl.float32)
-    for j in tl.static_range(T - 1):
-        kj, ok = _own_sid_key(kptr, sks, tok, q_slot, row_ok, j, T, D)
-        vj, _ = _own_sid_key(vptr, svs, tok, q_slot, row_ok, j, T, D)
-        sj = tl.where(ok, tl.sum(qf * kj.to(tl.float32), 1) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, sj)
-        alpha = tl.exp2(m_i - m_new)
-        pj = tl.exp2(sj - m_new)
-        l_i = l_i * alpha + pj
-        acc = acc * alpha[:, None] + pj[:, None] * vj.to(tl.float32)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _fwd_inblock_tile(
-    acc, l_i, m_i, q, kptr, vptr, sks, svs, tok, q_slot, row_ok, qk_scale,
+def _fwd_finish(
+    acc, l_i, m_i, q, kptr, vptr, sks, svs, optr, sos, lptr, tok, q_slot, row_ok, in_block, S, qk_scale,
     T: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # Part 2: masked attention of the block's queries against the block's own tokens (the keys
-    # are the same token range, indexed by the same rows).
+    # are the same token range, indexed by the same rows); then normalise and store out and lse.
     offs_d = tl.arange(0, D)
     kb = tl.load(kptr + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BM, D]
     vb = tl.load(vptr + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -272,13 +213,8 @@ def _fwd_inblock_tile(
     r, floor, c, rank = _inblock_index(tok, q_slot, row_ok, T)
     vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
     s = tl.where(vis, s, float("-inf"))
-    return _online_softmax_step(acc, l_i, m_i, s, vb, IEEE, UPCAST)
+    acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, s, vb, IEEE, UPCAST)
 
-
-@triton.jit
-def _fwd_store(acc, l_i, m_i, optr, sos, lptr, tok, row_ok, in_block, S, D: tl.constexpr):
-    # Normalise and store out and the natural-log lse.
-    offs_d = tl.arange(0, D)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
     out = tl.where(row_ok[:, None], out, 0.0)
@@ -295,8 +231,7 @@ def _item_block_fwd_kernel(
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, SPLIT_INBLOCK: tl.constexpr, BLOCK_IP: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -323,14 +258,8 @@ def _item_block_fwd_kernel(
     else:
         acc, l_i, m_i = _fwd_dense_tiles(acc, l_i, m_i, q, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
                                          BLOCK_N, D, True, IEEE, UPCAST)
-    if SPLIT_INBLOCK:
-        acc, l_i, m_i = _fwd_inblock_split(acc, l_i, m_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs,
-                                           kd_ptr, vd_ptr, skdn, svdn, item0, n_valid, tok, q_slot, row_ok, qk_scale,
-                                           T, BLOCK_ITEMS, BLOCK_IP, D, IEEE, UPCAST)
-    else:
-        acc, l_i, m_i = _fwd_inblock_tile(acc, l_i, m_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs,
-                                          tok, q_slot, row_ok, qk_scale, T, D, IEEE, UPCAST)
-    _fwd_store(acc, l_i, m_i, O + b * sob + h * soh, sos, LSE + b * slb + h * slh, tok, row_ok, in_block, S, D)
+    _fwd_finish(acc, l_i, m_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, O + b * sob + h * soh, sos,
+                LSE + b * slb + h * slh, tok, q_slot, row_ok, in_block, S, qk_scale, T, D, IEEE, UPCAST)
 
 
 @triton.jit
@@ -369,7 +298,7 @@ def _item_block_bwd_dq_kernel(
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    SPLIT_INBLOCK: tl.constexpr, BLOCK_IP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
     pid_bh = tl.program_id(1)
@@ -404,33 +333,8 @@ def _item_block_bwd_dq_kernel(
         dq = _dq_dense_tiles(dq, q, do, lse2, delta, row_ok, kd_ptr, vd_ptr, skdn, svdn, 0, hi, hi, qk_scale,
                              BLOCK_N, D, True, IEEE, UPCAST)
 
-    if SPLIT_INBLOCK:
-        dq = _dq_inblock_split(
-            dq, q, do, lse2, delta, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, kd_ptr, vd_ptr, skdn, svdn,
-            Q + b * sqb + h * sqh, sqs, DO + b * sdob + h * sdoh, sdos, LSE + b * slb + h * slh,
-            DELTA + b * slb + h * slh, DK + b * sdkb + h * sdkh, sdks, DV + b * sdvb + h * sdvh, sdvs,
-            item0, n_valid, tok, q_slot, row_ok, st_ok, qk_scale, sm_scale,
-            T, BLOCK_ITEMS, BLOCK_IP, D, FUSE_SID_KV, IEEE, UPCAST)
-    else:
-        dq = _dq_inblock_tile(
-            dq, q, do, lse2, delta, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs,
-            DK + b * sdkb + h * sdkh, sdks, DV + b * sdvb + h * sdvh, sdvs, tok, q_slot, row_ok, st_ok,
-            qk_scale, sm_scale, T, D, FUSE_SID_KV, IEEE, UPCAST)
-    dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + tok[:, None] * sdqs + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=st_ok[:, None])
-
-
-@triton.jit
-def _dq_inblock_tile(
-    dq, q, do, lse2, delta, kptr, vptr, sks, svs, dkptr, sdks, dvptr, sdvs, tok, q_slot, row_ok, st_ok,
-    qk_scale, sm_scale, T: tl.constexpr, D: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # dq's in-block part as one masked [BM, BM] tile (and, with FUSE_SID_KV, the SID keys' dk/dv
-    # from its transpose).
-    offs_d = tl.arange(0, D)
-    kb = tl.load(kptr + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    vb = tl.load(vptr + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    kb = tl.load(K + b * skb + h * skh + tok[:, None] * sks + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    vb = tl.load(V + b * svb + h * svh + tok[:, None] * svs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     s = _dot(q, tl.trans(kb), IEEE, UPCAST) * qk_scale
     r, floor, c, rank = _inblock_index(tok, q_slot, row_ok, T)
     vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
@@ -444,65 +348,11 @@ def _dq_inblock_tile(
         dv_s = _dot(pt.to(do.dtype), do, IEEE, UPCAST)  # [BM, D]
         dk_s = _dot(dst.to(q.dtype), q, IEEE, UPCAST) * sm_scale
         sid_ok = st_ok & (q_slot < T - 1)
-        tl.store(dkptr + tok[:, None] * sdks + offs_d[None, :], dk_s.to(dkptr.dtype.element_ty), mask=sid_ok[:, None])
-        tl.store(dvptr + tok[:, None] * sdvs + offs_d[None, :], dv_s.to(dvptr.dtype.element_ty), mask=sid_ok[:, None])
-    return dq
+        tl.store(DK + b * sdkb + h * sdkh + tok[:, None] * sdks + offs_d[None, :], dk_s.to(DK.dtype.element_ty), mask=sid_ok[:, None])
+        tl.store(DV + b * sdvb + h * sdvh + tok[:, None] * sdvs + offs_d[None, :], dv_s.to(DV.dtype.element_ty), mask=sid_ok[:, None])
 
-
-@triton.jit
-def _dq_inblock_split(
-    dq, q, do, lse2, delta, kptr, vptr, sks, svs, kd_ptr, vd_ptr, skdn, svdn, qptr, sqs, doptr, sdos, lptr, dlptr,
-    dkptr, sdks, dvptr, sdvs, item0, n_valid, tok, q_slot, row_ok, st_ok, qk_scale, sm_scale,
-    T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_IP: tl.constexpr, D: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # dq's in-block part split as in the forward (``_fwd_inblock_split``): a [BM, BLOCK_IP] tile
-    # against the block's dense keys, then each SID query's own item's SID keys row-wise.
-    kdb, vdb, vis = _inblock_dense_keys(kd_ptr, vd_ptr, skdn, svdn, item0, n_valid, tok, q_slot, row_ok,
-                                        T, BLOCK_ITEMS, BLOCK_IP, D)
-    p = tl.where(vis, tl.exp2(_dot(q, tl.trans(kdb), IEEE, UPCAST) * qk_scale - lse2[:, None]), 0.0)
-    dp = _dot(do, tl.trans(vdb), IEEE, UPCAST)
-    ds = p * (dp - delta[:, None])
-    dq += _dot(ds.to(kdb.dtype), kdb, IEEE, UPCAST)
-    qf = q.to(tl.float32)
-    dof = do.to(tl.float32)
-    for j in tl.static_range(T - 1):
-        kj, ok = _own_sid_key(kptr, sks, tok, q_slot, row_ok, j, T, D)
-        vj, _ = _own_sid_key(vptr, svs, tok, q_slot, row_ok, j, T, D)
-        kjf = kj.to(tl.float32)
-        pj = tl.where(ok, tl.exp2(tl.sum(qf * kjf, 1) * qk_scale - lse2), 0.0)
-        dsj = pj * (tl.sum(dof * vj.to(tl.float32), 1) - delta)
-        dq += dsj[:, None] * kjf
-    if FUSE_SID_KV:
-        # The block's SID keys' dk/dv, key-major: the key at row r (level j) is seen by the SID
-        # queries r + u of its own item, u = 0 .. T - 2 - j. Those rows lie in this block; their
-        # delta, if this program computed it, was stored above: the barrier makes it readable.
-        tl.debug_barrier()
-        offs_d = tl.arange(0, D)
-        is_key = row_ok & (q_slot < T - 1)
-        kr = tl.load(kptr + tok[:, None] * sks + offs_d[None, :], mask=is_key[:, None], other=0.0).to(tl.float32)
-        vr = tl.load(vptr + tok[:, None] * svs + offs_d[None, :], mask=is_key[:, None], other=0.0).to(tl.float32)
-        dk_s = tl.zeros([q.shape[0], D], tl.float32)
-        dv_s = tl.zeros([q.shape[0], D], tl.float32)
-        for u in tl.static_range(T - 1):
-            ok = row_ok & (q_slot + u < T - 1)
-            if u == 0:
-                qu, dou, l2u, dlu = qf, dof, lse2, delta
-            else:
-                qt = tok + u
-                qu = tl.load(qptr + qt[:, None] * sqs + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-                dou = tl.load(doptr + qt[:, None] * sdos + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-                l2u = tl.load(lptr + qt, mask=ok, other=0.0) * 1.4426950408889634
-                dlu = tl.load(dlptr + qt, mask=ok, other=0.0)
-            pu = tl.where(ok, tl.exp2(tl.sum(qu * kr, 1) * qk_scale - l2u), 0.0)
-            dsu = pu * (tl.sum(dou * vr, 1) - dlu)
-            dv_s += pu[:, None] * dou
-            dk_s += dsu[:, None] * qu
-        sid_ok = st_ok & (q_slot < T - 1)
-        tl.store(dkptr + tok[:, None] * sdks + offs_d[None, :], (dk_s * sm_scale).to(dkptr.dtype.element_ty),
-                 mask=sid_ok[:, None])
-        tl.store(dvptr + tok[:, None] * sdvs + offs_d[None, :], dv_s.to(dvptr.dtype.element_ty), mask=sid_ok[:, None])
-    return dq
+    dq = dq * sm_scale
+    tl.store(DQ + b * sdqb + h * sdqh + tok[:, None] * sdqs + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=st_ok[:, None])
 
 
 @triton.jit
@@ -694,25 +544,19 @@ def _launch_opts(warps: int | None, stages: int | None, D: int, maxnreg: int | N
 Launch = tuple[int, dict[str, Any], dict[str, int]]  # (items per program, constexprs, launch options)
 
 
-def _inblock(cfg: ItemBlockConfig, block_items: int) -> dict[str, Any]:
-    """The in-block part's constexprs: split or not, and the dense-key tile (>= 16 rows for tl.dot)."""
-    return {"SPLIT_INBLOCK": cfg.split_inblock, "BLOCK_IP": _tile(block_items)}
-
-
 def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     """The forward kernel's tile constexprs and launch options under ``cfg`` (also read by
     ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
     bm, bi = _blocks(T, cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, **_inblock(cfg, bi)}, _launch_opts(cfg.num_warps, cfg.num_stages, D,
-                                                                            cfg.maxnreg)
+                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D, cfg.maxnreg)
 
 
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bm, bi = _blocks(T, cfg.dq_block_m or cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.dq_block_n or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1,
-                **_inblock(cfg, bi)}, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D,
+                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1
+                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D,
                                 cfg.dq_maxnreg)
 
 
