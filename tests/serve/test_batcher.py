@@ -294,6 +294,7 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
     with ServerThread(app) as s:
         rec = app.service.holder.current.engine.rec
         errors: list[str] = []
+        go = threading.Barrier(12)
 
         def client(i: int) -> None:
             h = [{"item_id": x} for x in hists[i % len(hists)]]
@@ -314,7 +315,6 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
             except AssertionError as e:
                 errors.append(str(e)[:300])
 
-        go = threading.Barrier(12)
         ts = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for t in ts:
             t.start()

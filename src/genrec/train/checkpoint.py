@@ -219,7 +219,7 @@ def save_checkpoint(
         weights_meta = {"step": str(step)}
         if served is not None:  # the live weights first, then the served ones in their place
             save_weights(_unwrap(model), tmp / TRAIN_WEIGHTS, metadata=weights_meta)
-        with served() if served is not None else contextlib.nullcontext():
+        with (served or contextlib.nullcontext)():
             save_weights(_unwrap(model), tmp / "model.safetensors", metadata=weights_meta)
         save_file(tensors, str(tmp / "state.safetensors"))
         atomic_write_json(tmp / "state.json", skeleton)
