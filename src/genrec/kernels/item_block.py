@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from genrec.kernels.item_block_sm90 import launch_fwd_sm90, sm90_available
 from genrec.validation import checks_on
 
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
@@ -67,6 +68,10 @@ class ItemBlockConfig:
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
     ``maxnreg`` / ``dq_maxnreg`` / ``kv_maxnreg``: a cap on registers per thread for the forward / dq /
     dense dk/dv kernel (more resident programs per SM, or spills); None: the compiler's choice.
+    ``sm90_fwd``: on a Hopper GPU (bf16/fp16) run the forward as the Gluon kernel of
+    ``item_block_sm90`` (TMA ring, asynchronous warpgroup MMAs overlapped with the softmax) with
+    ``block_m`` / ``block_n`` / ``num_warps`` (None: 4) / ``num_stages`` (None: 2) as its ring depth;
+    elsewhere the Triton forward runs. The backward is the same either way.
     """
 
     block_m: int = 64
@@ -90,6 +95,7 @@ class ItemBlockConfig:
     kv_maxnreg: int | None = None
     sid_block_m: int | None = None
     sid_warps: int | None = None
+    sm90_fwd: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -614,6 +620,10 @@ def item_block_attention_fwd(
     lse = _empty((B, H, S), q, torch.float32)
     if out.numel() == 0:
         return out, lse.zero_()
+    if cfg.sm90_fwd and sm90_available(q):
+        launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, cfg.block_m)[0],
+                        block_n=_tile(cfg.block_n), num_warps=cfg.num_warps or 4, stages=cfg.num_stages or 2)
+        return out, lse
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
     _item_block_fwd_kernel[(triton.cdiv(n_items, per_program), B * H)](
         q, k, v, kd, vd, out, lse, lengths,

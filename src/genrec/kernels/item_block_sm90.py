@@ -1,0 +1,292 @@
+"""The item-block forward for Hopper (sm_90), written in Gluon: TMA loads into a ring of shared
+buffers, asynchronous warpgroup MMAs, and FlashAttention-3's intra-warpgroup overlap.
+
+It computes exactly what ``item_block._item_block_fwd_kernel`` computes (same mask, same outputs:
+``out [B, H, S, D]`` and the natural-log ``lse [B, H, S]``), for bf16/fp16 on an H100/H200 only.
+Triton's own pipeliner cannot overlap the softmax of one key tile with the matrix products of the
+neighbouring tiles, because each flash step's two products depend on each other. Gluon lets the
+kernel order the asynchronous products by hand. With key tiles j = 0, 1, ... over the dense tokens
+of the items before the block, one step is:
+
+    wait for K_j, issue S_j = Q K_j^T        (async)
+    issue O += P_{j-1} V_{j-1}               (async; P_{j-1} from the previous step)
+    wait for S_j only                         (the older product; P_{j-1} V_{j-1} still runs)
+    softmax of S_j -> P_j, the rescale alpha_j   <- overlaps the tensor cores' work on O
+    wait for O; the ring slot of tile j-1 is free: start loading tile j-1+STAGES into it
+    O *= alpha_j
+
+then one last ``O += P V`` and the in-block part (the block's own keys, masked by the same two
+comparisons as ``item_block._inblock_index``), whose K/V were loaded at the start.
+
+Dense K/V are read straight from the strided ``[B*H*n_items, D]`` view of k and v (row stride
+``T*D``) through tensor descriptors; a tile that runs past the block's first item reads rows of
+later items (or of the next head), which the item-causal mask hides. q, k, v must be contiguous
+``[B, H, S, D]`` (``item_block_attention_fwd_sm90`` copies them if not).
+
+No interpreter runs Gluon, so this kernel is checked only on a GPU (``tests/kernels``, marked gpu);
+``item_block_attention_fwd`` stays the reference fast path that CI checks on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    HAVE_GLUON = False
+
+__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "item_block_attention_fwd_sm90"]
+
+_LOG2E = 1.4426950408889634
+
+
+def sm90_available(x: torch.Tensor) -> bool:
+    """True when this kernel can run on ``x``: Gluon present, a CUDA tensor on a Hopper GPU, bf16/fp16."""
+    return (HAVE_GLUON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(x.device)[0] == 9)
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _refill(desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, drow0, BLOCK_N: gl.constexpr):
+        # Tile `tile` has been consumed from its ring slot: load tile + STAGES into that slot (if any).
+        nxt = tile + STAGES
+        slot = tile % STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=go)
+        tma.async_copy_global_to_shared(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
+
+    @gluon.jit
+    def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
+                         BLOCK_M: gl.constexpr, sb_layout: gl.constexpr, o_layout: gl.constexpr, dtype: gl.constexpr):
+        # The block's own keys under the PinGER mask as two comparisons (see item_block._inblock_index),
+        # folded into the running max / sum. Returns P (an MMA operand), the rescale of the output and
+        # the final max and sum, the last three in the output's row layout.
+        b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
+        b_cols: gl.constexpr = gl.SliceLayout(0, sb_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        BIG: gl.constexpr = 1 << 30
+        rq = gl.arange(0, BLOCK_M, layout=b_rows)
+        rk = gl.arange(0, BLOCK_M, layout=b_cols)
+        q_ok = (rq < BLOCK_ITEMS * T) & (item0 + rq // T < n_valid)
+        k_ok = (rk < BLOCK_ITEMS * T) & (item0 + rk // T < n_valid)
+        r = gl.where(q_ok, rq, -1)
+        floor = gl.where(rq % T < T - 1, rq - rq % T, BIG)
+        c = gl.where(k_ok, rk, BIG)
+        rank = gl.where(rk % T < T - 1, rk, BIG)
+        vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+        sb = gl.where(vis, sb, float("-inf"))
+        mb = gl.convert_layout(m_i, b_rows)
+        m_new = gl.maximum(mb, gl.max(sb, 1) * qk_scale)
+        alpha = gl.exp2(mb - m_new)
+        pb = gl.exp2(sb * qk_scale - m_new[:, None])
+        lb = gl.convert_layout(l_i, b_rows) * alpha + gl.sum(pb, 1)
+        pb = gl.convert_layout(pb.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        return pb, gl.convert_layout(alpha, o_rows), gl.convert_layout(m_new, o_rows), gl.convert_layout(lb, o_rows)
+
+    @gluon.jit
+    def _sm90_fwd_kernel(
+        q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
+        H, S, n_items, qk_scale,
+        T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, EARLY_K: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        sb_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
+        pid_bh = gl.program_id(1)
+        b = pid_bh // H
+        n_valid = gl.load(LENGTHS + b)
+        item0 = pid_m * BLOCK_ITEMS
+        row0 = pid_bh * S + item0 * T  # first row of the block in the [B*H*S, D] views
+        drow0 = pid_bh * n_items  # first row of this head in the [B*H*n_items, D] dense views
+        hi = gl.where(item0 < n_valid, item0, 0)  # dense keys [0, hi) are visible to the block
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
+        kb_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], k_desc.layout)
+        vb_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], v_desc.layout)
+        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kd_desc.layout)
+        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], vd_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+
+        # Q first (the first product needs it), then the first dense tiles, then the block's own K/V.
+        mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row0, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            go = i < n_tiles
+            mbarrier.expect(k_bars.index(i), kd_desc.block_type.nbytes, pred=go)
+            tma.async_copy_global_to_shared(kd_desc, [drow0 + i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
+                                            pred=go)
+            mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
+            tma.async_copy_global_to_shared(vd_desc, [drow0 + i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
+                                            pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0, 0], q_bar, kb_smem)
+        tma.async_copy_global_to_shared(v_desc, [row0, 0], q_bar, vb_smem)
+
+        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
+        l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
+        mbarrier.wait(q_bar, 0)
+
+        if n_tiles > 0:
+            # first tile: its softmax has nothing to overlap with
+            mbarrier.wait(k_bars.index(0), 0)
+            s_tok = warpgroup_mma(q_smem, kd_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            if EARLY_K:
+                _refill(kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, drow0, BLOCK_N)
+            s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
+            m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
+            pf = gl.exp2(s * qk_scale - m_i[:, None])
+            l_i = gl.sum(pf, 1)
+            p = gl.convert_layout(pf.to(dtype), p_layout)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, kd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p, vd_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            if EARLY_K:  # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
+                _refill(kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, drow0, BLOCK_N)
+            s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            pf = gl.exp2(s * qk_scale - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(pf, 1)
+            m_i = m_new
+            p_next = gl.convert_layout(pf.to(dtype), p_layout)
+            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+            # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
+            if not EARLY_K:
+                _refill(kd_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, drow0, BLOCK_N)
+            _refill(vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, drow0, BLOCK_N)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p = p_next
+
+        # The block's own tokens, whose scores are computed while the last dense P V runs.
+        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout),
+                               use_acc=False, is_async=True)
+        if n_tiles > 0:
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p, vd_smem.index(last), acc, is_async=True)
+            sb = warpgroup_mma_wait(1, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        else:
+            sb = warpgroup_mma_wait(0, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+        acc = acc * alpha_b[:, None]
+        o_tok = warpgroup_mma(pb, vb_smem, acc, is_async=True)
+        acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
+        ro = gl.arange(0, BLOCK_M, layout=o_rows)
+        co = gl.arange(0, D, layout=o_cols)
+        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
+        out = gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0)
+        st = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
+        gl.store(O + (row0 + ro)[:, None].to(gl.int64) * D + co[None, :], out.to(dtype), mask=st[:, None])
+        lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
+        gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
+
+
+def _desc(x2d: torch.Tensor, rows: int, D: int) -> TensorDescriptor:
+    gdt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, D], layout)
+
+
+def launch_fwd_sm90(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    T: int, scale: float, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
+    early_k: bool = True,
+) -> None:
+    """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32) with the forward.
+    Inputs already checked by the caller except what only this kernel needs (see
+    :func:`item_block_attention_fwd_sm90`); ``lengths`` int32 on q's device."""
+    if not sm90_available(q):
+        raise RuntimeError("item_block sm90 forward: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
+    B, H, S, D = q.shape
+    if block_m & (block_m - 1) or block_m < 16 * num_warps or block_m < T:
+        raise ValueError(f"block_m: a power of two >= 16 x num_warps ({16 * num_warps}) and >= T={T}, got {block_m}")
+    if block_n & (block_n - 1) or not 16 <= block_n <= 256:
+        raise ValueError(f"block_n: a power of two in [16, 256], got {block_n}")
+    if stages < 2:
+        raise ValueError(f"stages: the dense K/V ring needs at least 2 slots, got {stages}")
+    if not out.is_contiguous() or not lse.is_contiguous():
+        raise ValueError("item_block sm90 forward: out and lse must be contiguous")
+    q, k, v = (x.contiguous() for x in (q, k, v))  # the descriptors index rows of [B*H*S, D]
+    n_items = S // T
+    items = block_m // T
+    rows = B * H * S
+    q2, k2, v2 = (x.view(rows, D) for x in (q, k, v))
+    kd2 = k2[T - 1 :: T]  # the dense tokens, [B*H*n_items, D] with row stride T*D
+    vd2 = v2[T - 1 :: T]
+    _sm90_fwd_kernel[(triton.cdiv(n_items, items), B * H)](
+        _desc(q2, block_m, D), _desc(k2, block_m, D), _desc(v2, block_m, D),
+        _desc(kd2, block_n, D), _desc(vd2, block_n, D), out, lse, lengths,
+        H, S, n_items, scale * _LOG2E,
+        T=T, BLOCK_ITEMS=items, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, EARLY_K=early_k,
+        num_warps=num_warps,
+    )
+
+
+def item_block_attention_fwd_sm90(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
+    scale: float | None = None, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward only, on Hopper: ``out [B, H, S, D]`` and natural-log ``lse [B, H, S]`` fp32, as
+    ``item_block.item_block_attention_fwd``. ``block_m`` query tokens per program (a power of two,
+    at least 16 x ``num_warps``; holds ``block_m // T`` whole items), ``block_n`` dense keys per
+    step, ``stages`` the depth of the dense K/V ring."""
+    B, H, S, D = q.shape
+    if k.shape != q.shape or v.shape != q.shape or T < 1 or S % T:
+        raise ValueError(f"q, k, v: expected equal [B, H, S, D] with S a multiple of T={T}, got {tuple(q.shape)}")
+    lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    if out.numel():
+        launch_fwd_sm90(q, k, v, lengths, out, lse, T, 1.0 / math.sqrt(D) if scale is None else float(scale),
+                        block_m=block_m, block_n=block_n, num_warps=num_warps, stages=stages)
+    return out, lse
