@@ -39,6 +39,15 @@ CONFIGS = {  # (block_m, block_n, warps, stages, early K refill)
     128: [(64, 64, 4, 2, False), (64, 64, 4, 2, True), (64, 64, 4, 3, True), (64, 32, 4, 3, True),
           (64, 32, 4, 4, True), (128, 64, 8, 2, True)],
 }
+KV_CONFIGS = {  # dense dk/dv: (keys per program, queries per step, warps, stages)
+    64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)],
+    128: [(64, 32, 4, 3), (64, 32, 4, 2), (128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
+}
+
+
+def kv_cfg(tuned, cfg):
+    bi, bq, w, st = cfg
+    return tuned.replace(sm90_dense_kv=True, kv_block_i=bi, kv_block_q=bq, kv_warps=w, kv_stages=st)
 
 
 def ref_out_lse(q, k, v, lengths, T):
@@ -104,6 +113,37 @@ def checks(results):
         ok &= good
         results["checks"].append({"D": D, "autograd_sm90": errs, "ok": good})
         print(f"  autograd D={D} sm90_fwd: " + " ".join(f"{a}={b:.1e}" for a, b in errs.items()), flush=True)
+        # the dense dk/dv kernel: every configuration, outputs NaN-filled first (every row must be written)
+        import genrec.kernels.item_block as ib
+        real_empty = ib._empty
+        ib._empty = lambda shape, like, dtype=None: torch.full(tuple(shape), float("nan"), device=like.device,
+                                                               dtype=dtype or like.dtype)
+        try:
+            for n, lens in ((1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])):
+                q, k, v, do = (torch.randn(B, H, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+                lengths = torch.tensor(lens, device="cuda", dtype=torch.int32)
+                rs = [x.float().requires_grad_() for x in (q, k, v)]
+                ref = item_block_attention_ref(*rs, lengths, T)
+                gref = torch.autograd.grad(ref, rs, do.float())
+                for cfg in KV_CONFIGS[D]:
+                    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+                    try:
+                        out = item_block_attention(*xs, lengths, T, config=kv_cfg(ItemBlockConfig.tuned(D), cfg))
+                        grads = torch.autograd.grad(out, xs, do)
+                    except Exception as e:  # noqa: BLE001
+                        results["checks"].append({"D": D, "n": n, "kv_cfg": cfg, "error": repr(e)[:300]})
+                        print(f"  kv check D={D} n={n} {cfg}: ERROR {e!r}"[:300], flush=True)
+                        continue
+                    errs = {f"d{c}": rel(a, b) for c, a, b in zip("qkv", grads, gref)}
+                    nan = any(bool(torch.isnan(x).any()) for x in grads)
+                    good = max(errs.values()) < 2e-2 and not nan
+                    ok &= good
+                    results["checks"].append({"D": D, "n": n, "lengths": lens, "kv_cfg": cfg, **errs, "nan": nan,
+                                              "ok": good})
+                    if not good:
+                        print(f"  kv check D={D} n={n} {lens} {cfg}: {errs} nan {nan} FAIL", flush=True)
+        finally:
+            ib._empty = real_empty
     n_ok = sum(1 for c in results["checks"] if c.get("ok"))
     print(f"checks: {n_ok}/{len(results['checks'])} ok", flush=True)
     return ok
@@ -139,14 +179,42 @@ def timing(results, warmup, iters):
                 best = (t, cfg)
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
         both = lambda c: (lambda: torch.autograd.grad(item_block_attention(*xs, lengths, T, config=c), xs, do))  # noqa: E731
+        from genrec.kernels.item_block import _Backward
+        out_t, lse_t = item_block_attention_fwd(q, k, v, lengths, T, config=tuned)
+        bw = _Backward(q, k, v, out_t, lse_t, do, lengths, T, 1 / math.sqrt(D), tuned)
+        bw.run_dq()  # delta
+        t_kv = _time_graph(bw.run_dense_kv, warmup, iters)
+        rows.append({"shape": f"{H}x{D}", "impl": "triton tuned dense dk/dv", "ms": t_kv,
+                     "tflops": 4 / 2 * flops / t_kv / 1e9})
+        best_kv = None
+        for cfg in KV_CONFIGS[D]:
+            bws = _Backward(q, k, v, out_t, lse_t, do, lengths, T, 1 / math.sqrt(D), kv_cfg(tuned, cfg))
+            bws.run_dq()
+            try:
+                t = _time_graph(bws.run_dense_kv, warmup, iters)
+            except Exception as e:  # noqa: BLE001
+                print(f"  time {H}x{D} kv {cfg}: ERROR {e!r}"[:300], flush=True)
+                continue
+            rows.append({"shape": f"{H}x{D}", "impl": f"sm90 dense dk/dv {cfg}", "ms": t,
+                         "tflops": 4 / 2 * flops / t / 1e9, "vs_triton": t_kv / t})
+            print(f"  {H}x{D} sm90 dense kv {cfg}: {t:.4f} ms (triton tuned {t_kv:.4f})", flush=True)
+            if best_kv is None or t < best_kv[0]:
+                best_kv = (t, cfg)
         if best is not None:  # fwd+bwd, the two alternated three times (the GPU drifts by ~2% between calls)
             bm, bn, w, st, _ = best[1]
             c = tuned.replace(sm90_fwd=True, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
-            t_b, t_s = [], []
+            c2 = kv_cfg(c, best_kv[1]) if best_kv is not None and best_kv[0] < t_kv else None
+            t_b, t_s, t_2 = [], [], []
             for _ in range(3):
                 t_b.append(_time_graph(both(tuned), warmup, iters, reps=5))
                 t_s.append(_time_graph(both(c), warmup, iters, reps=5))
+                if c2 is not None:
+                    t_2.append(_time_graph(both(c2), warmup, iters, reps=5))
             t_b, t_s = sorted(t_b)[1], sorted(t_s)[1]
+            if c2 is not None:
+                t2 = sorted(t_2)[1]
+                rows.append({"shape": f"{H}x{D}", "impl": f"sm90 fwd + sm90 dense kv {best_kv[1]}", "ms": t2,
+                             "tflops": 3.5 * flops / t2 / 1e9, "vs_triton": t_b / t2})
             rows.append({"shape": f"{H}x{D}", "impl": "triton tuned fwd+bwd", "ms": t_b,
                          "tflops": 3.5 * flops / t_b / 1e9})
             rows.append({"shape": f"{H}x{D}", "impl": f"sm90 fwd {best[1]} + triton bwd", "ms": t_s,

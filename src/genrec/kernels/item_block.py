@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.item_block_sm90 import launch_fwd_sm90, sm90_available
+from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_fwd_sm90, sm90_available
 from genrec.validation import checks_on
 
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
@@ -72,6 +72,9 @@ class ItemBlockConfig:
     ``item_block_sm90`` (TMA ring, asynchronous warpgroup MMAs overlapped with the softmax) with
     ``block_m`` / ``block_n`` / ``num_warps`` (None: 4) / ``num_stages`` (None: 2) as its ring depth;
     elsewhere the Triton forward runs. The backward is the same either way.
+    ``sm90_dense_kv``: likewise the dense keys' dk/dv kernel (``kv_block_i`` keys per program,
+    ``kv_block_q`` queries per step, ``kv_warps`` (None: 4), ``kv_stages`` (None: 2) as its ring
+    depth), when q, k, v and dO are contiguous and ``gather_dense`` is off.
     """
 
     block_m: int = 64
@@ -96,6 +99,7 @@ class ItemBlockConfig:
     sid_block_m: int | None = None
     sid_warps: int | None = None
     sm90_fwd: bool = False
+    sm90_dense_kv: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -683,7 +687,14 @@ class _Backward:
         )
 
     def run_dense_kv(self) -> None:
-        q = self.q
+        q, c = self.q, self.cfg
+        if (c.sm90_dense_kv and not c.gather_dense and sm90_available(q)
+                and all(x.is_contiguous() for x in (q, self.k, self.v, self.do))):
+            launch_dense_kv_sm90(q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
+                                 self.T, self.scale, block_i=_tile(c.kv_block_i or c.block_m),
+                                 block_q=_tile(c.kv_block_q or c.block_n), num_warps=c.kv_warps or 4,
+                                 stages=c.kv_stages or 2)
+            return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
             q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,

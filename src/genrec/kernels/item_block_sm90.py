@@ -40,11 +40,13 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # Triton 3.6 (the GPU image's) names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "item_block_attention_fwd_sm90"]
+__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "launch_dense_kv_sm90", "item_block_attention_fwd_sm90"]
 
 _LOG2E = 1.4426950408889634
 
@@ -64,7 +66,7 @@ if HAVE_GLUON:
         slot = tile % STAGES
         go = nxt < n_tiles
         mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=go)
-        tma.async_copy_global_to_shared(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
+        _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
 
     @gluon.jit
     def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
@@ -139,17 +141,17 @@ if HAVE_GLUON:
 
         # Q first (the first product needs it), then the first dense tiles, then the block's own K/V.
         mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row0, 0], q_bar, q_smem)
+        _tma_load(q_desc, [row0, 0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             go = i < n_tiles
             mbarrier.expect(k_bars.index(i), kd_desc.block_type.nbytes, pred=go)
-            tma.async_copy_global_to_shared(kd_desc, [drow0 + i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
+            _tma_load(kd_desc, [drow0 + i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
                                             pred=go)
             mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
-            tma.async_copy_global_to_shared(vd_desc, [drow0 + i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
+            _tma_load(vd_desc, [drow0 + i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
                                             pred=go)
-        tma.async_copy_global_to_shared(k_desc, [row0, 0], q_bar, kb_smem)
-        tma.async_copy_global_to_shared(v_desc, [row0, 0], q_bar, vb_smem)
+        _tma_load(k_desc, [row0, 0], q_bar, kb_smem)
+        _tma_load(v_desc, [row0, 0], q_bar, vb_smem)
 
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
         l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
@@ -231,6 +233,116 @@ if HAVE_GLUON:
         gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
 
 
+    @gluon.jit
+    def _sm90_dense_kv_kernel(
+        q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DK, DV, LENGTHS,
+        H, S, n_items, qk_scale, sm_scale,
+        T: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        # dk/dv of the dense keys [j0, j0 + BLOCK_I) of one head: dense key j is read by every query
+        # token r >= jT + T - 1 (the dense query of item j and all tokens of later items). A loop over
+        # query tiles from token j0*T on, the tiles' Q and dO in a TMA ring; per tile, four asynchronous
+        # warpgroup MMAs: S^T = K Q^T and dP^T = V dO^T together (P^T is formed while dP^T runs), then
+        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q.
+        dtype: gl.constexpr = q_desc.dtype
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_Q, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        k_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
+        q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
+        o_cols: gl.constexpr = gl.SliceLayout(0, kv_layout)
+
+        pid_i = gl.program_id(0)  # heaviest (earliest) keys first: most later queries
+        pid_bh = gl.program_id(1)
+        b = pid_bh // H
+        n_valid = gl.load(LENGTHS + b)
+        j0 = pid_i * BLOCK_I
+        qrow0 = pid_bh * S  # this head's first row in the [B*H*S, D] views
+        q_lo = j0 * T
+        q_hi = n_valid * T
+        n_q = gl.where(q_hi > q_lo, gl.cdiv(q_hi - q_lo, BLOCK_Q), 0)
+        N_DIAG: gl.constexpr = (BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q  # tiles that can hold masked pairs
+        n_full = gl.where(q_hi > q_lo, (q_hi - q_lo) // BLOCK_Q, 0)  # tiles with every query valid
+
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_I, D], kd_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_I, D], vd_desc.layout)
+        q_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_Q, D], q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_Q, D], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.expect(kv_bar, 2 * kd_desc.block_type.nbytes)
+        _tma_load(kd_desc, [pid_bh * n_items + j0, 0], kv_bar, k_smem)
+        _tma_load(vd_desc, [pid_bh * n_items + j0, 0], kv_bar, v_smem)
+        for i in gl.static_range(STAGES):
+            go = i < n_q
+            mbarrier.expect(q_bars.index(i), 2 * q_desc.block_type.nbytes, pred=go)
+            _tma_load(q_desc, [qrow0 + q_lo + i * BLOCK_Q, 0], q_bars.index(i), q_ring.index(i), pred=go)
+            _tma_load(do_desc, [qrow0 + q_lo + i * BLOCK_Q, 0], q_bars.index(i), do_ring.index(i), pred=go)
+
+        jr = j0 + gl.arange(0, BLOCK_I, layout=k_rows)
+        jtok = gl.where(jr < n_valid, jr * T + (T - 1), 1 << 30)  # padding keys: seen by no query
+        offs_q = gl.arange(0, BLOCK_Q, layout=q_cols)
+        dk = gl.zeros([BLOCK_I, D], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_I, D], gl.float32, kv_layout)
+        st_zero = gl.zeros([BLOCK_I, BLOCK_Q], gl.float32, st_layout)
+        qt = q_lo + offs_q
+        l2 = gl.load(LSE + qrow0 + qt, mask=qt < q_hi, other=0.0) * 1.4426950408889634
+        dl = gl.load(DELTA + qrow0 + qt, mask=qt < q_hi, other=0.0)
+        mbarrier.wait(kv_bar, 0)
+        for i in range(n_q):
+            slot = i % STAGES
+            mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
+            q_s = q_ring.index(slot)
+            do_s = do_ring.index(slot)
+            st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            # the next tile's row statistics, loaded while this tile computes
+            qt_next = qt + BLOCK_Q
+            l2_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0) * 1.4426950408889634
+            dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
+            st = warpgroup_mma_wait(1, deps=(st_tok,))
+            if i > 0:  # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
+                prev = (i - 1) % STAGES
+                nxt = i - 1 + STAGES
+                go = nxt < n_q
+                mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
+                _tma_load(q_desc, [qrow0 + q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
+                _tma_load(do_desc, [qrow0 + q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
+                          pred=go)
+            pt = gl.exp2(st * qk_scale - l2[None, :])
+            if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
+                vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
+                pt = gl.where(vis, pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
+            dst = pt * (dpt - dl[None, :])
+            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(dst_op, q_s, dk, is_async=True)
+            dv, pt_op = warpgroup_mma_wait(1, deps=(dv_tok, pt_op))
+            dk, dst_op = warpgroup_mma_wait(0, deps=(dk_tok, dst_op))
+            qt = qt_next
+            l2 = l2_next
+            dl = dl_next
+
+        mbarrier.invalidate(kv_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(q_bars.index(i))
+        jo = j0 + gl.arange(0, BLOCK_I, layout=o_rows)
+        co = gl.arange(0, D, layout=o_cols)
+        rows = (qrow0 + jo * T + (T - 1)).to(gl.int64)
+        ok = (jo < n_items)[:, None]
+        gl.store(DK + rows[:, None] * D + co[None, :], (dk * sm_scale).to(dtype), mask=ok)
+        gl.store(DV + rows[:, None] * D + co[None, :], dv.to(dtype), mask=ok)
+
+
 def _desc(x2d: torch.Tensor, rows: int, D: int) -> TensorDescriptor:
     gdt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
@@ -290,3 +402,35 @@ def item_block_attention_fwd_sm90(
         launch_fwd_sm90(q, k, v, lengths, out, lse, T, 1.0 / math.sqrt(D) if scale is None else float(scale),
                         block_m=block_m, block_n=block_n, num_warps=num_warps, stages=stages)
     return out, lse
+
+
+def launch_dense_kv_sm90(
+    q: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+    dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, *,
+    block_i: int = 64, block_q: int = 64, num_warps: int = 4, stages: int = 2,
+) -> None:
+    """Write the dense keys' rows of ``dk`` and ``dv`` (contiguous ``[B, H, S, D]``), as
+    ``item_block._item_block_bwd_dense_kv_kernel`` does: ``kd`` / ``vd`` the strided dense views
+    ``k[:, :, T-1::T]`` of contiguous k / v; ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32."""
+    if not sm90_available(q):
+        raise RuntimeError("item_block sm90 dense dk/dv: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
+    B, H, S, D = q.shape
+    if block_i & (block_i - 1) or block_i < 16 * num_warps:
+        raise ValueError(f"block_i: a power of two >= 16 x num_warps ({16 * num_warps}), got {block_i}")
+    if block_q & (block_q - 1) or not 16 <= block_q <= 256 or stages < 2:
+        raise ValueError(f"block_q: a power of two in [16, 256] (got {block_q}); stages >= 2 (got {stages})")
+    for name, x in (("q", q), ("do", do), ("lse", lse), ("delta", delta), ("dk", dk), ("dv", dv)):
+        if not x.is_contiguous():
+            raise ValueError(f"item_block sm90 dense dk/dv: {name} must be contiguous")
+    n_items = S // T
+    rows = B * H * S
+    kd2 = kd.as_strided((B * H * n_items, D), (T * D, 1))  # the dense rows of contiguous k / v
+    vd2 = vd.as_strided((B * H * n_items, D), (T * D, 1))
+    if kd.stride() != (H * S * D, S * D, T * D, 1) or vd.stride() != kd.stride():
+        raise ValueError("item_block sm90 dense dk/dv: kd / vd must be the strided dense views of contiguous k / v")
+    _sm90_dense_kv_kernel[(triton.cdiv(n_items, block_i), B * H)](
+        _desc(q.view(rows, D), block_q, D), _desc(do.view(rows, D), block_q, D),
+        _desc(kd2, block_i, D), _desc(vd2, block_i, D), lse, delta, dk, dv, lengths,
+        H, S, n_items, scale * _LOG2E, scale,
+        T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, num_warps=num_warps,
+    )
