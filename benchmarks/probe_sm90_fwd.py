@@ -7,7 +7,7 @@ Usage:
 1. Checks, on fresh random inputs (bf16 and fp16; D 64 and 128; 1 to 300 items, lengths 0 / part /
    full): out and lse against the fp32 reference with the mask made explicit, every configuration of
    the sweep, outputs first filled with NaN (every row must be written); then fwd+bwd through
-   ``item_block_attention`` with ``ItemBlockConfig(sm90_fwd=True)`` against the fp32 reference.
+   ``item_block_attention`` with the sm90 forward switched on, against the fp32 reference.
 2. Forward timing, CUDA-graph replay (GPU time), B 8 x 1,024 items x T 5, 12 heads x 64 and 8 x 128:
    the tuned Triton forward and each sm90 configuration.
 3. fwd+bwd, graph-replayed: the tuned configuration, and the same with the best sm90 forward,
@@ -46,8 +46,7 @@ KV_CONFIGS = {  # dense dk/dv: (keys per program, queries per step, warps, stage
 
 
 def kv_cfg(tuned, cfg):
-    bi, bq, w, st = cfg
-    return tuned.replace(sm90_dense_kv=True, kv_block_i=bi, kv_block_q=bq, kv_warps=w, kv_stages=st)
+    return tuned.replace(sm90_dense_kv=tuple(cfg))
 
 
 def ref_out_lse(q, k, v, lengths, T):
@@ -103,7 +102,7 @@ def checks(results):
         q, k, v, do = (torch.randn(B, H, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
         lengths = torch.tensor([n, 97], device="cuda", dtype=torch.int32)
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
-        out = item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D).replace(sm90_fwd=True))
+        out = item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2)))
         grads = torch.autograd.grad(out, xs, do)
         rs = [x.float().requires_grad_() for x in (q, k, v)]
         ref = item_block_attention_ref(*rs, lengths, T)
@@ -157,7 +156,7 @@ def timing(results, warmup, iters):
         q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
         flops = 4 * _visible_pairs(lengths.cpu(), n, T) * D * H
-        tuned = ItemBlockConfig.tuned(D)
+        tuned = ItemBlockConfig.tuned(D).replace(sm90_fwd=None, sm90_dense_kv=None)  # Triton alone
         out = torch.empty_like(q)
         lse = torch.empty((B, H, S), device="cuda")
         t_tri = _time_graph(lambda: item_block_attention_fwd(q, k, v, lengths, T, config=tuned), warmup, iters)
@@ -202,7 +201,7 @@ def timing(results, warmup, iters):
                 best_kv = (t, cfg)
         if best is not None:  # fwd+bwd, the two alternated three times (the GPU drifts by ~2% between calls)
             bm, bn, w, st, _ = best[1]
-            c = tuned.replace(sm90_fwd=True, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+            c = tuned.replace(sm90_fwd=(bm, bn, w, st))
             c2 = kv_cfg(c, best_kv[1]) if best_kv is not None and best_kv[0] < t_kv else None
             t_b, t_s, t_2 = [], [], []
             for _ in range(3):

@@ -222,7 +222,11 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
         print(f"  {shape} {name:28s} fwd {fwd or float('nan'):8.3f} ms  fwd+bwd {both or float('nan'):8.3f} ms  "
               f"graph-replayed fwd+bwd {g_both or float('nan'):8.3f} ms", flush=True)
 
-    record("item-block triton (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
+    # tuned: on a Hopper GPU with the Gluon (sm90) kernels where they won; "triton only": the same with them off
+    record("item-block (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
+           pairs, graph=True)
+    tri_only = ItemBlockConfig.tuned(D).replace(sm90_fwd=None, sm90_dense_kv=None)
+    record("item-block triton only (tuned)", lambda: item_block_attention(*xs, lengths, T, config=tri_only),
            pairs, graph=True)
     record("item-block triton (original)", lambda: item_block_attention(*xs, lengths, T), pairs, graph=True)
     bm = _guard("flex block mask", lambda: _flex_block_mask(lengths, n_items, T)) if DEV == "cuda" else None

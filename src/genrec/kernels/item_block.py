@@ -68,13 +68,12 @@ class ItemBlockConfig:
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
     ``maxnreg`` / ``dq_maxnreg`` / ``kv_maxnreg``: a cap on registers per thread for the forward / dq /
     dense dk/dv kernel (more resident programs per SM, or spills); None: the compiler's choice.
-    ``sm90_fwd``: on a Hopper GPU (bf16/fp16) run the forward as the Gluon kernel of
-    ``item_block_sm90`` (TMA ring, asynchronous warpgroup MMAs overlapped with the softmax) with
-    ``block_m`` / ``block_n`` / ``num_warps`` (None: 4) / ``num_stages`` (None: 2) as its ring depth;
-    elsewhere the Triton forward runs. The backward is the same either way.
-    ``sm90_dense_kv``: likewise the dense keys' dk/dv kernel (``kv_block_i`` keys per program,
-    ``kv_block_q`` queries per step, ``kv_warps`` (None: 4), ``kv_stages`` (None: 2) as its ring
-    depth), when q, k, v and dO are contiguous and ``gather_dense`` is off.
+    ``sm90_fwd`` = ``(block_m, block_n, warps, stages)``: on a Hopper GPU (bf16/fp16) run the
+    forward as the Gluon kernel of ``item_block_sm90`` (TMA ring of ``stages`` dense K/V tiles,
+    asynchronous warpgroup MMAs overlapped with the softmax); elsewhere the Triton forward runs with
+    the knobs above. ``sm90_dense_kv`` = ``(keys per program, queries per step, warps, stages)``:
+    likewise the dense keys' dk/dv kernel (when q, k, v and dO are contiguous and ``gather_dense``
+    is off). None: the Triton kernel everywhere.
     """
 
     block_m: int = 64
@@ -98,12 +97,16 @@ class ItemBlockConfig:
     kv_maxnreg: int | None = None
     sid_block_m: int | None = None
     sid_warps: int | None = None
-    sm90_fwd: bool = False
-    sm90_dense_kv: bool = False
+    sm90_fwd: tuple[int, int, int, int] | None = None
+    sm90_dense_kv: tuple[int, int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
+            if f.name.startswith("sm90_") and x is not None:
+                if not (isinstance(x, tuple) and len(x) == 4 and all(isinstance(i, int) and i > 0 for i in x)):
+                    raise ValueError(f"ItemBlockConfig.{f.name}: expected None or 4 positive ints, got {x!r}")
+                continue
             if isinstance(x, bool) or x is None:
                 continue
             if not isinstance(x, int) or x < 1 or ("warps" in f.name and x & (x - 1)):
@@ -118,14 +121,17 @@ class ItemBlockConfig:
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
         1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
-        since); other head dims take the head-dim-64 one."""
+        since); other head dims take the head-dim-64 one. On a Hopper GPU the Gluon forward (both
+        head dims) and the Gluon dense dk/dv kernel (head dim 128) replace their Triton twins, the
+        best of ``benchmarks/probe_sm90_fwd.py`` (2026-12-01): fwd+bwd 1.30 ms against 1.35 at 8 x 128."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
         if head_dim >= 128:
             return cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
-                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3, **fused)  # type: ignore[arg-type]
+                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
+                       sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3), **fused)  # type: ignore[arg-type]
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
-                   kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2, **fused)  # type: ignore[arg-type]
-
+                   kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2,
+                   sm90_fwd=(64, 64, 4, 2), **fused)  # type: ignore[arg-type]
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
@@ -625,8 +631,9 @@ def item_block_attention_fwd(
     if out.numel() == 0:
         return out, lse.zero_()
     if cfg.sm90_fwd and sm90_available(q):
-        launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, cfg.block_m)[0],
-                        block_n=_tile(cfg.block_n), num_warps=cfg.num_warps or 4, stages=cfg.num_stages or 2)
+        bm, bn, w, st = cfg.sm90_fwd
+        launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, bm)[0], block_n=_tile(bn),
+                        num_warps=w, stages=st)
         return out, lse
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
     _item_block_fwd_kernel[(triton.cdiv(n_items, per_program), B * H)](
@@ -690,10 +697,9 @@ class _Backward:
         q, c = self.q, self.cfg
         if (c.sm90_dense_kv and not c.gather_dense and sm90_available(q)
                 and all(x.is_contiguous() for x in (q, self.k, self.v, self.do))):
+            bi, bq, w, st = c.sm90_dense_kv
             launch_dense_kv_sm90(q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
-                                 self.T, self.scale, block_i=_tile(c.kv_block_i or c.block_m),
-                                 block_q=_tile(c.kv_block_q or c.block_n), num_warps=c.kv_warps or 4,
-                                 stages=c.kv_stages or 2)
+                                 self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st)
             return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](

@@ -1,0 +1,165 @@
+"""The Gluon (Hopper) item-block kernels: the forward and the dense keys' dk/dv.
+
+No interpreter runs Gluon, so on a CPU machine the kernels are compiled ahead of time for sm_90
+(the H100/H200) and their machine code inspected: tensor-memory copies and warpgroup MMAs present,
+no register spills, shared memory within what an SM holds. On a Hopper GPU they are checked against
+the fp32 reference on fresh random inputs, outputs filled with NaN first. Everywhere else the
+``sm90_*`` switches must fall back to the Triton kernels and change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from genrec.kernels import item_block_sm90 as sm90  # noqa: E402
+from genrec.kernels.item_block import ItemBlockConfig  # noqa: E402
+from genrec.kernels.reference import item_block_attention_ref  # noqa: E402
+
+T = 5
+SMEM_PER_SM = 228 * 1024
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _desc_type(rows: int, D: int, stride: int) -> str:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    base = torch.zeros(64 * T, D, dtype=torch.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl.bfloat16)
+    return mangle_type(TensorDescriptor(base, [64 * T, D], [stride, 1], [rows, D], layout))
+
+
+def _compile(kind: str, D: int, tiles: tuple[int, int, int, int]):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    a, b, warps, stages = tiles
+    scalars = {"H": "i32", "S": "i32", "n_items": "i32", "qk_scale": "fp32"}
+    if kind == "forward":
+        fn = sm90._sm90_fwd_kernel
+        sig = {"q_desc": _desc_type(a, D, D), "k_desc": _desc_type(a, D, D), "v_desc": _desc_type(a, D, D),
+               "kd_desc": _desc_type(b, D, T * D), "vd_desc": _desc_type(b, D, T * D),
+               "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scalars}
+        consts = {"T": T, "BLOCK_ITEMS": a // T, "BLOCK_M": a, "BLOCK_N": b, "D": D, "STAGES": stages,
+                  "EARLY_K": True, "num_warps": warps}
+    else:
+        fn = sm90._sm90_dense_kv_kernel
+        sig = {"q_desc": _desc_type(b, D, D), "do_desc": _desc_type(b, D, D), "kd_desc": _desc_type(a, D, T * D),
+               "vd_desc": _desc_type(a, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+               "LENGTHS": "*i32", **scalars, "sm_scale": "fp32"}
+        consts = {"T": T, "BLOCK_I": a, "BLOCK_Q": b, "D": D, "STAGES": stages, "num_warps": warps}
+    sig.update({name: "constexpr" for name in consts})
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+def _tuned_tiles():
+    out = []
+    for D in (64, 128):
+        cfg = ItemBlockConfig.tuned(D)
+        if cfg.sm90_fwd:
+            out.append(("forward", D, cfg.sm90_fwd))
+        if cfg.sm90_dense_kv:
+            out.append(("dense dk/dv", D, cfg.sm90_dense_kv))
+    return out
+
+
+@pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("kind,D,tiles", _tuned_tiles())
+def test_tuned_kernels_compile_for_hopper_without_spills(kind, D, tiles) -> None:
+    import triton
+
+    k = _compile(kind, D, tiles)
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx, "no warpgroup MMA in the PTX"
+    assert "cp.async.bulk.tensor" in ptx, "no TMA copy in the PTX"
+    assert 0 < k.metadata.shared <= SMEM_PER_SM // 2 - 1024, f"{k.metadata.shared} B of shared memory: < 2 programs per SM"
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    try:
+        usage = subprocess.run([str(bindir / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    res = {name: int(v) for name, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+    assert res.get("LOCAL", 0) == 0 and res.get("STACK", 0) == 0, f"register spills: {res}"
+
+
+def test_switches_fall_back_off_hopper() -> None:
+    """On a CPU (interpreter) or a non-Hopper GPU the sm90 switches change nothing."""
+    if _hopper():
+        pytest.skip("a Hopper GPU runs the Gluon kernels; tested below")
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("the Triton kernels need a GPU or TRITON_INTERPRET=1")
+    from genrec.kernels.item_block import item_block_attention
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 2, 7 * T, 32, generator=g).to(dev) for _ in range(4))
+    lengths = torch.tensor([7, 4], dtype=torch.int32, device=dev)
+    plain = ItemBlockConfig(block_m=16, block_n=16)
+    on = plain.replace(sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+    res = []
+    for cfg in (plain, on):
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = item_block_attention(*xs, lengths, T, config=cfg)
+        res.append((out, *torch.autograd.grad(out, xs, do)))
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
+def test_config_rejects_malformed_sm90_tiles() -> None:
+    with pytest.raises(ValueError, match="sm90_fwd"):
+        ItemBlockConfig(sm90_fwd=(64, 64, 4))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sm90_dense_kv"):
+        ItemBlockConfig(sm90_dense_kv=(64, 0, 4, 2))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (_hopper() and sm90.HAVE_GLUON), reason="needs a Hopper GPU and Gluon")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("n,lengths", [(1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])])
+def test_sm90_kernels_match_reference(D, n, lengths, monkeypatch) -> None:
+    from genrec.kernels import item_block
+    from genrec.kernels.item_block import item_block_attention
+
+    # every output row must be written: allocations start as NaN
+    monkeypatch.setattr(item_block, "_empty", lambda shape, like, dtype=None: torch.full(
+        tuple(shape), float("nan"), device=like.device, dtype=dtype or like.dtype))
+    g = torch.Generator(device="cuda").manual_seed(n * D)
+    q, k, v, do = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    rs = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = item_block_attention_ref(*rs, lens, T)
+    gref = torch.autograd.grad(ref, rs, do.float())
+    cfg = ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = item_block_attention(*xs, lens, T, config=cfg)
+    grads = torch.autograd.grad(out, xs, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *gref)):
+        assert not torch.isnan(a).any(), f"{name}: rows left unwritten"
+        err = _rel(a, b)
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+    # the forward alone, lse included, against the Triton forward
+    o1, l1 = sm90.item_block_attention_fwd_sm90(q, k, v, lens, T)
+    o2, l2 = item_block.item_block_attention_fwd(q, k, v, lens, T, config=ItemBlockConfig.tuned(D).replace(sm90_fwd=None))
+    assert _rel(o1, o2) < 1e-2 and (l1 - l2).abs().max() < 1e-2
