@@ -113,7 +113,7 @@ def test_switches_fall_back_off_hopper() -> None:
     q, k, v, do = (torch.randn(2, 2, 7 * T, 32, generator=g).to(dev) for _ in range(4))
     lengths = torch.tensor([7, 4], dtype=torch.int32, device=dev)
     plain = ItemBlockConfig(block_m=16, block_n=16)
-    on = plain.replace(sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+    on = plain.replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
     res = []
     for cfg in (plain, on):
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -151,7 +151,7 @@ def test_sm90_kernels_match_reference(D, n, lengths, monkeypatch) -> None:
     rs = [x.float().requires_grad_() for x in (q, k, v)]
     ref = item_block_attention_ref(*rs, lens, T)
     gref = torch.autograd.grad(ref, rs, do.float())
-    cfg = ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+    cfg = ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
     out = item_block_attention(*xs, lens, T, config=cfg)
     grads = torch.autograd.grad(out, xs, do)

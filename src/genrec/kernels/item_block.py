@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_fwd_sm90, sm90_available
+from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_dq_sm90, launch_fwd_sm90, sm90_available
 from genrec.validation import checks_on
 
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
@@ -73,7 +73,9 @@ class ItemBlockConfig:
     asynchronous warpgroup MMAs overlapped with the softmax); elsewhere the Triton forward runs with
     the knobs above. ``sm90_dense_kv`` = ``(keys per program, queries per step, warps, stages)``:
     likewise the dense keys' dk/dv kernel (when q, k, v and dO are contiguous and ``gather_dense``
-    is off). None: the Triton kernel everywhere.
+    is off). ``sm90_dq`` = ``(block_m, block_n, warps, stages)``: likewise the dq kernel, which then
+    also computes delta and the SID keys' dk/dv (as ``fuse_delta`` and ``fuse_sid_kv`` do), when
+    every tensor is contiguous. None: the Triton kernel everywhere.
     """
 
     block_m: int = 64
@@ -99,6 +101,7 @@ class ItemBlockConfig:
     sid_warps: int | None = None
     sm90_fwd: tuple[int, int, int, int] | None = None
     sm90_dense_kv: tuple[int, int, int, int] | None = None
+    sm90_dq: tuple[int, int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -666,9 +669,18 @@ class _Backward:
         self.kd, self.vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
         self.dq, self.dk, self.dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
         self.consts = {"IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
+        self.sid_done = False  # set when the sm90 dq kernel wrote the SID keys' dk/dv
 
     def run_dq(self) -> None:
-        q = self.q
+        q, c = self.q, self.cfg
+        if c.sm90_dq and sm90_available(q) and all(
+                x.is_contiguous() for x in (q, self.k, self.v, self.out, self.do, self.lse, self.delta)):
+            bm, bn, w, st = c.sm90_dq
+            launch_dq_sm90(q, self.k, self.v, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
+                           self.lengths, self.T, self.scale, block_m=_blocks(self.T, bm)[0], block_n=_tile(bn),
+                           num_warps=w, stages=st)
+            self.sid_done = True  # the SID keys' dk/dv came with it
+            return
         per_program, consts, opts = _dq_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
@@ -681,7 +693,7 @@ class _Backward:
 
     def run_sid_kv(self) -> None:
         c, q, T = self.cfg, self.q, self.T
-        if T == 1 or c.fuse_sid_kv:  # no SID keys, or the dq kernel did them
+        if T == 1 or c.fuse_sid_kv or self.sid_done:  # no SID keys, or the dq kernel did them
             return
         BLOCK_M, BLOCK_ITEMS = _blocks(T, c.sid_block_m or c.block_m)
         _item_block_bwd_sid_kv_kernel[(triton.cdiv(self.n_items, BLOCK_ITEMS), q.shape[0] * self.H)](

@@ -37,7 +37,14 @@ import triton
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Triton 3.6 (the GPU image's) names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
@@ -46,7 +53,8 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "launch_dense_kv_sm90", "item_block_attention_fwd_sm90"]
+__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90",
+           "item_block_attention_fwd_sm90"]
 
 _LOG2E = 1.4426950408889634
 
@@ -67,6 +75,23 @@ if HAVE_GLUON:
         go = nxt < n_tiles
         mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=go)
         _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
+
+    @gluon.jit
+    def _refill_ring(desc, blk_desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, drow0, row0,
+                     BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
+        # As _refill, and with RING_BLOCK the ring's tile n_tiles is the query block's own K or V
+        # (same shape), read from the token-major descriptor at row0.
+        nxt = tile + STAGES
+        slot = tile % STAGES
+        dense = nxt < n_tiles
+        if RING_BLOCK:
+            own = nxt == n_tiles
+            mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense | own)
+            _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
+            _tma_load(blk_desc, [row0, 0], bars.index(slot), ring.index(slot), pred=own)
+        else:
+            mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense)
+            _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
 
     @gluon.jit
     def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
@@ -343,6 +368,170 @@ if HAVE_GLUON:
         gl.store(DV + rows[:, None] * D + co[None, :], dv.to(dtype), mask=ok)
 
 
+    @gluon.jit
+    def _sm90_dq_kernel(
+        q_desc, do_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, DELTA, DQ, DK, DV, LENGTHS,
+        H, S, n_items, qk_scale, sm_scale,
+        T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        # dq of one query block of whole items (as item_block._item_block_bwd_dq_kernel with
+        # fuse_delta and fuse_sid_kv): delta = rowsum(dO * O) first (stored for the dk/dv kernel),
+        # then a loop over the dense keys of earlier items -- S = Q K^T and dP = dO V^T issued
+        # together, P formed while dP runs, dQ += dS K left running while the next tile's S and dP
+        # are issued -- then the block's own keys, masked, which also give the dk/dv of its SID keys.
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        sb_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
+        b_cols: gl.constexpr = gl.SliceLayout(0, sb_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+        p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
+
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
+        pid_bh = gl.program_id(1)
+        b = pid_bh // H
+        n_valid = gl.load(LENGTHS + b)
+        item0 = pid_m * BLOCK_ITEMS
+        row0 = pid_bh * S + item0 * T
+        drow0 = pid_bh * n_items
+        hi = gl.where(item0 < n_valid, item0, 0)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+
+        RING_BLOCK: gl.constexpr = BLOCK_N == BLOCK_M  # the block's own K/V ride the ring as its last tile
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], do_desc.layout)
+        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kd_desc.layout)
+        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], vd_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        mbarrier.init(b_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        _tma_load(q_desc, [row0, 0], q_bar, q_smem)
+        _tma_load(do_desc, [row0, 0], q_bar, do_smem)
+        for i in gl.static_range(STAGES):  # the ring's first STAGES tiles (as refills of tiles -STAGES..-1)
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+        if not RING_BLOCK:
+            kb_own = gl.allocate_shared_memory(dtype, [BLOCK_M, D], k_desc.layout)
+            vb_own = gl.allocate_shared_memory(dtype, [BLOCK_M, D], v_desc.layout)
+            mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
+            _tma_load(k_desc, [row0, 0], b_bar, kb_own)
+            _tma_load(v_desc, [row0, 0], b_bar, vb_own)
+
+        # delta = rowsum(dO * O): O through pointers, dO from its shared tile; 0 on padding rows
+        rb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, blk))
+        cb = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+        ok_b = (rb < BLOCK_ITEMS * T) & (item0 + rb // T < n_valid)
+        o_t = gl.load(O + (row0 + rb)[:, None].to(gl.int64) * D + cb[None, :], mask=ok_b[:, None], other=0.0)
+        mbarrier.wait(q_bar, 0)
+        do_t = do_smem.load(blk)
+        delta_b = gl.sum(do_t.to(gl.float32) * o_t.to(gl.float32), 1)
+        delta_b = gl.where(ok_b, delta_b, 0.0)
+        st_b = (rb < BLOCK_ITEMS * T) & (item0 * T + rb < S)
+        gl.store(DELTA + (row0 + rb).to(gl.int64), delta_b, mask=st_b)
+        rs = gl.arange(0, BLOCK_M, layout=s_rows)
+        ok_s = (rs < BLOCK_ITEMS * T) & (item0 + rs // T < n_valid)
+        lse2 = gl.load(LSE + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0) * 1.4426950408889634
+        delta = gl.convert_layout(delta_b, s_rows)
+        offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, o_layout))
+        ds_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, op_layout)
+
+        for j in range(n_tiles):
+            slot = j % STAGES
+            ph = (j // STAGES) & 1
+            mbarrier.wait(k_bars.index(slot), ph)
+            s_tok = warpgroup_mma(q_smem, kd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(slot), ph)
+            dp_tok = warpgroup_mma(do_smem, vd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            # retires the previous dQ product (older) and S; dP may still run
+            s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
+            if j > 0:  # tile j-1 fully consumed (its dQ product just retired): refill its slot
+                _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+            p = gl.exp2(s * qk_scale - lse2[:, None])
+            if j * BLOCK_N + BLOCK_N > hi:  # the last, partial tile
+                p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            if j > 0:
+                _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+            ds = p * (dp - delta[:, None])
+            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+            dq = warpgroup_mma(ds_op, kd_smem.index(slot), dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+
+        # the block's own keys: the PinGER mask as two comparisons (see item_block._inblock_index)
+        if RING_BLOCK:  # loaded by the refill of tile n_tiles - STAGES (the prologue's, or the loop's)
+            own = n_tiles % STAGES
+            mbarrier.wait(k_bars.index(own), (n_tiles // STAGES) & 1)
+            mbarrier.wait(v_bars.index(own), (n_tiles // STAGES) & 1)
+            kb_smem = kd_smem.index(own)
+            vb_smem = vd_smem.index(own)
+        else:
+            mbarrier.wait(b_bar, 0)
+            kb_smem = kb_own
+            vb_smem = vb_own
+        sb_zero = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout)
+        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
+        dpb_tok = warpgroup_mma(do_smem, vb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
+        BIG: gl.constexpr = 1 << 30
+        rq = gl.arange(0, BLOCK_M, layout=b_rows)
+        rk = gl.arange(0, BLOCK_M, layout=b_cols)
+        q_ok = (rq < BLOCK_ITEMS * T) & (item0 + rq // T < n_valid)
+        k_ok = (rk < BLOCK_ITEMS * T) & (item0 + rk // T < n_valid)
+        r = gl.where(q_ok, rq, -1)
+        floor = gl.where(rq % T < T - 1, rq - rq % T, BIG)
+        c = gl.where(k_ok, rk, BIG)
+        rank = gl.where(rk % T < T - 1, rk, BIG)
+        vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+        sb = warpgroup_mma_wait(1, deps=(sb_tok,))
+        pb = gl.where(vis, gl.exp2(sb * qk_scale - gl.convert_layout(lse2, b_rows)[:, None]), 0.0)
+        dpb = warpgroup_mma_wait(0, deps=(dpb_tok,))
+        dsb = pb * (dpb - gl.convert_layout(delta, b_rows)[:, None])
+        dsb_op = gl.convert_layout(dsb.to(dtype), op_layout)
+        dq_tok = warpgroup_mma(dsb_op, kb_smem, dq, is_async=True)
+        # SID keys' dk/dv from the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared memory)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout, pb.to(dtype))
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout, dsb.to(dtype))
+        fence_async_shared()
+        o_zero = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, o_zero, use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem, o_zero, use_acc=False, is_async=True)
+        dq, dv_s, dk_s, dsb_op = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok, dsb_op))
+
+        mbarrier.invalidate(q_bar)
+        mbarrier.invalidate(b_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+        ro = gl.arange(0, BLOCK_M, layout=o_rows)
+        co = gl.arange(0, D, layout=o_cols)
+        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
+        st_o = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
+        offs = (row0 + ro)[:, None].to(gl.int64) * D + co[None, :]
+        gl.store(DQ + offs, gl.where(ok_o[:, None], dq * sm_scale, 0.0).to(dtype), mask=st_o[:, None])
+        sid = (st_o & (ro % T < T - 1))[:, None]
+        gl.store(DK + offs, (dk_s * sm_scale).to(dtype), mask=sid)
+        gl.store(DV + offs, dv_s.to(dtype), mask=sid)
+
+
 def _desc(x2d: torch.Tensor, rows: int, D: int) -> TensorDescriptor:
     gdt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
@@ -433,4 +622,35 @@ def launch_dense_kv_sm90(
         _desc(kd2, block_i, D), _desc(vd2, block_i, D), lse, delta, dk, dv, lengths,
         H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, num_warps=num_warps,
+    )
+
+
+def launch_dq_sm90(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int,
+    scale: float, *, block_m: int = 64, num_warps: int = 4, stages: int = 2, block_n: int | None = None,
+) -> None:
+    """Write ``dq``, ``delta`` and the SID keys' rows of ``dk`` / ``dv``, as the Triton dq kernel does
+    with ``fuse_delta`` and ``fuse_sid_kv``. Every tensor contiguous; ``block_n`` (dense keys per
+    step) defaults to ``block_m``."""
+    if not sm90_available(q):
+        raise RuntimeError("item_block sm90 dq: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
+    B, H, S, D = q.shape
+    block_n = block_n or block_m
+    if block_m & (block_m - 1) or block_m < 16 * num_warps or block_m < T:
+        raise ValueError(f"block_m: a power of two >= 16 x num_warps ({16 * num_warps}) and >= T={T}, got {block_m}")
+    if block_n & (block_n - 1) or not 16 <= block_n <= 256 or stages < 2:
+        raise ValueError(f"block_n: a power of two in [16, 256] (got {block_n}); stages >= 2 (got {stages})")
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("do", do), ("lse", lse), ("delta", delta),
+                    ("dq", dq), ("dk", dk), ("dv", dv)):
+        if not x.is_contiguous():
+            raise ValueError(f"item_block sm90 dq: {name} must be contiguous")
+    n_items = S // T
+    rows = B * H * S
+    q2, k2, v2, do2 = (x.view(rows, D) for x in (q, k, v, do))
+    _sm90_dq_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
+        _desc(q2, block_m, D), _desc(do2, block_m, D), _desc(k2, block_m, D), _desc(v2, block_m, D),
+        _desc(k2[T - 1 :: T], block_n, D), _desc(v2[T - 1 :: T], block_n, D),
+        out, lse, delta, dq, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
+        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, num_warps=num_warps,
     )
