@@ -11,7 +11,9 @@ tensors: every pointer and every stride 16-aligned). It prints, per kernel: regi
 the stack frame and the local-memory loads/stores in the SASS (register spills), shared memory,
 and the instruction counts that say which path the compiler took -- HGMMA (Hopper warpgroup
 matmuls) vs HMMA, LDGSTS/UTMALDG (asynchronous copies to shared memory) vs LDG (loads through
-registers), MUFU (exp2 / log2 / reciprocal).
+registers), MUFU (exp2 / log2 / reciprocal). The Gluon (Hopper) kernels that the configuration
+switches on (``sm90_fwd``, ``sm90_dq``, ``sm90_dense_kv``; a Triton with Gluon needed) are compiled
+the same way, with tensor descriptors as the launches build them, and listed after the three.
 
 The local Triton may not be the GPU machine's (3.6 there): the figures guide which
 configurations to time; only the timings on the GPU decide.
@@ -87,6 +89,52 @@ def kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, Any], dict[str, 
     return out
 
 
+def _desc_type(rows: int, D: int, stride: int) -> str:
+    """The specialisation string of a bf16 tensor descriptor as ``item_block_sm90._desc`` builds it."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    base = torch.zeros(64 * SHAPE["T"], D, dtype=torch.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl.bfloat16)
+    return mangle_type(TensorDescriptor(base, [64 * SHAPE["T"], D], [stride, 1], [rows, D], layout))
+
+
+def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
+    """(name, Gluon function, signature, constexprs, warps) of the sm90 kernels ``cfg`` switches on."""
+    from genrec.kernels import item_block_sm90 as sm
+
+    T = SHAPE["T"]
+    scal = {"H": "i32", "S": "i32", "n_items": "i32", "qk_scale": "fp32"}
+    out = []
+    if cfg.sm90_fwd:
+        bm, bn, w, st = cfg.sm90_fwd
+        sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D), "v_desc": _desc_type(bm, D, D),
+               "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
+               "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
+        out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "EARLY_K": True, "num_warps": w}, w))
+    if cfg.sm90_dq:
+        bm, bn, w, st = cfg.sm90_dq
+        sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),
+               "v_desc": _desc_type(bm, D, D), "kd_desc": _desc_type(bn, D, T * D),
+               "vd_desc": _desc_type(bn, D, T * D), "O": "*bf16", "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
+               "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
+        out.append(("sm90 dq (+delta, +SID)", sm._sm90_dq_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "num_warps": w}, w))
+    if cfg.sm90_dense_kv:
+        bi, bq, w, st = cfg.sm90_dense_kv
+        sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
+               "vd_desc": _desc_type(bi, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+               "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
+        out.append(("sm90 dense dk/dv", sm._sm90_dense_kv_kernel, sig, {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D,
+                    "STAGES": st, "num_warps": w}, w))
+    for _, _, sig, consts, _ in out:
+        sig.update({name: "constexpr" for name in consts})
+    return out
+
+
 def inspect(D: int, changes: dict[str, int]) -> list[dict[str, Any]]:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -102,6 +150,16 @@ def inspect(D: int, changes: dict[str, int]) -> list[dict[str, Any]]:
                            target=GPUTarget("cuda", 90, 32), options=opts)
         rows.append({"D": D, "kernel": name, "options": opts, "shared_bytes": k.metadata.shared,
                      **_sass_stats(k.asm["cubin"])})
+    from genrec.kernels.item_block_sm90 import HAVE_GLUON
+
+    if HAVE_GLUON:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        for name, fn, sig, consts, warps in sm90_kernels(D, cfg):
+            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts),
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            rows.append({"D": D, "kernel": name, "options": {"num_warps": warps, "num_stages": consts["STAGES"]},
+                         "shared_bytes": k.metadata.shared, **_sass_stats(k.asm["cubin"])})
     return rows
 
 
@@ -124,11 +182,11 @@ def main() -> int:
 
     print(f"triton {triton.__version__}, sm_90, ItemBlockConfig.tuned(D)" + (f" with {changes}" if changes else ""))
     print(f"{'D':>4} {'kernel':24s} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'LDL/STL':>8} {'smem KB':>7} "
-          f"{'HGMMA':>5} {'HMMA':>4} {'LDGSTS':>6} {'LDG':>5} {'MUFU':>5}")
+          f"{'HGMMA':>5} {'HMMA':>4} {'LDGSTS':>6} {'UTMALDG':>7} {'LDG':>5} {'MUFU':>5}")
     for r in rows:
         print(f"{r['D']:>4} {r['kernel']:24s} {r['options']['num_warps']:>5} {r['options'].get('num_stages', '-'):>6} "
               f"{r.get('reg', 0):>4} {r.get('stack', 0):>5} {str(r['LDL']) + '/' + str(r['STL']):>8} "
-              f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HMMA']:>4} {r['LDGSTS']:>6} {r['LDG']:>5} {r['MUFU']:>5}")
+              f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HMMA']:>4} {r['LDGSTS']:>6} {r['UTMALDG']:>7} {r['LDG']:>5} {r['MUFU']:>5}")
     if a.out:
         Path(a.out).write_text(json.dumps({"triton": triton.__version__, "changes": changes, "rows": rows}, indent=1))
     return 0
