@@ -124,14 +124,15 @@ class ItemBlockConfig:
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
         1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
-        since); other head dims take the head-dim-64 one. On a Hopper GPU the Gluon forward (both
-        head dims) and the Gluon dense dk/dv kernel (head dim 128) replace their Triton twins, the
-        best of ``benchmarks/probe_sm90_fwd.py`` (2026-12-01): fwd+bwd 1.30 ms against 1.35 at 8 x 128."""
+        since); other head dims take the head-dim-64 one. On a Hopper GPU the Gluon kernels replace
+        their Triton twins where they won in ``benchmarks/probe_sm90.py`` (2026-12-01): the forward at
+        both head dims, dq and dense dk/dv at 128 (see BENCHMARKS.md)."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
         if head_dim >= 128:
             return cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
                        kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
-                       sm90_fwd=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3), **fused)  # type: ignore[arg-type]
+                       sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3),
+                       **fused)  # type: ignore[arg-type]
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
                    kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2,
                    sm90_fwd=(64, 64, 4, 2), **fused)  # type: ignore[arg-type]

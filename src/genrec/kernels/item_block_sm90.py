@@ -314,8 +314,11 @@ if HAVE_GLUON:
         jr = j0 + gl.arange(0, BLOCK_I, layout=k_rows)
         jtok = gl.where(jr < n_valid, jr * T + (T - 1), 1 << 30)  # padding keys: seen by no query
         offs_q = gl.arange(0, BLOCK_Q, layout=q_cols)
-        dk = gl.zeros([BLOCK_I, D], gl.float32, kv_layout)
-        dv = gl.zeros([BLOCK_I, D], gl.float32, kv_layout)
+        # dK and dV stay in flight across tiles (chained accumulators): no drain between tiles
+        dk = warpgroup_mma_init(gl.zeros([BLOCK_I, D], gl.float32, kv_layout))
+        dv = warpgroup_mma_init(gl.zeros([BLOCK_I, D], gl.float32, kv_layout))
+        pt_op = gl.zeros([BLOCK_I, BLOCK_Q], dtype, op_layout)
+        dst_op = gl.zeros([BLOCK_I, BLOCK_Q], dtype, op_layout)
         st_zero = gl.zeros([BLOCK_I, BLOCK_Q], gl.float32, st_layout)
         qt = q_lo + offs_q
         l2 = gl.load(LSE + qrow0 + qt, mask=qt < q_hi, other=0.0) * 1.4426950408889634
@@ -332,7 +335,8 @@ if HAVE_GLUON:
             qt_next = qt + BLOCK_Q
             l2_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0) * 1.4426950408889634
             dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
-            st = warpgroup_mma_wait(1, deps=(st_tok,))
+            # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
+            st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
             if i > 0:  # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
                 prev = (i - 1) % STAGES
                 nxt = i - 1 + STAGES
@@ -346,16 +350,15 @@ if HAVE_GLUON:
                 vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
                 pt = gl.where(vis, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+            dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
             dst = pt * (dpt - dl[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-            dk_tok = warpgroup_mma(dst_op, q_s, dk, is_async=True)
-            dv, pt_op = warpgroup_mma_wait(1, deps=(dv_tok, pt_op))
-            dk, dst_op = warpgroup_mma_wait(0, deps=(dk_tok, dst_op))
+            dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
             qt = qt_next
             l2 = l2_next
             dl = dl_next
+        dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
@@ -412,6 +415,8 @@ if HAVE_GLUON:
         do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], do_desc.layout)
         kd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kd_desc.layout)
         vd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], vd_desc.layout)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -506,11 +511,13 @@ if HAVE_GLUON:
         dpb = warpgroup_mma_wait(0, deps=(dpb_tok,))
         dsb = pb * (dpb - gl.convert_layout(delta, b_rows)[:, None])
         dsb_op = gl.convert_layout(dsb.to(dtype), op_layout)
-        dq_tok = warpgroup_mma(dsb_op, kb_smem, dq, is_async=True)
-        # SID keys' dk/dv from the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared memory)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout, pb.to(dtype))
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout, dsb.to(dtype))
+        # SID keys' dk/dv from the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared
+        # memory, allocated at the start: allocated here, they could be placed over a buffer that an
+        # asynchronous product still reads).
+        p_smem.store(pb.to(dtype))
+        ds_smem.store(dsb.to(dtype))
         fence_async_shared()
+        dq_tok = warpgroup_mma(dsb_op, kb_smem, dq, is_async=True)
         o_zero = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
         dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, o_zero, use_acc=False, is_async=True)
         dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem, o_zero, use_acc=False, is_async=True)
