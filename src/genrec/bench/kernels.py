@@ -149,7 +149,7 @@ def _visible_pairs(lengths: torch.Tensor, n_items: int, T: int) -> int:
 
 def check_correctness() -> None:
     from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton
-    from genrec.kernels.item_block import item_block_attention
+    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
     from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref
 
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -166,6 +166,12 @@ def check_correctness() -> None:
             grads_ref = torch.autograd.grad(ref, rs, do.float())
             errs = {"out": _rel(out, ref), **{f"d{c}": _rel(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
             RESULTS["checks"][f"item_block D={D} {str(dtype)[6:]}"] = errs
+            if dtype == torch.bfloat16:  # the model's configuration (on a Hopper GPU: the Gluon kernels it picks)
+                xs = [x.clone().requires_grad_() for x in (q, k, v)]
+                out = item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D))
+                grads = torch.autograd.grad(out, xs, do)
+                RESULTS["checks"][f"item_block tuned D={D} {str(dtype)[6:]}"] = {
+                    "out": _rel(out, ref), **{f"d{c}": _rel(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
             if dtype == torch.float32 and DEV == "cuda":
                 from torch.nn.attention.flex_attention import flex_attention
 
@@ -225,7 +231,7 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     # tuned: on a Hopper GPU with the Gluon (sm90) kernels where they won; "triton only": the same with them off
     record("item-block (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
            pairs, graph=True)
-    tri_only = ItemBlockConfig.tuned(D).replace(sm90_fwd=None, sm90_dense_kv=None)
+    tri_only = ItemBlockConfig.tuned(D).replace(sm90_fwd=None, sm90_dq=None, sm90_dense_kv=None)
     record("item-block triton only (tuned)", lambda: item_block_attention(*xs, lengths, T, config=tri_only),
            pairs, graph=True)
     record("item-block triton (original)", lambda: item_block_attention(*xs, lengths, T), pairs, graph=True)
