@@ -124,18 +124,19 @@ class ItemBlockConfig:
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
         1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
-        since); other head dims take the head-dim-64 one. On a Hopper GPU the Gluon kernels replace
-        their Triton twins where they won in ``benchmarks/probe_sm90.py`` (2026-12-01): the forward at
-        both head dims, dq and dense dk/dv at 128 (see BENCHMARKS.md)."""
+        since); other head dims take the head-dim-64 one. On a Hopper GPU at head dim 128 the Gluon
+        kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 1.232 against 1.337 ms
+        GPU time, 1.78 against 1.93 ms eager (``benchmarks/gpu_sm90.sh``, 2026-12-01)."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
         if head_dim >= 128:
+            sm90 = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
             return cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
                        kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
-                       sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3),
-                       **fused)  # type: ignore[arg-type]
+                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
+        # head dim 64: no sm90 kernel. The Gluon forward saved 2.6% of GPU time (1.023 -> 0.997 ms) but
+        # its launch costs more host time than the Triton one's (eager fwd+bwd 1.60 vs 1.46 ms).
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
-                   kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2,
-                   sm90_fwd=(64, 64, 4, 2), **fused)  # type: ignore[arg-type]
+                   kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2, **fused)  # type: ignore[arg-type]
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
@@ -587,6 +588,12 @@ def _dense_kv_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
                                                   cfg.kv_maxnreg)
 
 
+def _sm90_ok(q: torch.Tensor, T: int) -> bool:
+    """Whether the Gluon kernels take this call: a Hopper GPU, bf16/fp16, the head dims and item
+    sizes they were built and checked for (others run the Triton kernels)."""
+    return q.shape[-1] in (64, 128) and T <= 16 and sm90_available(q)
+
+
 def _scale(q: torch.Tensor, scale: float | None) -> float:
     """The softmax scale: 1/sqrt(head dim) unless given."""
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -634,7 +641,7 @@ def item_block_attention_fwd(
     lse = _empty((B, H, S), q, torch.float32)
     if out.numel() == 0:
         return out, lse.zero_()
-    if cfg.sm90_fwd and sm90_available(q):
+    if cfg.sm90_fwd and _sm90_ok(q, T):
         bm, bn, w, st = cfg.sm90_fwd
         launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, bm)[0], block_n=_tile(bn),
                         num_warps=w, stages=st)
@@ -674,7 +681,7 @@ class _Backward:
 
     def run_dq(self) -> None:
         q, c = self.q, self.cfg
-        if c.sm90_dq and sm90_available(q) and all(
+        if c.sm90_dq and _sm90_ok(q, self.T) and all(
                 x.is_contiguous() for x in (q, self.k, self.v, self.out, self.do, self.lse, self.delta)):
             bm, bn, w, st = c.sm90_dq
             launch_dq_sm90(q, self.k, self.v, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
@@ -708,7 +715,7 @@ class _Backward:
 
     def run_dense_kv(self) -> None:
         q, c = self.q, self.cfg
-        if (c.sm90_dense_kv and not c.gather_dense and sm90_available(q)
+        if (c.sm90_dense_kv and not c.gather_dense and _sm90_ok(q, self.T)
                 and all(x.is_contiguous() for x in (q, self.k, self.v, self.do))):
             bi, bq, w, st = c.sm90_dense_kv
             launch_dense_kv_sm90(q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,

@@ -29,6 +29,7 @@ No interpreter runs Gluon, so this kernel is checked only on a GPU (``tests/kern
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -539,10 +540,15 @@ if HAVE_GLUON:
         gl.store(DV + offs, dv_s.to(dtype), mask=sid)
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, D: int, fp16: bool):
+    return gl.NVMMASharedLayout.get_default_for([rows, D], gl.float16 if fp16 else gl.bfloat16)
+
+
 def _desc(x2d: torch.Tensor, rows: int, D: int) -> TensorDescriptor:
-    gdt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
-    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, D], layout)
+    """A TMA descriptor over a [rows_total, D] view, blocks of [rows, D] (bf16 or fp16)."""
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, D],
+                            _smem_layout(rows, D, x2d.dtype == torch.float16))
 
 
 def launch_fwd_sm90(
