@@ -90,15 +90,18 @@ def kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, Any], dict[str, 
 
 
 def _desc_type(rows: int, D: int, stride: int) -> str:
-    """The specialisation string of a bf16 tensor descriptor as ``item_block_sm90._desc`` builds it."""
+    """The specialisation string of a bf16 tensor descriptor as ``item_block_sm90._desc`` builds it
+    (a ``[B, H, R, D]`` tensor, boxes of ``[1, 1, rows, D]``; ``stride`` the row stride)."""
     import torch
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
 
-    base = torch.zeros(64 * SHAPE["T"], D, dtype=torch.bfloat16)
-    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl.bfloat16)
-    return mangle_type(TensorDescriptor(base, [64 * SHAPE["T"], D], [stride, 1], [rows, D], layout))
+    from genrec.kernels.item_block_sm90 import _smem_layout
+
+    B, H, R = 2, 2, 64 * SHAPE["T"]
+    base = torch.zeros(B * H * R * stride, dtype=torch.bfloat16)
+    return mangle_type(TensorDescriptor(base, [B, H, R, D], [H * R * stride, R * stride, stride, 1], [1, 1, rows, D],
+                                        _smem_layout(rows, D, False)))
 
 
 def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:

@@ -50,6 +50,15 @@ def triton_only(D: int) -> ItemBlockConfig:
     return ItemBlockConfig.tuned(D).replace(sm90_fwd=None, sm90_dq=None, sm90_dense_kv=None)
 
 
+def model_layout(q, k, v, do):
+    """The same values laid out as the model hands them over: q, k, v head-split views of one
+    [B, S, 3, H, D] projection, dO a transposed view of [B, S, H, D] (not contiguous; TMA-readable)."""
+    B, H, S, D = q.shape
+    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], 2).contiguous()  # [B, S, 3, H, D]
+    q2, k2, v2 = qkv.permute(2, 0, 3, 1, 4)
+    return q2, k2, v2, do.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def rel(a, b):
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -77,17 +86,19 @@ def checks(results) -> bool:
                     q, k, v, do = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(dtype) for _ in range(4))
                     lengths = torch.tensor(lens, device="cuda", dtype=torch.int32)
                     ro, rl = ref_out_lse(q, k, v, lengths)
-                    for cfg in CONFIGS["sm90_fwd"][D]:
+                    fwd_runs = [(cfg, (q, k, v)) for cfg in CONFIGS["sm90_fwd"][D]]
+                    fwd_runs.append((CONFIGS["sm90_fwd"][D][0], model_layout(q, k, v, do)[:3]))  # strided views
+                    for cfg, (fq, fk, fv) in fwd_runs:
                         out = torch.full_like(q, float("nan"))
                         lse = torch.full(q.shape[:3], float("nan"), device="cuda")
-                        launch_fwd_sm90(q, k, v, lengths, out, lse, T, 1 / math.sqrt(D), block_m=cfg[0],
+                        launch_fwd_sm90(fq, fk, fv, lengths, out, lse, T, 1 / math.sqrt(D), block_m=cfg[0],
                                         block_n=cfg[1], num_warps=cfg[2], stages=cfg[3])
                         e = {"out": rel(out, ro), "lse": rel(lse, rl)}
                         nan = bool(out.isnan().any() or lse.isnan().any())
                         good = e["out"] < 2e-2 and e["lse"] < 1e-3 and not nan
                         ok &= good
                         results["checks"].append({"kernel": "fwd", "D": D, "n": n, "dtype": str(dtype), "cfg": cfg,
-                                                  **e, "nan": nan, "ok": good})
+                                                  "contiguous": fq.is_contiguous(), **e, "nan": nan, "ok": good})
                         if not good:
                             print(f"  FAIL fwd D={D} n={n} {lens} {dtype} {cfg}: {e} nan={nan}", flush=True)
                     if dtype != torch.bfloat16:
@@ -95,20 +106,27 @@ def checks(results) -> bool:
                     rs = [x.float().requires_grad_() for x in (q, k, v)]
                     ref = item_block_attention_ref(*rs, lengths, T)
                     gref = torch.autograd.grad(ref, rs, do.float())
-                    for knob in ("sm90_dq", "sm90_dense_kv"):
-                        for cfg in CONFIGS[knob][D]:
-                            c = triton_only(D).replace(**{knob: cfg})
-                            xs = [x.clone().requires_grad_() for x in (q, k, v)]
+                    runs = [(knob, cfg, "contiguous") for knob in ("sm90_dq", "sm90_dense_kv") for cfg in CONFIGS[knob][D]]
+                    runs.append(("tuned", None, "model"))  # every sm90 kernel on, the model's strided views
+                    for knob, cfg, layout in runs:
+                            c = ItemBlockConfig.tuned(D) if knob == "tuned" else triton_only(D).replace(**{knob: cfg})
+                            if layout == "model":
+                                mq, mk, mv, mdo = model_layout(q, k, v, do)
+                                xs = [x.detach().requires_grad_() for x in (mq, mk, mv)]
+                                g_out = mdo
+                            else:
+                                xs = [x.clone().requires_grad_() for x in (q, k, v)]
+                                g_out = do
                             out = item_block_attention(*xs, lengths, T, config=c)
-                            grads = torch.autograd.grad(out, xs, do)
+                            grads = torch.autograd.grad(out, xs, g_out)
                             e = {f"d{a}": rel(x, y) for a, x, y in zip("qkv", grads, gref)}
                             nan = any(bool(x.isnan().any()) for x in grads)
                             good = max(e.values()) < 2e-2 and not nan
                             ok &= good
-                            results["checks"].append({"kernel": knob, "D": D, "n": n, "cfg": cfg, **e, "nan": nan,
-                                                      "ok": good})
+                            results["checks"].append({"kernel": knob, "D": D, "n": n, "cfg": cfg, "layout": layout, **e,
+                                                      "nan": nan, "ok": good})
                             if not good:
-                                print(f"  FAIL {knob} D={D} n={n} {lens} {cfg}: {e} nan={nan}", flush=True)
+                                print(f"  FAIL {knob} D={D} n={n} {lens} {cfg} {layout}: {e} nan={nan}", flush=True)
     finally:
         ib._empty = real_empty
     n_ok = sum(1 for c in results["checks"] if c["ok"])
@@ -152,19 +170,23 @@ def timing(results, warmup, iters) -> None:
                     best[knob] = (t, cfg)
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
         both = lambda c: (lambda: torch.autograd.grad(item_block_attention(*xs, lengths, T, config=c), xs, do))  # noqa: E731
-        cands = {"triton only (tuned knobs)": base, "ItemBlockConfig.tuned (the model's)": ItemBlockConfig.tuned(D),
-                 "best sm90 kernels of this run": base.replace(**{k: v[1] for k, v in best.items()})}
+        mq, mk, mv, mdo = model_layout(q, k, v, do)
+        ms = [x.detach().requires_grad_() for x in (mq, mk, mv)]
+        both_m = lambda c: (lambda: torch.autograd.grad(item_block_attention(*ms, lengths, T, config=c), ms, mdo))  # noqa: E731
+        cands = {"triton only (tuned knobs)": (base, both), "ItemBlockConfig.tuned (the model's)": (ItemBlockConfig.tuned(D), both),
+                 "best sm90 kernels of this run": (base.replace(**{k: v[1] for k, v in best.items()}), both),
+                 "model layout, triton only": (base, both_m), "model layout, tuned": (ItemBlockConfig.tuned(D), both_m)}
         times = {name: [] for name in cands}
         for _ in range(3):
-            for name, c in cands.items():
-                times[name].append(_time_graph(both(c), warmup, iters, reps=5))
+            for name, (c, fn) in cands.items():
+                times[name].append(_time_graph(fn(c), warmup, iters, reps=5))
         t_base = sorted(times["triton only (tuned knobs)"])[1]
         for name, ts in times.items():
             t = sorted(ts)[1]
             rows.append({"shape": shape, "impl": f"fwd+bwd: {name}", "ms": t, "tflops": 3.5 * flops / t / 1e9,
                          "vs_triton": t_base / t, "all": ts,
-                         "config": {k: getattr(cands[name], k) for k in ("sm90_fwd", "sm90_dq", "sm90_dense_kv")}})
-        del q, k, v, do, xs, out, lse
+                         "config": {k: getattr(cands[name][0], k) for k in ("sm90_fwd", "sm90_dq", "sm90_dense_kv")}})
+        del q, k, v, do, xs, out, lse, mq, mk, mv, mdo, ms
         torch.cuda.empty_cache()
     results["timing"] = rows
     print(f"\n{'shape':6s} {'implementation':48s} {'ms':>8s} {'TFLOP/s':>8s} {'vs triton':>9s}")

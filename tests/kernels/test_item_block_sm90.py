@@ -64,7 +64,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.skipif(not (_hopper() and sm90.HAVE_GLUON), reason="needs a Hopper GPU and Gluon")
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("n,lengths", [(1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])])
-def test_sm90_kernels_match_reference(D, n, lengths, monkeypatch) -> None:
+@pytest.mark.parametrize("layout", ["contiguous", "model"])
+def test_sm90_kernels_match_reference(D, n, lengths, layout, monkeypatch) -> None:
     from genrec.kernels import item_block
     from genrec.kernels.item_block import item_block_attention
 
@@ -78,9 +79,16 @@ def test_sm90_kernels_match_reference(D, n, lengths, monkeypatch) -> None:
     ref = item_block_attention_ref(*rs, lens, T)
     gref = torch.autograd.grad(ref, rs, do.float())
     cfg = ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
-    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    if layout == "model":  # head-split views of one [B, S, 3, H, D] projection; dO a transposed view
+        qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], 2).contiguous()
+        xs = [x.detach().requires_grad_() for x in qkv.permute(2, 0, 3, 1, 4)]
+        g_out = do.transpose(1, 2).contiguous().transpose(1, 2)
+        assert not xs[0].is_contiguous() and sm90.tma_ready(*xs, g_out)
+    else:
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        g_out = do
     out = item_block_attention(*xs, lens, T, config=cfg)
-    grads = torch.autograd.grad(out, xs, do)
+    grads = torch.autograd.grad(out, xs, g_out)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *gref)):
         assert not torch.isnan(a).any(), f"{name}: rows left unwritten"
         err = _rel(a, b)
@@ -89,3 +97,13 @@ def test_sm90_kernels_match_reference(D, n, lengths, monkeypatch) -> None:
     o1, l1 = sm90.item_block_attention_fwd_sm90(q, k, v, lens, T)
     o2, l2 = item_block.item_block_attention_fwd(q, k, v, lens, T, config=ItemBlockConfig.tuned(D).replace(sm90_fwd=None))
     assert _rel(o1, o2) < 1e-2 and (l1 - l2).abs().max() < 1e-2
+
+
+def test_tma_ready_names_what_tma_can_read_in_place() -> None:
+    x = torch.zeros(2, 4, 10, 64, dtype=torch.bfloat16)
+    assert sm90.tma_ready(x)
+    qkv = torch.zeros(2, 10, 3, 4, 64, dtype=torch.bfloat16)
+    assert sm90.tma_ready(*qkv.permute(2, 0, 3, 1, 4))  # the model's head-split views
+    assert not sm90.tma_ready(x.transpose(-1, -2))  # last dim not contiguous
+    assert not sm90.tma_ready(torch.zeros(2, 4, 10, 12, dtype=torch.bfloat16))  # 24-byte rows
+    assert not sm90.tma_ready(torch.zeros(2 * 4 * 10 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 10, 64))  # start

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_dq_sm90, launch_fwd_sm90, sm90_available
+from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_dq_sm90, launch_fwd_sm90, sm90_available, tma_ready
 from genrec.validation import checks_on
 
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
@@ -72,10 +72,11 @@ class ItemBlockConfig:
     forward as the Gluon kernel of ``item_block_sm90`` (TMA ring of ``stages`` dense K/V tiles,
     asynchronous warpgroup MMAs overlapped with the softmax); elsewhere the Triton forward runs with
     the knobs above. ``sm90_dense_kv`` = ``(keys per program, queries per step, warps, stages)``:
-    likewise the dense keys' dk/dv kernel (when q, k, v and dO are contiguous and ``gather_dense``
-    is off). ``sm90_dq`` = ``(block_m, block_n, warps, stages)``: likewise the dq kernel, which then
-    also computes delta and the SID keys' dk/dv (as ``fuse_delta`` and ``fuse_sid_kv`` do), when
-    every tensor is contiguous. None: the Triton kernel everywhere.
+    likewise the dense keys' dk/dv kernel. ``sm90_dq`` = ``(block_m, block_n, warps, stages)``:
+    likewise the dq kernel, which then also computes delta and the SID keys' dk/dv (as
+    ``fuse_delta`` and ``fuse_sid_kv`` do). The backward ones run when TMA can read q, k, v and dO
+    in place (any strides with 16-byte alignment, as the model's head-split views have). None: the
+    Triton kernel everywhere.
     """
 
     block_m: int = 64
@@ -681,8 +682,8 @@ class _Backward:
 
     def run_dq(self) -> None:
         q, c = self.q, self.cfg
-        if c.sm90_dq and _sm90_ok(q, self.T) and all(
-                x.is_contiguous() for x in (q, self.k, self.v, self.out, self.do, self.lse, self.delta)):
+        if (c.sm90_dq and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do)
+                and all(x.is_contiguous() for x in (self.out, self.lse, self.delta))):
             bm, bn, w, st = c.sm90_dq
             launch_dq_sm90(q, self.k, self.v, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
                            self.lengths, self.T, self.scale, block_m=_blocks(self.T, bm)[0], block_n=_tile(bn),
@@ -715,10 +716,9 @@ class _Backward:
 
     def run_dense_kv(self) -> None:
         q, c = self.q, self.cfg
-        if (c.sm90_dense_kv and not c.gather_dense and _sm90_ok(q, self.T)
-                and all(x.is_contiguous() for x in (q, self.k, self.v, self.do))):
+        if c.sm90_dense_kv and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do):
             bi, bq, w, st = c.sm90_dense_kv
-            launch_dense_kv_sm90(q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
+            launch_dense_kv_sm90(q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
                                  self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st)
             return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)

@@ -54,7 +54,7 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90",
+__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90",
            "item_block_attention_fwd_sm90"]
 
 _LOG2E = 1.4426950408889634
@@ -69,30 +69,35 @@ def sm90_available(x: torch.Tensor) -> bool:
 if HAVE_GLUON:
 
     @gluon.jit
-    def _refill(desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, drow0, BLOCK_N: gl.constexpr):
+    def _slot(ring, i, N: gl.constexpr, D: gl.constexpr):
+        # Ring slot i ([1, 1, N, D], as TMA fills it) seen as the [N, D] operand of an MMA.
+        return ring.index(i).reshape([N, D])
+
+    @gluon.jit
+    def _refill(desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, b, h, BLOCK_N: gl.constexpr):
         # Tile `tile` has been consumed from its ring slot: load tile + STAGES into that slot (if any).
         nxt = tile + STAGES
         slot = tile % STAGES
         go = nxt < n_tiles
         mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=go)
-        _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
+        _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
 
     @gluon.jit
-    def _refill_ring(desc, blk_desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, drow0, row0,
+    def _refill_ring(desc, blk_desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, b, h, tok0,
                      BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
         # As _refill, and with RING_BLOCK the ring's tile n_tiles is the query block's own K or V
-        # (same shape), read from the token-major descriptor at row0.
+        # (same shape), read from the token descriptor at token tok0.
         nxt = tile + STAGES
         slot = tile % STAGES
         dense = nxt < n_tiles
         if RING_BLOCK:
             own = nxt == n_tiles
             mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense | own)
-            _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
-            _tma_load(blk_desc, [row0, 0], bars.index(slot), ring.index(slot), pred=own)
+            _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
+            _tma_load(blk_desc, [b, h, tok0, 0], bars.index(slot), ring.index(slot), pred=own)
         else:
             mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense)
-            _tma_load(desc, [drow0 + nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
+            _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
 
     @gluon.jit
     def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
@@ -145,18 +150,21 @@ if HAVE_GLUON:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
         pid_bh = gl.program_id(1)
         b = pid_bh // H
+        h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
         item0 = pid_m * BLOCK_ITEMS
-        row0 = pid_bh * S + item0 * T  # first row of the block in the [B*H*S, D] views
-        drow0 = pid_bh * n_items  # first row of this head in the [B*H*n_items, D] dense views
+        row0 = pid_bh * S + item0 * T  # first row of the block in the contiguous outputs
         hi = gl.where(item0 < n_valid, item0, 0)  # dense keys [0, hi) are visible to the block
         n_tiles = gl.cdiv(hi, BLOCK_N)
 
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
-        kb_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], k_desc.layout)
-        vb_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], v_desc.layout)
-        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kd_desc.layout)
-        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], vd_desc.layout)
+        q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)  # TMA's [1, 1, rows, D] box
+        kb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
+        vb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
+        q_smem = q_s4.reshape([BLOCK_M, D])
+        kb_smem = kb_s4.reshape([BLOCK_M, D])
+        vb_smem = vb_s4.reshape([BLOCK_M, D])
+        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
+        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], vd_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -167,17 +175,17 @@ if HAVE_GLUON:
 
         # Q first (the first product needs it), then the first dense tiles, then the block's own K/V.
         mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [row0, 0], q_bar, q_smem)
+        _tma_load(q_desc, [b, h, item0 * T, 0], q_bar, q_s4)
         for i in gl.static_range(STAGES):
             go = i < n_tiles
             mbarrier.expect(k_bars.index(i), kd_desc.block_type.nbytes, pred=go)
-            _tma_load(kd_desc, [drow0 + i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
+            _tma_load(kd_desc, [b, h, i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
                                             pred=go)
             mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
-            _tma_load(vd_desc, [drow0 + i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
+            _tma_load(vd_desc, [b, h, i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
                                             pred=go)
-        _tma_load(k_desc, [row0, 0], q_bar, kb_smem)
-        _tma_load(v_desc, [row0, 0], q_bar, vb_smem)
+        _tma_load(k_desc, [b, h, item0 * T, 0], q_bar, kb_s4)
+        _tma_load(v_desc, [b, h, item0 * T, 0], q_bar, vb_s4)
 
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
         l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
@@ -190,10 +198,10 @@ if HAVE_GLUON:
         if n_tiles > 0:
             # first tile: its softmax has nothing to overlap with
             mbarrier.wait(k_bars.index(0), 0)
-            s_tok = warpgroup_mma(q_smem, kd_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             if EARLY_K:
-                _refill(kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, drow0, BLOCK_N)
+                _refill(kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, b, h, BLOCK_N)
             s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
             m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
             pf = gl.exp2(s * qk_scale - m_i[:, None])
@@ -203,12 +211,12 @@ if HAVE_GLUON:
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, kd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, vd_smem.index(prev), acc, is_async=True)
+            o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             if EARLY_K:  # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
-                _refill(kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, drow0, BLOCK_N)
+                _refill(kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, b, h, BLOCK_N)
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             alpha = gl.exp2(m_i - m_new)
@@ -219,8 +227,8 @@ if HAVE_GLUON:
             acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
             # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
             if not EARLY_K:
-                _refill(kd_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, drow0, BLOCK_N)
-            _refill(vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, drow0, BLOCK_N)
+                _refill(kd_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, b, h, BLOCK_N)
+            _refill(vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, BLOCK_N)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             p = p_next
 
@@ -230,7 +238,7 @@ if HAVE_GLUON:
         if n_tiles > 0:
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, vd_smem.index(last), acc, is_async=True)
+            o_tok = warpgroup_mma(p, _slot(vd_smem, last, BLOCK_N, D), acc, is_async=True)
             sb = warpgroup_mma_wait(1, deps=(sb_tok,))
             pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
                                                          BLOCK_M, sb_layout, o_layout, dtype)
@@ -285,32 +293,35 @@ if HAVE_GLUON:
         pid_i = gl.program_id(0)  # heaviest (earliest) keys first: most later queries
         pid_bh = gl.program_id(1)
         b = pid_bh // H
+        h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
         j0 = pid_i * BLOCK_I
-        qrow0 = pid_bh * S  # this head's first row in the [B*H*S, D] views
+        qrow0 = pid_bh * S  # this head's first row in the contiguous lse / delta / dk / dv
         q_lo = j0 * T
         q_hi = n_valid * T
         n_q = gl.where(q_hi > q_lo, gl.cdiv(q_hi - q_lo, BLOCK_Q), 0)
         N_DIAG: gl.constexpr = (BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q  # tiles that can hold masked pairs
         n_full = gl.where(q_hi > q_lo, (q_hi - q_lo) // BLOCK_Q, 0)  # tiles with every query valid
 
-        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_I, D], kd_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_I, D], vd_desc.layout)
-        q_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_Q, D], q_desc.layout)
-        do_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_Q, D], do_desc.layout)
+        k_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_I, D], kd_desc.layout)  # TMA's [1, 1, rows, D] box
+        v_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_I, D], vd_desc.layout)
+        k_smem = k_s4.reshape([BLOCK_I, D])
+        v_smem = v_s4.reshape([BLOCK_I, D])
+        q_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_Q, D], q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_Q, D], do_desc.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_bars.index(i), count=1)
         mbarrier.expect(kv_bar, 2 * kd_desc.block_type.nbytes)
-        _tma_load(kd_desc, [pid_bh * n_items + j0, 0], kv_bar, k_smem)
-        _tma_load(vd_desc, [pid_bh * n_items + j0, 0], kv_bar, v_smem)
+        _tma_load(kd_desc, [b, h, j0, 0], kv_bar, k_s4)
+        _tma_load(vd_desc, [b, h, j0, 0], kv_bar, v_s4)
         for i in gl.static_range(STAGES):
             go = i < n_q
             mbarrier.expect(q_bars.index(i), 2 * q_desc.block_type.nbytes, pred=go)
-            _tma_load(q_desc, [qrow0 + q_lo + i * BLOCK_Q, 0], q_bars.index(i), q_ring.index(i), pred=go)
-            _tma_load(do_desc, [qrow0 + q_lo + i * BLOCK_Q, 0], q_bars.index(i), do_ring.index(i), pred=go)
+            _tma_load(q_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), q_ring.index(i), pred=go)
+            _tma_load(do_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), do_ring.index(i), pred=go)
 
         jr = j0 + gl.arange(0, BLOCK_I, layout=k_rows)
         jtok = gl.where(jr < n_valid, jr * T + (T - 1), 1 << 30)  # padding keys: seen by no query
@@ -328,8 +339,8 @@ if HAVE_GLUON:
         for i in range(n_q):
             slot = i % STAGES
             mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
-            q_s = q_ring.index(slot)
-            do_s = do_ring.index(slot)
+            q_s = _slot(q_ring, slot, BLOCK_Q, D)
+            do_s = _slot(do_ring, slot, BLOCK_Q, D)
             st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             # the next tile's row statistics, loaded while this tile computes
@@ -343,8 +354,8 @@ if HAVE_GLUON:
                 nxt = i - 1 + STAGES
                 go = nxt < n_q
                 mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
-                _tma_load(q_desc, [qrow0 + q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
-                _tma_load(do_desc, [qrow0 + q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
+                _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
+                _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
                           pred=go)
             pt = gl.exp2(st * qk_scale - l2[None, :])
             if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
@@ -404,18 +415,21 @@ if HAVE_GLUON:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
         pid_bh = gl.program_id(1)
         b = pid_bh // H
+        h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
         item0 = pid_m * BLOCK_ITEMS
-        row0 = pid_bh * S + item0 * T
-        drow0 = pid_bh * n_items
+        row0 = pid_bh * S + item0 * T  # first row of the block in the contiguous outputs
+        tok0 = item0 * T
         hi = gl.where(item0 < n_valid, item0, 0)
         n_tiles = gl.cdiv(hi, BLOCK_N)
 
         RING_BLOCK: gl.constexpr = BLOCK_N == BLOCK_M  # the block's own K/V ride the ring as its last tile
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], do_desc.layout)
-        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kd_desc.layout)
-        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], vd_desc.layout)
+        q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)  # TMA's [1, 1, rows, D] box
+        do_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], do_desc.layout)
+        q_smem = q_s4.reshape([BLOCK_M, D])
+        do_smem = do_s4.reshape([BLOCK_M, D])
+        kd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
+        vd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], vd_desc.layout)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -428,17 +442,17 @@ if HAVE_GLUON:
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [row0, 0], q_bar, q_smem)
-        _tma_load(do_desc, [row0, 0], q_bar, do_smem)
+        _tma_load(q_desc, [b, h, tok0, 0], q_bar, q_s4)
+        _tma_load(do_desc, [b, h, tok0, 0], q_bar, do_s4)
         for i in gl.static_range(STAGES):  # the ring's first STAGES tiles (as refills of tiles -STAGES..-1)
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
         if not RING_BLOCK:
-            kb_own = gl.allocate_shared_memory(dtype, [BLOCK_M, D], k_desc.layout)
-            vb_own = gl.allocate_shared_memory(dtype, [BLOCK_M, D], v_desc.layout)
+            kb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
+            vb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
             mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
-            _tma_load(k_desc, [row0, 0], b_bar, kb_own)
-            _tma_load(v_desc, [row0, 0], b_bar, vb_own)
+            _tma_load(k_desc, [b, h, tok0, 0], b_bar, kb_own)
+            _tma_load(v_desc, [b, h, tok0, 0], b_bar, vb_own)
 
         # delta = rowsum(dO * O): O through pointers, dO from its shared tile; 0 on padding rows
         rb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, blk))
@@ -464,23 +478,23 @@ if HAVE_GLUON:
             slot = j % STAGES
             ph = (j // STAGES) & 1
             mbarrier.wait(k_bars.index(slot), ph)
-            s_tok = warpgroup_mma(q_smem, kd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(slot), ph)
-            dp_tok = warpgroup_mma(do_smem, vd_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+            dp_tok = warpgroup_mma(do_smem, _slot(vd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)
             # retires the previous dQ product (older) and S; dP may still run
             s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
             if j > 0:  # tile j-1 fully consumed (its dQ product just retired): refill its slot
-                _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+                _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
             p = gl.exp2(s * qk_scale - lse2[:, None])
             if j * BLOCK_N + BLOCK_N > hi:  # the last, partial tile
                 p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             if j > 0:
-                _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, drow0, row0, BLOCK_N, RING_BLOCK)
+                _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
             ds = p * (dp - delta[:, None])
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
-            dq = warpgroup_mma(ds_op, kd_smem.index(slot), dq, is_async=True)
+            dq = warpgroup_mma(ds_op, _slot(kd_smem, slot, BLOCK_N, D), dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
 
         # the block's own keys: the PinGER mask as two comparisons (see item_block._inblock_index)
@@ -488,12 +502,12 @@ if HAVE_GLUON:
             own = n_tiles % STAGES
             mbarrier.wait(k_bars.index(own), (n_tiles // STAGES) & 1)
             mbarrier.wait(v_bars.index(own), (n_tiles // STAGES) & 1)
-            kb_smem = kd_smem.index(own)
-            vb_smem = vd_smem.index(own)
+            kb_smem = _slot(kd_smem, own, BLOCK_M, D)
+            vb_smem = _slot(vd_smem, own, BLOCK_M, D)
         else:
             mbarrier.wait(b_bar, 0)
-            kb_smem = kb_own
-            vb_smem = vb_own
+            kb_smem = kb_own.reshape([BLOCK_M, D])
+            vb_smem = vb_own.reshape([BLOCK_M, D])
         sb_zero = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout)
         sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
         dpb_tok = warpgroup_mma(do_smem, vb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
@@ -542,13 +556,29 @@ if HAVE_GLUON:
 
 @functools.lru_cache(maxsize=None)
 def _smem_layout(rows: int, D: int, fp16: bool):
-    return gl.NVMMASharedLayout.get_default_for([rows, D], gl.float16 if fp16 else gl.bfloat16)
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.float16 if fp16 else gl.bfloat16)
 
 
-def _desc(x2d: torch.Tensor, rows: int, D: int) -> TensorDescriptor:
-    """A TMA descriptor over a [rows_total, D] view, blocks of [rows, D] (bf16 or fp16)."""
-    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, D],
-                            _smem_layout(rows, D, x2d.dtype == torch.float16))
+def _desc(x: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor over a ``[B, H, R, D]`` tensor of any strides (last dim contiguous, the others
+    16-byte multiples: see :func:`tma_ready`), boxes of ``[1, 1, rows, D]``."""
+    D = x.shape[-1]
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, D],
+                            _smem_layout(rows, D, x.dtype == torch.float16))
+
+
+def tma_ready(*xs: torch.Tensor) -> bool:
+    """Whether TMA can read these ``[B, H, R, D]`` tensors in place: unit last stride, every other
+    stride and the start address 16-byte aligned."""
+    for x in xs:
+        item = x.element_size()
+        if x.stride(-1) != 1 or x.data_ptr() % 16 or any((st * item) % 16 for st in x.stride()[:-1]):
+            return False
+    return True
+
+
+def _dense(x: torch.Tensor, T: int) -> torch.Tensor:
+    return x[:, :, T - 1 :: T]  # the dense tokens, [B, H, n_items, D]: a strided view
 
 
 def launch_fwd_sm90(
@@ -556,9 +586,9 @@ def launch_fwd_sm90(
     T: int, scale: float, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
     early_k: bool = True,
 ) -> None:
-    """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32) with the forward.
-    Inputs already checked by the caller except what only this kernel needs (see
-    :func:`item_block_attention_fwd_sm90`); ``lengths`` int32 on q's device."""
+    """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32, contiguous) with
+    the forward. q, k, v ``[B, H, S, D]`` of any strides TMA can read (else copied); ``lengths``
+    int32 on q's device."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 forward: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
@@ -570,18 +600,12 @@ def launch_fwd_sm90(
         raise ValueError(f"stages: the dense K/V ring needs at least 2 slots, got {stages}")
     if not out.is_contiguous() or not lse.is_contiguous():
         raise ValueError("item_block sm90 forward: out and lse must be contiguous")
-    q, k, v = (x.contiguous() for x in (q, k, v))  # the descriptors index rows of [B*H*S, D]
+    q, k, v = (x if tma_ready(x) else x.contiguous() for x in (q, k, v))
     n_items = S // T
-    items = block_m // T
-    rows = B * H * S
-    q2, k2, v2 = (x.view(rows, D) for x in (q, k, v))
-    kd2 = k2[T - 1 :: T]  # the dense tokens, [B*H*n_items, D] with row stride T*D
-    vd2 = v2[T - 1 :: T]
-    _sm90_fwd_kernel[(triton.cdiv(n_items, items), B * H)](
-        _desc(q2, block_m, D), _desc(k2, block_m, D), _desc(v2, block_m, D),
-        _desc(kd2, block_n, D), _desc(vd2, block_n, D), out, lse, lengths,
-        H, S, n_items, scale * _LOG2E,
-        T=T, BLOCK_ITEMS=items, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, EARLY_K=early_k,
+    _sm90_fwd_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
+        _desc(q, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_n),
+        _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E,
+        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, EARLY_K=early_k,
         num_warps=num_warps,
     )
 
@@ -607,13 +631,13 @@ def item_block_attention_fwd_sm90(
 
 
 def launch_dense_kv_sm90(
-    q: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
     dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, *,
     block_i: int = 64, block_q: int = 64, num_warps: int = 4, stages: int = 2,
 ) -> None:
     """Write the dense keys' rows of ``dk`` and ``dv`` (contiguous ``[B, H, S, D]``), as
-    ``item_block._item_block_bwd_dense_kv_kernel`` does: ``kd`` / ``vd`` the strided dense views
-    ``k[:, :, T-1::T]`` of contiguous k / v; ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32."""
+    ``item_block._item_block_bwd_dense_kv_kernel`` does. q, k, v, dO of any strides TMA can read
+    (:func:`tma_ready`); ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 dense dk/dv: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
@@ -621,19 +645,15 @@ def launch_dense_kv_sm90(
         raise ValueError(f"block_i: a power of two >= 16 x num_warps ({16 * num_warps}), got {block_i}")
     if block_q & (block_q - 1) or not 16 <= block_q <= 256 or stages < 2:
         raise ValueError(f"block_q: a power of two in [16, 256] (got {block_q}); stages >= 2 (got {stages})")
-    for name, x in (("q", q), ("do", do), ("lse", lse), ("delta", delta), ("dk", dk), ("dv", dv)):
+    for name, x in (("lse", lse), ("delta", delta), ("dk", dk), ("dv", dv)):
         if not x.is_contiguous():
             raise ValueError(f"item_block sm90 dense dk/dv: {name} must be contiguous")
+    if not tma_ready(q, k, v, do):
+        raise ValueError("item_block sm90 dense dk/dv: q, k, v, dO must be TMA-readable (see tma_ready)")
     n_items = S // T
-    rows = B * H * S
-    kd2 = kd.as_strided((B * H * n_items, D), (T * D, 1))  # the dense rows of contiguous k / v
-    vd2 = vd.as_strided((B * H * n_items, D), (T * D, 1))
-    if kd.stride() != (H * S * D, S * D, T * D, 1) or vd.stride() != kd.stride():
-        raise ValueError("item_block sm90 dense dk/dv: kd / vd must be the strided dense views of contiguous k / v")
     _sm90_dense_kv_kernel[(triton.cdiv(n_items, block_i), B * H)](
-        _desc(q.view(rows, D), block_q, D), _desc(do.view(rows, D), block_q, D),
-        _desc(kd2, block_i, D), _desc(vd2, block_i, D), lse, delta, dk, dv, lengths,
-        H, S, n_items, scale * _LOG2E, scale,
+        _desc(q, block_q), _desc(do, block_q), _desc(_dense(k, T), block_i), _desc(_dense(v, T), block_i),
+        lse, delta, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, num_warps=num_warps,
     )
 
@@ -644,8 +664,8 @@ def launch_dq_sm90(
     scale: float, *, block_m: int = 64, num_warps: int = 4, stages: int = 2, block_n: int | None = None,
 ) -> None:
     """Write ``dq``, ``delta`` and the SID keys' rows of ``dk`` / ``dv``, as the Triton dq kernel does
-    with ``fuse_delta`` and ``fuse_sid_kv``. Every tensor contiguous; ``block_n`` (dense keys per
-    step) defaults to ``block_m``."""
+    with ``fuse_delta`` and ``fuse_sid_kv``. q, k, v, dO of any strides TMA can read; the others
+    contiguous. ``block_n`` (dense keys per step) defaults to ``block_m``."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 dq: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
@@ -654,16 +674,15 @@ def launch_dq_sm90(
         raise ValueError(f"block_m: a power of two >= 16 x num_warps ({16 * num_warps}) and >= T={T}, got {block_m}")
     if block_n & (block_n - 1) or not 16 <= block_n <= 256 or stages < 2:
         raise ValueError(f"block_n: a power of two in [16, 256] (got {block_n}); stages >= 2 (got {stages})")
-    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("do", do), ("lse", lse), ("delta", delta),
-                    ("dq", dq), ("dk", dk), ("dv", dv)):
+    for name, x in (("out", out), ("lse", lse), ("delta", delta), ("dq", dq), ("dk", dk), ("dv", dv)):
         if not x.is_contiguous():
             raise ValueError(f"item_block sm90 dq: {name} must be contiguous")
+    if not tma_ready(q, k, v, do):
+        raise ValueError("item_block sm90 dq: q, k, v, dO must be TMA-readable (see tma_ready)")
     n_items = S // T
-    rows = B * H * S
-    q2, k2, v2, do2 = (x.view(rows, D) for x in (q, k, v, do))
     _sm90_dq_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
-        _desc(q2, block_m, D), _desc(do2, block_m, D), _desc(k2, block_m, D), _desc(v2, block_m, D),
-        _desc(k2[T - 1 :: T], block_n, D), _desc(v2[T - 1 :: T], block_n, D),
+        _desc(q, block_m), _desc(do, block_m), _desc(k, block_m), _desc(v, block_m),
+        _desc(_dense(k, T), block_n), _desc(_dense(v, T), block_n),
         out, lse, delta, dq, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, num_warps=num_warps,
     )
