@@ -16,16 +16,21 @@ import pytest
 TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "inspect_item_block.py"
 
 
-def test_kernels_compile_for_sm90_to_warpgroup_matmuls(tmp_path: Path) -> None:
+def _inspect(tmp_path: Path, head_dims: str) -> tuple[list[dict], str]:
+    """Run the tool (without the interpreter, which the test session may have set): its rows and stdout."""
     triton = pytest.importorskip("triton")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
         pytest.skip("the tool's ahead-of-time compile call is written for Triton >= 3.6 (checked on 3.6 and 3.9)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "inspect.json"
-    proc = subprocess.run([sys.executable, str(TOOL), "--head-dims", "64", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(TOOL), "--head-dims", head_dims, "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    return json.loads(out.read_text())["rows"], proc.stdout
+
+
+def test_kernels_compile_for_sm90_to_warpgroup_matmuls(tmp_path: Path) -> None:
+    rows, stdout = _inspect(tmp_path, "64")
     triton_rows = [r for r in rows if not r["kernel"].startswith("sm90")]
     assert [r["kernel"] for r in triton_rows] == ["forward", "dq (+delta, +SID dk/dv)", "dense dk/dv"]
     for r in triton_rows:
@@ -33,27 +38,20 @@ def test_kernels_compile_for_sm90_to_warpgroup_matmuls(tmp_path: Path) -> None:
         assert r["LDGSTS"] > 0, r
         assert 0 < r["reg"] <= 255 and r["shared_bytes"] > 0, r
     assert rows[0]["stack"] == 0 and rows[0]["LDL"] == rows[0]["STL"] == 0, rows[0]
-    assert "forward" in proc.stdout  # the table
+    assert "forward" in stdout  # the table
 
 
 def test_sm90_kernels_compile_to_tma_and_warpgroup_matmuls_without_spills(tmp_path: Path) -> None:
     """The Gluon (Hopper) kernels of the tuned configuration, compiled here for sm_90 (no GPU runs
     Gluon in CI): TMA copies feeding warpgroup matmuls, no spills, and shared memory small enough
     for two programs per SM (their timings on the H200 assume it)."""
-    triton = pytest.importorskip("triton")
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
-        pytest.skip("the tool's ahead-of-time compile call is written for Triton >= 3.6 (checked on 3.6 and 3.9)")
+    pytest.importorskip("triton")
     from genrec.kernels.item_block import ItemBlockConfig
     from genrec.kernels.item_block_sm90 import HAVE_GLUON
 
     if not HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "inspect.json"
-    proc = subprocess.run([sys.executable, str(TOOL), "--head-dims", "64,128", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"].startswith("sm90")]
+    rows = [r for r in _inspect(tmp_path, "64,128")[0] if r["kernel"].startswith("sm90")]
     expected = sum(bool(getattr(ItemBlockConfig.tuned(D), k)) for D in (64, 128)
                    for k in ("sm90_fwd", "sm90_dq", "sm90_dense_kv"))
     assert expected > 0 and len(rows) == expected, [r["kernel"] for r in rows]

@@ -48,6 +48,8 @@ try:  # Gluon ships with Triton >= 3.5
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from triton.runtime.jit import constexpr_function
+
     # Triton 3.6 (the GPU image's) names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     HAVE_GLUON = True
@@ -67,6 +69,11 @@ def sm90_available(x: torch.Tensor) -> bool:
 
 
 if HAVE_GLUON:
+
+    @constexpr_function
+    def _mma_layout(n, num_warps):
+        # Hopper warpgroup-MMA accumulator layout, [num_warps, 1] warps along M, instruction N = n.
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
 
     @gluon.jit
     def _slot(ring, i, N: gl.constexpr, D: gl.constexpr):
@@ -100,24 +107,30 @@ if HAVE_GLUON:
             _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
 
     @gluon.jit
-    def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
-                         BLOCK_M: gl.constexpr, sb_layout: gl.constexpr, o_layout: gl.constexpr, dtype: gl.constexpr):
-        # The block's own keys under the PinGER mask as two comparisons (see item_block._inblock_index),
-        # folded into the running max / sum. Returns P (an MMA operand), the rescale of the output and
-        # the final max and sum, the last three in the output's row layout.
-        b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
-        b_cols: gl.constexpr = gl.SliceLayout(0, sb_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    def _inblock_vis(item0, n_valid, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr,
+                     layout: gl.constexpr):
+        # [BM, BM] visibility of the block's own keys (columns) to its queries (rows): the PinGER mask
+        # as two integer comparisons, as item_block._inblock_index builds it; padding rows see nothing.
         BIG: gl.constexpr = 1 << 30
-        rq = gl.arange(0, BLOCK_M, layout=b_rows)
-        rk = gl.arange(0, BLOCK_M, layout=b_cols)
+        rq = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        rk = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
         q_ok = (rq < BLOCK_ITEMS * T) & (item0 + rq // T < n_valid)
         k_ok = (rk < BLOCK_ITEMS * T) & (item0 + rk // T < n_valid)
         r = gl.where(q_ok, rq, -1)
         floor = gl.where(rq % T < T - 1, rq - rq % T, BIG)
         c = gl.where(k_ok, rk, BIG)
         rank = gl.where(rk % T < T - 1, rk, BIG)
-        vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+        return (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+
+    @gluon.jit
+    def _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
+                         BLOCK_M: gl.constexpr, sb_layout: gl.constexpr, o_layout: gl.constexpr, dtype: gl.constexpr):
+        # The block's own keys under the PinGER mask as two comparisons (see item_block._inblock_index),
+        # folded into the running max / sum. Returns P (an MMA operand), the rescale of the output and
+        # the final max and sum, the last three in the output's row layout.
+        b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, sb_layout)
         sb = gl.where(vis, sb, float("-inf"))
         mb = gl.convert_layout(m_i, b_rows)
         m_new = gl.maximum(mb, gl.max(sb, 1) * qk_scale)
@@ -135,12 +148,9 @@ if HAVE_GLUON:
         D: gl.constexpr, STAGES: gl.constexpr, EARLY_K: gl.constexpr, num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        sb_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+        sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
+        o_layout: gl.constexpr = _mma_layout(D, num_warps)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -280,10 +290,8 @@ if HAVE_GLUON:
         # warpgroup MMAs: S^T = K Q^T and dP^T = V dO^T together (P^T is formed while dP^T runs), then
         # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q.
         dtype: gl.constexpr = q_desc.dtype
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BLOCK_Q, 16])
-        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, D, 16])
+        st_layout: gl.constexpr = _mma_layout(BLOCK_Q, num_warps)
+        kv_layout: gl.constexpr = _mma_layout(D, num_warps)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         k_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
         q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
@@ -396,18 +404,14 @@ if HAVE_GLUON:
         # together, P formed while dP runs, dQ += dS K left running while the next tile's S and dP
         # are issued -- then the block's own keys, masked, which also give the dk/dv of its SID keys.
         dtype: gl.constexpr = q_desc.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        sb_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+        sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
+        o_layout: gl.constexpr = _mma_layout(D, num_warps)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
-        b_cols: gl.constexpr = gl.SliceLayout(0, sb_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
@@ -511,16 +515,7 @@ if HAVE_GLUON:
         sb_zero = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout)
         sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
         dpb_tok = warpgroup_mma(do_smem, vb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
-        BIG: gl.constexpr = 1 << 30
-        rq = gl.arange(0, BLOCK_M, layout=b_rows)
-        rk = gl.arange(0, BLOCK_M, layout=b_cols)
-        q_ok = (rq < BLOCK_ITEMS * T) & (item0 + rq // T < n_valid)
-        k_ok = (rk < BLOCK_ITEMS * T) & (item0 + rk // T < n_valid)
-        r = gl.where(q_ok, rq, -1)
-        floor = gl.where(rq % T < T - 1, rq - rq % T, BIG)
-        c = gl.where(k_ok, rk, BIG)
-        rank = gl.where(rk % T < T - 1, rk, BIG)
-        vis = (c[None, :] <= r[:, None]) & (rank[None, :] >= floor[:, None])
+        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, sb_layout)
         sb = warpgroup_mma_wait(1, deps=(sb_tok,))
         pb = gl.where(vis, gl.exp2(sb * qk_scale - gl.convert_layout(lse2, b_rows)[:, None]), 0.0)
         dpb = warpgroup_mma_wait(0, deps=(dpb_tok,))
