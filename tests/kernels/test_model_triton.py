@@ -32,9 +32,13 @@ def test_triton_is_forced_off_on_cpu():
     torch.float32,
     torch.bfloat16,
 ])
-def test_model_forward_backward_triton_equals_reference(dtype):
+@pytest.mark.parametrize("d_model", [
+    64,
+    256,  # head dim 128: on a Hopper GPU in bf16 the Gluon kernels, reading the model's head-split views
+])
+def test_model_forward_backward_triton_equals_reference(dtype, d_model):
     torch.manual_seed(0)
-    cfg = ModelConfig.from_name("tiny", d_model=64, n_heads=2, sid_levels=4, sid_codebook_sizes=[8, 8, 8, 4],
+    cfg = ModelConfig.from_name("tiny", d_model=d_model, n_heads=2, sid_levels=4, sid_codebook_sizes=[8, 8, 8, 4],
                                 n_actions=3, n_surfaces=1)
     ref = GenRecModel(cfg.replace(attn_impl="reference")).cuda().eval()
     tri = GenRecModel(cfg.replace(attn_impl="triton")).cuda().eval()
