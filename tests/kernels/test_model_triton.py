@@ -36,7 +36,21 @@ def test_triton_is_forced_off_on_cpu():
     64,
     256,  # head dim 128: on a Hopper GPU in bf16 the Gluon kernels, reading the model's head-split views
 ])
-def test_model_forward_backward_triton_equals_reference(dtype, d_model):
+def test_model_forward_backward_triton_equals_reference(dtype, d_model, monkeypatch):
+    from genrec.kernels import item_block
+
+    calls: dict[str, int] = {}
+
+    def counted(name: str):
+        real = getattr(item_block, name)
+
+        def launch(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+        return launch
+
+    for name in ("launch_fwd_sm90", "launch_dq_sm90", "launch_dense_kv_sm90"):  # count the Gluon launches
+        monkeypatch.setattr(item_block, name, counted(name))
     torch.manual_seed(0)
     cfg = ModelConfig.from_name("tiny", d_model=d_model, n_heads=2, sid_levels=4, sid_codebook_sizes=[8, 8, 8, 4],
                                 n_actions=3, n_surfaces=1)
@@ -63,6 +77,11 @@ def test_model_forward_backward_triton_equals_reference(dtype, d_model):
     for n in g1:
         rel = (g1[n] - g2[n]).norm() / (g1[n].norm() + 1e-12)
         assert rel < (1e-3 if dtype == torch.float32 else 5e-2), (n, float(rel))
+    hopper_bf16_128 = torch.cuda.get_device_capability()[0] == 9 and dtype == torch.bfloat16 and d_model == 256
+    if hopper_bf16_128 and item_block.sm90_available(torch.empty(1, device="cuda", dtype=dtype)):
+        assert set(calls) == {"launch_fwd_sm90", "launch_dq_sm90", "launch_dense_kv_sm90"}, calls
+    else:
+        assert not calls, calls
 
 
 @pytest.mark.gpu
