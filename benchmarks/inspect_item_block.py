@@ -1,7 +1,7 @@
 """Static look at the item-block kernels as compiled for the H200 (sm_90), on any machine, no GPU.
 
 Usage:
-    python benchmarks/inspect_item_block.py [--head-dims 64,128] [--set KNOB=VALUE ...] [--out FILE.json]
+    python benchmarks/inspect_item_block.py [--head-dims 64,128] [--dtype float32] [--set KNOB=VALUE ...] [--out FILE.json]
 
 Each of the three kernels the training step runs (forward; dq with the fused delta and SID dk/dv;
 dense dk/dv) is compiled ahead of time by Triton for ``GPUTarget("cuda", 90, 32)`` with the
@@ -39,7 +39,8 @@ OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "LDS", "STS", "LDL", "STL", 
 NOT_ALIGNED = {"H"}  # the head count (12 or 8); every other int argument is a multiple of 16 at this shape
 
 
-def _signature(fn: Any, consts: dict[str, Any]) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[Any]]]]:
+def _signature(fn: Any, consts: dict[str, Any], elem: str = "bf16"
+               ) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[Any]]]]:
     sig: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for i, name in enumerate(fn.arg_names):
@@ -51,7 +52,7 @@ def _signature(fn: Any, consts: dict[str, Any]) -> tuple[dict[str, str], dict[tu
         elif name in ("H", "S", "N_ITEMS") or not name[0].isupper():
             sig[name] = "i32"
         else:
-            sig[name] = {"LSE": "*fp32", "DELTA": "*fp32", "LENGTHS": "*i32"}.get(name, "*bf16")
+            sig[name] = {"LSE": "*fp32", "DELTA": "*fp32", "LENGTHS": "*i32"}.get(name, f"*{elem}")
         if name not in NOT_ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
@@ -75,11 +76,11 @@ def _sass_stats(cubin: bytes) -> dict[str, Any]:
     return {**res, **{op: ops.get(op, 0) for op in OPS}}
 
 
-def kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:
+def kernels(D: int, cfg: Any, fp32: bool = False) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:
     """(name, jit function, constexprs, launch options) of the three kernels, from the launches' own helpers."""
     from genrec.kernels import item_block as ib
 
-    T, dtype = SHAPE["T"], {"IEEE": False, "UPCAST": False}  # bf16 on a GPU
+    T, dtype = SHAPE["T"], {"IEEE": fp32, "UPCAST": False}  # fp32 inputs take exact (IEEE) products
     out = []
     for name, fn, launch in (("forward", ib._item_block_fwd_kernel, ib._fwd_launch),
                              ("dq (+delta, +SID dk/dv)", ib._item_block_bwd_dq_kernel, ib._dq_launch),
@@ -138,24 +139,26 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
     return out
 
 
-def inspect(D: int, changes: dict[str, int]) -> list[dict[str, Any]]:
+def inspect(D: int, changes: dict[str, int], fp32: bool = False) -> list[dict[str, Any]]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from genrec.kernels.item_block import ItemBlockConfig
 
-    cfg = ItemBlockConfig.tuned(D).replace(**changes)
+    import torch
+
+    cfg = ItemBlockConfig.tuned(D, torch.float32 if fp32 else torch.bfloat16).replace(**changes)
     rows = []
-    for name, fn, consts, opts in kernels(D, cfg):
-        sig, attrs = _signature(fn, consts)
+    for name, fn, consts, opts in kernels(D, cfg, fp32):
+        sig, attrs = _signature(fn, consts, "fp32" if fp32 else "bf16")
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options=opts)
         rows.append({"D": D, "kernel": name, "options": opts, "shared_bytes": k.metadata.shared,
                      **_sass_stats(k.asm["cubin"])})
     from genrec.kernels.item_block_sm90 import HAVE_GLUON
 
-    if HAVE_GLUON:
+    if HAVE_GLUON and not fp32:  # the Gluon kernels take bf16/fp16 only
         from triton.experimental.gluon._runtime import GluonASTSource
 
         for name, fn, sig, consts, warps in sm90_kernels(D, cfg):
@@ -170,6 +173,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int or bool)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="the inputs' dtype (float32: exact products, twice the shared memory per tile)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -180,10 +185,12 @@ def main() -> int:
     for kv in a.set:
         k, v = kv.split("=", 1)
         changes[k] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
-    rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes)]
+    fp32 = a.dtype == "float32"
+    rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes, fp32)]
     import triton
 
-    print(f"triton {triton.__version__}, sm_90, ItemBlockConfig.tuned(D)" + (f" with {changes}" if changes else ""))
+    print(f"triton {triton.__version__}, sm_90, {a.dtype}, ItemBlockConfig.tuned(D, {a.dtype})"
+          + (f" with {changes}" if changes else ""))
     print(f"{'D':>4} {'kernel':24s} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'LDL/STL':>8} {'smem KB':>7} "
           f"{'HGMMA':>5} {'HMMA':>4} {'LDGSTS':>6} {'UTMALDG':>7} {'LDG':>5} {'MUFU':>5}")
     for r in rows:
@@ -191,7 +198,8 @@ def main() -> int:
               f"{r.get('reg', 0):>4} {r.get('stack', 0):>5} {str(r['LDL']) + '/' + str(r['STL']):>8} "
               f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HMMA']:>4} {r['LDGSTS']:>6} {r['UTMALDG']:>7} {r['LDG']:>5} {r['MUFU']:>5}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"triton": triton.__version__, "changes": changes, "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"triton": triton.__version__, "dtype": a.dtype, "changes": changes,
+                                           "rows": rows}, indent=1))
     return 0
 
 

@@ -16,14 +16,14 @@ import pytest
 TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "inspect_item_block.py"
 
 
-def _inspect(tmp_path: Path, head_dims: str) -> tuple[list[dict], str]:
+def _inspect(tmp_path: Path, head_dims: str, *extra: str) -> tuple[list[dict], str]:
     """Run the tool (without the interpreter, which the test session may have set): its rows and stdout."""
     triton = pytest.importorskip("triton")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
         pytest.skip("the tool's ahead-of-time compile call is written for Triton >= 3.6 (checked on 3.6 and 3.9)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "inspect.json"
-    proc = subprocess.run([sys.executable, str(TOOL), "--head-dims", head_dims, "--out", str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(TOOL), "--head-dims", head_dims, *extra, "--out", str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())["rows"], proc.stdout
@@ -60,3 +60,13 @@ def test_sm90_kernels_compile_to_tma_and_warpgroup_matmuls_without_spills(tmp_pa
         assert r["UTMALDG"] > 0 and r["LDGSTS"] == 0, r
         assert r["stack"] == 0 and r["LDL"] == r["STL"] == 0, r
         assert 0 < r["shared_bytes"] <= 228 * 1024 // 2 - 1024, r
+
+
+def test_tuned_kernels_fit_an_sm_in_fp32(tmp_path: Path) -> None:
+    """fp32 tiles take twice the shared memory: the tuned configuration for fp32 must still fit one
+    program's 227 KB on an H100/H200 (at head dim 128 the bf16 tiles needed 320 KB: every fp32
+    training step of a head-dim-128 model failed to launch on the GPU before 2026-12-01)."""
+    rows, _ = _inspect(tmp_path, "128", "--dtype", "float32")  # head dim 64 has half the bytes per row
+    assert len(rows) == 3, [r["kernel"] for r in rows]
+    for r in rows:
+        assert 0 < r["shared_bytes"] <= 227 * 1024, r

@@ -117,7 +117,7 @@ def _item_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: ItemBlo
     """The Triton kernel over the history segment, :func:`candidate_attention` over the candidates."""
     from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
 
-    cfg, T, m = ItemBlockConfig.tuned(q.shape[-1]), mask.T, mask.n_cand
+    cfg, T, m = ItemBlockConfig.tuned(q.shape[-1], q.dtype), mask.T, mask.n_cand
     if m == 0:
         return item_block_attention(q, k, v, mask.lengths, T, config=cfg)
     sh = q.shape[2] - m

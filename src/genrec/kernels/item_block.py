@@ -120,20 +120,28 @@ class ItemBlockConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def tuned(cls, head_dim: int) -> ItemBlockConfig:
+    def tuned(cls, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> ItemBlockConfig:
         """The configuration the model uses: the best of ``benchmarks/sweep_item_block.py`` on an
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
         1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
         since); other head dims take the head-dim-64 one. On a Hopper GPU at head dim 128 the Gluon
         kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 1.232 against 1.337 ms
-        GPU time, 1.78 against 1.93 ms eager (``benchmarks/gpu_sm90.sh``, 2026-12-01)."""
+        GPU time, 1.78 against 1.93 ms eager (``benchmarks/gpu_sm90.sh``, 2026-12-01).
+
+        ``dtype``: the tiles were tuned for 2-byte inputs. Rows wider than 256 bytes (fp32 at head dim
+        128) would need more shared memory than an H100/H200 program may have (dq 320 KB, dense dk/dv
+        289 KB against 227 KB), so they get 64-row tiles and 2 stages there (147 KB; checked by
+        compiling, ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
         if head_dim >= 128:
             sm90 = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
-            return cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
-                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
-                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
+            cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
+                      kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
+                      **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
+            if head_dim * torch.empty((), dtype=dtype).element_size() > 256:
+                cfg = cfg.replace(dq_block_m=64, dq_warps=4, dq_stages=2, kv_block_i=64, kv_warps=4, kv_stages=2)
+            return cfg
         # head dim 64: no sm90 kernel. The Gluon forward saved 2.6% of GPU time (1.023 -> 0.997 ms) but
         # its launch costs more host time than the Triton one's (eager fwd+bwd 1.60 vs 1.46 ms).
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
@@ -774,7 +782,7 @@ class ItemBlockAttention(torch.autograd.Function):
 @torch.library.custom_op("genrec::item_block_fwd", mutates_args=())
 def _item_block_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return item_block_attention_fwd(q, k, v, lengths, T, scale, config=ItemBlockConfig.tuned(q.shape[-1]))
+    return item_block_attention_fwd(q, k, v, lengths, T, scale, config=ItemBlockConfig.tuned(q.shape[-1], q.dtype))
 
 
 @_item_block_fwd_op.register_fake
@@ -789,7 +797,7 @@ def _item_block_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        do: torch.Tensor, lengths: torch.Tensor, T: int, scale: float
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     lengths = lengths.to(torch.int32).contiguous()
-    return _Backward(q, k, v, out, lse, do, lengths, T, scale, ItemBlockConfig.tuned(q.shape[-1])).run()
+    return _Backward(q, k, v, out, lse, do, lengths, T, scale, ItemBlockConfig.tuned(q.shape[-1], q.dtype)).run()
 
 
 @_item_block_bwd_op.register_fake
@@ -834,7 +842,7 @@ def item_block_attention(
     items), ``block_n`` dense keys per step of the unmasked loop; ``num_warps`` defaults to 4
     (D <= 64) or 8. ``config`` (an :class:`ItemBlockConfig`) sets every tuning knob instead.
     Traced by ``torch.compile`` it becomes the ``genrec::item_block_fwd`` op, which always runs
-    ``ItemBlockConfig.tuned(D)`` (the configuration the model passes).
+    ``ItemBlockConfig.tuned(D, dtype)`` (the configuration the model passes).
     """
     if torch.compiler.is_compiling():  # traced by torch.compile: the custom op, which runs the tuned configuration
         return _item_block_fwd_op(q, k, v, lengths, T, _scale(q, scale))[0]
