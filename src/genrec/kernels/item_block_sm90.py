@@ -1,12 +1,12 @@
-"""The item-block forward for Hopper (sm_90), written in Gluon: TMA loads into a ring of shared
-buffers, asynchronous warpgroup MMAs, and FlashAttention-3's intra-warpgroup overlap.
+"""The item-block training kernels for Hopper (sm_90), written in Gluon: the forward, dq (with delta
+and the SID keys' dk/dv) and the dense keys' dk/dv. TMA loads into rings of shared buffers guarded
+by mbarriers, asynchronous warpgroup MMAs ordered by hand.
 
-It computes exactly what ``item_block._item_block_fwd_kernel`` computes (same mask, same outputs:
-``out [B, H, S, D]`` and the natural-log ``lse [B, H, S]``), for bf16/fp16 on an H100/H200 only.
-Triton's own pipeliner cannot overlap the softmax of one key tile with the matrix products of the
-neighbouring tiles, because each flash step's two products depend on each other. Gluon lets the
-kernel order the asynchronous products by hand. With key tiles j = 0, 1, ... over the dense tokens
-of the items before the block, one step is:
+Each computes exactly what its Triton twin in ``item_block`` computes (same mask, same outputs),
+for bf16/fp16 on an H100/H200 only; ``ItemBlockConfig.sm90_*`` switch them on. Triton's own
+pipeliner cannot overlap the softmax of one key tile with the matrix products of the neighbouring
+tiles, because each flash step's products depend on each other; here the kernel orders them. The
+forward's step over dense key tiles j = 0, 1, ... (FlashAttention-3's intra-warpgroup overlap):
 
     wait for K_j, issue S_j = Q K_j^T        (async)
     issue O += P_{j-1} V_{j-1}               (async; P_{j-1} from the previous step)
@@ -16,17 +16,21 @@ of the items before the block, one step is:
     O *= alpha_j
 
 then one last ``O += P V`` and the in-block part (the block's own keys, masked by the same two
-comparisons as ``item_block._inblock_index``), whose K/V were loaded at the start.
+comparisons as ``item_block._inblock_index``), whose K/V were loaded at the start. dq issues
+S = Q K^T and dP = dO V^T together and chains dQ += dS K across tiles without draining it; the
+dense dk/dv kernel likewise chains dK and dV.
 
-Dense K/V are read straight from the strided ``[B*H*n_items, D]`` view of k and v (row stride
-``T*D``) through tensor descriptors; a tile that runs past the block's first item reads rows of
-later items (or of the next head), which the item-causal mask hides. q, k, v must be contiguous
-``[B, H, S, D]`` (``item_block_attention_fwd_sm90`` copies them if not).
+q, k, v and dO are read through 4-D tensor descriptors over ``[B, H, S, D]`` (boxes of
+``[1, 1, rows, D]``), so any layout with 16-byte-aligned strides is read in place -- the model's
+head-split views of one QKV projection included (:func:`tma_ready`). The dense tokens are the
+strided view ``x[:, :, T-1::T]``. A tile that runs past the last item of a head is zero-filled by
+TMA; one that runs past the block's first item holds later items, which the item-causal mask hides.
+Outputs, lse and delta are contiguous tensors this module's callers allocate.
 
-No interpreter runs Gluon, so this kernel is checked only on a GPU (``tests/kernels``, marked gpu);
-``item_block_attention_fwd`` stays the reference fast path that CI checks on the CPU.
+No interpreter runs Gluon: CI compiles these kernels for sm_90 and reads their machine code
+(``benchmarks/inspect_item_block.py``); their numerics are tested on a GPU (``tests/kernels``,
+marked gpu), against the same fp32 reference as the Triton kernels.
 """
-
 from __future__ import annotations
 
 import functools
