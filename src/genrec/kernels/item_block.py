@@ -147,6 +147,7 @@ class ItemBlockConfig:
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
                    kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2, **fused)  # type: ignore[arg-type]
 
+
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     # IEEE: exact fp32 products for fp32 inputs (no tf32). UPCAST only under TRITON_INTERPRET=1,
