@@ -118,7 +118,7 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
                "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
                "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
         out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "EARLY_K": True, "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "num_warps": w}, w))
     if cfg.sm90_dq:
         bm, bn, w, st = cfg.sm90_dq
         sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),

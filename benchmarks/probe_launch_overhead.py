@@ -63,7 +63,7 @@ def main() -> int:
                          sm._desc(k2[T - 1 :: T], 64, D), sm._desc(v2[T - 1 :: T], 64, D)]
         rows.append(("five tensor descriptors alone", descs))
         args = [*descs(), out, lse, lengths, 1, n * T, n, 1 / math.sqrt(D) * 1.4426950408889634]
-        consts = dict(T=T, BLOCK_ITEMS=64 // T, BLOCK_M=64, BLOCK_N=64, D=D, STAGES=2, EARLY_K=True, num_warps=4)
+        consts = dict(T=T, BLOCK_ITEMS=64 // T, BLOCK_M=64, BLOCK_N=64, D=D, STAGES=2, num_warps=4)
         grid = (math.ceil(n / (64 // T)), 1, 1)
         try:
             ck = sm._sm90_fwd_kernel.warmup(*args, grid=grid, **consts)

@@ -11,8 +11,9 @@ forward's step over dense key tiles j = 0, 1, ... (FlashAttention-3's intra-warp
     wait for K_j, issue S_j = Q K_j^T        (async)
     issue O += P_{j-1} V_{j-1}               (async; P_{j-1} from the previous step)
     wait for S_j only                         (the older product; P_{j-1} V_{j-1} still runs)
+    K_j's ring slot is free: start loading K_{j+STAGES} into it
     softmax of S_j -> P_j, the rescale alpha_j   <- overlaps the tensor cores' work on O
-    wait for O; the ring slot of tile j-1 is free: start loading tile j-1+STAGES into it
+    wait for O; V_{j-1}'s slot is free: start loading V_{j-1+STAGES} into it
     O *= alpha_j
 
 then one last ``O += P V`` and the in-block part (the block's own keys, masked by the same two
@@ -60,16 +61,19 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90",
-           "item_block_attention_fwd_sm90"]
+__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90"]
 
 _LOG2E = 1.4426950408889634
 
 
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
 def sm90_available(x: torch.Tensor) -> bool:
-    """True when this kernel can run on ``x``: Gluon present, a CUDA tensor on a Hopper GPU, bf16/fp16."""
-    return (HAVE_GLUON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and torch.cuda.get_device_capability(x.device)[0] == 9)
+    """True when these kernels can run on ``x``: Gluon present, a CUDA tensor on a Hopper GPU, bf16/fp16."""
+    return HAVE_GLUON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _is_hopper(x.device.index)
 
 
 if HAVE_GLUON:
@@ -85,19 +89,11 @@ if HAVE_GLUON:
         return ring.index(i).reshape([N, D])
 
     @gluon.jit
-    def _refill(desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, b, h, BLOCK_N: gl.constexpr):
-        # Tile `tile` has been consumed from its ring slot: load tile + STAGES into that slot (if any).
-        nxt = tile + STAGES
-        slot = tile % STAGES
-        go = nxt < n_tiles
-        mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=go)
-        _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=go)
-
-    @gluon.jit
     def _refill_ring(desc, blk_desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, b, h, tok0,
                      BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
-        # As _refill, and with RING_BLOCK the ring's tile n_tiles is the query block's own K or V
-        # (same shape), read from the token descriptor at token tok0.
+        # Tile `tile` has been consumed from its ring slot: load tile + STAGES into that slot (if any).
+        # With RING_BLOCK the ring's tile n_tiles is the query block's own K or V (same shape), read
+        # from the token descriptor blk_desc at token tok0.
         nxt = tile + STAGES
         slot = tile % STAGES
         dense = nxt < n_tiles
@@ -149,7 +145,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
         H, S, n_items, qk_scale,
         T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        D: gl.constexpr, STAGES: gl.constexpr, EARLY_K: gl.constexpr, num_warps: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
@@ -214,8 +210,7 @@ if HAVE_GLUON:
             mbarrier.wait(k_bars.index(0), 0)
             s_tok = warpgroup_mma(q_smem, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            if EARLY_K:
-                _refill(kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, b, h, BLOCK_N)
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
             m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
             pf = gl.exp2(s * qk_scale - m_i[:, None])
@@ -229,8 +224,8 @@ if HAVE_GLUON:
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
-            if EARLY_K:  # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
-                _refill(kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, b, h, BLOCK_N)
+            # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             alpha = gl.exp2(m_i - m_new)
@@ -240,9 +235,7 @@ if HAVE_GLUON:
             p_next = gl.convert_layout(pf.to(dtype), p_layout)
             acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
             # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
-            if not EARLY_K:
-                _refill(kd_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, b, h, BLOCK_N)
-            _refill(vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, BLOCK_N)
+            _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             p = p_next
 
@@ -583,7 +576,6 @@ def _dense(x: torch.Tensor, T: int) -> torch.Tensor:
 def launch_fwd_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     T: int, scale: float, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
-    early_k: bool = True,
 ) -> None:
     """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32, contiguous) with
     the forward. q, k, v ``[B, H, S, D]`` of any strides TMA can read (else copied); ``lengths``
@@ -604,29 +596,9 @@ def launch_fwd_sm90(
     _sm90_fwd_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
         _desc(q, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_n),
         _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E,
-        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, EARLY_K=early_k,
+        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages,
         num_warps=num_warps,
     )
-
-
-def item_block_attention_fwd_sm90(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int,
-    scale: float | None = None, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward only, on Hopper: ``out [B, H, S, D]`` and natural-log ``lse [B, H, S]`` fp32, as
-    ``item_block.item_block_attention_fwd``. ``block_m`` query tokens per program (a power of two,
-    at least 16 x ``num_warps``; holds ``block_m // T`` whole items), ``block_n`` dense keys per
-    step, ``stages`` the depth of the dense K/V ring."""
-    B, H, S, D = q.shape
-    if k.shape != q.shape or v.shape != q.shape or T < 1 or S % T:
-        raise ValueError(f"q, k, v: expected equal [B, H, S, D] with S a multiple of T={T}, got {tuple(q.shape)}")
-    lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
-    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    if out.numel():
-        launch_fwd_sm90(q, k, v, lengths, out, lse, T, 1.0 / math.sqrt(D) if scale is None else float(scale),
-                        block_m=block_m, block_n=block_n, num_warps=num_warps, stages=stages)
-    return out, lse
 
 
 def launch_dense_kv_sm90(
