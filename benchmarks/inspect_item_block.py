@@ -107,33 +107,34 @@ def _desc_type(rows: int, D: int, stride: int) -> str:
 
 def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
     """(name, Gluon function, signature, constexprs, warps) of the sm90 kernels ``cfg`` switches on."""
+    from genrec.kernels import item_block as ib
     from genrec.kernels import item_block_sm90 as sm
 
     T = SHAPE["T"]
     scal = {"H": "i32", "S": "i32", "n_items": "i32", "qk_scale": "fp32"}
     out = []
     if cfg.sm90_fwd:
-        bm, bn, w, st = cfg.sm90_fwd
+        bm, bn, w, st, *ar = cfg.sm90_fwd
         sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D), "v_desc": _desc_type(bm, D, D),
                "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
                "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
         out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": bool(ar and ar[0]), "LPT": cfg.lpt, "num_warps": w}, w))
     if cfg.sm90_dq:
-        bm, bn, w, st = cfg.sm90_dq
+        bm, bn, w, st, *ar = cfg.sm90_dq
         sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),
                "v_desc": _desc_type(bm, D, D), "kd_desc": _desc_type(bn, D, T * D),
                "vd_desc": _desc_type(bn, D, T * D), "O": "*bf16", "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
                "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dq (+delta, +SID)", sm._sm90_dq_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": ar[0] if ar else 0, "LPT": ib._dq_lpt(cfg), "num_warps": w}, w))
     if cfg.sm90_dense_kv:
-        bi, bq, w, st = cfg.sm90_dense_kv
+        bi, bq, w, st, *ar = cfg.sm90_dense_kv
         sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
                "vd_desc": _desc_type(bi, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
                "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dense dk/dv", sm._sm90_dense_kv_kernel, sig, {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D,
-                    "STAGES": st, "num_warps": w}, w))
+                    "STAGES": st, "A_REGS": ar[0] if ar else 0, "LPT": ib._kv_lpt(cfg), "num_warps": w}, w))
     for _, _, sig, consts, _ in out:
         sig.update({name: "constexpr" for name in consts})
     return out
@@ -162,7 +163,10 @@ def inspect(D: int, changes: dict[str, int], fp32: bool = False) -> list[dict[st
         from triton.experimental.gluon._runtime import GluonASTSource
 
         for name, fn, sig, consts, warps in sm90_kernels(D, cfg):
-            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts),
+            # pointers and the multiple-of-16 ints specialised as the JIT launch specialises them
+            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                     if sig[a].startswith("*") or (sig[a] == "i32" and a not in NOT_ALIGNED)}
+            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
             rows.append({"D": D, "kernel": name, "options": {"num_warps": warps, "num_stages": consts["STAGES"]},
                          "shared_bytes": k.metadata.shared, **_sass_stats(k.asm["cubin"])})
@@ -172,7 +176,7 @@ def inspect(D: int, changes: dict[str, int], fp32: bool = False) -> list[dict[st
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-dims", default="64,128")
-    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int or bool)")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int, bool, or comma-separated ints for a tuple)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the inputs' dtype (float32: exact products, twice the shared memory per tile)")
     ap.add_argument("--out", default="")
@@ -184,7 +188,10 @@ def main() -> int:
     changes: dict[str, Any] = {}
     for kv in a.set:
         k, v = kv.split("=", 1)
-        changes[k] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
+        if "," in v:  # a tuple knob, e.g. sm90_fwd=64,64,4,2,1
+            changes[k] = tuple(int(x) for x in v.split(","))
+        else:
+            changes[k] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
     fp32 = a.dtype == "float32"
     rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes, fp32)]
     import triton

@@ -37,13 +37,13 @@ from genrec.kernels.item_block_sm90 import launch_fwd_sm90, sm90_available  # no
 from genrec.kernels.reference import item_block_attention_ref, item_block_mask  # noqa: E402
 
 T = 5
-CONFIGS = {  # knob -> head dim -> (tile, tile, warps, stages)
-    "sm90_fwd": {64: [(64, 64, 4, 2), (64, 64, 4, 3)], 128: [(64, 64, 4, 2), (64, 32, 4, 3)]},
-    "sm90_dq": {64: [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2)],
-                128: [(64, 64, 4, 2), (64, 32, 4, 2), (64, 32, 4, 3)]},
-    "sm90_dense_kv": {64: [(64, 64, 4, 2), (64, 32, 4, 3)], 128: [(64, 32, 4, 3), (64, 32, 4, 2)]},
+CONFIGS = {  # knob -> head dim -> (tile, tile, warps, stages[, operands held in registers])
+    "sm90_fwd": {64: [(64, 64, 4, 2, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
+    "sm90_dq": {64: [(64, 64, 4, 2, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
+    "sm90_dense_kv": {64: [(64, 32, 4, 3, 2)], 128: [(64, 32, 4, 3)]},
 }
 SHAPES = [(12, 64), (8, 128)]
+LPT = (False,)  # the grid orders timed per kernel (ItemBlockConfig.lpt); the tuned rows use their own
 
 
 def triton_only(D: int) -> ItemBlockConfig:
@@ -92,7 +92,7 @@ def checks(results) -> bool:
                         out = torch.full_like(q, float("nan"))
                         lse = torch.full(q.shape[:3], float("nan"), device="cuda")
                         launch_fwd_sm90(fq, fk, fv, lengths, out, lse, T, 1 / math.sqrt(D), block_m=cfg[0],
-                                        block_n=cfg[1], num_warps=cfg[2], stages=cfg[3])
+                                        block_n=cfg[1], num_warps=cfg[2], stages=cfg[3], a_regs=cfg[4:5] == (1,))
                         e = {"out": rel(out, ro), "lse": rel(lse, rl)}
                         nan = bool(out.isnan().any() or lse.isnan().any())
                         good = e["out"] < 2e-2 and e["lse"] < 1e-3 and not nan
@@ -154,20 +154,24 @@ def timing(results, warmup, iters) -> None:
             return bw.run_dq if kernel == "dq" else bw.run_dense_kv
 
         best = {}
+        best_lpt = {}
         for kernel, knob, share in (("fwd", "sm90_fwd", 1.0), ("dq", "sm90_dq", 1.5), ("dense dk/dv", "sm90_dense_kv", 2.0)):
             t0 = _time_graph(kernel_fn(base, kernel), warmup, iters)
             rows.append({"shape": shape, "impl": f"triton {kernel}", "ms": t0, "tflops": share * flops / t0 / 1e9})
-            for cfg in CONFIGS[knob][D]:
-                try:
-                    t = _time_graph(kernel_fn(base.replace(**{knob: cfg}), kernel), warmup, iters)
-                except Exception as e:  # noqa: BLE001
-                    print(f"  {shape} {knob} {cfg}: ERROR {e!r}"[:300], flush=True)
-                    continue
-                rows.append({"shape": shape, "impl": f"sm90 {kernel} {cfg}", "ms": t, "tflops": share * flops / t / 1e9,
-                             "vs_triton": t0 / t})
-                print(f"  {shape} sm90 {kernel} {cfg}: {t:.4f} ms (triton {t0:.4f})", flush=True)
-                if t < t0 and (knob not in best or t < best[knob][0]):
-                    best[knob] = (t, cfg)
+            for lpt in LPT:
+                for cfg in ([None] if lpt else []) + CONFIGS[knob][D]:
+                    name = f"{'triton' if cfg is None else 'sm90'} {kernel} {cfg or ''}{' lpt' if lpt else ''}"
+                    try:
+                        t = _time_graph(kernel_fn(base.replace(**{knob: cfg, "lpt": lpt}), kernel), warmup, iters)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  {shape} {name}: ERROR {e!r}"[:300], flush=True)
+                        continue
+                    rows.append({"shape": shape, "impl": name, "ms": t, "tflops": share * flops / t / 1e9,
+                                 "vs_triton": t0 / t})
+                    print(f"  {shape} {name}: {t:.4f} ms (triton {t0:.4f})", flush=True)
+                    pick = best_lpt if lpt else best
+                    if cfg is not None and t < t0 and (knob not in pick or t < pick[knob][0]):
+                        pick[knob] = (t, cfg)
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
         both = lambda c: (lambda: torch.autograd.grad(item_block_attention(*xs, lengths, T, config=c), xs, do))  # noqa: E731
         mq, mk, mv, mdo = model_layout(q, k, v, do)
@@ -175,6 +179,9 @@ def timing(results, warmup, iters) -> None:
         both_m = lambda c: (lambda: torch.autograd.grad(item_block_attention(*ms, lengths, T, config=c), ms, mdo))  # noqa: E731
         cands = {"triton only (tuned knobs)": (base, both), "ItemBlockConfig.tuned (the model's)": (ItemBlockConfig.tuned(D), both),
                  "best sm90 kernels of this run": (base.replace(**{k: v[1] for k, v in best.items()}), both),
+                 "triton only, lpt": (base.replace(lpt=True), both),
+                 "tuned, lpt": (ItemBlockConfig.tuned(D).replace(lpt=True), both),
+                 "best sm90 kernels (lpt) of this run": (base.replace(lpt=True, **{k: v[1] for k, v in best_lpt.items()}), both),
                  "model layout, triton only": (base, both_m), "model layout, tuned": (ItemBlockConfig.tuned(D), both_m)}
         times = {name: [] for name in cands}
         for _ in range(3):
@@ -185,7 +192,7 @@ def timing(results, warmup, iters) -> None:
             t = sorted(ts)[1]
             rows.append({"shape": shape, "impl": f"fwd+bwd: {name}", "ms": t, "tflops": 3.5 * flops / t / 1e9,
                          "vs_triton": t_base / t, "all": ts,
-                         "config": {k: getattr(cands[name][0], k) for k in ("sm90_fwd", "sm90_dq", "sm90_dense_kv")}})
+                         "config": {k: getattr(cands[name][0], k) for k in ("sm90_fwd", "sm90_dq", "sm90_dense_kv", "lpt")}})
         del q, k, v, do, xs, out, lse, mq, mk, mv, mdo, ms
         torch.cuda.empty_cache()
     results["timing"] = rows

@@ -174,6 +174,8 @@ VARIANTS = {
     "all_wide_kv_keys": ItemBlockConfig(
         block_m=16, block_n=32, gather_dense=True, split_tail=True, fuse_delta=True, kv_block_i=32, kv_block_q=16,
     ),
+    # grid (B*H, blocks): the program ids map to blocks and heads the other way round
+    "lpt": ItemBlockConfig(block_m=16, block_n=16, split_tail=True, fuse_delta=True, fuse_sid_kv=True, lpt=True),
 }
 
 

@@ -54,6 +54,9 @@ def test_config_rejects_malformed_sm90_tiles() -> None:
         ItemBlockConfig(sm90_fwd=(64, 64, 4))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sm90_dense_kv"):
         ItemBlockConfig(sm90_dense_kv=(64, 0, 4, 2))
+    with pytest.raises(ValueError, match="register-operand count"):
+        ItemBlockConfig(sm90_dq=(64, 64, 4, 2, 3))  # Q and dO are the only two
+    assert ItemBlockConfig(sm90_dq=(64, 64, 4, 2, 2), sm90_dense_kv=(64, 16, 4, 3, 0)).sm90_dq == (64, 64, 4, 2, 2)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -65,7 +68,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("n,lengths", [(1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])])
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
-def test_sm90_kernels_match_reference(D, n, lengths, layout, monkeypatch) -> None:
+@pytest.mark.parametrize("variant", ["plain", "regs_lpt"])
+def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatch) -> None:
     from genrec.kernels import item_block
     from genrec.kernels.item_block import item_block_attention
 
@@ -79,6 +83,8 @@ def test_sm90_kernels_match_reference(D, n, lengths, layout, monkeypatch) -> Non
     ref = item_block_attention_ref(*rs, lens, T)
     gref = torch.autograd.grad(ref, rs, do.float())
     cfg = ItemBlockConfig.tuned(D).replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+    if variant == "regs_lpt":  # the loops' A operands from registers, the grid heads-first
+        cfg = cfg.replace(sm90_fwd=(64, 64, 4, 2, 1), sm90_dq=(64, 64, 4, 2, 2), sm90_dense_kv=(64, 16, 4, 3, 2), lpt=True)
     if layout == "model":  # head-split views of one [B, S, 3, H, D] projection; dO a transposed view
         qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], 2).contiguous()
         xs = [x.detach().requires_grad_() for x in qkv.permute(2, 0, 3, 1, 4)]

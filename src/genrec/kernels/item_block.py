@@ -43,7 +43,14 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.item_block_sm90 import launch_dense_kv_sm90, launch_dq_sm90, launch_fwd_sm90, sm90_available, tma_ready
+from genrec.kernels.item_block_sm90 import (
+    launch_dense_kv_sm90,
+    launch_dq_sm90,
+    launch_fwd_sm90,
+    launch_grid,
+    sm90_available,
+    tma_ready,
+)
 from genrec.validation import checks_on
 
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
@@ -68,6 +75,10 @@ class ItemBlockConfig:
     already holds (no separate SID dk/dv kernel; ``sid_*`` knobs unused).
     ``maxnreg`` / ``dq_maxnreg`` / ``kv_maxnreg``: a cap on registers per thread for the forward / dq /
     dense dk/dv kernel (more resident programs per SM, or spills); None: the compiler's choice.
+    ``lpt`` / ``dq_lpt`` / ``kv_lpt``: launch the forward / dq / dense dk/dv grid with the block
+    index slowest, so the heaviest blocks of every head go first (longest-processing-time order) and
+    light ones fill the tail; else each head's blocks in turn, heaviest first within the head (the
+    concurrent programs then share that head's K/V in L2). The backward ones default to ``lpt``.
     ``sm90_fwd`` = ``(block_m, block_n, warps, stages)``: on a Hopper GPU (bf16/fp16) run the
     forward as the Gluon kernel of ``item_block_sm90`` (TMA ring of ``stages`` dense K/V tiles,
     asynchronous warpgroup MMAs overlapped with the softmax); elsewhere the Triton forward runs with
@@ -76,7 +87,8 @@ class ItemBlockConfig:
     likewise the dq kernel, which then also computes delta and the SID keys' dk/dv (as
     ``fuse_delta`` and ``fuse_sid_kv`` do). The backward ones run when TMA can read q, k, v and dO
     in place (any strides with 16-byte alignment, as the model's head-split views have). None: the
-    Triton kernel everywhere.
+    Triton kernel everywhere. An optional fifth element holds that many of the loop's A operands in
+    registers instead of shared memory (forward: Q; dq: Q, then dO; dense dk/dv: K, then V).
     """
 
     block_m: int = 64
@@ -100,16 +112,21 @@ class ItemBlockConfig:
     kv_maxnreg: int | None = None
     sid_block_m: int | None = None
     sid_warps: int | None = None
-    sm90_fwd: tuple[int, int, int, int] | None = None
-    sm90_dense_kv: tuple[int, int, int, int] | None = None
-    sm90_dq: tuple[int, int, int, int] | None = None
+    lpt: bool = False
+    dq_lpt: bool | None = None
+    kv_lpt: bool | None = None
+    sm90_fwd: tuple[int, ...] | None = None
+    sm90_dense_kv: tuple[int, ...] | None = None
+    sm90_dq: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if f.name.startswith("sm90_") and x is not None:
-                if not (isinstance(x, tuple) and len(x) == 4 and all(isinstance(i, int) and i > 0 for i in x)):
-                    raise ValueError(f"ItemBlockConfig.{f.name}: expected None or 4 positive ints, got {x!r}")
+                if not (isinstance(x, tuple) and len(x) in (4, 5) and all(isinstance(i, int) and i > 0 for i in x[:4])
+                        and (len(x) == 4 or (isinstance(x[4], int) and 0 <= x[4] <= 2))):
+                    raise ValueError(f"ItemBlockConfig.{f.name}: expected None, 4 positive ints or 4 positive ints "
+                                     f"and a register-operand count 0-2, got {x!r}")
                 continue
             if isinstance(x, bool) or x is None:
                 continue
@@ -133,7 +150,7 @@ class ItemBlockConfig:
         128) would need more shared memory than an H100/H200 program may have (dq 320 KB, dense dk/dv
         289 KB against 227 KB), so they get 64-row tiles and 2 stages there (147 KB; checked by
         compiling, ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
-        fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True)
+        fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True, kv_lpt=True)
         if head_dim >= 128:
             sm90 = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
             cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
@@ -262,10 +279,14 @@ def _item_block_fwd_kernel(
     sob, soh, sos, slb, slh,
     H, S, qk_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, LPT: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
-    pid_bh = tl.program_id(1)
+    if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:  # grid (blocks, B*H): each head's heaviest query blocks first
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -329,10 +350,14 @@ def _item_block_bwd_dq_kernel(
     H, S, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, LPT: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (latest) query blocks first
-    pid_bh = tl.program_id(1)
+    if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:  # grid (blocks, B*H): each head's heaviest query blocks first
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -468,14 +493,18 @@ def _item_block_bwd_dense_kv_kernel(
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     H, N_ITEMS, qk_scale, sm_scale,
     T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_Q: tl.constexpr,
-    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, LPT: tl.constexpr,
 ):
     # dk/dv of dense keys: dense key j is read by the dense queries of items >= j and the SID
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
     # BLOCK_I dense keys (rows of the compact dense K/V) per program, a flash-style loop over
     # every query token from item j0 on; only the first BLOCK_I items' worth needs the mask.
-    pid_i = tl.program_id(0)  # heaviest (earliest) keys first: most later queries
-    pid_bh = tl.program_id(1)
+    if LPT:  # grid (B*H, blocks): the heaviest (earliest) keys of every head first -- most later queries
+        pid_i = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:  # grid (blocks, B*H): each head's heaviest keys first
+        pid_i = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -572,6 +601,14 @@ def _launch_opts(warps: int | None, stages: int | None, D: int, maxnreg: int | N
     return opts
 
 
+def _dq_lpt(cfg: ItemBlockConfig) -> bool:
+    return cfg.lpt if cfg.dq_lpt is None else cfg.dq_lpt
+
+
+def _kv_lpt(cfg: ItemBlockConfig) -> bool:
+    return cfg.lpt if cfg.kv_lpt is None else cfg.kv_lpt
+
+
 Launch = tuple[int, dict[str, Any], dict[str, int]]  # (items per program, constexprs, launch options)
 
 
@@ -580,21 +617,21 @@ def _fwd_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     ``benchmarks/inspect_item_block.py``, which compiles the kernels as these launches do)."""
     bm, bi = _blocks(T, cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.num_warps, cfg.num_stages, D, cfg.maxnreg)
+                "SPLIT_TAIL": cfg.split_tail, "LPT": cfg.lpt}, _launch_opts(cfg.num_warps, cfg.num_stages, D, cfg.maxnreg)
 
 
 def _dq_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bm, bi = _blocks(T, cfg.dq_block_m or cfg.block_m)
     return bi, {"T": T, "BLOCK_ITEMS": bi, "BLOCK_M": bm, "BLOCK_N": _tile(cfg.dq_block_n or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1
-                }, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D,
+                "SPLIT_TAIL": cfg.split_tail, "FUSE_DELTA": cfg.fuse_delta, "FUSE_SID_KV": cfg.fuse_sid_kv and T > 1,
+                "LPT": _dq_lpt(cfg)}, _launch_opts(cfg.dq_warps or cfg.num_warps, cfg.dq_stages or cfg.num_stages, D,
                                 cfg.dq_maxnreg)
 
 
 def _dense_kv_launch(cfg: ItemBlockConfig, T: int, D: int) -> Launch:
     bi = _tile(cfg.kv_block_i) if cfg.kv_block_i else _blocks(T, cfg.block_m)[0]
     return bi, {"T": T, "BLOCK_I": bi, "BLOCK_Q": _tile(cfg.kv_block_q or cfg.block_n), "D": D,
-                "SPLIT_TAIL": cfg.split_tail}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D,
+                "SPLIT_TAIL": cfg.split_tail, "LPT": _kv_lpt(cfg)}, _launch_opts(cfg.kv_warps or cfg.num_warps, cfg.kv_stages or cfg.num_stages, D,
                                                   cfg.kv_maxnreg)
 
 
@@ -652,12 +689,12 @@ def item_block_attention_fwd(
     if out.numel() == 0:
         return out, lse.zero_()
     if cfg.sm90_fwd and _sm90_ok(q, T):
-        bm, bn, w, st = cfg.sm90_fwd
+        bm, bn, w, st, *ar = cfg.sm90_fwd
         launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, bm)[0], block_n=_tile(bn),
-                        num_warps=w, stages=st)
+                        num_warps=w, stages=st, a_regs=ar[0] if ar else 0, lpt=cfg.lpt)
         return out, lse
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
-    _item_block_fwd_kernel[(triton.cdiv(n_items, per_program), B * H)](
+    _item_block_fwd_kernel[launch_grid(triton.cdiv(n_items, per_program), B * H, cfg.lpt)](
         q, k, v, kd, vd, out, lse, lengths,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(kd), *_strides3(vd), *_strides3(out),
         lse.stride(0), lse.stride(1),
@@ -693,14 +730,14 @@ class _Backward:
         q, c = self.q, self.cfg
         if (c.sm90_dq and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do)
                 and all(x.is_contiguous() for x in (self.out, self.lse, self.delta))):
-            bm, bn, w, st = c.sm90_dq
+            bm, bn, w, st, *ar = c.sm90_dq
             launch_dq_sm90(q, self.k, self.v, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
                            self.lengths, self.T, self.scale, block_m=_blocks(self.T, bm)[0], block_n=_tile(bn),
-                           num_warps=w, stages=st)
+                           num_warps=w, stages=st, a_regs=ar[0] if ar else 0, lpt=_dq_lpt(c))
             self.sid_done = True  # the SID keys' dk/dv came with it
             return
         per_program, consts, opts = _dq_launch(self.cfg, self.T, self.D)
-        _item_block_bwd_dq_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
+        _item_block_bwd_dq_kernel[launch_grid(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H, _dq_lpt(self.cfg))](
             q, self.k, self.v, self.kd, self.vd, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.k), *_strides3(self.v), *_strides3(self.kd), *_strides3(self.vd),
             *_strides3(self.out), *_strides3(self.do), self.lse.stride(0), self.lse.stride(1), *_strides3(self.dq),
@@ -726,12 +763,13 @@ class _Backward:
     def run_dense_kv(self) -> None:
         q, c = self.q, self.cfg
         if c.sm90_dense_kv and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do):
-            bi, bq, w, st = c.sm90_dense_kv
+            bi, bq, w, st, *ar = c.sm90_dense_kv
             launch_dense_kv_sm90(q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
-                                 self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st)
+                                 self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st,
+                                 a_regs=ar[0] if ar else 0, lpt=_kv_lpt(c))
             return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
-        _item_block_bwd_dense_kv_kernel[(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H)](
+        _item_block_bwd_dense_kv_kernel[launch_grid(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H, _kv_lpt(self.cfg))](
             q, self.kd, self.vd, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
             *_strides3(q), *_strides3(self.kd), *_strides3(self.vd), *_strides3(self.do),
             self.lse.stride(0), self.lse.stride(1), *_strides3(self.dk), *_strides3(self.dv),

@@ -61,7 +61,7 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90"]
+__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_grid", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90"]
 
 _LOG2E = 1.4426950408889634
 
@@ -82,6 +82,13 @@ if HAVE_GLUON:
     def _mma_layout(n, num_warps):
         # Hopper warpgroup-MMA accumulator layout, [num_warps, 1] warps along M, instruction N = n.
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @constexpr_function
+    def _io_layout(d, num_warps):
+        # Rows of d elements stored as 16-byte vectors, a row's lanes side by side: coalesced stores
+        # (the MMA accumulator layout would store 4 bytes per lane, 16 bytes per row per warp).
+        lanes = min(d // 8, 32)
+        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [num_warps, 1], [1, 0])
 
     @gluon.jit
     def _slot(ring, i, N: gl.constexpr, D: gl.constexpr):
@@ -145,7 +152,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
         H, S, n_items, qk_scale,
         T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
@@ -157,8 +164,12 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
 
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
-        pid_bh = gl.program_id(1)
+        if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
+            pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+            pid_bh = gl.program_id(0)
+        else:  # grid (blocks, B*H): each head's heaviest query blocks first
+            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+            pid_bh = gl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -204,11 +215,15 @@ if HAVE_GLUON:
         p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
         offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
         mbarrier.wait(q_bar, 0)
+        if A_REGS:  # Q as the register operand of S = Q K^T: shared memory then streams K alone
+            q_a = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        else:
+            q_a = q_smem
 
         if n_tiles > 0:
             # first tile: its softmax has nothing to overlap with
             mbarrier.wait(k_bars.index(0), 0)
-            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
@@ -220,7 +235,7 @@ if HAVE_GLUON:
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -265,13 +280,16 @@ if HAVE_GLUON:
 
         l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
         ro = gl.arange(0, BLOCK_M, layout=o_rows)
-        co = gl.arange(0, D, layout=o_cols)
         ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
-        out = gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0)
         st = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
-        gl.store(O + (row0 + ro)[:, None].to(gl.int64) * D + co[None, :], out.to(dtype), mask=st[:, None])
         lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
         gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
+        io: gl.constexpr = _io_layout(D, num_warps)
+        out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
+        ri = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io))
+        ci = gl.arange(0, D, layout=gl.SliceLayout(0, io))
+        st_i = (ri < BLOCK_ITEMS * T) & (item0 * T + ri < S)
+        gl.store(O + (row0 + ri)[:, None].to(gl.int64) * D + ci[None, :], out, mask=st_i[:, None])
 
 
     @gluon.jit
@@ -279,7 +297,7 @@ if HAVE_GLUON:
         q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
         T: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-        num_warps: gl.constexpr,
+        A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # dk/dv of the dense keys [j0, j0 + BLOCK_I) of one head: dense key j is read by every query
         # token r >= jT + T - 1 (the dense query of item j and all tokens of later items). A loop over
@@ -295,8 +313,12 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
         o_cols: gl.constexpr = gl.SliceLayout(0, kv_layout)
 
-        pid_i = gl.program_id(0)  # heaviest (earliest) keys first: most later queries
-        pid_bh = gl.program_id(1)
+        if LPT:  # grid (B*H, blocks): the heaviest (earliest) keys of every head first -- most later queries
+            pid_i = gl.program_id(1)
+            pid_bh = gl.program_id(0)
+        else:  # grid (blocks, B*H): each head's heaviest keys first
+            pid_i = gl.program_id(0)
+            pid_bh = gl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -338,19 +360,31 @@ if HAVE_GLUON:
         dst_op = gl.zeros([BLOCK_I, BLOCK_Q], dtype, op_layout)
         st_zero = gl.zeros([BLOCK_I, BLOCK_Q], gl.float32, st_layout)
         qt = q_lo + offs_q
-        l2 = gl.load(LSE + qrow0 + qt, mask=qt < q_hi, other=0.0) * 1.4426950408889634
+        # natural-log lse as loaded: scaled to log2 where used, so that the next tile's loads (issued a
+        # step ahead) are not waited for right after they are issued
+        lse = gl.load(LSE + qrow0 + qt, mask=qt < q_hi, other=0.0)
         dl = gl.load(DELTA + qrow0 + qt, mask=qt < q_hi, other=0.0)
         mbarrier.wait(kv_bar, 0)
+        # A_REGS of the loop's A operands held in registers (K of S^T = K Q^T, then V of dP^T = V dO^T)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
+        if A_REGS >= 1:
+            k_a = k_smem.load(a_layout)
+        else:
+            k_a = k_smem
+        if A_REGS >= 2:
+            v_a = v_smem.load(a_layout)
+        else:
+            v_a = v_smem
         for i in range(n_q):
             slot = i % STAGES
             mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
             q_s = _slot(q_ring, slot, BLOCK_Q, D)
             do_s = _slot(do_ring, slot, BLOCK_Q, D)
-            st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            st_tok = warpgroup_mma(k_a, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_a, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             # the next tile's row statistics, loaded while this tile computes
             qt_next = qt + BLOCK_Q
-            l2_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0) * 1.4426950408889634
+            lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
             dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
             # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
             st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
@@ -362,7 +396,7 @@ if HAVE_GLUON:
                 _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
                 _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
                           pred=go)
-            pt = gl.exp2(st * qk_scale - l2[None, :])
+            pt = gl.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
             if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
                 vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
                 pt = gl.where(vis, pt, 0.0)
@@ -373,19 +407,20 @@ if HAVE_GLUON:
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
             dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
             qt = qt_next
-            l2 = l2_next
+            lse = lse_next
             dl = dl_next
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(q_bars.index(i))
-        jo = j0 + gl.arange(0, BLOCK_I, layout=o_rows)
-        co = gl.arange(0, D, layout=o_cols)
-        rows = (qrow0 + jo * T + (T - 1)).to(gl.int64)
+        io: gl.constexpr = _io_layout(D, num_warps)
+        jo = j0 + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, io))
+        co = gl.arange(0, D, layout=gl.SliceLayout(0, io))
+        offs = (qrow0 + jo * T + (T - 1)).to(gl.int64)[:, None] * D + co[None, :]
         ok = (jo < n_items)[:, None]
-        gl.store(DK + rows[:, None] * D + co[None, :], (dk * sm_scale).to(dtype), mask=ok)
-        gl.store(DV + rows[:, None] * D + co[None, :], dv.to(dtype), mask=ok)
+        gl.store(DK + offs, gl.convert_layout((dk * sm_scale).to(dtype), io), mask=ok)
+        gl.store(DV + offs, gl.convert_layout(dv.to(dtype), io), mask=ok)
 
 
     @gluon.jit
@@ -393,7 +428,7 @@ if HAVE_GLUON:
         q_desc, do_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, DELTA, DQ, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
         T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # dq of one query block of whole items (as item_block._item_block_bwd_dq_kernel with
         # fuse_delta and fuse_sid_kv): delta = rowsum(dO * O) first (stored for the dk/dv kernel),
@@ -413,8 +448,12 @@ if HAVE_GLUON:
         o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
 
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest (latest) query blocks first
-        pid_bh = gl.program_id(1)
+        if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
+            pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+            pid_bh = gl.program_id(0)
+        else:  # grid (blocks, B*H): each head's heaviest query blocks first
+            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+            pid_bh = gl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -474,14 +513,24 @@ if HAVE_GLUON:
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         dq = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, o_layout))
         ds_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, op_layout)
+        # A_REGS operands of the loop's S = Q K^T and dP = dO V^T held in registers (Q, then dO)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        if A_REGS >= 1:
+            q_a = q_smem.load(a_layout)
+        else:
+            q_a = q_smem
+        if A_REGS >= 2:
+            do_a = do_smem.load(a_layout)
+        else:
+            do_a = do_smem
 
         for j in range(n_tiles):
             slot = j % STAGES
             ph = (j // STAGES) & 1
             mbarrier.wait(k_bars.index(slot), ph)
-            s_tok = warpgroup_mma(q_smem, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(slot), ph)
-            dp_tok = warpgroup_mma(do_smem, _slot(vd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
+            dp_tok = warpgroup_mma(do_a, _slot(vd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)
             # retires the previous dQ product (older) and S; dP may still run
             s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
@@ -536,14 +585,17 @@ if HAVE_GLUON:
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
         ro = gl.arange(0, BLOCK_M, layout=o_rows)
-        co = gl.arange(0, D, layout=o_cols)
         ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
-        st_o = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
-        offs = (row0 + ro)[:, None].to(gl.int64) * D + co[None, :]
-        gl.store(DQ + offs, gl.where(ok_o[:, None], dq * sm_scale, 0.0).to(dtype), mask=st_o[:, None])
-        sid = (st_o & (ro % T < T - 1))[:, None]
-        gl.store(DK + offs, (dk_s * sm_scale).to(dtype), mask=sid)
-        gl.store(DV + offs, dv_s.to(dtype), mask=sid)
+        dq = gl.where(ok_o[:, None], dq * sm_scale, 0.0)
+        io: gl.constexpr = _io_layout(D, num_warps)
+        ri = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io))
+        ci = gl.arange(0, D, layout=gl.SliceLayout(0, io))
+        st_i = (ri < BLOCK_ITEMS * T) & (item0 * T + ri < S)
+        offs = (row0 + ri)[:, None].to(gl.int64) * D + ci[None, :]
+        gl.store(DQ + offs, gl.convert_layout(dq.to(dtype), io), mask=st_i[:, None])
+        sid = (st_i & (ri % T < T - 1))[:, None]
+        gl.store(DK + offs, gl.convert_layout((dk_s * sm_scale).to(dtype), io), mask=sid)
+        gl.store(DV + offs, gl.convert_layout(dv_s.to(dtype), io), mask=sid)
 
 
 @functools.lru_cache(maxsize=None)
@@ -557,6 +609,13 @@ def _desc(x: torch.Tensor, rows: int) -> TensorDescriptor:
     D = x.shape[-1]
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, D],
                             _smem_layout(rows, D, x.dtype == torch.float16))
+
+
+def launch_grid(n_blocks: int, n_heads: int, lpt: bool) -> tuple[int, int]:
+    """The launch grid of the item-block kernels (these and ``item_block``'s): (blocks, B*H), or
+    (B*H, blocks) with ``lpt`` -- the block index then varies slowest, so the heaviest blocks of
+    every head are scheduled first and the light ones fill the tail."""
+    return (n_heads, n_blocks) if lpt else (n_blocks, n_heads)
 
 
 def tma_ready(*xs: torch.Tensor) -> bool:
@@ -576,6 +635,7 @@ def _dense(x: torch.Tensor, T: int) -> torch.Tensor:
 def launch_fwd_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     T: int, scale: float, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
+    a_regs: int = 0, lpt: bool = False,
 ) -> None:
     """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32, contiguous) with
     the forward. q, k, v ``[B, H, S, D]`` of any strides TMA can read (else copied); ``lengths``
@@ -593,18 +653,19 @@ def launch_fwd_sm90(
         raise ValueError("item_block sm90 forward: out and lse must be contiguous")
     q, k, v = (x if tma_ready(x) else x.contiguous() for x in (q, k, v))
     n_items = S // T
-    _sm90_fwd_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
+    _sm90_fwd_kernel[launch_grid(triton.cdiv(n_items, block_m // T), B * H, lpt)](
         _desc(q, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_n),
         _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E,
-        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages,
-        num_warps=num_warps,
+        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, A_REGS=bool(a_regs),
+        LPT=lpt, num_warps=num_warps,
     )
 
 
 def launch_dense_kv_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
     dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, *,
-    block_i: int = 64, block_q: int = 64, num_warps: int = 4, stages: int = 2,
+    block_i: int = 64, block_q: int = 64, num_warps: int = 4, stages: int = 2, a_regs: int = 0,
+    lpt: bool = False,
 ) -> None:
     """Write the dense keys' rows of ``dk`` and ``dv`` (contiguous ``[B, H, S, D]``), as
     ``item_block._item_block_bwd_dense_kv_kernel`` does. q, k, v, dO of any strides TMA can read
@@ -622,10 +683,10 @@ def launch_dense_kv_sm90(
     if not tma_ready(q, k, v, do):
         raise ValueError("item_block sm90 dense dk/dv: q, k, v, dO must be TMA-readable (see tma_ready)")
     n_items = S // T
-    _sm90_dense_kv_kernel[(triton.cdiv(n_items, block_i), B * H)](
+    _sm90_dense_kv_kernel[launch_grid(triton.cdiv(n_items, block_i), B * H, lpt)](
         _desc(q, block_q), _desc(do, block_q), _desc(_dense(k, T), block_i), _desc(_dense(v, T), block_i),
         lse, delta, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
-        T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, num_warps=num_warps,
+        T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, A_REGS=a_regs, LPT=lpt, num_warps=num_warps,
     )
 
 
@@ -633,6 +694,7 @@ def launch_dq_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
     delta: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int,
     scale: float, *, block_m: int = 64, num_warps: int = 4, stages: int = 2, block_n: int | None = None,
+    a_regs: int = 0, lpt: bool = False,
 ) -> None:
     """Write ``dq``, ``delta`` and the SID keys' rows of ``dk`` / ``dv``, as the Triton dq kernel does
     with ``fuse_delta`` and ``fuse_sid_kv``. q, k, v, dO of any strides TMA can read; the others
@@ -651,9 +713,10 @@ def launch_dq_sm90(
     if not tma_ready(q, k, v, do):
         raise ValueError("item_block sm90 dq: q, k, v, dO must be TMA-readable (see tma_ready)")
     n_items = S // T
-    _sm90_dq_kernel[(triton.cdiv(n_items, block_m // T), B * H)](
+    _sm90_dq_kernel[launch_grid(triton.cdiv(n_items, block_m // T), B * H, lpt)](
         _desc(q, block_m), _desc(do, block_m), _desc(k, block_m), _desc(v, block_m),
         _desc(_dense(k, T), block_n), _desc(_dense(v, T), block_n),
         out, lse, delta, dq, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
-        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, num_warps=num_warps,
+        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, A_REGS=a_regs,
+        LPT=lpt, num_warps=num_warps,
     )
