@@ -105,16 +105,6 @@ def _desc_type(rows: int, D: int, stride: int) -> str:
                                         _smem_layout(rows, D, False)))
 
 
-def _flat_desc_type(n: int) -> str:
-    """The specialisation string of ``item_block_sm90._flat_desc`` (fp32 vector, boxes of n)."""
-    import torch
-    from triton.runtime.jit import mangle_type
-
-    from genrec.kernels.item_block_sm90 import _flat_desc
-
-    return mangle_type(_flat_desc(torch.zeros(4 * n), n))
-
-
 def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
     """(name, Gluon function, signature, constexprs, warps) of the sm90 kernels ``cfg`` switches on."""
     from genrec.kernels import item_block as ib
@@ -141,8 +131,7 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
     if cfg.sm90_dense_kv:
         bi, bq, w, st, *ar = cfg.sm90_dense_kv
         sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
-               "vd_desc": _desc_type(bi, D, T * D), "lse_desc": _flat_desc_type(bq), "dl_desc": _flat_desc_type(bq),
-               "DK": "*bf16", "DV": "*bf16",
+               "vd_desc": _desc_type(bi, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
                "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dense dk/dv", sm._sm90_dense_kv_kernel, sig, {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D,
                     "STAGES": st, "A_REGS": ar[0] if ar else 0, "LPT": ib._kv_lpt(cfg), "num_warps": w}, w))

@@ -114,19 +114,6 @@ if HAVE_GLUON:
             _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
 
     @gluon.jit
-    def _load_q_tile(q_desc, do_desc, lse_desc, dl_desc, q_ring, do_ring, lse_ring, dl_ring, bars, slot, tile, go,
-                     b, h, q_lo, qrow0, BLOCK_Q: gl.constexpr, nbytes: gl.constexpr):
-        # Query tile `tile` of the dense dk/dv loop into ring slot `slot`: Q and dO rows from token
-        # q_lo + tile * BLOCK_Q, and the same rows' lse and delta from the flat [B*H*S] vectors.
-        tok = q_lo + tile * BLOCK_Q
-        bar = bars.index(slot)
-        mbarrier.expect(bar, nbytes, pred=go)
-        _tma_load(q_desc, [b, h, tok, 0], bar, q_ring.index(slot), pred=go)
-        _tma_load(do_desc, [b, h, tok, 0], bar, do_ring.index(slot), pred=go)
-        _tma_load(lse_desc, [qrow0 + tok], bar, lse_ring.index(slot), pred=go)
-        _tma_load(dl_desc, [qrow0 + tok], bar, dl_ring.index(slot), pred=go)
-
-    @gluon.jit
     def _inblock_vis(item0, n_valid, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr,
                      layout: gl.constexpr):
         # [BM, BM] visibility of the block's own keys (columns) to its queries (rows): the PinGER mask
@@ -307,7 +294,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _sm90_dense_kv_kernel(
-        q_desc, do_desc, kd_desc, vd_desc, lse_desc, dl_desc, DK, DV, LENGTHS,
+        q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
         T: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
         A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
@@ -316,8 +303,7 @@ if HAVE_GLUON:
         # token r >= jT + T - 1 (the dense query of item j and all tokens of later items). A loop over
         # query tiles from token j0*T on, the tiles' Q and dO in a TMA ring; per tile, four asynchronous
         # warpgroup MMAs: S^T = K Q^T and dP^T = V dO^T together (P^T is formed while dP^T runs), then
-        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q. Each tile's lse and delta
-        # ride the ring with its Q and dO (1-D descriptors over the flat [B*H*S] rows).
+        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q.
         dtype: gl.constexpr = q_desc.dtype
         st_layout: gl.constexpr = _mma_layout(BLOCK_Q, num_warps)
         kv_layout: gl.constexpr = _mma_layout(D, num_warps)
@@ -350,9 +336,6 @@ if HAVE_GLUON:
         v_smem = v_s4.reshape([BLOCK_I, D])
         q_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_Q, D], q_desc.layout)
         do_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_Q, D], do_desc.layout)
-        lse_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], lse_desc.layout)
-        dl_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], dl_desc.layout)
-        tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
@@ -362,8 +345,10 @@ if HAVE_GLUON:
         _tma_load(kd_desc, [b, h, j0, 0], kv_bar, k_s4)
         _tma_load(vd_desc, [b, h, j0, 0], kv_bar, v_s4)
         for i in gl.static_range(STAGES):
-            _load_q_tile(q_desc, do_desc, lse_desc, dl_desc, q_ring, do_ring, lse_ring, dl_ring, q_bars, i, i,
-                         i < n_q, b, h, q_lo, qrow0, BLOCK_Q, tile_bytes)
+            go = i < n_q
+            mbarrier.expect(q_bars.index(i), 2 * q_desc.block_type.nbytes, pred=go)
+            _tma_load(q_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), q_ring.index(i), pred=go)
+            _tma_load(do_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), do_ring.index(i), pred=go)
 
         jr = j0 + gl.arange(0, BLOCK_I, layout=k_rows)
         jtok = gl.where(jr < n_valid, jr * T + (T - 1), 1 << 30)  # padding keys: seen by no query
@@ -375,6 +360,10 @@ if HAVE_GLUON:
         dst_op = gl.zeros([BLOCK_I, BLOCK_Q], dtype, op_layout)
         st_zero = gl.zeros([BLOCK_I, BLOCK_Q], gl.float32, st_layout)
         qt = q_lo + offs_q
+        # natural-log lse as loaded: scaled to log2 where used, so that the next tile's loads (issued a
+        # step ahead) are not waited for right after they are issued
+        lse = gl.load(LSE + qrow0 + qt, mask=qt < q_hi, other=0.0)
+        dl = gl.load(DELTA + qrow0 + qt, mask=qt < q_hi, other=0.0)
         mbarrier.wait(kv_bar, 0)
         # A_REGS of the loop's A operands held in registers (K of S^T = K Q^T, then V of dP^T = V dO^T)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
@@ -393,16 +382,21 @@ if HAVE_GLUON:
             do_s = _slot(do_ring, slot, BLOCK_Q, D)
             st_tok = warpgroup_mma(k_a, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_a, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            l2 = lse_ring.index(slot).load(q_cols) * 1.4426950408889634  # this tile's lse, log2
-            dl = dl_ring.index(slot).load(q_cols)
+            # the next tile's row statistics, loaded while this tile computes
+            qt_next = qt + BLOCK_Q
+            lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
+            dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
             # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
             st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
-            if i > 0:  # the previous tile is consumed (its lse / delta read before its dK product): refill
-                fence_async_shared()  # those generic-proxy reads before the TMA's writes
-                _load_q_tile(q_desc, do_desc, lse_desc, dl_desc, q_ring, do_ring, lse_ring, dl_ring, q_bars,
-                             (i - 1) % STAGES, i - 1 + STAGES, i - 1 + STAGES < n_q, b, h, q_lo, qrow0, BLOCK_Q,
-                             tile_bytes)
-            pt = gl.exp2(st * qk_scale - l2[None, :])
+            if i > 0:  # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
+                prev = (i - 1) % STAGES
+                nxt = i - 1 + STAGES
+                go = nxt < n_q
+                mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
+                _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
+                _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
+                          pred=go)
+            pt = gl.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
             if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
                 vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
                 pt = gl.where(vis, pt, 0.0)
@@ -412,7 +406,9 @@ if HAVE_GLUON:
             dst = pt * (dpt - dl[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
             dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
-            qt = qt + BLOCK_Q
+            qt = qt_next
+            lse = lse_next
+            dl = dl_next
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
 
         mbarrier.invalidate(kv_bar)
@@ -622,17 +618,6 @@ def launch_grid(n_blocks: int, n_heads: int, lpt: bool) -> tuple[int, int]:
     return (n_heads, n_blocks) if lpt else (n_blocks, n_heads)
 
 
-@functools.lru_cache(maxsize=None)
-def _flat_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-
-
-def _flat_desc(x: torch.Tensor, n: int) -> TensorDescriptor:
-    """A TMA descriptor over contiguous fp32 ``x`` seen as one flat vector, boxes of ``n``."""
-    flat = x.view(-1)
-    return TensorDescriptor(flat, [flat.numel()], [1], [n], _flat_layout())
-
-
 def tma_ready(*xs: torch.Tensor) -> bool:
     """Whether TMA can read these ``[B, H, R, D]`` tensors in place: unit last stride, every other
     stride and the start address 16-byte aligned."""
@@ -700,7 +685,7 @@ def launch_dense_kv_sm90(
     n_items = S // T
     _sm90_dense_kv_kernel[launch_grid(triton.cdiv(n_items, block_i), B * H, lpt)](
         _desc(q, block_q), _desc(do, block_q), _desc(_dense(k, T), block_i), _desc(_dense(v, T), block_i),
-        _flat_desc(lse, block_q), _flat_desc(delta, block_q), dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
+        lse, delta, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, A_REGS=a_regs, LPT=lpt, num_warps=num_warps,
     )
 
