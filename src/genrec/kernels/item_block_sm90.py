@@ -187,15 +187,18 @@ if HAVE_GLUON:
         kd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
         vd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], vd_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(b_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
 
-        # Q first (the first product needs it), then the first dense tiles, then the block's own K/V.
-        mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
+        # Q first (the first product needs it), then the first dense tiles, then the block's own K/V on a
+        # barrier of their own (waited for only after the dense loop).
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [b, h, item0 * T, 0], q_bar, q_s4)
         for i in gl.static_range(STAGES):
             go = i < n_tiles
@@ -205,8 +208,9 @@ if HAVE_GLUON:
             mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
             _tma_load(vd_desc, [b, h, i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
                                             pred=go)
-        _tma_load(k_desc, [b, h, item0 * T, 0], q_bar, kb_s4)
-        _tma_load(v_desc, [b, h, item0 * T, 0], q_bar, vb_s4)
+        mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [b, h, item0 * T, 0], b_bar, kb_s4)
+        _tma_load(v_desc, [b, h, item0 * T, 0], b_bar, vb_s4)
 
         m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
         l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
@@ -255,6 +259,7 @@ if HAVE_GLUON:
             p = p_next
 
         # The block's own tokens, whose scores are computed while the last dense P V runs.
+        mbarrier.wait(b_bar, 0)
         sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout),
                                use_acc=False, is_async=True)
         if n_tiles > 0:
@@ -274,6 +279,7 @@ if HAVE_GLUON:
         acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
 
         mbarrier.invalidate(q_bar)
+        mbarrier.invalidate(b_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
@@ -383,9 +389,11 @@ if HAVE_GLUON:
             st_tok = warpgroup_mma(k_a, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_a, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             # the next tile's row statistics, loaded while this tile computes
-            qt_next = qt + BLOCK_Q
-            lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
-            dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < q_hi, other=0.0)
+            # (bounded by the head's rows, not its valid ones -- padding rows hold finite values and are
+            # masked below -- and indexed from i, so lanes load their pairs of rows as 8-byte vectors)
+            qt_next = q_lo + (i + 1) * BLOCK_Q + offs_q
+            lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < S, other=0.0)
+            dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < S, other=0.0)
             # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
             st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
             if i > 0:  # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
@@ -400,6 +408,7 @@ if HAVE_GLUON:
             if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
                 vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
                 pt = gl.where(vis, pt, 0.0)
+                dl = gl.where(qt < q_hi, dl, 0.0)  # padding rows' delta: whatever dO held there
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
