@@ -73,7 +73,9 @@ def _sass_stats(cubin: bytes) -> dict[str, Any]:
         os.unlink(f.name)
     res = {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
     ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M))
-    return {**res, **{op: ops.get(op, 0) for op in OPS}}
+    # warpgroup matmuls whose A operand comes from registers (HGMMA.* Rd, Ra, gdesc[...]) rather than shared memory
+    reg_a = len(re.findall(r"\bHGMMA\.\S+\s+R\d+,\s*R\d+,", sass))
+    return {**res, **{op: ops.get(op, 0) for op in OPS}, "HGMMA_REG_A": reg_a}
 
 
 def kernels(D: int, cfg: Any, fp32: bool = False) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:

@@ -60,6 +60,27 @@ def test_sm90_kernels_compile_to_tma_and_warpgroup_matmuls_without_spills(tmp_pa
         assert r["UTMALDG"] > 0 and r["LDGSTS"] == 0, r
         assert r["stack"] == 0 and r["LDL"] == r["STL"] == 0, r
         assert 0 < r["shared_bytes"] <= 228 * 1024 // 2 - 1024, r
+        assert 2 * r["HGMMA_REG_A"] < r["HGMMA"], r  # Q / dO / K / V from shared memory in the tuned ones
+
+
+def test_sm90_register_operands_compile_and_take_effect(tmp_path: Path) -> None:
+    """The fifth element of the sm90 tuples holds the loops' A operands in registers (forward: Q;
+    dq: Q and dO; dense dk/dv: K and V): without spills, within two programs' shared memory, and
+    at least half of each kernel's warpgroup matmuls then read A from registers (the tuned ones:
+    only the P V / P^T dO / dS K products, 17-33%)."""
+    pytest.importorskip("triton")
+    from genrec.kernels.item_block_sm90 import HAVE_GLUON
+
+    if not HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    rows = _inspect(tmp_path, "128", "--set", "sm90_fwd=64,64,4,2,1", "--set", "sm90_dq=64,64,4,2,2",
+                    "--set", "sm90_dense_kv=64,16,4,3,2")[0]
+    rows = [r for r in rows if r["kernel"].startswith("sm90")]
+    assert len(rows) == 3, [r["kernel"] for r in rows]
+    for r in rows:
+        assert r["stack"] == 0 and r["LDL"] == r["STL"] == 0, r
+        assert 0 < r["shared_bytes"] <= 228 * 1024 // 2 - 1024, r
+        assert 2 * r["HGMMA_REG_A"] >= r["HGMMA"] > 0, r
 
 
 def test_tuned_kernels_fit_an_sm_in_fp32(tmp_path: Path) -> None:
