@@ -275,6 +275,17 @@ def _fwd_finish(
 
 
 @triton.jit
+def _block_and_head(LPT: tl.constexpr, LAST_FIRST: tl.constexpr):
+    # (block, batch*head) of this program. The grid is (blocks, B*H), or (B*H, blocks) with LPT --
+    # see launch_grid -- and block ids run backwards when the last blocks are the heaviest.
+    ax: tl.constexpr = 1 if LPT else 0
+    blk = tl.program_id(ax)
+    if LAST_FIRST:
+        blk = tl.num_programs(ax) - 1 - blk
+    return blk, tl.program_id(1 - ax)
+
+
+@triton.jit
 def _item_block_fwd_kernel(
     Q, K, V, KD, VD, O, LSE, LENGTHS,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, skdb, skdh, skdn, svdb, svdh, svdn,
@@ -283,12 +294,7 @@ def _item_block_fwd_kernel(
     T: tl.constexpr, BLOCK_ITEMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, LPT: tl.constexpr,
 ):
-    if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:  # grid (blocks, B*H): each head's heaviest query blocks first
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -354,12 +360,7 @@ def _item_block_bwd_dq_kernel(
     D: tl.constexpr, SPLIT_TAIL: tl.constexpr, FUSE_DELTA: tl.constexpr, FUSE_SID_KV: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, LPT: tl.constexpr,
 ):
-    if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:  # grid (blocks, B*H): each head's heaviest query blocks first
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)
@@ -501,12 +502,7 @@ def _item_block_bwd_dense_kv_kernel(
     # queries of items > j -- whichever forward part (unmasked gather or in-block) served them.
     # BLOCK_I dense keys (rows of the compact dense K/V) per program, a flash-style loop over
     # every query token from item j0 on; only the first BLOCK_I items' worth needs the mask.
-    if LPT:  # grid (B*H, blocks): the heaviest (earliest) keys of every head first -- most later queries
-        pid_i = tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:  # grid (blocks, B*H): each head's heaviest keys first
-        pid_i = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_i, pid_bh = _block_and_head(LPT, False)  # heaviest (earliest) keys first: most later queries
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     n_valid = tl.load(LENGTHS + b)

@@ -91,6 +91,23 @@ if HAVE_GLUON:
         return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [num_warps, 1], [1, 0])
 
     @gluon.jit
+    def _block_and_head(LPT: gl.constexpr, LAST_FIRST: gl.constexpr):
+        # (block, batch*head) of this program, as item_block._block_and_head (grid: launch_grid)
+        ax: gl.constexpr = 1 if LPT else 0
+        blk = gl.program_id(ax)
+        if LAST_FIRST:
+            blk = gl.num_programs(ax) - 1 - blk
+        return blk, gl.program_id(1 - ax)
+
+    @gluon.jit
+    def _a_operand(smem, layout: gl.constexpr, IN_REGS: gl.constexpr):
+        # The A operand of a warpgroup MMA: the shared tile itself, or (IN_REGS) loaded into registers
+        if IN_REGS:
+            return smem.load(layout)
+        else:
+            return smem
+
+    @gluon.jit
     def _slot(ring, i, N: gl.constexpr, D: gl.constexpr):
         # Ring slot i ([1, 1, N, D], as TMA fills it) seen as the [N, D] operand of an MMA.
         return ring.index(i).reshape([N, D])
@@ -164,12 +181,7 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
 
-        if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
-            pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-            pid_bh = gl.program_id(0)
-        else:  # grid (blocks, B*H): each head's heaviest query blocks first
-            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-            pid_bh = gl.program_id(1)
+        pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -219,10 +231,8 @@ if HAVE_GLUON:
         p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
         offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
         mbarrier.wait(q_bar, 0)
-        if A_REGS:  # Q as the register operand of S = Q K^T: shared memory then streams K alone
-            q_a = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-        else:
-            q_a = q_smem
+        # with A_REGS Q is the register operand of S = Q K^T: shared memory then streams K alone
+        q_a = _a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS > 0)
 
         if n_tiles > 0:
             # first tile: its softmax has nothing to overlap with
@@ -319,12 +329,7 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
         o_cols: gl.constexpr = gl.SliceLayout(0, kv_layout)
 
-        if LPT:  # grid (B*H, blocks): the heaviest (earliest) keys of every head first -- most later queries
-            pid_i = gl.program_id(1)
-            pid_bh = gl.program_id(0)
-        else:  # grid (blocks, B*H): each head's heaviest keys first
-            pid_i = gl.program_id(0)
-            pid_bh = gl.program_id(1)
+        pid_i, pid_bh = _block_and_head(LPT, False)  # heaviest (earliest) keys first: most later queries
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -373,14 +378,8 @@ if HAVE_GLUON:
         mbarrier.wait(kv_bar, 0)
         # A_REGS of the loop's A operands held in registers (K of S^T = K Q^T, then V of dP^T = V dO^T)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
-        if A_REGS >= 1:
-            k_a = k_smem.load(a_layout)
-        else:
-            k_a = k_smem
-        if A_REGS >= 2:
-            v_a = v_smem.load(a_layout)
-        else:
-            v_a = v_smem
+        k_a = _a_operand(k_smem, a_layout, A_REGS >= 1)
+        v_a = _a_operand(v_smem, a_layout, A_REGS >= 2)
         for i in range(n_q):
             slot = i % STAGES
             mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
@@ -457,12 +456,7 @@ if HAVE_GLUON:
         o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
 
-        if LPT:  # grid (B*H, blocks): the heaviest (latest) query blocks of every head first
-            pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-            pid_bh = gl.program_id(0)
-        else:  # grid (blocks, B*H): each head's heaviest query blocks first
-            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-            pid_bh = gl.program_id(1)
+        pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
         b = pid_bh // H
         h = pid_bh % H
         n_valid = gl.load(LENGTHS + b)
@@ -524,14 +518,8 @@ if HAVE_GLUON:
         ds_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, op_layout)
         # A_REGS operands of the loop's S = Q K^T and dP = dO V^T held in registers (Q, then dO)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-        if A_REGS >= 1:
-            q_a = q_smem.load(a_layout)
-        else:
-            q_a = q_smem
-        if A_REGS >= 2:
-            do_a = do_smem.load(a_layout)
-        else:
-            do_a = do_smem
+        q_a = _a_operand(q_smem, a_layout, A_REGS >= 1)
+        do_a = _a_operand(do_smem, a_layout, A_REGS >= 2)
 
         for j in range(n_tiles):
             slot = j % STAGES
