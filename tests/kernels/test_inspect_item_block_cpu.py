@@ -73,8 +73,9 @@ def test_sm90_register_operands_compile_and_take_effect(tmp_path: Path) -> None:
 
     if not HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
+    # dense dk/dv with K alone in registers: K and V both spill under Triton 3.9 (not under 3.6)
     rows = _inspect(tmp_path, "128", "--set", "sm90_fwd=64,64,4,2,1", "--set", "sm90_dq=64,64,4,2,2",
-                    "--set", "sm90_dense_kv=64,16,4,3,2")[0]
+                    "--set", "sm90_dense_kv=64,16,4,3,1")[0]
     rows = [r for r in rows if r["kernel"].startswith("sm90")]
     assert len(rows) == 3, [r["kernel"] for r in rows]
     for r in rows:
