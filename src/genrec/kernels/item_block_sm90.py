@@ -26,7 +26,11 @@ q, k, v and dO are read through 4-D tensor descriptors over ``[B, H, S, D]`` (bo
 head-split views of one QKV projection included (:func:`tma_ready`). The dense tokens are the
 strided view ``x[:, :, T-1::T]``. A tile that runs past the last item of a head is zero-filled by
 TMA; one that runs past the block's first item holds later items, which the item-causal mask hides.
-Outputs, lse and delta are contiguous tensors this module's callers allocate.
+Outputs, lse and delta are contiguous tensors this module's callers allocate; the output tiles are
+shuffled out of the MMA layout and stored as 16-byte vectors (stored straight from it, the 4-byte
+stores were a fifth of dq's stall samples). Options per launch: ``a_regs`` holds the loops'
+A operands in registers instead of shared memory, ``lpt`` lays the grid out heads-first
+(:func:`launch_grid`).
 
 No interpreter runs Gluon: CI compiles these kernels for sm_90 and reads their machine code
 (``benchmarks/inspect_item_block.py``); their numerics are tested on a GPU (``tests/kernels``,
