@@ -112,6 +112,16 @@ if HAVE_GLUON:
             return smem
 
     @gluon.jit
+    def _block_out(row0, item0, S, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr,
+                   D: gl.constexpr, io: gl.constexpr):
+        # A query block's rows in a contiguous [B, H, S, D] output, in the store layout io: element
+        # offsets, which rows to store (the block's own tokens), and the row index within the block.
+        ri = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io))
+        ci = gl.arange(0, D, layout=gl.SliceLayout(0, io))
+        st = (ri < BLOCK_ITEMS * T) & (item0 * T + ri < S)
+        return (row0 + ri)[:, None].to(gl.int64) * D + ci[None, :], st, ri
+
+    @gluon.jit
     def _slot(ring, i, N: gl.constexpr, D: gl.constexpr):
         # Ring slot i ([1, 1, N, D], as TMA fills it) seen as the [N, D] operand of an MMA.
         return ring.index(i).reshape([N, D])
@@ -306,10 +316,8 @@ if HAVE_GLUON:
         gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
         io: gl.constexpr = _io_layout(D, num_warps)
         out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
-        ri = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io))
-        ci = gl.arange(0, D, layout=gl.SliceLayout(0, io))
-        st_i = (ri < BLOCK_ITEMS * T) & (item0 * T + ri < S)
-        gl.store(O + (row0 + ri)[:, None].to(gl.int64) * D + ci[None, :], out, mask=st_i[:, None])
+        offs, st_i, _ = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
+        gl.store(O + offs, out, mask=st_i[:, None])
 
 
     @gluon.jit
@@ -589,10 +597,7 @@ if HAVE_GLUON:
         ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
         dq = gl.where(ok_o[:, None], dq * sm_scale, 0.0)
         io: gl.constexpr = _io_layout(D, num_warps)
-        ri = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io))
-        ci = gl.arange(0, D, layout=gl.SliceLayout(0, io))
-        st_i = (ri < BLOCK_ITEMS * T) & (item0 * T + ri < S)
-        offs = (row0 + ri)[:, None].to(gl.int64) * D + ci[None, :]
+        offs, st_i, ri = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
         gl.store(DQ + offs, gl.convert_layout(dq.to(dtype), io), mask=st_i[:, None])
         sid = (st_i & (ri % T < T - 1))[:, None]
         gl.store(DK + offs, gl.convert_layout((dk_s * sm_scale).to(dtype), io), mask=sid)
