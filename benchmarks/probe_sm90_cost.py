@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# GENREC_SRC: another checkout's src (an A/B of two versions of the kernels in one device call)
+sys.path.insert(0, os.environ.get("GENREC_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 from genrec.bench.kernels import _time_graph  # noqa: E402
 from genrec.kernels import item_block as ib  # noqa: E402
@@ -56,6 +58,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=a,b,c,d[,e]")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--gluon-only", action="store_true", help="skip the Triton kernels")
     a = ap.parse_args()
     D = a.head_dim
     H = 8 if D == 128 else 12
@@ -64,7 +67,8 @@ def main() -> int:
     triton_cfg = tuned.replace(sm90_fwd=None, sm90_dq=None, sm90_dense_kv=None)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     table = []
-    for impl, cfg in (("gluon", tuned), ("triton", triton_cfg)):
+    impls = [("gluon", tuned)] + ([] if a.gluon_only else [("triton", triton_cfg)])
+    for impl, cfg in impls:
         tiles = {
             "fwd": (cfg.sm90_fwd or (cfg.block_m, cfg.block_n))[:2],
             "dq": cfg.sm90_dq[:2] if cfg.sm90_dq else (cfg.dq_block_m, cfg.dq_block_n),
@@ -91,13 +95,14 @@ def main() -> int:
         for kernel, rows in per.items():
             ca, cb, err = fit(rows)
             p8, _, ms8 = rows[SHAPES.index((8, 1024))]
-            table.append((impl, kernel, tiles[kernel], ca, cb, err, ca * p8 / ms8))
+            table.append((impl, kernel, tiles[kernel], ca, cb, err, ca * p8 / ms8, ms8))
     print(f"\nfit time = a x programs + b x tiles over B x n = 8,192 items ({H} x {D}, {sms} SMs); "
           "a, b in ns of the whole GPU; 'fixed share' = a x programs / time at 8 x 1,024")
     print(f"{'impl':6s} {'kernel':12s} {'tiles':>10s} {'a (ns/prog)':>11s} {'b (ns/tile)':>11s} {'max resid ms':>12s} "
-          f"{'fixed share':>11s}")
-    for impl, kernel, tl, ca, cb, err, share in table:
-        print(f"{impl:6s} {kernel:12s} {str(tl):>10s} {ca * 1e6:11.2f} {cb * 1e6:11.2f} {err:12.4f} {share:11.1%}")
+          f"{'fixed share':>11s} {'ms at 8 x 1,024':>15s}")
+    for impl, kernel, tl, ca, cb, err, share, ms8 in table:
+        print(f"{impl:6s} {kernel:12s} {str(tl):>10s} {ca * 1e6:11.2f} {cb * 1e6:11.2f} {err:12.4f} {share:11.1%} "
+              f"{ms8:15.4f}")
     return 0
 
 

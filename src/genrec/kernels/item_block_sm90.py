@@ -127,16 +127,19 @@ if HAVE_GLUON:
         return ring.index(i).reshape([N, D])
 
     @gluon.jit
-    def _refill_ring(desc, blk_desc, ring, bars, tile, STAGES: gl.constexpr, n_tiles, b, h, tok0,
+    def _refill_ring(desc, blk_desc, ring, bars, tile, on, STAGES: gl.constexpr, n_tiles, b, h, tok0,
                      BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
-        # Tile `tile` has been consumed from its ring slot: load tile + STAGES into that slot (if any).
+        # Tile `tile` (>= -STAGES) has been consumed from its ring slot: load tile + STAGES into that
+        # slot (if any, and if `on`). A predicate, not a branch: ptxas waits for every outstanding
+        # register load and MUFU result before a branch it cannot prove uniform, so an `if` around
+        # this in a loop would expose the latency of whatever was issued ahead of it.
         # With RING_BLOCK the ring's tile n_tiles is the query block's own K or V (same shape), read
         # from the token descriptor blk_desc at token tok0.
         nxt = tile + STAGES
-        slot = tile % STAGES
-        dense = nxt < n_tiles
+        slot = (tile + STAGES) % STAGES
+        dense = (nxt < n_tiles) & on
         if RING_BLOCK:
-            own = nxt == n_tiles
+            own = (nxt == n_tiles) & on
             mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense | own)
             _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
             _tma_load(blk_desc, [b, h, tok0, 0], bars.index(slot), ring.index(slot), pred=own)
@@ -253,7 +256,7 @@ if HAVE_GLUON:
             mbarrier.wait(k_bars.index(0), 0)
             s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
             m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
             pf = gl.exp2(s * qk_scale - m_i[:, None])
@@ -268,7 +271,7 @@ if HAVE_GLUON:
             o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
-            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             alpha = gl.exp2(m_i - m_new)
@@ -278,7 +281,7 @@ if HAVE_GLUON:
             p_next = gl.convert_layout(pf.to(dtype), p_layout)
             acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
             # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
-            _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+            _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             p = p_next
 
@@ -407,19 +410,17 @@ if HAVE_GLUON:
             dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < S, other=0.0)
             # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
             st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
-            if i > 0:  # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
-                prev = (i - 1) % STAGES
-                nxt = i - 1 + STAGES
-                go = nxt < n_q
-                mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
-                _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
-                _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev),
-                          pred=go)
+            # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
+            prev = (i + STAGES - 1) % STAGES
+            nxt = i - 1 + STAGES
+            go = (i > 0) & (nxt < n_q)
+            mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
+            _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
+            _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev), pred=go)
             pt = gl.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
-            if (i < N_DIAG) | (i >= n_full):  # near the diagonal, or the last partial tile
-                vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
-                pt = gl.where(vis, pt, 0.0)
-                dl = gl.where(qt < q_hi, dl, 0.0)  # padding rows' delta: whatever dO held there
+            vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
+            pt = gl.where(vis, pt, 0.0)
+            dl = gl.where(qt < q_hi, dl, 0.0)  # padding rows' delta: whatever dO held there
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
@@ -500,8 +501,8 @@ if HAVE_GLUON:
         _tma_load(q_desc, [b, h, tok0, 0], q_bar, q_s4)
         _tma_load(do_desc, [b, h, tok0, 0], q_bar, do_s4)
         for i in gl.static_range(STAGES):  # the ring's first STAGES tiles (as refills of tiles -STAGES..-1)
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
         if not RING_BLOCK:
             kb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
             vb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
@@ -514,15 +515,16 @@ if HAVE_GLUON:
         cb = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
         ok_b = (rb < BLOCK_ITEMS * T) & (item0 + rb // T < n_valid)
         o_t = gl.load(O + (row0 + rb)[:, None].to(gl.int64) * D + cb[None, :], mask=ok_b[:, None], other=0.0)
+        rs = gl.arange(0, BLOCK_M, layout=s_rows)
+        ok_s = (rs < BLOCK_ITEMS * T) & (item0 + rs // T < n_valid)
+        lse = gl.load(LSE + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0)  # issued before the wait for Q/dO
         mbarrier.wait(q_bar, 0)
         do_t = do_smem.load(blk)
         delta_b = gl.sum(do_t.to(gl.float32) * o_t.to(gl.float32), 1)
         delta_b = gl.where(ok_b, delta_b, 0.0)
         st_b = (rb < BLOCK_ITEMS * T) & (item0 * T + rb < S)
         gl.store(DELTA + (row0 + rb).to(gl.int64), delta_b, mask=st_b)
-        rs = gl.arange(0, BLOCK_M, layout=s_rows)
-        ok_s = (rs < BLOCK_ITEMS * T) & (item0 + rs // T < n_valid)
-        lse2 = gl.load(LSE + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0) * 1.4426950408889634
+        lse2 = lse * 1.4426950408889634
         delta = gl.convert_layout(delta_b, s_rows)
         offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
@@ -543,14 +545,13 @@ if HAVE_GLUON:
                                    is_async=True)
             # retires the previous dQ product (older) and S; dP may still run
             s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
-            if j > 0:  # tile j-1 fully consumed (its dQ product just retired): refill its slot
-                _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            # tile j-1 fully consumed (its dQ product just retired): refill its slot
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
             p = gl.exp2(s * qk_scale - lse2[:, None])
             if j * BLOCK_N + BLOCK_N > hi:  # the last, partial tile
                 p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            if j > 0:
-                _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
             ds = p * (dp - delta[:, None])
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
             dq = warpgroup_mma(ds_op, _slot(kd_smem, slot, BLOCK_N, D), dq, is_async=True)

@@ -1,0 +1,118 @@
+"""A/B of two versions of the Gluon item-block kernels in one process (GPU only, an H100/H200).
+
+Usage:
+    python benchmarks/ab_sm90.py OLD_item_block_sm90.py [--rounds 7] [--iters 20] [--head-dim 128]
+
+Loads this checkout's ``genrec.kernels.item_block_sm90`` and another copy of the module (e.g. the last
+commit's: ``git show HEAD:src/genrec/kernels/item_block_sm90.py > /tmp/old.py``) side by side, runs
+each kernel (forward, dq, dense dk/dv) of both on the same inputs (B 8 x 1,024 items x 5 tokens, the
+tiles of ``ItemBlockConfig.tuned``), checks that the two write the same outputs, then times them from
+CUDA graphs in alternation, old and new ``--rounds`` times each, and prints the median GPU time of
+each and the ratio. Timing both in alternation in one process removes most of the drift between
+separate runs (which was +-10% per kernel on the H200).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from genrec.bench.kernels import _time_graph  # noqa: E402
+from genrec.kernels import item_block as ib  # noqa: E402
+from genrec.kernels import item_block_sm90 as new  # noqa: E402
+from genrec.kernels.item_block import ItemBlockConfig  # noqa: E402
+
+T = 5
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location("item_block_sm90_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    a = ap.parse_args()
+    old = load(a.old)
+    D = a.head_dim
+    H = 8 if D == 128 else 12
+    B, n = 8, 1024
+    S = n * T
+    cfg = ItemBlockConfig.tuned(D)
+    fw, dqc, kvc = cfg.sm90_fwd or (64, 64, 4, 2), cfg.sm90_dq or (64, 64, 4, 2), cfg.sm90_dense_kv or (64, 32, 4, 3)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    lengths = torch.randint(n // 2, n + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    lengths[0] = n
+    scale = 1 / math.sqrt(D)
+    out, lse = ib.item_block_attention_fwd(q, k, v, lengths, T, config=cfg.replace(sm90_fwd=None))
+
+    def bufs():
+        return {"out": torch.zeros_like(q), "lse": torch.zeros(B, H, S, device="cuda"),
+                "delta": torch.zeros(B, H, S, device="cuda"),
+                "dq": torch.zeros_like(q), "dk": torch.zeros_like(q), "dv": torch.zeros_like(q)}
+
+    def kernels(mod, o):
+        def fwd():
+            mod.launch_fwd_sm90(q, k, v, lengths, o["out"], o["lse"], T, scale, block_m=fw[0], block_n=fw[1],
+                                num_warps=fw[2], stages=fw[3], lpt=cfg.lpt)
+
+        def dq():
+            mod.launch_dq_sm90(q, k, v, out, do, lse, o["delta"], o["dq"], o["dk"], o["dv"], lengths, T, scale,
+                               block_m=dqc[0], block_n=dqc[1], num_warps=dqc[2], stages=dqc[3],
+                               lpt=bool(cfg.dq_lpt if cfg.dq_lpt is not None else cfg.lpt))
+
+        def dkv():
+            mod.launch_dense_kv_sm90(q, k, v, do, lse, o["delta"], o["dk"], o["dv"], lengths, T, scale,
+                                     block_i=kvc[0], block_q=kvc[1], num_warps=kvc[2], stages=kvc[3],
+                                     lpt=bool(cfg.kv_lpt if cfg.kv_lpt is not None else cfg.lpt))
+        return {"forward": fwd, "dq": dq, "dense dk/dv": dkv}
+
+    bo, bn = bufs(), bufs()
+    ko, kn = kernels(old, bo), kernels(new, bn)
+    for name in ko:
+        ko[name]()
+        kn[name]()
+    torch.cuda.synchronize()
+    ok = True
+    for key in bo:
+        same = torch.equal(bo[key], bn[key])
+        diff = float((bo[key].float() - bn[key].float()).abs().max())
+        print(f"check {key:5s}: {'identical' if same else f'max |old - new| {diff:.3g}'}", flush=True)
+        ok &= diff < 1e-2 * max(float(bo[key].float().abs().max()), 1.0)
+    times = {name: {"old": [], "new": []} for name in ko}
+    for _ in range(a.rounds):
+        for name in ko:
+            times[name]["old"].append(_time_graph(ko[name], a.warmup, a.iters))
+            times[name]["new"].append(_time_graph(kn[name], a.warmup, a.iters))
+    print(f"\nGluon kernels, {H} x {D}, B {B} x {n} items (lengths {n // 2}..{n}), median of {a.rounds} alternated "
+          "graph timings")
+    print(f"{'kernel':12s} {'old ms':>8s} {'new ms':>8s} {'new/old':>8s}  {'old range':>17s} {'new range':>17s}")
+    tot = {"old": 0.0, "new": 0.0}
+    for name, t in times.items():
+        mo, mn = statistics.median(t["old"]), statistics.median(t["new"])
+        tot["old"] += mo
+        tot["new"] += mn
+        print(f"{name:12s} {mo:8.4f} {mn:8.4f} {mn / mo:8.3f}  {min(t['old']):.4f}-{max(t['old']):.4f} "
+              f"{min(t['new']):.4f}-{max(t['new']):.4f}")
+    print(f"{'sum':12s} {tot['old']:8.4f} {tot['new']:8.4f} {tot['new'] / tot['old']:8.3f}")
+    print("outputs agree" if ok else "OUTPUTS DIFFER")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
