@@ -38,9 +38,10 @@ from genrec.kernels.reference import item_block_attention_ref, item_block_mask  
 
 T = 5
 CONFIGS = {  # knob -> head dim -> (tile, tile, warps, stages[, operands held in registers])
-    "sm90_fwd": {64: [(64, 64, 4, 2, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
-    "sm90_dq": {64: [(64, 64, 4, 2, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
-    "sm90_dense_kv": {64: [(64, 32, 4, 3, 2)], 128: [(64, 32, 4, 3)]},
+    "sm90_fwd": {64: [(64, 64, 4, 2, 1), (64, 128, 4, 2, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
+    "sm90_dq": {64: [(64, 64, 4, 2, 1), (64, 64, 4, 3, 1)], 128: [(64, 64, 4, 2), (64, 64, 4, 2, 1)]},
+    "sm90_dense_kv": {64: [(64, 32, 4, 3, 2), (64, 64, 4, 2), (64, 64, 4, 3, 1), (64, 128, 4, 2)],
+                      128: [(64, 32, 4, 3), (64, 32, 4, 4)]},
 }
 SHAPES = [(12, 64), (8, 128)]
 LPT = (False,)  # the grid orders timed per kernel (ItemBlockConfig.lpt); the tuned rows use their own
