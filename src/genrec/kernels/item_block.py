@@ -163,12 +163,14 @@ class ItemBlockConfig:
                 cfg = cfg.replace(dq_block_m=64, dq_warps=4, dq_stages=2, kv_block_i=64, kv_warps=4, kv_stages=2)
             return cfg
         # head dim 64: the Gluon kernels too since the sixteenth session (fwd+bwd 0.965 against 1.051 ms
-        # GPU time, benchmarks/probe_sm90.py; Q/dO/K held in registers: the 5th tuple element); each
-        # Gluon launch costs more host time than a Triton one, which an eager call alone can feel.
-        sm90 = dict(sm90_fwd=(64, 64, 4, 2, 1), sm90_dq=(64, 64, 4, 3, 1), sm90_dense_kv=(64, 64, 4, 3, 1))
+        # GPU time, benchmarks/probe_sm90.py; Q (forward, dq) and K (dense dk/dv) held in registers:
+        # the 5th tuple element); each Gluon launch costs more host time than a Triton one, which an
+        # eager call alone can feel.
+        sm90_64: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2, 1), sm90_dq=(64, 64, 4, 3, 1),
+                                                   sm90_dense_kv=(64, 64, 4, 3, 1))
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
                    kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2,
-                   **(sm90 if head_dim == 64 else {}), **fused)  # type: ignore[arg-type]
+                   **(sm90_64 if head_dim == 64 else {}), **fused)  # type: ignore[arg-type]
 
 
 @triton.jit
