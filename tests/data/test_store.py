@@ -271,3 +271,17 @@ def test_catalog_config_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GENREC_ICEBERG_CATALOG", "{not json")
     with _pt.raises(_CE, match="GENREC_ICEBERG_CATALOG"):
         catalog_config()
+
+
+def test_moved_tables_get_a_clear_error(tmp_path: Path) -> None:
+    """Iceberg records absolute paths: a tables directory copied elsewhere (its original gone) cannot
+    be read, and the error says so, naming both places, instead of a bare missing-file error."""
+    import shutil
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    TableStore(old).write(small_dataset(), n_buckets=2)
+    shutil.copytree(old, new)
+    shutil.rmtree(old)
+    with pytest.raises(GenrecError, match="moved or copied") as e:
+        TableStore(new).read_events()
+    assert str(new) in str(e.value) and str(old) in str(e.value)

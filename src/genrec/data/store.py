@@ -302,7 +302,21 @@ class TableStore:
         """The pyiceberg ``Table`` currently holding ``name`` (events / feedviews / items)."""
         if name not in TABLES:
             raise ValueError(f"unknown table {name!r}; expected one of {TABLES}")
-        return self.catalog.load_table(self.manifest()["tables"][name])
+        try:
+            return self.catalog.load_table(self.manifest()["tables"][name])
+        except FileNotFoundError as e:
+            if self._catalog_conf is not None:  # a remote catalogue: its own error says it best
+                raise
+            # the local catalogue records absolute paths: a copied or moved directory still points at the old one
+            m = re.search(r"'([^']*)/warehouse/", str(e))
+            was = m.group(1) if m else None
+            if was and Path(was) != self.tables_dir:
+                msg = (f"the tables at {self.tables_dir} were moved or copied from {was}: Iceberg records absolute "
+                       f"paths, so their catalogue still points there. Move the work directory back, or prepare it "
+                       f"again in place (`genrec data prepare DATASET WORKDIR`)")
+            else:
+                msg = f"the {name} table's files under {self.tables_dir} are missing ({e}); prepare the data again"
+            raise GenrecError(msg) from e
 
     def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
         from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference
