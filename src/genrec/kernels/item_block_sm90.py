@@ -353,8 +353,6 @@ if HAVE_GLUON:
         q_lo = j0 * T
         q_hi = n_valid * T
         n_q = gl.where(q_hi > q_lo, gl.cdiv(q_hi - q_lo, BLOCK_Q), 0)
-        N_DIAG: gl.constexpr = (BLOCK_I * T + BLOCK_Q - 1) // BLOCK_Q  # tiles that can hold masked pairs
-        n_full = gl.where(q_hi > q_lo, (q_hi - q_lo) // BLOCK_Q, 0)  # tiles with every query valid
 
         k_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_I, D], kd_desc.layout)  # TMA's [1, 1, rows, D] box
         v_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_I, D], vd_desc.layout)
@@ -410,7 +408,10 @@ if HAVE_GLUON:
             dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < S, other=0.0)
             # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
             st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
-            # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES
+            # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES. No branch in
+            # this loop (predicates here, the mask below on every tile): ptxas waits for outstanding
+            # loads ahead of a branch it cannot prove uniform, which made every tile wait for the lse /
+            # delta it had just prefetched (28% of the kernel's stall samples until 2026-12-01).
             prev = (i + STAGES - 1) % STAGES
             nxt = i - 1 + STAGES
             go = (i > 0) & (nxt < n_q)
