@@ -70,8 +70,8 @@ def main() -> int:
                 "dq": torch.zeros_like(q), "dk": torch.zeros_like(q), "dv": torch.zeros_like(q)}
 
     def kernels(mod, o, cfg):
-        fw, dqc, kvc = cfg.sm90_fwd, cfg.sm90_dq, cfg.sm90_dense_kv
-        a_fw, a_dq, a_kv = (t[4] if len(t) > 4 else 0 for t in (fw, dqc, kvc))
+        fw, dqc, kvc = (ib._sm90_tiles(t) for t in (cfg.sm90_fwd, cfg.sm90_dq, cfg.sm90_dense_kv))
+        a_fw, a_dq, a_kv = fw[4], dqc[4], kvc[4]
 
         def fwd():
             mod.launch_fwd_sm90(q, k, v, lengths, o["out"], o["lse"], T, scale, block_m=fw[0], block_n=fw[1],

@@ -116,27 +116,27 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
     scal = {"H": "i32", "S": "i32", "n_items": "i32", "qk_scale": "fp32"}
     out = []
     if cfg.sm90_fwd:
-        bm, bn, w, st, *ar = cfg.sm90_fwd
+        bm, bn, w, st, ar = ib._sm90_tiles(cfg.sm90_fwd)
         sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D), "v_desc": _desc_type(bm, D, D),
                "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
                "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
         out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": bool(ar and ar[0]), "LPT": cfg.lpt, "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": bool(ar), "LPT": cfg.lpt, "num_warps": w}, w))
     if cfg.sm90_dq:
-        bm, bn, w, st, *ar = cfg.sm90_dq
+        bm, bn, w, st, ar = ib._sm90_tiles(cfg.sm90_dq)
         sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),
                "v_desc": _desc_type(bm, D, D), "kd_desc": _desc_type(bn, D, T * D),
                "vd_desc": _desc_type(bn, D, T * D), "O": "*bf16", "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
                "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dq (+delta, +SID)", sm._sm90_dq_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": ar[0] if ar else 0, "LPT": ib._dq_lpt(cfg), "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": ar, "LPT": ib._dq_lpt(cfg), "num_warps": w}, w))
     if cfg.sm90_dense_kv:
-        bi, bq, w, st, *ar = cfg.sm90_dense_kv
+        bi, bq, w, st, ar = ib._sm90_tiles(cfg.sm90_dense_kv)
         sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
                "vd_desc": _desc_type(bi, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
                "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dense dk/dv", sm._sm90_dense_kv_kernel, sig, {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D,
-                    "STAGES": st, "A_REGS": ar[0] if ar else 0, "LPT": ib._kv_lpt(cfg), "num_warps": w}, w))
+                    "STAGES": st, "A_REGS": ar, "LPT": ib._kv_lpt(cfg), "num_warps": w}, w))
     for _, _, sig, consts, _ in out:
         sig.update({name: "constexpr" for name in consts})
     return out

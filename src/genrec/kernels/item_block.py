@@ -605,6 +605,11 @@ def _launch_opts(warps: int | None, stages: int | None, D: int, maxnreg: int | N
     return opts
 
 
+def _sm90_tiles(t: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """An ``ItemBlockConfig.sm90_*`` tuple as (tile, tile, warps, stages, register operands)."""
+    return (*t[:4], t[4] if len(t) > 4 else 0)  # type: ignore[return-value]
+
+
 def _dq_lpt(cfg: ItemBlockConfig) -> bool:
     return cfg.lpt if cfg.dq_lpt is None else cfg.dq_lpt
 
@@ -693,9 +698,9 @@ def item_block_attention_fwd(
     if out.numel() == 0:
         return out, lse.zero_()
     if cfg.sm90_fwd and _sm90_ok(q, T):
-        bm, bn, w, st, *ar = cfg.sm90_fwd
+        bm, bn, w, st, ar = _sm90_tiles(cfg.sm90_fwd)
         launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, bm)[0], block_n=_tile(bn),
-                        num_warps=w, stages=st, a_regs=ar[0] if ar else 0, lpt=cfg.lpt)
+                        num_warps=w, stages=st, a_regs=ar, lpt=cfg.lpt)
         return out, lse
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
     _item_block_fwd_kernel[launch_grid(triton.cdiv(n_items, per_program), B * H, cfg.lpt)](
@@ -734,10 +739,10 @@ class _Backward:
         q, c = self.q, self.cfg
         if (c.sm90_dq and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do)
                 and all(x.is_contiguous() for x in (self.out, self.lse, self.delta))):
-            bm, bn, w, st, *ar = c.sm90_dq
+            bm, bn, w, st, ar = _sm90_tiles(c.sm90_dq)
             launch_dq_sm90(q, self.k, self.v, self.out, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
                            self.lengths, self.T, self.scale, block_m=_blocks(self.T, bm)[0], block_n=_tile(bn),
-                           num_warps=w, stages=st, a_regs=ar[0] if ar else 0, lpt=_dq_lpt(c))
+                           num_warps=w, stages=st, a_regs=ar, lpt=_dq_lpt(c))
             self.sid_done = True  # the SID keys' dk/dv came with it
             return
         per_program, consts, opts = _dq_launch(self.cfg, self.T, self.D)
@@ -767,10 +772,10 @@ class _Backward:
     def run_dense_kv(self) -> None:
         q, c = self.q, self.cfg
         if c.sm90_dense_kv and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do):
-            bi, bq, w, st, *ar = c.sm90_dense_kv
+            bi, bq, w, st, ar = _sm90_tiles(c.sm90_dense_kv)
             launch_dense_kv_sm90(q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
                                  self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st,
-                                 a_regs=ar[0] if ar else 0, lpt=_kv_lpt(c))
+                                 a_regs=ar, lpt=_kv_lpt(c))
             return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dense_kv_kernel[launch_grid(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H, _kv_lpt(self.cfg))](

@@ -196,7 +196,6 @@ if HAVE_GLUON:
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
 
         pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
         b = pid_bh // H
@@ -341,8 +340,6 @@ if HAVE_GLUON:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         k_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
         q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
-        o_cols: gl.constexpr = gl.SliceLayout(0, kv_layout)
 
         pid_i, pid_bh = _block_and_head(LPT, False)  # heaviest (earliest) keys first: most later queries
         b = pid_bh // H
@@ -467,7 +464,6 @@ if HAVE_GLUON:
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
 
         pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
