@@ -3,6 +3,9 @@ against the tuned Triton kernels in the same call. GPU only (an H100/H200).
 
 Usage:
     python benchmarks/probe_sm90.py [--out results.json] [--iters 20] [--warmup 5] [--skip-checks]
+        [--head-dims 64,128] [--add 128:sm90_dense_kv=128,32,8,3,1 ...]
+
+``--add D:KNOB=TILES`` adds a configuration to those checked and timed at head dim D.
 
 1. Checks on fresh random inputs (bf16; D 64 and 128; 1 to 300 items; lengths 0 / part / full),
    every output first filled with NaN (every row must be written): the forward's out and lse
@@ -74,14 +77,14 @@ def ref_out_lse(q, k, v, lengths):
     return item_block_attention_ref(q.float(), k.float(), v.float(), lengths, T), lse
 
 
-def checks(results) -> bool:
+def checks(results, head_dims) -> bool:
     g = torch.Generator(device="cuda").manual_seed(0)
     ok = True
     real_empty = ib._empty
     ib._empty = lambda shape, like, dtype=None: torch.full(tuple(shape), float("nan"), device=like.device,
                                                            dtype=dtype or like.dtype)
     try:
-        for D in (64, 128):
+        for D in head_dims:
             for n, lens in ((1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])):
                 for dtype in (torch.bfloat16, torch.float16):
                     q, k, v, do = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(dtype) for _ in range(4))
@@ -135,10 +138,10 @@ def checks(results) -> bool:
     return ok
 
 
-def timing(results, warmup, iters) -> None:
+def timing(results, warmup, iters, head_dims) -> None:
     B, n = 8, 1024
     rows = []
-    for H, D in SHAPES:
+    for H, D in [s for s in SHAPES if s[1] in head_dims]:
         S = n * T
         q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
@@ -210,7 +213,14 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--add", action="append", default=[], metavar="D:KNOB=TILES")
     a = ap.parse_args()
+    head_dims = [int(x) for x in a.head_dims.split(",")]
+    for spec in a.add:
+        d, rest = spec.split(":", 1)
+        knob, tiles = rest.split("=", 1)
+        CONFIGS[knob][int(d)].append(tuple(int(x) for x in tiles.split(",")))
     if not torch.cuda.is_available() or not sm90_available(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
         print("probe_sm90: needs a Hopper GPU and Gluon; nothing to do")
         return 0
@@ -221,9 +231,9 @@ def main() -> int:
     print(f"{results['device']}, torch {results['torch']}, triton {results['triton']}", flush=True)
     rc = 0
     try:
-        if not a.skip_checks and not checks(results):
+        if not a.skip_checks and not checks(results, head_dims):
             rc = 1
-        timing(results, a.warmup, a.iters)
+        timing(results, a.warmup, a.iters, head_dims)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         rc = 2
