@@ -75,7 +75,33 @@ def _sass_stats(cubin: bytes) -> dict[str, Any]:
     ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M))
     # warpgroup matmuls whose A operand comes from registers (HGMMA.* Rd, Ra, gdesc[...]) rather than shared memory
     reg_a = len(re.findall(r"\bHGMMA\.\S+\s+R\d+,\s*R\d+,", sass))
-    return {**res, **{op: ops.get(op, 0) for op in OPS}, "HGMMA_REG_A": reg_a}
+    return {**res, **{op: ops.get(op, 0) for op in OPS}, "HGMMA_REG_A": reg_a, "LOCAL_IN_LOOPS": _local_in_loops(sass)}
+
+
+def _local_in_loops(sass: str) -> int:
+    """Local-memory loads/stores (spill traffic) inside a loop of the SASS: between a backward
+    branch's target label and the branch, for branches ahead of the last EXIT. A spill outside every loop costs a few cycles per program;
+    one inside the main loop costs them per tile."""
+    labels: dict[str, int] = {}
+    insts: list[tuple[int, str]] = []
+    label = None
+    for line in sass.splitlines():
+        m = re.match(r"^(\.L_x_\d+):", line)
+        if m:
+            label = m.group(1)
+            continue
+        m = re.match(r"^\s+/\*([0-9a-f]+)\*/\s+(.*)$", line)
+        if m:
+            addr = int(m.group(1), 16)
+            if label is not None:
+                labels[label], label = addr, None
+            insts.append((addr, m.group(2)))
+    # ptxas places the slow paths of the barrier waits after the last EXIT; their jumps back into the
+    # body are not loops
+    end = max((addr for addr, text in insts if re.search(r"\bEXIT\b", text)), default=0)
+    loops = [(labels[t], addr) for addr, text in insts for t in re.findall(r"BRA\s+`?\((\.L_x_\d+)\)", text)
+             if t in labels and labels[t] <= addr < end]
+    return sum(1 for addr, text in insts if re.search(r"\b(LDL|STL)\b", text) and any(a <= addr <= b for a, b in loops))
 
 
 def kernels(D: int, cfg: Any, fp32: bool = False) -> list[tuple[str, Any, dict[str, Any], dict[str, int]]]:

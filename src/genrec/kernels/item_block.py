@@ -144,7 +144,8 @@ class ItemBlockConfig:
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
         since); other head dims take the head-dim-64 one. On a Hopper GPU at head dim 128 the Gluon
         kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 1.010 against 1.279 ms
-        GPU time (``benchmarks/gpu_sm90.sh``, 2026-12-01, sixteenth session); at head dim 64 too
+        GPU time (``benchmarks/gpu_sm90.sh``, 2026-12-01, sixteenth session; registers for dq's and dense
+        dk/dv's loop operands since the seventeenth); at head dim 64 too
         since then (0.936 against 1.003 ms, with 3-stage rings and operands in registers). The dense dk/dv grid
         runs heads-first (``kv_lpt``: its tail of idle SMs went from 20% to 3%); the forward and dq
         keep each head's blocks together, which was faster for them.
@@ -155,7 +156,11 @@ class ItemBlockConfig:
         compiling, ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True, kv_lpt=True)
         if head_dim >= 128:
-            sm90 = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
+            # dq with Q and dO in registers, dense dk/dv with K in registers (seventeenth session,
+            # benchmarks/gpu_sweep128.sh and probe_timeline.py: dq 0.98-0.99x, dense dk/dv 0.96-0.98x
+            # the time): at head dim 128 the loop's operands read from shared memory otherwise use
+            # all of its bandwidth (the 32-query tiles' K Q^T reads a 2 KB A tile per 64 K FLOP).
+            sm90: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2, 2), sm90_dense_kv=(64, 32, 4, 3, 1))
             cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
