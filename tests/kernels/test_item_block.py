@@ -265,6 +265,10 @@ def test_config_is_validated() -> None:
         ItemBlockConfig(num_warps=3)
     with pytest.raises(ValueError, match="kv_block_i"):
         ItemBlockConfig(kv_block_i=0)
+    with pytest.raises(ValueError, match="sm90_dq: block_n must equal block_m"):
+        ItemBlockConfig(sm90_dq=(64, 32, 4, 2))
+    with pytest.raises(ValueError, match="register-operand"):
+        ItemBlockConfig(sm90_fwd=(64, 64, 4, 2, 3))
     with pytest.raises(ValueError, match="config"):
         item_block_attention(q, q, q, lengths, 3, block_m=32, config=ItemBlockConfig())
     with pytest.raises(ValueError, match="config"):

@@ -83,8 +83,8 @@ class ItemBlockConfig:
     forward as the Gluon kernel of ``item_block_sm90`` (TMA ring of ``stages`` dense K/V tiles,
     asynchronous warpgroup MMAs overlapped with the softmax); elsewhere the Triton forward runs with
     the knobs above. ``sm90_dense_kv`` = ``(keys per program, queries per step, warps, stages)``:
-    likewise the dense keys' dk/dv kernel. ``sm90_dq`` = ``(block_m, block_n, warps, stages)``:
-    likewise the dq kernel, which then also computes delta and the SID keys' dk/dv (as
+    likewise the dense keys' dk/dv kernel. ``sm90_dq`` = ``(block_m, block_n, warps, stages)``,
+    block_n = block_m: likewise the dq kernel, which then also computes delta and the SID keys' dk/dv (as
     ``fuse_delta`` and ``fuse_sid_kv`` do). The backward ones run when TMA can read q, k, v and dO
     in place (any strides with 16-byte alignment, as the model's head-split views have). None: the
     Triton kernel everywhere. An optional fifth element holds that many of the loop's A operands in
@@ -127,6 +127,9 @@ class ItemBlockConfig:
                         and (len(x) == 4 or (isinstance(x[4], int) and 0 <= x[4] <= 2))):
                     raise ValueError(f"ItemBlockConfig.{f.name}: expected None, 4 positive ints or 4 positive ints "
                                      f"and a register-operand count 0-2, got {x!r}")
+                if f.name == "sm90_dq" and x[0] != x[1]:
+                    raise ValueError(f"ItemBlockConfig.sm90_dq: block_n must equal block_m (the block's own keys ride "
+                                     f"the dense ring as its last tile), got {x!r}")
                 continue
             if isinstance(x, bool) or x is None:
                 continue

@@ -450,10 +450,12 @@ if HAVE_GLUON:
         D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # dq of one query block of whole items (as item_block._item_block_bwd_dq_kernel with
-        # fuse_delta and fuse_sid_kv): delta = rowsum(dO * O) first (stored for the dk/dv kernel),
-        # then a loop over the dense keys of earlier items -- S = Q K^T and dP = dO V^T issued
-        # together, P formed while dP runs, dQ += dS K left running while the next tile's S and dP
-        # are issued -- then the block's own keys, masked, which also give the dk/dv of its SID keys.
+        # fuse_delta and fuse_sid_kv): a loop over the dense keys of earlier items -- S = Q K^T and
+        # dP = dO V^T issued together, P formed while dP runs, dQ += dS K left running while the next
+        # tile's S and dP are issued -- then the block's own keys, masked, which also give the dk/dv of
+        # its SID keys. The own keys are the ring's last tile, so their S and dP follow the last dense
+        # dQ product without a drain; delta = rowsum(dO * O) (stored for the dk/dv kernel) is computed
+        # while the first tile's products run.
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
         sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
@@ -462,7 +464,6 @@ if HAVE_GLUON:
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-        b_rows: gl.constexpr = gl.SliceLayout(1, sb_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
 
@@ -476,7 +477,7 @@ if HAVE_GLUON:
         hi = gl.where(item0 < n_valid, item0, 0)
         n_tiles = gl.cdiv(hi, BLOCK_N)
 
-        RING_BLOCK: gl.constexpr = BLOCK_N == BLOCK_M  # the block's own K/V ride the ring as its last tile
+        gl.static_assert(BLOCK_N == BLOCK_M, "dq: the block's own K/V ride the dense ring as its last tile")
         q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)  # TMA's [1, 1, rows, D] box
         do_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], do_desc.layout)
         q_smem = q_s4.reshape([BLOCK_M, D])
@@ -486,28 +487,22 @@ if HAVE_GLUON:
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        mbarrier.init(b_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         _tma_load(q_desc, [b, h, tok0, 0], q_bar, q_s4)
         _tma_load(do_desc, [b, h, tok0, 0], q_bar, do_s4)
-        for i in gl.static_range(STAGES):  # the ring's first STAGES tiles (as refills of tiles -STAGES..-1)
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
-        if not RING_BLOCK:
-            kb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
-            vb_own = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
-            mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
-            _tma_load(k_desc, [b, h, tok0, 0], b_bar, kb_own)
-            _tma_load(v_desc, [b, h, tok0, 0], b_bar, vb_own)
+        # The ring carries tiles 0 .. n_tiles: the dense tiles, then the block's own K/V as tile n_tiles.
+        for i in gl.static_range(STAGES):  # its first STAGES tiles (as refills of tiles -STAGES..-1)
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
 
-        # delta = rowsum(dO * O): O through pointers, dO from its shared tile; 0 on padding rows
+        # delta = rowsum(dO * O) needs O (through pointers) and dO; it is computed while the first
+        # tile's S and dP run, and used from that tile's dS on. 0 on padding rows.
         rb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, blk))
         cb = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
         ok_b = (rb < BLOCK_ITEMS * T) & (item0 + rb // T < n_valid)
@@ -515,7 +510,23 @@ if HAVE_GLUON:
         rs = gl.arange(0, BLOCK_M, layout=s_rows)
         ok_s = (rs < BLOCK_ITEMS * T) & (item0 + rs // T < n_valid)
         lse = gl.load(LSE + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0)  # issued before the wait for Q/dO
+        offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        # dQ's zero accumulator passes through a (no-op) MMA wait so that its registers are set here,
+        # ahead of the first products: set while they run, they would make ptxas serialize every
+        # warpgroup MMA of the kernel (its C7515, "non wgmma instructions defining accumulator registers")
+        dq = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(gl.zeros([BLOCK_M, D], gl.float32, o_layout),)))
         mbarrier.wait(q_bar, 0)
+        # A_REGS operands of S = Q K^T and dP = dO V^T held in registers (Q, then dO)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        q_a = _a_operand(q_smem, a_layout, A_REGS >= 1)
+        do_a = _a_operand(do_smem, a_layout, A_REGS >= 2)
+        # tile 0's S and dP (a dense tile, or the block's own keys when there is none)
+        mbarrier.wait(k_bars.index(0), 0)
+        s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(0), 0)
+        dp_tok = warpgroup_mma(do_a, _slot(vd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
         do_t = do_smem.load(blk)
         delta_b = gl.sum(do_t.to(gl.float32) * o_t.to(gl.float32), 1)
         delta_b = gl.where(ok_b, delta_b, 0.0)
@@ -523,56 +534,48 @@ if HAVE_GLUON:
         gl.store(DELTA + (row0 + rb).to(gl.int64), delta_b, mask=st_b)
         lse2 = lse * 1.4426950408889634
         delta = gl.convert_layout(delta_b, s_rows)
-        offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        dq = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, o_layout))
-        ds_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, op_layout)
-        # A_REGS operands of the loop's S = Q K^T and dP = dO V^T held in registers (Q, then dO)
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-        q_a = _a_operand(q_smem, a_layout, A_REGS >= 1)
-        do_a = _a_operand(do_smem, a_layout, A_REGS >= 2)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
 
+        # Step j: tile j's S is done and its dP in flight (issued at the end of step j - 1, or above).
+        # dQ += dS K_j is issued, then tile j + 1's S and dP behind it, so the tensor cores go on from
+        # one tile to the next without a drain -- and from the last dense tile straight into the
+        # block's own keys. Each wait for fewer than all products sits in the step that issued them
+        # (ptxas serializes every warpgroup MMA when it cannot tell which ones such a wait retires).
         for j in range(n_tiles):
             slot = j % STAGES
-            ph = (j // STAGES) & 1
-            mbarrier.wait(k_bars.index(slot), ph)
-            s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(slot), ph)
-            dp_tok = warpgroup_mma(do_a, _slot(vd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            # retires the previous dQ product (older) and S; dP may still run
-            s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
-            # tile j-1 fully consumed (its dQ product just retired): refill its slot
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
             p = gl.exp2(s * qk_scale - lse2[:, None])
             if j * BLOCK_N + BLOCK_N > hi:  # the last, partial tile
                 p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0, BLOCK_N, RING_BLOCK)
+            # V_j is consumed (by dP_j): its slot takes tile j + STAGES
+            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
             ds = p * (dp - delta[:, None])
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
             dq = warpgroup_mma(ds_op, _slot(kd_smem, slot, BLOCK_N, D), dq, is_async=True)
-        dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+            # tile j + 1's S and dP into the registers of tile j's (consumed; use_acc=False ignores
+            # them): a fresh zero accumulator would be set while dQ runs (C7515 again)
+            nslot = (j + 1) % STAGES
+            nph = ((j + 1) // STAGES) & 1
+            mbarrier.wait(k_bars.index(nslot), nph)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, nslot, BLOCK_N, D).permute((1, 0)), s, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_bars.index(nslot), nph)
+            dp_tok = warpgroup_mma(do_a, _slot(vd_smem, nslot, BLOCK_N, D).permute((1, 0)), dp, use_acc=False,
+                                   is_async=True)
+            # retires dQ_j (older) and S_{j+1}; dP_{j+1} runs on into the next step's exponentials
+            s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
+            # K_j is consumed (by S_j and dQ_j): its slot takes tile j + STAGES
+            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
 
-        # the block's own keys: the PinGER mask as two comparisons (see item_block._inblock_index)
-        if RING_BLOCK:  # loaded by the refill of tile n_tiles - STAGES (the prologue's, or the loop's)
-            own = n_tiles % STAGES
-            mbarrier.wait(k_bars.index(own), (n_tiles // STAGES) & 1)
-            mbarrier.wait(v_bars.index(own), (n_tiles // STAGES) & 1)
-            kb_smem = _slot(kd_smem, own, BLOCK_M, D)
-            vb_smem = _slot(vd_smem, own, BLOCK_M, D)
-        else:
-            mbarrier.wait(b_bar, 0)
-            kb_smem = kb_own.reshape([BLOCK_M, D])
-            vb_smem = vb_own.reshape([BLOCK_M, D])
-        sb_zero = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout)
-        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
-        dpb_tok = warpgroup_mma(do_smem, vb_smem.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
-        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, sb_layout)
-        sb = warpgroup_mma_wait(1, deps=(sb_tok,))
-        pb = gl.where(vis, gl.exp2(sb * qk_scale - gl.convert_layout(lse2, b_rows)[:, None]), 0.0)
-        dpb = warpgroup_mma_wait(0, deps=(dpb_tok,))
-        dsb = pb * (dpb - gl.convert_layout(delta, b_rows)[:, None])
+        # the block's own keys (ring tile n_tiles; S_b done, dP_b in flight): the PinGER mask as two
+        # comparisons (see item_block._inblock_index)
+        own = n_tiles % STAGES
+        kb_smem = _slot(kd_smem, own, BLOCK_M, D)
+        vb_smem = _slot(vd_smem, own, BLOCK_M, D)
+        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, s_layout)
+        pb = gl.where(vis, gl.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        dpb = warpgroup_mma_wait(0, deps=(dp_tok,))
+        dsb = pb * (dpb - delta[:, None])
         dsb_op = gl.convert_layout(dsb.to(dtype), op_layout)
         # SID keys' dk/dv from the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared
         # memory, allocated at the start: allocated here, they could be placed over a buffer that an
@@ -587,7 +590,6 @@ if HAVE_GLUON:
         dq, dv_s, dk_s, dsb_op = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok, dsb_op))
 
         mbarrier.invalidate(q_bar)
-        mbarrier.invalidate(b_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
@@ -702,15 +704,16 @@ def launch_dq_sm90(
 ) -> None:
     """Write ``dq``, ``delta`` and the SID keys' rows of ``dk`` / ``dv``, as the Triton dq kernel does
     with ``fuse_delta`` and ``fuse_sid_kv``. q, k, v, dO of any strides TMA can read; the others
-    contiguous. ``block_n`` (dense keys per step) defaults to ``block_m``."""
+    contiguous. ``block_n`` (dense keys per step) must be ``block_m`` (its default)."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 dq: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
     block_n = block_n or block_m
     if block_m & (block_m - 1) or block_m < 16 * num_warps or block_m < T:
         raise ValueError(f"block_m: a power of two >= 16 x num_warps ({16 * num_warps}) and >= T={T}, got {block_m}")
-    if block_n & (block_n - 1) or not 16 <= block_n <= 256 or stages < 2:
-        raise ValueError(f"block_n: a power of two in [16, 256] (got {block_n}); stages >= 2 (got {stages})")
+    if block_n != block_m or stages < 2:
+        raise ValueError(f"item_block sm90 dq: block_n must equal block_m (the block's own keys ride the dense "
+                         f"ring as its last tile; got {block_n} and {block_m}); stages >= 2 (got {stages})")
     for name, x in (("out", out), ("lse", lse), ("delta", delta), ("dq", dq), ("dk", dk), ("dv", dv)):
         if not x.is_contiguous():
             raise ValueError(f"item_block sm90 dq: {name} must be contiguous")
