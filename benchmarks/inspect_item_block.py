@@ -75,7 +75,12 @@ def _sass_stats(cubin: bytes) -> dict[str, Any]:
     ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M))
     # warpgroup matmuls whose A operand comes from registers (HGMMA.* Rd, Ra, gdesc[...]) rather than shared memory
     reg_a = len(re.findall(r"\bHGMMA\.\S+\s+R\d+,\s*R\d+,", sass))
-    return {**res, **{op: ops.get(op, 0) for op in OPS}, "HGMMA_REG_A": reg_a, "LOCAL_IN_LOOPS": _local_in_loops(sass)}
+    # full waits for the warpgroup matmuls: a handful where the kernel drains on purpose; one after every
+    # HGMMA when ptxas has serialized them (its C7514/C7515 notes: accumulator registers set or read
+    # while products run)
+    drains = len(re.findall(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0", sass))
+    return {**res, **{op: ops.get(op, 0) for op in OPS}, "HGMMA_REG_A": reg_a, "LOCAL_IN_LOOPS": _local_in_loops(sass),
+            "HGMMA_DRAINS": drains}
 
 
 def _local_in_loops(sass: str) -> int:

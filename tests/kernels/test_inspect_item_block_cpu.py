@@ -63,6 +63,10 @@ def test_sm90_kernels_compile_to_tma_and_warpgroup_matmuls_without_spills(tmp_pa
         # (at head dim 128, dense dk/dv with K in registers keeps three values on the stack under
         # Triton 3.9's ptxas, none under 3.6's)
         assert r["LOCAL_IN_LOOPS"] == 0 and r["stack"] <= 32, r
+        # the matmuls stay asynchronous: ptxas serializes all of them (a full wait after each) when
+        # accumulator registers are set or read while products run -- the first draft of the pipelined
+        # dq loop did that, and ran 1.12-1.17x slower
+        assert r["HGMMA_DRAINS"] * 4 < r["HGMMA"], r
         assert 0 < r["shared_bytes"] <= 228 * 1024 // 2 - 1024, r
     # where a tuned tuple holds loop operands in registers (its 5th element), the kernel must read more
     # A operands from registers than the same tiles without it (compiled here for comparison)
@@ -81,7 +85,7 @@ def test_sm90_kernels_compile_to_tma_and_warpgroup_matmuls_without_spills(tmp_pa
 
 def test_sm90_register_operands_compile_and_take_effect(tmp_path: Path) -> None:
     """The fifth element of the sm90 tuples holds the loops' A operands in registers (forward: Q;
-    dq: Q and dO; dense dk/dv: K and V): without spills, within two programs' shared memory, and
+    dq: Q, then dO; dense dk/dv: K, then V): without spills, within two programs' shared memory, and
     at least half of each kernel's warpgroup matmuls then read A from registers (the tuned ones:
     only the P V / P^T dO / dS K products, 17-33%)."""
     pytest.importorskip("triton")
@@ -89,8 +93,9 @@ def test_sm90_register_operands_compile_and_take_effect(tmp_path: Path) -> None:
 
     if not HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    # dense dk/dv with K alone in registers: K and V both spill under Triton 3.9 (not under 3.6)
-    rows = _inspect(tmp_path, "128", "--set", "sm90_fwd=64,64,4,2,1", "--set", "sm90_dq=64,64,4,2,2",
+    # dense dk/dv with K alone in registers: K and V both spill under Triton 3.9 (not under 3.6); dq
+    # with Q alone: with dO too, Triton 3.9's ptxas serializes the pipelined loop's matmuls (C7512)
+    rows = _inspect(tmp_path, "128", "--set", "sm90_fwd=64,64,4,2,1", "--set", "sm90_dq=64,64,4,2,1",
                     "--set", "sm90_dense_kv=64,16,4,3,1")[0]
     rows = [r for r in rows if r["kernel"].startswith("sm90")]
     assert len(rows) == 3, [r["kernel"] for r in rows]
@@ -99,6 +104,10 @@ def test_sm90_register_operands_compile_and_take_effect(tmp_path: Path) -> None:
         # (at head dim 128, dense dk/dv with K in registers keeps three values on the stack under
         # Triton 3.9's ptxas, none under 3.6's)
         assert r["LOCAL_IN_LOOPS"] == 0 and r["stack"] <= 32, r
+        # the matmuls stay asynchronous: ptxas serializes all of them (a full wait after each) when
+        # accumulator registers are set or read while products run -- the first draft of the pipelined
+        # dq loop did that, and ran 1.12-1.17x slower
+        assert r["HGMMA_DRAINS"] * 4 < r["HGMMA"], r
         assert 0 < r["shared_bytes"] <= 228 * 1024 // 2 - 1024, r
         assert 2 * r["HGMMA_REG_A"] >= r["HGMMA"] > 0, r
 

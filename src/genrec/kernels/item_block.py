@@ -159,11 +159,14 @@ class ItemBlockConfig:
         compiling, ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True, kv_lpt=True)
         if head_dim >= 128:
-            # dq with Q and dO in registers, dense dk/dv with K in registers (seventeenth session,
+            # dq with Q in registers, dense dk/dv with K in registers (seventeenth session,
             # benchmarks/gpu_sweep128.sh and probe_timeline.py: dq 0.98-0.99x, dense dk/dv 0.96-0.98x
             # the time): at head dim 128 the loop's operands read from shared memory otherwise use
             # all of its bandwidth (the 32-query tiles' K Q^T reads a 2 KB A tile per 64 K FLOP).
-            sm90: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2, 2), sm90_dense_kv=(64, 32, 4, 3, 1))
+            # dO in registers too was 1% faster still under Triton 3.6, but under 3.9 ptxas runs out
+            # of registers for the pipelined dq loop and serializes its matmuls (C7512).
+            sm90: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2, 1),
+                                                    sm90_dense_kv=(64, 32, 4, 3, 1))
             cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
