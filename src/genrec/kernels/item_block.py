@@ -146,10 +146,10 @@ class ItemBlockConfig:
         1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
         two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
         since); other head dims take the head-dim-64 one. On a Hopper GPU at head dim 128 the Gluon
-        kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 1.010 against 1.279 ms
-        GPU time (``benchmarks/gpu_sm90.sh``, 2026-12-01, sixteenth session; registers for dq's and dense
-        dk/dv's loop operands since the seventeenth); at head dim 64 too
-        since then (0.936 against 1.003 ms, with 3-stage rings and operands in registers). The dense dk/dv grid
+        kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 0.924 against 1.297 ms
+        GPU time (``benchmarks/gpu_sm90.sh``, 2026-12-01, seventeenth session, with registers for dq's
+        and dense dk/dv's loop operands; 1.010 against 1.279 ms in the sixteenth); at head dim 64 too
+        (0.910 against 0.993 ms, with 3-stage rings and operands in registers). The dense dk/dv grid
         runs heads-first (``kv_lpt``: its tail of idle SMs went from 20% to 3%); the forward and dq
         keep each head's blocks together, which was faster for them.
 
