@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from genrec.bench.kernels import _time_graph  # noqa: E402
+from genrec.bench.kernels import _capture, _time_graph  # noqa: E402
 from genrec.kernels import item_block as ib  # noqa: E402
 from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # noqa: E402
 
@@ -57,15 +57,7 @@ def main() -> int:
         return torch.autograd.grad(item_block_attention(*xs, lengths, T, config=cfg), xs, do)
 
     step()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(a.reps):
-            step()
+    graph = _capture(step, a.reps)
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()

@@ -81,6 +81,12 @@ def _time_graph(fn: Callable[[], Any], warmup: int, iters: int, reps: int = 20) 
     ``fn`` runs under ``trusted_inputs`` (no value-check syncs, which capture forbids). None on CPU."""
     if DEV == "cpu":
         return None
+    return _time(_capture(fn, reps).replay, warmup, iters) / reps
+
+
+def _capture(fn: Callable[[], Any], reps: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``reps`` calls of ``fn`` (warmed up once on a side stream, as capture needs),
+    captured under ``trusted_inputs``."""
     from genrec.validation import trusted_inputs
 
     with trusted_inputs():
@@ -93,7 +99,7 @@ def _time_graph(fn: Callable[[], Any], warmup: int, iters: int, reps: int = 20) 
         with torch.cuda.graph(graph):
             for _ in range(reps):
                 fn()
-    return _time(graph.replay, warmup, iters) / reps
+    return graph
 
 
 def _empty_cache() -> None:
