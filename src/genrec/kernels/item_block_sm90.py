@@ -182,6 +182,35 @@ if HAVE_GLUON:
         return pb, gl.convert_layout(alpha, o_rows), gl.convert_layout(m_new, o_rows), gl.convert_layout(lb, o_rows)
 
     @gluon.jit
+    def _fwd_step(j, MASK: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p, m_i, l_i,
+                  s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
+        # One step of the forward's dense loop (see the module docstring): S_j issued, then O += P_{j-1}
+        # V_{j-1}; the softmax of S_j while the latter runs. MASK: the keys past hi are masked (the
+        # last, partial tile only).
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
+        _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+        if MASK:
+            s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        pf = gl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(pf, 1)
+        p_next = gl.convert_layout(pf.to(dtype), p_layout)
+        acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
+        _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        return acc, p_next, m_new, l_i
+
+    @gluon.jit
     def _sm90_fwd_kernel(
         q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
         H, S, n_items, qk_scale,
@@ -261,28 +290,18 @@ if HAVE_GLUON:
             pf = gl.exp2(s * qk_scale - m_i[:, None])
             l_i = gl.sum(pf, 1)
             p = gl.convert_layout(pf.to(dtype), p_layout)
-        for j in range(1, n_tiles):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
-            # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
-            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
-            s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            pf = gl.exp2(s * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(pf, 1)
-            m_i = m_new
-            p_next = gl.convert_layout(pf.to(dtype), p_layout)
-            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-            # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
-            _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            p = p_next
+        # the full tiles, then (a loop of at most one step) the partial last tile with its key mask:
+        # masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
+        # and ptxas turns an `if` around the mask back into the same selects
+        n_full = gl.maximum(hi // BLOCK_N, 1)
+        for j in range(1, n_full):
+            acc, p, m_i, l_i = _fwd_step(j, False, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p,
+                                         m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N, D,
+                                         p_layout, o_rows, dtype)
+        for j in range(n_full, n_tiles):
+            acc, p, m_i, l_i = _fwd_step(j, True, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p,
+                                         m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N, D,
+                                         p_layout, o_rows, dtype)
 
         # The block's own tokens, whose scores are computed while the last dense P V runs.
         mbarrier.wait(b_bar, 0)
