@@ -149,3 +149,22 @@ def test_local_memory_is_counted_inside_loops_only() -> None:
 """
     assert mod._local_in_loops(sass) == 1
     assert mod._local_in_loops(sass.replace("LDL R9, [R1] ;", "NOP ;")) == 0
+
+
+def test_warp_specialized_forward_prototype_compiles_asynchronously() -> None:
+    """``benchmarks/probe_ws_fwd.py`` (two query blocks on one K/V ring: a TMA producer warp and two
+    consumer warp groups, not used by genrec) compiles for sm_90 within one SM's shared memory, with
+    register reallocation between its partitions, no spills and its matmuls left asynchronous."""
+    triton = pytest.importorskip("triton")
+    from genrec.kernels.item_block_sm90 import HAVE_GLUON
+
+    if not HAVE_GLUON or tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
+        pytest.skip("needs Gluon's warp specialisation (Triton >= 3.6)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    proc = subprocess.run([sys.executable, str(TOOL.parent / "probe_ws_fwd.py"), "--compile-only"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    st = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < st["shared_bytes"] <= 227 * 1024 and st["warps"] == 12, st
+    assert st["setmaxnreg"] > 0 and st["local"] == 0, st
+    assert st["HGMMA"] > 0 and st["HGMMA_DRAINS"] * 4 < st["HGMMA"], st
