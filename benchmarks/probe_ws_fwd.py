@@ -61,8 +61,6 @@ def _consumer(args, T_: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.con
     sb_layout: gl.constexpr = sm._mma_layout(BLOCK_M, num_warps)
     o_layout: gl.constexpr = sm._mma_layout(D, num_warps)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     item0 = item0_a + WHO * BLOCK_ITEMS
@@ -80,12 +78,7 @@ def _consumer(args, T_: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.con
     _tma_load(k_desc, [b, h, item0 * T_, 0], b_bar, kb_s4.index(WHO))
     _tma_load(v_desc, [b, h, item0 * T_, 0], b_bar, vb_s4.index(WHO))
 
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
-    l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-    offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
+    m_i, l_i, acc, s_zero, p, offs_n = sm._fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
         mbarrier.wait(fullk.index(0), 0)
@@ -140,16 +133,8 @@ def _consumer(args, T_: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.con
     o_tok = warpgroup_mma(pb, vb_smem, acc, is_async=True)
     acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
 
-    l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
-    ro = gl.arange(0, BLOCK_M, layout=o_rows)
-    ok_o = (ro < BLOCK_ITEMS * T_) & (item0 + ro // T_ < n_valid)
-    st = (ro < BLOCK_ITEMS * T_) & (item0 * T_ + ro < S)
-    lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
-    gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
-    io: gl.constexpr = sm._io_layout(D, num_warps)
-    out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
-    offs, st_i, _ = sm._block_out(row0, item0, S, T_, BLOCK_ITEMS, BLOCK_M, D, io)
-    gl.store(O + offs, out, mask=st_i[:, None])
+    sm._fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T_, BLOCK_ITEMS, BLOCK_M, D, o_layout, dtype,
+                  num_warps)
 
 
 @gluon.jit

@@ -182,6 +182,37 @@ if HAVE_GLUON:
         return pb, gl.convert_layout(alpha, o_rows), gl.convert_layout(m_new, o_rows), gl.convert_layout(lb, o_rows)
 
     @gluon.jit
+    def _fwd_state(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr):
+        # The forward's running state before its first tile: row max and sum (scaled log2 domain), the
+        # output, a zero S accumulator, an empty P and the key offsets of a tile.
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
+        l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        return m_i, l_i, acc, s_zero, p, offs_n
+
+    @gluon.jit
+    def _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
+                   BLOCK_M: gl.constexpr, D: gl.constexpr, o_layout: gl.constexpr, dtype: gl.constexpr,
+                   num_warps: gl.constexpr):
+        # The forward's outputs for one query block: natural-log lse and O = acc / l (0 on padding rows).
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
+        ro = gl.arange(0, BLOCK_M, layout=o_rows)
+        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
+        st = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
+        lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
+        gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
+        io: gl.constexpr = _io_layout(D, num_warps)
+        out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
+        offs, st_i, _ = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
+        gl.store(O + offs, out, mask=st_i[:, None])
+
+    @gluon.jit
     def _fwd_step(j, MASK: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p, m_i, l_i,
                   s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
@@ -269,12 +300,7 @@ if HAVE_GLUON:
         _tma_load(k_desc, [b, h, item0 * T, 0], b_bar, kb_s4)
         _tma_load(v_desc, [b, h, item0 * T, 0], b_bar, vb_s4)
 
-        m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, s_rows)
-        l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
-        acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-        offs_n = gl.arange(0, BLOCK_N, layout=s_cols)
+        m_i, l_i, acc, s_zero, p, offs_n = _fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
         mbarrier.wait(q_bar, 0)
         # with A_REGS Q is the register operand of S = Q K^T: shared memory then streams K alone
         q_a = _a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS > 0)
@@ -329,16 +355,8 @@ if HAVE_GLUON:
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
 
-        l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
-        ro = gl.arange(0, BLOCK_M, layout=o_rows)
-        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
-        st = (ro < BLOCK_ITEMS * T) & (item0 * T + ro < S)
-        lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
-        gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
-        io: gl.constexpr = _io_layout(D, num_warps)
-        out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
-        offs, st_i, _ = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
-        gl.store(O + offs, out, mask=st_i[:, None])
+        _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout, dtype,
+                   num_warps)
 
 
     @gluon.jit
