@@ -8,9 +8,10 @@ dense dk/dv) is compiled ahead of time by Triton for ``GPUTarget("cuda", 90, 32)
 configuration ``ItemBlockConfig.tuned(D)`` (``--set`` changes knobs, e.g. ``--set dq_warps=4``),
 specialised as the benchmark shape launches it (bf16, B 8 x 1,024 items x 5 tokens, contiguous
 tensors: every pointer and every stride 16-aligned). It prints, per kernel: registers per thread,
-the stack frame and the local-memory loads/stores in the SASS (register spills), shared memory,
-and the instruction counts that say which path the compiler took -- HGMMA (Hopper warpgroup
-matmuls) vs HMMA, LDGSTS/UTMALDG (asynchronous copies to shared memory) vs LDG (loads through
+the stack frame and the local-memory loads/stores in the SASS (register spills; those inside a
+loop counted apart), shared memory, and the instruction counts that say which path the compiler
+took -- HGMMA (Hopper warpgroup matmuls, and their full drains: one per HGMMA when ptxas has
+serialized them) vs HMMA, LDGSTS/UTMALDG (asynchronous copies to shared memory) vs LDG (loads through
 registers), MUFU (exp2 / log2 / reciprocal). The Gluon (Hopper) kernels that the configuration
 switches on (``sm90_fwd``, ``sm90_dq``, ``sm90_dense_kv``; a Triton with Gluon needed) are compiled
 the same way, with tensor descriptors as the launches build them, and listed after the three.
@@ -232,11 +233,12 @@ def main() -> int:
     print(f"triton {triton.__version__}, sm_90, {a.dtype}, ItemBlockConfig.tuned(D, {a.dtype})"
           + (f" with {changes}" if changes else ""))
     print(f"{'D':>4} {'kernel':24s} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'LDL/STL':>8} {'smem KB':>7} "
-          f"{'HGMMA':>5} {'HMMA':>4} {'LDGSTS':>6} {'UTMALDG':>7} {'LDG':>5} {'MUFU':>5}")
+          f"{'HGMMA':>5} {'drains':>6} {'HMMA':>4} {'LDGSTS':>6} {'UTMALDG':>7} {'LDG':>5} {'MUFU':>5} {'loop LDL/STL':>12}")
     for r in rows:
         print(f"{r['D']:>4} {r['kernel']:24s} {r['options']['num_warps']:>5} {r['options'].get('num_stages', '-'):>6} "
               f"{r.get('reg', 0):>4} {r.get('stack', 0):>5} {str(r['LDL']) + '/' + str(r['STL']):>8} "
-              f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HMMA']:>4} {r['LDGSTS']:>6} {r['UTMALDG']:>7} {r['LDG']:>5} {r['MUFU']:>5}")
+              f"{r['shared_bytes'] / 1024:>7.1f} {r['HGMMA']:>5} {r['HGMMA_DRAINS']:>6} {r['HMMA']:>4} {r['LDGSTS']:>6} "
+              f"{r['UTMALDG']:>7} {r['LDG']:>5} {r['MUFU']:>5} {r['LOCAL_IN_LOOPS']:>12}")
     if a.out:
         Path(a.out).write_text(json.dumps({"triton": triton.__version__, "dtype": a.dtype, "changes": changes,
                                            "rows": rows}, indent=1))
