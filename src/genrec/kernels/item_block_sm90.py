@@ -253,8 +253,6 @@ if HAVE_GLUON:
         sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
         o_layout: gl.constexpr = _mma_layout(D, num_warps)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
@@ -495,7 +493,6 @@ if HAVE_GLUON:
         # while the first tile's products run.
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
-        sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
         o_layout: gl.constexpr = _mma_layout(D, num_warps)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
