@@ -56,6 +56,7 @@ from genrec.validation import checks_on
 __all__ = ["item_block_attention", "item_block_attention_fwd", "ItemBlockAttention", "ItemBlockConfig"]
 
 _LOG2E = 1.4426950408889634
+_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2])  # tuned() depends on its ptxas
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,13 @@ class ItemBlockConfig:
             # all of its bandwidth (the 32-query tiles' K Q^T reads a 2 KB A tile per 64 K FLOP).
             # dO in registers too was 1% faster still under Triton 3.6, but under 3.9 ptxas runs out
             # of registers for the pipelined dq loop and serializes its matmuls (C7512).
+            # Since dense dk/dv's loop was split by mask (eighteenth session), K in registers spills
+            # in its loops under Triton 3.9's ptxas (10 words loaded per diagonal tile, 4 per plain one)
+            # and only a little under 3.6's (1 per plain tile), where it measured 0.984x the time of
+            # the unsplit kernel against 1.025x with K in shared memory (benchmarks/ab_sm90.py): so
+            # K in registers under 3.6, in shared memory under newer Triton (not timed on a GPU there).
             sm90: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2, 1),
-                                                    sm90_dense_kv=(64, 32, 4, 3, 1))
+                                                    sm90_dense_kv=(64, 32, 4, 3, int(_TRITON < (3, 7))))
             cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
                       kv_block_i=128, kv_block_q=64, kv_warps=8, kv_stages=3,
                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]

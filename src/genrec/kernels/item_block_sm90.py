@@ -358,6 +358,56 @@ if HAVE_GLUON:
 
 
     @gluon.jit
+    def _dkv_step(i, MASK: gl.constexpr, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc,
+                  do_desc, LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h,
+                  T: gl.constexpr, BLOCK_I: gl.constexpr, STAGES: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr,
+                  op_layout: gl.constexpr, dtype: gl.constexpr):
+        # Step i of dense dk/dv's loop over query tiles (see _sm90_dense_kv_kernel); the row statistics
+        # of tile i (lse, dl) were loaded a step ahead. MASK: the tile holds queries that do not see
+        # every key of the block (near the diagonal) or rows past the batch row's length.
+        slot = i % STAGES
+        mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
+        q_s = _slot(q_ring, slot, BLOCK_Q, D)
+        do_s = _slot(do_ring, slot, BLOCK_Q, D)
+        st_tok = warpgroup_mma(k_a, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_a, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # the next tile's row statistics, loaded while this tile computes
+        # (bounded by the head's rows, not its valid ones -- padding rows hold finite values and are
+        # masked below -- and indexed from i, so lanes load their pairs of rows as 8-byte vectors)
+        qt_next = q_lo + (i + 1) * BLOCK_Q + offs_q
+        lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < S, other=0.0)
+        dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < S, other=0.0)
+        # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
+        st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
+        # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES. No branch in
+        # this step (predicates here; MASK is a constant): ptxas waits for outstanding loads ahead of
+        # a branch it cannot prove uniform, which made every tile wait for the lse / delta it had just
+        # prefetched (28% of the kernel's stall samples until 2026-12-01).
+        prev = (i + STAGES - 1) % STAGES
+        nxt = i - 1 + STAGES
+        go = (i > 0) & (nxt < n_q)
+        mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
+        _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
+        _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev), pred=go)
+        pt = gl.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
+        if MASK:
+            # relative to the block: key r (dense token r*T + T - 1) is seen by query rows from there on,
+            # up to the batch row's length (which also hides the padding keys: r*T + T - 1 < q_hi only
+            # for valid ones). Recomputed here, not carried across the loops: registers are short.
+            qr = i * BLOCK_Q + offs_q
+            row_ok = qr < q_hi - q_lo
+            kr = gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, st_zero.type.layout)) * T + (T - 1)
+            pt = gl.where((kr[:, None] <= qr[None, :]) & row_ok[None, :], pt, 0.0)
+            dl = gl.where(row_ok, dl, 0.0)  # padding rows' delta: whatever dO held there
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
+        dst = pt * (dpt - dl[None, :])
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
+        return dk, dv, pt_op, dst_op, lse_next, dl_next
+
+    @gluon.jit
     def _sm90_dense_kv_kernel(
         q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
@@ -373,7 +423,6 @@ if HAVE_GLUON:
         st_layout: gl.constexpr = _mma_layout(BLOCK_Q, num_warps)
         kv_layout: gl.constexpr = _mma_layout(D, num_warps)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-        k_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
         q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
 
         pid_i, pid_bh = _block_and_head(LPT, False)  # heaviest (earliest) keys first: most later queries
@@ -406,8 +455,6 @@ if HAVE_GLUON:
             _tma_load(q_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), q_ring.index(i), pred=go)
             _tma_load(do_desc, [b, h, q_lo + i * BLOCK_Q, 0], q_bars.index(i), do_ring.index(i), pred=go)
 
-        jr = j0 + gl.arange(0, BLOCK_I, layout=k_rows)
-        jtok = gl.where(jr < n_valid, jr * T + (T - 1), 1 << 30)  # padding keys: seen by no query
         offs_q = gl.arange(0, BLOCK_Q, layout=q_cols)
         # dK and dV stay in flight across tiles (chained accumulators): no drain between tiles
         dk = warpgroup_mma_init(gl.zeros([BLOCK_I, D], gl.float32, kv_layout))
@@ -425,44 +472,26 @@ if HAVE_GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
         k_a = _a_operand(k_smem, a_layout, A_REGS >= 1)
         v_a = _a_operand(v_smem, a_layout, A_REGS >= 2)
-        for i in range(n_q):
-            slot = i % STAGES
-            mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
-            q_s = _slot(q_ring, slot, BLOCK_Q, D)
-            do_s = _slot(do_ring, slot, BLOCK_Q, D)
-            st_tok = warpgroup_mma(k_a, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpt_tok = warpgroup_mma(v_a, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            # the next tile's row statistics, loaded while this tile computes
-            # (bounded by the head's rows, not its valid ones -- padding rows hold finite values and are
-            # masked below -- and indexed from i, so lanes load their pairs of rows as 8-byte vectors)
-            qt_next = q_lo + (i + 1) * BLOCK_Q + offs_q
-            lse_next = gl.load(LSE + qrow0 + qt_next, mask=qt_next < S, other=0.0)
-            dl_next = gl.load(DELTA + qrow0 + qt_next, mask=qt_next < S, other=0.0)
-            # retires the previous tile's dV and dK products (older) and S^T; dP^T may still run
-            st, pt_op, dst_op = warpgroup_mma_wait(1, deps=(st_tok, pt_op, dst_op))
-            # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES. No branch in
-            # this loop (predicates here, the mask below on every tile): ptxas waits for outstanding
-            # loads ahead of a branch it cannot prove uniform, which made every tile wait for the lse /
-            # delta it had just prefetched (28% of the kernel's stall samples until 2026-12-01).
-            prev = (i + STAGES - 1) % STAGES
-            nxt = i - 1 + STAGES
-            go = (i > 0) & (nxt < n_q)
-            mbarrier.expect(q_bars.index(prev), 2 * q_desc.block_type.nbytes, pred=go)
-            _tma_load(q_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), q_ring.index(prev), pred=go)
-            _tma_load(do_desc, [b, h, q_lo + nxt * BLOCK_Q, 0], q_bars.index(prev), do_ring.index(prev), pred=go)
-            pt = gl.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
-            vis = (jtok[:, None] <= qt[None, :]) & (qt < q_hi)[None, :]
-            pt = gl.where(vis, pt, 0.0)
-            dl = gl.where(qt < q_hi, dl, 0.0)  # padding rows' delta: whatever dO held there
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
-            dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
-            dst = pt * (dpt - dl[None, :])
-            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-            dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
-            qt = qt_next
-            lse = lse_next
-            dl = dl_next
+        # Only tiles near the diagonal (queries before the block's last dense token) and the last, partial
+        # one need the mask: the tiles in between run a step without it (40 selects and 20 compares a
+        # thread per tile at head dim 128). Three loops, in that order.
+        n_diag = gl.minimum(gl.cdiv(BLOCK_I * T - 1, BLOCK_Q), n_q)
+        n_full = gl.maximum((q_hi - q_lo) // BLOCK_Q, n_diag)
+        for i in range(n_diag):
+            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
+                i, True, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
+                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
+                op_layout, dtype)
+        for i in range(n_diag, n_full):
+            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
+                i, False, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
+                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
+                op_layout, dtype)
+        for i in range(n_full, n_q):
+            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
+                i, True, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
+                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
+                op_layout, dtype)
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
 
         mbarrier.invalidate(kv_bar)
@@ -476,6 +505,42 @@ if HAVE_GLUON:
         gl.store(DK + offs, gl.convert_layout((dk * sm_scale).to(dtype), io), mask=ok)
         gl.store(DV + offs, gl.convert_layout(dv.to(dtype), io), mask=ok)
 
+
+    @gluon.jit
+    def _dq_step(j, MASK: gl.constexpr, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc,
+                 k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles, b, h, tok0, STAGES: gl.constexpr,
+                 BLOCK_N: gl.constexpr, D: gl.constexpr, op_layout: gl.constexpr, dtype: gl.constexpr):
+        # Step j of dq's dense loop: tile j's S is done and its dP in flight (issued by step j - 1, or
+        # before the loop). dQ += dS K_j is issued, then tile j + 1's S and dP behind it, so the tensor
+        # cores go on from one tile to the next without a drain -- and from the last dense tile straight
+        # into the block's own keys. Each wait for fewer than all products sits in the step that issued
+        # them (ptxas serializes every warpgroup MMA when it cannot tell which ones such a wait retires).
+        # MASK: the keys past hi are masked (the last, partial tile only).
+        slot = j % STAGES
+        p = gl.exp2(s * qk_scale - lse2[:, None])
+        if MASK:  # the last, partial tile
+            p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        # V_j is consumed (by dP_j): its slot takes tile j + STAGES
+        _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
+        ds = p * (dp - delta[:, None])
+        ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+        dq = warpgroup_mma(ds_op, _slot(kd_smem, slot, BLOCK_N, D), dq, is_async=True)
+        # tile j + 1's S and dP into the registers of tile j's (consumed; use_acc=False ignores
+        # them): a fresh zero accumulator would be set while dQ runs (C7515 again)
+        nslot = (j + 1) % STAGES
+        nph = ((j + 1) // STAGES) & 1
+        mbarrier.wait(k_bars.index(nslot), nph)
+        s_tok = warpgroup_mma(q_a, _slot(kd_smem, nslot, BLOCK_N, D).permute((1, 0)), s, use_acc=False,
+                              is_async=True)
+        mbarrier.wait(v_bars.index(nslot), nph)
+        dp_tok = warpgroup_mma(do_a, _slot(vd_smem, nslot, BLOCK_N, D).permute((1, 0)), dp, use_acc=False,
+                               is_async=True)
+        # retires dQ_j (older) and S_{j+1}; dP_{j+1} runs on into the next step's exponentials
+        s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
+        # K_j is consumed (by S_j and dQ_j): its slot takes tile j + STAGES
+        _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
+        return s, dp_tok, dq
 
     @gluon.jit
     def _sm90_dq_kernel(
@@ -570,36 +635,17 @@ if HAVE_GLUON:
         delta = gl.convert_layout(delta_b, s_rows)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
 
-        # Step j: tile j's S is done and its dP in flight (issued at the end of step j - 1, or above).
-        # dQ += dS K_j is issued, then tile j + 1's S and dP behind it, so the tensor cores go on from
-        # one tile to the next without a drain -- and from the last dense tile straight into the
-        # block's own keys. Each wait for fewer than all products sits in the step that issued them
-        # (ptxas serializes every warpgroup MMA when it cannot tell which ones such a wait retires).
-        for j in range(n_tiles):
-            slot = j % STAGES
-            p = gl.exp2(s * qk_scale - lse2[:, None])
-            if j * BLOCK_N + BLOCK_N > hi:  # the last, partial tile
-                p = gl.where((j * BLOCK_N + offs_n < hi)[None, :], p, 0.0)
-            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            # V_j is consumed (by dP_j): its slot takes tile j + STAGES
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
-            ds = p * (dp - delta[:, None])
-            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
-            dq = warpgroup_mma(ds_op, _slot(kd_smem, slot, BLOCK_N, D), dq, is_async=True)
-            # tile j + 1's S and dP into the registers of tile j's (consumed; use_acc=False ignores
-            # them): a fresh zero accumulator would be set while dQ runs (C7515 again)
-            nslot = (j + 1) % STAGES
-            nph = ((j + 1) // STAGES) & 1
-            mbarrier.wait(k_bars.index(nslot), nph)
-            s_tok = warpgroup_mma(q_a, _slot(kd_smem, nslot, BLOCK_N, D).permute((1, 0)), s, use_acc=False,
-                                  is_async=True)
-            mbarrier.wait(v_bars.index(nslot), nph)
-            dp_tok = warpgroup_mma(do_a, _slot(vd_smem, nslot, BLOCK_N, D).permute((1, 0)), dp, use_acc=False,
-                                   is_async=True)
-            # retires dQ_j (older) and S_{j+1}; dP_{j+1} runs on into the next step's exponentials
-            s, ds_op = warpgroup_mma_wait(1, deps=(s_tok, ds_op))
-            # K_j is consumed (by S_j and dQ_j): its slot takes tile j + STAGES
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True)
+        # The dense tiles (see _dq_step): the full ones, then (a loop of at most one step) the partial last
+        # one with its key mask, as in the forward -- the mask cost 32 selects a thread per tile.
+        n_full = hi // BLOCK_N
+        for j in range(n_full):
+            s, dp_tok, dq = _dq_step(j, False, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc,
+                                     vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles, b, h, tok0,
+                                     STAGES, BLOCK_N, D, op_layout, dtype)
+        for j in range(n_full, n_tiles):
+            s, dp_tok, dq = _dq_step(j, True, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc,
+                                     vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles, b, h, tok0,
+                                     STAGES, BLOCK_N, D, op_layout, dtype)
 
         # the block's own keys (ring tile n_tiles; S_b done, dP_b in flight): the PinGER mask as two
         # comparisons (see item_block._inblock_index)
