@@ -318,14 +318,12 @@ if HAVE_GLUON:
         # masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
         # and ptxas turns an `if` around the mask back into the same selects
         n_full = gl.maximum(hi // BLOCK_N, 1)
-        for j in range(1, n_full):
-            acc, p, m_i, l_i = _fwd_step(j, False, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p,
-                                         m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N, D,
-                                         p_layout, o_rows, dtype)
-        for j in range(n_full, n_tiles):
-            acc, p, m_i, l_i = _fwd_step(j, True, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p,
-                                         m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N, D,
-                                         p_layout, o_rows, dtype)
+        bounds = (1, n_full, n_tiles)
+        for ph in gl.static_range(2):  # plain, masked
+            for j in range(bounds[ph], bounds[ph + 1]):
+                acc, p, m_i, l_i = _fwd_step(j, ph == 1, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc,
+                                             p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N,
+                                             D, p_layout, o_rows, dtype)
 
         # The block's own tokens, whose scores are computed while the last dense P V runs.
         mbarrier.wait(b_bar, 0)
@@ -474,24 +472,16 @@ if HAVE_GLUON:
         v_a = _a_operand(v_smem, a_layout, A_REGS >= 2)
         # Only tiles near the diagonal (queries before the block's last dense token) and the last, partial
         # one need the mask: the tiles in between run a step without it (40 selects and 20 compares a
-        # thread per tile at head dim 128). Three loops, in that order.
+        # thread per tile at head dim 128). Three phases, in that order.
         n_diag = gl.minimum(gl.cdiv(BLOCK_I * T - 1, BLOCK_Q), n_q)
         n_full = gl.maximum((q_hi - q_lo) // BLOCK_Q, n_diag)
-        for i in range(n_diag):
-            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
-                i, True, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
-                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
-                op_layout, dtype)
-        for i in range(n_diag, n_full):
-            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
-                i, False, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
-                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
-                op_layout, dtype)
-        for i in range(n_full, n_q):
-            dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
-                i, True, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc, LSE,
-                DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES, BLOCK_Q, D,
-                op_layout, dtype)
+        bounds = (0, n_diag, n_full, n_q)
+        for ph in gl.static_range(3):  # masked, plain, masked
+            for i in range(bounds[ph], bounds[ph + 1]):
+                dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
+                    i, ph != 1, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc,
+                    LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES,
+                    BLOCK_Q, D, op_layout, dtype)
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
 
         mbarrier.invalidate(kv_bar)
@@ -638,14 +628,12 @@ if HAVE_GLUON:
         # The dense tiles (see _dq_step): the full ones, then (a loop of at most one step) the partial last
         # one with its key mask, as in the forward -- the mask cost 32 selects a thread per tile.
         n_full = hi // BLOCK_N
-        for j in range(n_full):
-            s, dp_tok, dq = _dq_step(j, False, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc,
-                                     vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles, b, h, tok0,
-                                     STAGES, BLOCK_N, D, op_layout, dtype)
-        for j in range(n_full, n_tiles):
-            s, dp_tok, dq = _dq_step(j, True, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc,
-                                     vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles, b, h, tok0,
-                                     STAGES, BLOCK_N, D, op_layout, dtype)
+        bounds = (0, n_full, n_tiles)
+        for ph in gl.static_range(2):  # plain, masked
+            for j in range(bounds[ph], bounds[ph + 1]):
+                s, dp_tok, dq = _dq_step(j, ph == 1, s, dp_tok, dq, q_a, do_a, kd_smem, vd_smem, k_bars, v_bars,
+                                         kd_desc, vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles,
+                                         b, h, tok0, STAGES, BLOCK_N, D, op_layout, dtype)
 
         # the block's own keys (ring tile n_tiles; S_b done, dP_b in flight): the PinGER mask as two
         # comparisons (see item_block._inblock_index)
