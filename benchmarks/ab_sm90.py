@@ -78,9 +78,8 @@ def main() -> int:
         a_fw, a_dq, a_kv = fw[4], dqc[4], kvc[4]
 
         def fwd():
-            extra = {"persist": ib._sm90_persist(cfg.sm90_fwd)} if ib._sm90_persist(cfg.sm90_fwd) else {}
             mod.launch_fwd_sm90(q, k, v, lengths, o["out"], o["lse"], T, scale, block_m=fw[0], block_n=fw[1],
-                                num_warps=fw[2], stages=fw[3], a_regs=a_fw, lpt=cfg.lpt, **extra)
+                                num_warps=fw[2], stages=fw[3], a_regs=a_fw, lpt=cfg.lpt)
 
         def dq():
             mod.launch_dq_sm90(q, k, v, out, do, lse, o["delta"], o["dq"], o["dk"], o["dv"], lengths, T, scale,

@@ -37,9 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 SHAPE = {"B": 8, "n_items": 1024, "T": 5}
 OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "LDS", "STS", "LDL", "STL", "MUFU", "FFMA", "BAR")
-# the head count (12 or 8) and the forward's query blocks per head (86); every other int argument is a
-# multiple of 16 at this shape
-NOT_ALIGNED = {"H", "n_blocks"}
+NOT_ALIGNED = {"H"}  # the head count (12 or 8); every other int argument is a multiple of 16 at this shape
 
 
 def _signature(fn: Any, consts: dict[str, Any], elem: str = "bf16"
@@ -153,10 +151,9 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
         bm, bn, w, st, ar = ib._sm90_tiles(cfg.sm90_fwd)
         sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D), "v_desc": _desc_type(bm, D, D),
                "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
-               "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal, "n_blocks": "i32", "BH": "i32"}
+               "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
         out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": bool(ar), "LPT": cfg.lpt,
-                    "PERSIST": ib._sm90_persist(cfg.sm90_fwd) > 0, "num_warps": w}, w))
+                    "BLOCK_N": bn, "D": D, "STAGES": st, "A_REGS": bool(ar), "LPT": cfg.lpt, "num_warps": w}, w))
     if cfg.sm90_dq:
         bm, bn, w, st, ar = ib._sm90_tiles(cfg.sm90_dq)
         sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),

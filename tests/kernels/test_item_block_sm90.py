@@ -68,7 +68,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("n,lengths", [(1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])])
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
-@pytest.mark.parametrize("variant", ["plain", "regs_lpt", "tuned", "persistent"])
+@pytest.mark.parametrize("variant", ["plain", "regs_lpt", "tuned"])
 def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatch) -> None:
     from genrec.kernels import item_block
     from genrec.kernels.item_block import item_block_attention
@@ -88,9 +88,6 @@ def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatc
     elif variant == "tuned":  # the model's own tiles (head dim 64: 3-stage rings, operands in registers)
         cfg = ItemBlockConfig.tuned(D)
         assert cfg.sm90_fwd and cfg.sm90_dq and cfg.sm90_dense_kv
-    elif variant == "persistent":  # the tuned tiles, the forward on a persistent grid of 2 programs per SM
-        cfg = ItemBlockConfig.tuned(D)
-        cfg = cfg.replace(sm90_fwd=(*cfg.sm90_fwd[:4], cfg.sm90_fwd[4] if len(cfg.sm90_fwd) > 4 else 0, 2))
     if layout == "model":  # head-split views of one [B, S, 3, H, D] projection; dO a transposed view
         qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], 2).contiguous()
         xs = [x.detach().requires_grad_() for x in qkv.permute(2, 0, 3, 1, 4)]
@@ -109,36 +106,6 @@ def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatc
     o1, l1 = item_block.item_block_attention_fwd(q, k, v, lens, T, config=ItemBlockConfig(sm90_fwd=(64, 64, 4, 2)))
     o2, l2 = item_block.item_block_attention_fwd(q, k, v, lens, T, config=ItemBlockConfig.tuned(D).replace(sm90_fwd=None))
     assert _rel(o1, o2) < 1e-2 and (l1 - l2).abs().max() < 1e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (_hopper() and sm90.HAVE_GLUON), reason="needs a Hopper GPU and Gluon")
-@pytest.mark.parametrize("D,a_regs", [(64, 1), (128, 0)])
-@pytest.mark.parametrize("programs", [1, 3, 7])
-def test_sm90_persistent_forward_equals_one_block_per_program(D, a_regs, programs) -> None:
-    """A persistent forward whose few programs each loop over many query blocks (their loads issued
-    while the block before finishes, the K/V ring's slots and phases running on across blocks) writes
-    exactly what one program per block writes, every row of it."""
-    import math
-
-    g = torch.Generator(device="cuda").manual_seed(programs * D)
-    q, k, v = (torch.randn(3, 2, 301 * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
-    lens = torch.tensor([301, 0, 250], dtype=torch.int32, device="cuda")
-    outs = []
-    for kw in ({}, {"programs": programs}):
-        out, lse = torch.full_like(q, float("nan")), torch.full(q.shape[:3], float("nan"), device="cuda")
-        sm90.launch_fwd_sm90(q, k, v, lens, out, lse, T, 1 / math.sqrt(D), a_regs=a_regs, **kw)
-        assert not (out.isnan().any() or lse.isnan().any())
-        outs.append((out, lse))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-
-
-def test_config_takes_a_persistent_forward_only() -> None:
-    assert ItemBlockConfig(sm90_fwd=(64, 64, 4, 2, 0, 2)).sm90_fwd == (64, 64, 4, 2, 0, 2)
-    with pytest.raises(ValueError, match="sm90_dq"):
-        ItemBlockConfig(sm90_dq=(64, 64, 4, 2, 0, 2))
-    with pytest.raises(ValueError, match="persistent programs per SM"):
-        ItemBlockConfig(sm90_fwd=(64, 64, 4, 2, 0, 9))
 
 
 def test_tma_ready_names_what_tma_can_read_in_place() -> None:

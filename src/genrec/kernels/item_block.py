@@ -89,10 +89,7 @@ class ItemBlockConfig:
     ``fuse_delta`` and ``fuse_sid_kv`` do). The backward ones run when TMA can read q, k, v and dO
     in place (any strides with 16-byte alignment, as the model's head-split views have). None: the
     Triton kernel everywhere. An optional fifth element holds that many of the loop's A operands in
-    registers instead of shared memory (forward: Q; dq: Q, then dO; dense dk/dv: K, then V). An
-    optional sixth (forward only) runs a persistent grid of that many programs per SM, each taking
-    query blocks heaviest first and loading a block's Q, K/V tiles and own K/V while it finishes the
-    block before.
+    registers instead of shared memory (forward: Q; dq: Q, then dO; dense dk/dv: K, then V).
     """
 
     block_m: int = 64
@@ -127,15 +124,10 @@ class ItemBlockConfig:
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if f.name.startswith("sm90_") and x is not None:
-                n_max = 6 if f.name == "sm90_fwd" else 5
-                if not (isinstance(x, tuple) and 4 <= len(x) <= n_max
-                        and all(isinstance(i, int) and i > 0 for i in x[:4])
-                        and (len(x) == 4 or (isinstance(x[4], int) and 0 <= x[4] <= 2))
-                        and (len(x) < 6 or (isinstance(x[5], int) and 0 <= x[5] <= 8))):
+                if not (isinstance(x, tuple) and len(x) in (4, 5) and all(isinstance(i, int) and i > 0 for i in x[:4])
+                        and (len(x) == 4 or (isinstance(x[4], int) and 0 <= x[4] <= 2))):
                     raise ValueError(f"ItemBlockConfig.{f.name}: expected None, 4 positive ints or 4 positive ints "
-                                     f"and a register-operand count 0-2"
-                                     + (" (and, optionally, persistent programs per SM 0-8)" if n_max == 6 else "")
-                                     + f", got {x!r}")
+                                     f"and a register-operand count 0-2, got {x!r}")
                 if f.name == "sm90_dq" and x[0] != x[1]:
                     raise ValueError(f"ItemBlockConfig.sm90_dq: block_n must equal block_m (the block's own keys ride "
                                      f"the dense ring as its last tile), got {x!r}")
@@ -635,11 +627,6 @@ def _sm90_tiles(t: tuple[int, ...]) -> tuple[int, int, int, int, int]:
     return (*t[:4], t[4] if len(t) > 4 else 0)  # type: ignore[return-value]
 
 
-def _sm90_persist(t: tuple[int, ...]) -> int:
-    """The sixth element of ``ItemBlockConfig.sm90_fwd``: programs per SM of a persistent grid (0: none)."""
-    return t[5] if len(t) > 5 else 0
-
-
 def _dq_lpt(cfg: ItemBlockConfig) -> bool:
     return cfg.lpt if cfg.dq_lpt is None else cfg.dq_lpt
 
@@ -730,7 +717,7 @@ def item_block_attention_fwd(
     if cfg.sm90_fwd and _sm90_ok(q, T):
         bm, bn, w, st, ar = _sm90_tiles(cfg.sm90_fwd)
         launch_fwd_sm90(q, k, v, lengths, out, lse, T, scale, block_m=_blocks(T, bm)[0], block_n=_tile(bn),
-                        num_warps=w, stages=st, a_regs=ar, lpt=cfg.lpt, persist=_sm90_persist(cfg.sm90_fwd))
+                        num_warps=w, stages=st, a_regs=ar, lpt=cfg.lpt)
         return out, lse
     kd, vd = _dense_view(k, T, cfg.gather_dense), _dense_view(v, T, cfg.gather_dense)
     _item_block_fwd_kernel[launch_grid(triton.cdiv(n_items, per_program), B * H, cfg.lpt)](

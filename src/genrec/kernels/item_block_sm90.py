@@ -128,16 +128,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _refill_ring(desc, blk_desc, ring, bars, tile, on, STAGES: gl.constexpr, n_tiles, b, h, tok0,
-                     BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr, r0=0):
+                     BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
         # Tile `tile` (>= -STAGES) has been consumed from its ring slot: load tile + STAGES into that
         # slot (if any, and if `on`). A predicate, not a branch: ptxas waits for every outstanding
         # register load and MUFU result before a branch it cannot prove uniform, so an `if` around
         # this in a loop would expose the latency of whatever was issued ahead of it.
         # With RING_BLOCK the ring's tile n_tiles is the query block's own K or V (same shape), read
-        # from the token descriptor blk_desc at token tok0. r0: the ring's count of tiles before this
-        # block's tile 0 (a persistent program's earlier blocks), which sets the slots.
+        # from the token descriptor blk_desc at token tok0.
         nxt = tile + STAGES
-        slot = (r0 + tile + STAGES) % STAGES
+        slot = (tile + STAGES) % STAGES
         dense = (nxt < n_tiles) & on
         if RING_BLOCK:
             own = (nxt == n_tiles) & on
@@ -199,11 +198,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr,
                    BLOCK_M: gl.constexpr, D: gl.constexpr, o_layout: gl.constexpr, dtype: gl.constexpr,
-                   num_warps: gl.constexpr, buf=None):
+                   num_warps: gl.constexpr):
         # The forward's outputs for one query block: natural-log lse and O = acc / l (0 on padding rows).
-        # O leaves the MMA layout through shared memory: the compiler's scratch, or `buf` (a free
-        # [BLOCK_M, D] buffer of the caller's: a persistent program's scratch could not share space
-        # with its buffers, all live across its loop, and would cost two programs per SM at head dim 128).
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         l_safe = gl.where(l_fin > 0.0, l_fin, 1.0)
         ro = gl.arange(0, BLOCK_M, layout=o_rows)
@@ -212,31 +208,26 @@ if HAVE_GLUON:
         lse = gl.where(ok_o, (m_fin + gl.log2(l_safe)) / 1.4426950408889634, 0.0)
         gl.store(LSE + (row0 + ro).to(gl.int64), lse, mask=st)
         io: gl.constexpr = _io_layout(D, num_warps)
-        out = gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype)
-        if buf is None:
-            out = gl.convert_layout(out, io)
-        else:
-            buf.store(out)
-            out = buf.load(io)
+        out = gl.convert_layout(gl.where(ok_o[:, None], acc / l_safe[:, None], 0.0).to(dtype), io)
         offs, st_i, _ = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
         gl.store(O + offs, out, mask=st_i[:, None])
 
     @gluon.jit
     def _fwd_step(j, MASK: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p, m_i, l_i,
-                  s_zero, offs_n, hi, qk_scale, n_tiles, b, h, r0, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
         # One step of the forward's dense loop (see the module docstring): S_j issued, then O += P_{j-1}
         # V_{j-1}; the softmax of S_j while the latter runs. MASK: the keys past hi are masked (the
-        # last, partial tile only). r0: ring tiles before this block's first (see _refill_ring).
-        slot = (r0 + j) % STAGES
-        prev = (r0 + j - 1) % STAGES
-        mbarrier.wait(k_bars.index(slot), ((r0 + j) // STAGES) & 1)
+        # last, partial tile only).
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
         s_tok = warpgroup_mma(q_a, _slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((r0 + j - 1) // STAGES) & 1)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
-        _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False, r0)
+        _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
         if MASK:
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
@@ -246,156 +237,39 @@ if HAVE_GLUON:
         p_next = gl.convert_layout(pf.to(dtype), p_layout)
         acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
-        _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False, r0)
+        _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         return acc, p_next, m_new, l_i
 
     @gluon.jit
-    def _fwd_work(w, n_blocks, BH, H, S, LENGTHS, BLOCK_ITEMS: gl.constexpr, T: gl.constexpr):
-        # A persistent forward's work item w (w < n_blocks * BH), heaviest first: the last query block of
-        # every head, then the block before, ... Its batch row, head, valid items, first item, first row
-        # in the contiguous outputs, and dense keys [0, hi) (0 for an item past the end).
-        blk = n_blocks - 1 - w // BH
-        bh = w % BH
-        b = bh // H
-        n_valid = gl.load(LENGTHS + b)
-        item0 = blk * BLOCK_ITEMS
-        hi = gl.where((item0 < n_valid) & (blk >= 0), item0, 0)
-        return b, bh % H, n_valid, item0, bh * S + item0 * T, hi
-
-    @gluon.jit
-    def _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar, b_bar,
-                   k_bars, v_bars, b, h, item0, hi, r0, on, WHAT: gl.constexpr, T: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        # A query block's loads (if `on`): WHAT 0, Q; 1, its first dense K/V tiles (ring tiles r0...);
-        # 2, its own K/V (on a barrier of their own, waited for only after the dense loop).
-        if WHAT == 0:
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes, pred=on)
-            _tma_load(q_desc, [b, h, item0 * T, 0], q_bar, q_s4, pred=on)
-        if WHAT == 1:
-            n_tiles = gl.cdiv(hi, BLOCK_N)
-            for i in gl.static_range(STAGES):
-                go = (i < n_tiles) & on
-                slot = (r0 + i) % STAGES
-                mbarrier.expect(k_bars.index(slot), kd_desc.block_type.nbytes, pred=go)
-                _tma_load(kd_desc, [b, h, i * BLOCK_N, 0], k_bars.index(slot), kd_smem.index(slot), pred=go)
-                mbarrier.expect(v_bars.index(slot), vd_desc.block_type.nbytes, pred=go)
-                _tma_load(vd_desc, [b, h, i * BLOCK_N, 0], v_bars.index(slot), vd_smem.index(slot), pred=go)
-        if WHAT == 2:
-            mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes, pred=on)
-            _tma_load(k_desc, [b, h, item0 * T, 0], b_bar, kb_s4, pred=on)
-            _tma_load(v_desc, [b, h, item0 * T, 0], b_bar, vb_s4, pred=on)
-
-    @gluon.jit
-    def _fwd_block(r0, it, b, h, n_valid, item0, row0, hi, nb, nh, nitem0, nhi, more,
-                   q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, S, qk_scale,
-                   q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar, b_bar, k_bars, v_bars,
-                   T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, PERSIST: gl.constexpr,
-                   num_warps: gl.constexpr):
-        # The forward of one query block, its loads already issued; the `it`-th block of its program,
-        # whose ring had carried r0 tiles before it. PERSIST: the program's next block (nb, nh, nitem0,
-        # nhi; if `more`) gets its loads here as soon as each buffer is free -- its first dense tiles
-        # once the last dense P V is done, its Q once the own keys' scores are, its own K/V at the end --
-        # so that they arrive while this block finishes. Returns the ring count after this block.
+    def _sm90_fwd_kernel(
+        q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
+        H, S, n_items, qk_scale,
+        T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
+    ):
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
         sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
         o_layout: gl.constexpr = _mma_layout(D, num_warps)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        q_smem = q_s4.reshape([BLOCK_M, D])
-        kb_smem = kb_s4.reshape([BLOCK_M, D])
-        vb_smem = vb_s4.reshape([BLOCK_M, D])
+
+        pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
+        b = pid_bh // H
+        h = pid_bh % H
+        n_valid = gl.load(LENGTHS + b)
+        item0 = pid_m * BLOCK_ITEMS
+        row0 = pid_bh * S + item0 * T  # first row of the block in the contiguous outputs
+        hi = gl.where(item0 < n_valid, item0, 0)  # dense keys [0, hi) are visible to the block
         n_tiles = gl.cdiv(hi, BLOCK_N)
-        ph = it & 1  # this block's phase of q_bar and b_bar
 
-        m_i, l_i, acc, s_zero, p, offs_n = _fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
-        mbarrier.wait(q_bar, ph)
-        # with A_REGS Q is the register operand of S = Q K^T: shared memory then streams K alone
-        q_a = _a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS > 0)
-
-        if n_tiles > 0:
-            # first tile: its softmax has nothing to overlap with
-            mbarrier.wait(k_bars.index(r0 % STAGES), (r0 // STAGES) & 1)
-            s_tok = warpgroup_mma(q_a, _slot(kd_smem, r0 % STAGES, BLOCK_N, D).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s_tok,))
-            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False, r0)
-            s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
-            m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
-            pf = gl.exp2(s * qk_scale - m_i[:, None])
-            l_i = gl.sum(pf, 1)
-            p = gl.convert_layout(pf.to(dtype), p_layout)
-        # the full tiles, then (a loop of at most one step) the partial last tile with its key mask:
-        # masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
-        # and ptxas turns an `if` around the mask back into the same selects
-        n_full = gl.maximum(hi // BLOCK_N, 1)
-        bounds = (1, n_full, n_tiles)
-        for phase in gl.static_range(2):  # plain, masked
-            for j in range(bounds[phase], bounds[phase + 1]):
-                acc, p, m_i, l_i = _fwd_step(j, phase == 1, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc,
-                                             acc, p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, r0,
-                                             STAGES, BLOCK_N, D, p_layout, o_rows, dtype)
-
-        # The block's own tokens, whose scores are computed while the last dense P V runs.
-        mbarrier.wait(b_bar, ph)
-        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout),
-                               use_acc=False, is_async=True)
-        if n_tiles > 0:
-            last = (r0 + n_tiles - 1) % STAGES
-            mbarrier.wait(v_bars.index(last), ((r0 + n_tiles - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p, _slot(vd_smem, last, BLOCK_N, D), acc, is_async=True)
-            sb = warpgroup_mma_wait(1, deps=(sb_tok,))
-            if PERSIST:  # Q is read (its A_REGS copy, at the start, through the generic proxy: fenced)
-                fence_async_shared()
-                _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                           b_bar, k_bars, v_bars, nb, nh, nitem0, nhi, r0 + n_tiles, more, 0, T, BLOCK_N, STAGES)
-            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
-                                                         BLOCK_M, sb_layout, o_layout, dtype)
-            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-        else:
-            sb = warpgroup_mma_wait(0, deps=(sb_tok,))
-            if PERSIST:  # Q is read (its A_REGS copy, at the start, through the generic proxy: fenced)
-                fence_async_shared()
-                _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                           b_bar, k_bars, v_bars, nb, nh, nitem0, nhi, r0 + n_tiles, more, 0, T, BLOCK_N, STAGES)
-            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
-                                                         BLOCK_M, sb_layout, o_layout, dtype)
-        if PERSIST:  # every dense tile is consumed: the ring takes the next block's first tiles
-            _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                       b_bar, k_bars, v_bars, nb, nh, nitem0, nhi, r0 + n_tiles, more, 1, T, BLOCK_N, STAGES)
-        acc = acc * alpha_b[:, None]
-        o_tok = warpgroup_mma(pb, vb_smem, acc, is_async=True)
-        acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
-        if PERSIST:
-            # O leaves through the own V's buffer, then the next block's own K/V are loaded (needed only
-            # after its dense loop)
-            _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout,
-                       dtype, num_warps, vb_smem)
-            fence_async_shared()
-            _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                       b_bar, k_bars, v_bars, nb, nh, nitem0, nhi, r0 + n_tiles, more, 2, T, BLOCK_N, STAGES)
-        else:
-            _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout,
-                       dtype, num_warps)
-        return r0 + n_tiles
-
-    @gluon.jit
-    def _sm90_fwd_kernel(
-        q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, LENGTHS,
-        H, S, n_items, qk_scale, n_blocks, BH,
-        T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, PERSIST: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
-        # One query block per program (grid: launch_grid), or (PERSIST) a persistent grid whose program i
-        # takes the work items i, i + G, i + 2G, ... (_fwd_work) and loads each block's Q, first dense
-        # tiles and own K/V while the block before it finishes.
-        dtype: gl.constexpr = q_desc.dtype
         q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)  # TMA's [1, 1, rows, D] box
         kb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
         vb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
+        q_smem = q_s4.reshape([BLOCK_M, D])
+        kb_smem = kb_s4.reshape([BLOCK_M, D])
+        vb_smem = vb_s4.reshape([BLOCK_M, D])
         kd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
         vd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], vd_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -408,49 +282,77 @@ if HAVE_GLUON:
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
 
-        if PERSIST:
-            n_work = n_blocks * BH
-            G = gl.num_programs(0)
-            w = gl.program_id(0)
-            b, h, n_valid, item0, row0, hi = _fwd_work(w, n_blocks, BH, H, S, LENGTHS, BLOCK_ITEMS, T)
-            for what in gl.static_range(3):
-                _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                           b_bar, k_bars, v_bars, b, h, item0, hi, 0, True, what, T, BLOCK_N, STAGES)
-            r0 = 0
-            it = 0
-            while w < n_work:
-                wn = w + G
-                more = wn < n_work
-                nb, nh, nn, ni, nr, nhi = _fwd_work(wn, n_blocks, BH, H, S, LENGTHS, BLOCK_ITEMS, T)
-                r0 = _fwd_block(r0, it, b, h, n_valid, item0, row0, hi, nb, nh, ni, nhi, more,
-                                q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, S, qk_scale,
-                                q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar, b_bar, k_bars, v_bars,
-                                T, BLOCK_ITEMS, BLOCK_M, BLOCK_N, D, STAGES, A_REGS, True, num_warps)
-                it += 1
-                w = wn
-                b, h, n_valid, item0, row0, hi = nb, nh, nn, ni, nr, nhi
+        # Q first (the first product needs it), then the first dense tiles, then the block's own K/V on a
+        # barrier of their own (waited for only after the dense loop).
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, h, item0 * T, 0], q_bar, q_s4)
+        for i in gl.static_range(STAGES):
+            go = i < n_tiles
+            mbarrier.expect(k_bars.index(i), kd_desc.block_type.nbytes, pred=go)
+            _tma_load(kd_desc, [b, h, i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
+                                            pred=go)
+            mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
+            _tma_load(vd_desc, [b, h, i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
+                                            pred=go)
+        mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [b, h, item0 * T, 0], b_bar, kb_s4)
+        _tma_load(v_desc, [b, h, item0 * T, 0], b_bar, vb_s4)
+
+        m_i, l_i, acc, s_zero, p, offs_n = _fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
+        mbarrier.wait(q_bar, 0)
+        # with A_REGS Q is the register operand of S = Q K^T: shared memory then streams K alone
+        q_a = _a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS > 0)
+
+        if n_tiles > 0:
+            # first tile: its softmax has nothing to overlap with
+            mbarrier.wait(k_bars.index(0), 0)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+            s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
+            m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
+            pf = gl.exp2(s * qk_scale - m_i[:, None])
+            l_i = gl.sum(pf, 1)
+            p = gl.convert_layout(pf.to(dtype), p_layout)
+        # the full tiles, then (a loop of at most one step) the partial last tile with its key mask:
+        # masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
+        # and ptxas turns an `if` around the mask back into the same selects
+        n_full = gl.maximum(hi // BLOCK_N, 1)
+        bounds = (1, n_full, n_tiles)
+        for ph in gl.static_range(2):  # plain, masked
+            for j in range(bounds[ph], bounds[ph + 1]):
+                acc, p, m_i, l_i = _fwd_step(j, ph == 1, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc,
+                                             p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N,
+                                             D, p_layout, o_rows, dtype)
+
+        # The block's own tokens, whose scores are computed while the last dense P V runs.
+        mbarrier.wait(b_bar, 0)
+        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout),
+                               use_acc=False, is_async=True)
+        if n_tiles > 0:
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p, _slot(vd_smem, last, BLOCK_N, D), acc, is_async=True)
+            sb = warpgroup_mma_wait(1, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         else:
-            pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
-            b = pid_bh // H
-            h = pid_bh % H
-            n_valid = gl.load(LENGTHS + b)
-            item0 = pid_m * BLOCK_ITEMS
-            row0 = pid_bh * S + item0 * T  # first row of the block in the contiguous outputs
-            hi = gl.where(item0 < n_valid, item0, 0)  # dense keys [0, hi) are visible to the block
-            # Q first (the first product needs it), then the first dense tiles, then the block's own K/V
-            for what in gl.static_range(3):
-                _fwd_loads(q_desc, k_desc, v_desc, kd_desc, vd_desc, q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar,
-                           b_bar, k_bars, v_bars, b, h, item0, hi, 0, True, what, T, BLOCK_N, STAGES)
-            _fwd_block(0, 0, b, h, n_valid, item0, row0, hi, b, h, item0, hi, False,
-                       q_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, S, qk_scale,
-                       q_s4, kb_s4, vb_s4, kd_smem, vd_smem, q_bar, b_bar, k_bars, v_bars,
-                       T, BLOCK_ITEMS, BLOCK_M, BLOCK_N, D, STAGES, A_REGS, False, num_warps)
+            sb = warpgroup_mma_wait(0, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+        acc = acc * alpha_b[:, None]
+        o_tok = warpgroup_mma(pb, vb_smem, acc, is_async=True)
+        acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
 
         mbarrier.invalidate(q_bar)
         mbarrier.invalidate(b_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
+
+        _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout, dtype,
+                   num_warps)
 
 
     @gluon.jit
@@ -807,14 +709,11 @@ def _dense(x: torch.Tensor, T: int) -> torch.Tensor:
 def launch_fwd_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     T: int, scale: float, *, block_m: int = 64, block_n: int = 64, num_warps: int = 4, stages: int = 2,
-    a_regs: int = 0, lpt: bool = False, persist: int = 0, programs: int = 0,
+    a_regs: int = 0, lpt: bool = False,
 ) -> None:
     """Fill ``out`` (contiguous, q's shape and dtype) and ``lse`` ([B, H, S] fp32, contiguous) with
     the forward. q, k, v ``[B, H, S, D]`` of any strides TMA can read (else copied); ``lengths``
-    int32 on q's device. ``persist`` > 0: a persistent grid of that many programs per SM (each takes
-    query blocks heaviest first and loads the next block's tiles while finishing one); ``programs``
-    > 0: a persistent grid of exactly that many programs (tests make them loop over many blocks);
-    ``lpt`` applies to neither."""
+    int32 on q's device."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 forward: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
@@ -824,29 +723,16 @@ def launch_fwd_sm90(
         raise ValueError(f"block_n: a power of two in [16, 256], got {block_n}")
     if stages < 2:
         raise ValueError(f"stages: the dense K/V ring needs at least 2 slots, got {stages}")
-    if persist < 0 or programs < 0:
-        raise ValueError(f"persist / programs: programs per SM / in all of a persistent grid (0: one program per "
-                         f"block), got {persist} / {programs}")
     if not out.is_contiguous() or not lse.is_contiguous():
         raise ValueError("item_block sm90 forward: out and lse must be contiguous")
     q, k, v = (x if tma_ready(x) else x.contiguous() for x in (q, k, v))
     n_items = S // T
-    n_blocks = triton.cdiv(n_items, block_m // T)
-    if persist or programs:
-        grid: tuple[int, int] = (min(n_blocks * B * H, programs or persist * _sm_count(q.device)), 1)
-    else:
-        grid = launch_grid(n_blocks, B * H, lpt)
-    _sm90_fwd_kernel[grid](
+    _sm90_fwd_kernel[launch_grid(triton.cdiv(n_items, block_m // T), B * H, lpt)](
         _desc(q, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_n),
-        _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E, n_blocks, B * H,
+        _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E,
         T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, A_REGS=bool(a_regs),
-        LPT=lpt, PERSIST=persist > 0 or programs > 0, num_warps=num_warps,
+        LPT=lpt, num_warps=num_warps,
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def launch_dense_kv_sm90(
