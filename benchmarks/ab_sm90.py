@@ -41,6 +41,40 @@ def load(path: str):
     return mod
 
 
+_STRIP: dict = {"on": False, "deleted": {}}
+
+
+def _strip_loop_barriers(ptx: str, name: str) -> str:
+    """Delete ``bar.sync 0;`` inside the kernel's main loops (backward branches over more than 150 PTX
+    lines), counting them in ``_STRIP["deleted"]``."""
+    import re
+
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\$L__BB\d+_\d+):", ln))}
+    drop: set[int] = set()
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ln)
+        if m and m.group(1) in labels and i - labels[m.group(1)] > 150:
+            drop |= {k for k in range(labels[m.group(1)], i) if re.match(r"^\s*bar\.sync\s+0;", lines[k])}
+    _STRIP["deleted"][name] = len(drop)
+    return "\n".join(ln for k, ln in enumerate(lines) if k not in drop) + "\n"
+
+
+def _install_barrier_strip(names: set[str]) -> None:
+    from triton import knobs
+
+    def hook(backend, stages, options, language, capability):
+        make_ptx = stages["ptx"]
+
+        def ptx(src, metadata):
+            out = make_ptx(src, metadata)
+            hit = [n for n in names if f".entry {n}(" in out]
+            return _strip_loop_barriers(out, hit[0]) if _STRIP["on"] and hit else out
+        stages["ptx"] = ptx
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
@@ -51,7 +85,15 @@ def main() -> int:
     ap.add_argument("--new-set", action="append", default=[], metavar="KNOB=a,b,c,d[,e]")
     ap.add_argument("--full", action="store_true", help="every row 1,024 items long (the table's shape), "
                     "not lengths drawn from 512..1,024")
+    ap.add_argument("--strip-loop-barriers", default="", metavar="KERNELS",
+                    help="an experiment: compile the new side's kernels named here (comma-separated: fwd, dq, "
+                         "dense_kv) with every CTA barrier (bar.sync 0) inside their main loops deleted from the "
+                         "PTX; run with TRITON_ALWAYS_COMPILE=1 (the on-disk cache would hand back the other "
+                         "side's binary) and OLD = this checkout's module")
     a = ap.parse_args()
+    strip = {f"_sm90_{x}_kernel" for x in a.strip_loop_barriers.split(",") if x}
+    if strip:
+        _install_barrier_strip(strip)
     old = load(a.old)
     D = a.head_dim
     H = 8 if D == 128 else 12
@@ -94,10 +136,24 @@ def main() -> int:
 
     bo, bn = bufs(), bufs()
     ko, kn = kernels(old, bo, cfg), kernels(new, bn, cfg_new)
-    for name in ko:
+    for name in ko:  # (first calls compile: the old side's without the barrier strip, if any)
         ko[name]()
+    torch.cuda.synchronize()
+    _STRIP["on"] = bool(strip)
+    for name in kn:
         kn[name]()
     torch.cuda.synchronize()
+    _STRIP["on"] = False
+    if strip:
+        print(f"barriers deleted from main loops: {_STRIP['deleted']}", flush=True)
+        for _ in range(4):  # races would show as outputs that change from run to run
+            for name in ko:
+                ko[name]()
+                kn[name]()
+            torch.cuda.synchronize()
+            for key in bo:
+                if not torch.equal(bo[key], bn[key]):
+                    print(f"check {key}: DIFFERS on a repeated run", flush=True)
     ok = True
     for key in bo:
         same = torch.equal(bo[key], bn[key])
