@@ -149,7 +149,7 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
     out = []
     if cfg.sm90_fwd:
         bm, bn, w, st, ar = ib._sm90_tiles(cfg.sm90_fwd)
-        sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bn, D, D), "v_desc": _desc_type(bn, D, D),
+        sig = {"q_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D), "v_desc": _desc_type(bm, D, D),
                "kd_desc": _desc_type(bn, D, T * D), "vd_desc": _desc_type(bn, D, T * D),
                "O": "*bf16", "LSE": "*fp32", "LENGTHS": "*i32", **scal}
         out.append(("sm90 forward", sm._sm90_fwd_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,

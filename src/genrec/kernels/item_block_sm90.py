@@ -128,25 +128,21 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _refill_ring(desc, blk_desc, ring, bars, tile, on, STAGES: gl.constexpr, n_tiles, b, h, tok0,
-                     BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr, N_OWN: gl.constexpr = 1):
+                     BLOCK_N: gl.constexpr, RING_BLOCK: gl.constexpr):
         # Tile `tile` (>= -STAGES) has been consumed from its ring slot: load tile + STAGES into that
         # slot (if any, and if `on`). A predicate, not a branch: ptxas waits for every outstanding
         # register load and MUFU result before a branch it cannot prove uniform, so an `if` around
         # this in a loop would expose the latency of whatever was issued ahead of it.
-        # With RING_BLOCK the ring's tiles n_tiles .. n_tiles + N_OWN - 1 are the query block's own K or
-        # V (BLOCK_N rows each), read from the token descriptor blk_desc from token tok0 on.
+        # With RING_BLOCK the ring's tile n_tiles is the query block's own K or V (same shape), read
+        # from the token descriptor blk_desc at token tok0.
         nxt = tile + STAGES
         slot = (tile + STAGES) % STAGES
         dense = (nxt < n_tiles) & on
         if RING_BLOCK:
-            if N_OWN == 1:
-                own = (nxt == n_tiles) & on
-            else:
-                own = (nxt >= n_tiles) & (nxt < n_tiles + N_OWN) & on
+            own = (nxt == n_tiles) & on
             mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense | own)
             _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
-            _tma_load(blk_desc, [b, h, tok0 + (nxt - n_tiles) * BLOCK_N * (N_OWN > 1), 0], bars.index(slot),
-                      ring.index(slot), pred=own)
+            _tma_load(blk_desc, [b, h, tok0, 0], bars.index(slot), ring.index(slot), pred=own)
         else:
             mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=dense)
             _tma_load(desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), ring.index(slot), pred=dense)
@@ -156,15 +152,9 @@ if HAVE_GLUON:
                      layout: gl.constexpr):
         # [BM, BM] visibility of the block's own keys (columns) to its queries (rows): the PinGER mask
         # as two integer comparisons, as item_block._inblock_index builds it; padding rows see nothing.
-        return _own_vis(item0, n_valid, 0, T, BLOCK_ITEMS, BLOCK_M, BLOCK_M, layout)
-
-    @gluon.jit
-    def _own_vis(item0, n_valid, col0, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, layout: gl.constexpr):
-        # _inblock_vis for the block's own keys col0 .. col0 + BLOCK_N - 1 only: a [BM, BN] tile of it
         BIG: gl.constexpr = 1 << 30
         rq = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        rk = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        rk = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
         q_ok = (rq < BLOCK_ITEMS * T) & (item0 + rq // T < n_valid)
         k_ok = (rk < BLOCK_ITEMS * T) & (item0 + rk // T < n_valid)
         r = gl.where(q_ok, rq, -1)
@@ -223,16 +213,12 @@ if HAVE_GLUON:
         gl.store(O + offs, out, mask=st_i[:, None])
 
     @gluon.jit
-    def _fwd_step(j, MASK: gl.constexpr, OWN_NEXT: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, k_desc, v_desc,
-                  acc, p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, tok0, item0, n_valid,
-                  T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  BLOCK_N: gl.constexpr, N_OWN: gl.constexpr, D: gl.constexpr, s_layout: gl.constexpr,
-                  p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
-        # One step of the forward's loop over its ring tiles (see the module docstring): S_j issued, then
-        # O += P_{j-1} V_{j-1}; the softmax of S_j while the latter runs. MASK 0: a full dense tile;
-        # 1: the partial last dense tile (keys past hi masked); 2: a tile of the block's own tokens
-        # (ring tile n_tiles + i: own keys i * BLOCK_N ..), under the in-block rule. OWN_NEXT: the ring
-        # tiles this step refills may be own tiles (else they are dense: a cheaper refill).
+    def _fwd_step(j, MASK: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p, m_i, l_i,
+                  s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
+        # One step of the forward's dense loop (see the module docstring): S_j issued, then O += P_{j-1}
+        # V_{j-1}; the softmax of S_j while the latter runs. MASK: the keys past hi are masked (the
+        # last, partial tile only).
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
@@ -240,22 +226,18 @@ if HAVE_GLUON:
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, _slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
-        # K_j is consumed: its slot takes ring tile j + STAGES now, two steps ahead of its use
-        _refill_ring(kd_desc, k_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, OWN_NEXT, N_OWN)
-        if MASK == 1:
+        # K_j is consumed: its slot takes K_{j+STAGES} now, two steps ahead of its use
+        _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+        if MASK:
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
-        if MASK == 2:
-            vis = _own_vis(item0, n_valid, (j - n_tiles) * BLOCK_N, T, BLOCK_ITEMS, BLOCK_M, BLOCK_N, s_layout)
-            s = gl.where(vis, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
         pf = gl.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + gl.sum(pf, 1)
         p_next = gl.convert_layout(pf.to(dtype), p_layout)
         acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-        # tile j-1 is consumed (its S long ago, its PV just now): refill its slot
-        _refill_ring(vd_desc, v_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, OWN_NEXT,
-                     N_OWN)
+        # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
+        _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         return acc, p_next, m_new, l_i
 
@@ -266,16 +248,12 @@ if HAVE_GLUON:
         T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         D: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # One ring carries the block's dense K/V tiles (at least one: fully masked when the block has
-        # no dense key) and then its own K/V in N_OWN tiles of BLOCK_N tokens (k_desc / v_desc boxes);
-        # one loop runs the online softmax over all of them, the own tiles under the in-block rule.
         dtype: gl.constexpr = q_desc.dtype
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+        sb_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
         o_layout: gl.constexpr = _mma_layout(D, num_warps)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        N_OWN: gl.constexpr = BLOCK_M // BLOCK_N
-        gl.static_assert(N_OWN * BLOCK_N == BLOCK_M, "forward: the block's own tokens fill whole ring tiles")
 
         pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
         b = pid_bh // H
@@ -283,73 +261,98 @@ if HAVE_GLUON:
         n_valid = gl.load(LENGTHS + b)
         item0 = pid_m * BLOCK_ITEMS
         row0 = pid_bh * S + item0 * T  # first row of the block in the contiguous outputs
-        tok0 = item0 * T
         hi = gl.where(item0 < n_valid, item0, 0)  # dense keys [0, hi) are visible to the block
-        n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
 
         q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)  # TMA's [1, 1, rows, D] box
+        kb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], k_desc.layout)
+        vb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
         q_smem = q_s4.reshape([BLOCK_M, D])
+        kb_smem = kb_s4.reshape([BLOCK_M, D])
+        vb_smem = vb_s4.reshape([BLOCK_M, D])
         kd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
         vd_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], vd_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        b_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(b_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
             mbarrier.init(v_bars.index(i), count=1)
 
-        # Q first (the first product needs it), then the ring's first tiles (as refills of tiles -STAGES..-1)
+        # Q first (the first product needs it), then the first dense tiles, then the block's own K/V on a
+        # barrier of their own (waited for only after the dense loop).
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, h, tok0, 0], q_bar, q_s4)
+        _tma_load(q_desc, [b, h, item0 * T, 0], q_bar, q_s4)
         for i in gl.static_range(STAGES):
-            _refill_ring(kd_desc, k_desc, kd_smem, k_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N,
-                         True, N_OWN)
-            _refill_ring(vd_desc, v_desc, vd_smem, v_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N,
-                         True, N_OWN)
+            go = i < n_tiles
+            mbarrier.expect(k_bars.index(i), kd_desc.block_type.nbytes, pred=go)
+            _tma_load(kd_desc, [b, h, i * BLOCK_N, 0], k_bars.index(i), kd_smem.index(i),
+                                            pred=go)
+            mbarrier.expect(v_bars.index(i), vd_desc.block_type.nbytes, pred=go)
+            _tma_load(vd_desc, [b, h, i * BLOCK_N, 0], v_bars.index(i), vd_smem.index(i),
+                                            pred=go)
+        mbarrier.expect(b_bar, 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [b, h, item0 * T, 0], b_bar, kb_s4)
+        _tma_load(v_desc, [b, h, item0 * T, 0], b_bar, vb_s4)
 
         m_i, l_i, acc, s_zero, p, offs_n = _fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
         mbarrier.wait(q_bar, 0)
         # with A_REGS Q is the register operand of S = Q K^T: shared memory then streams K alone
         q_a = _a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS > 0)
 
-        # tile 0 (dense): its softmax has nothing to overlap with
-        mbarrier.wait(k_bars.index(0), 0)
-        s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s_tok,))
-        _refill_ring(kd_desc, k_desc, kd_smem, k_bars, 0, True, STAGES, n_tiles, b, h, tok0, BLOCK_N, True, N_OWN)
-        s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
-        m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
-        pf = gl.exp2(s * qk_scale - m_i[:, None])
-        l_i = gl.sum(pf, 1)
-        p = gl.convert_layout(pf.to(dtype), p_layout)
-        # the full dense tiles, then (a loop of at most one step) the partial last one with its key mask
-        # (masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
-        # and ptxas turns an `if` around the mask back into the same selects), then the own tiles. The
-        # full tiles whose refills are all dense come first, in a loop of their own: the refill that may
-        # load an own tile costs ~50 instructions more per step.
+        if n_tiles > 0:
+            # first tile: its softmax has nothing to overlap with
+            mbarrier.wait(k_bars.index(0), 0)
+            s_tok = warpgroup_mma(q_a, _slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, 0, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
+            s = gl.where((offs_n < hi)[None, :], s, float("-inf"))
+            m_i = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # m_i and l_i in the scaled log2 domain
+            pf = gl.exp2(s * qk_scale - m_i[:, None])
+            l_i = gl.sum(pf, 1)
+            p = gl.convert_layout(pf.to(dtype), p_layout)
+        # the full tiles, then (a loop of at most one step) the partial last tile with its key mask:
+        # masking every tile cost 32 selects a thread per tile in a loop that is short of issue slots,
+        # and ptxas turns an `if` around the mask back into the same selects
         n_full = gl.maximum(hi // BLOCK_N, 1)
-        n_cheap = gl.maximum(gl.minimum(n_full, n_tiles - STAGES), 1)
-        bounds = (1, n_cheap, n_full, n_tiles, n_tiles + N_OWN)
-        for ph in gl.static_range(4):  # (mask, refills may be own): plain dense, plain, partial, own
+        bounds = (1, n_full, n_tiles)
+        for ph in gl.static_range(2):  # plain, masked
             for j in range(bounds[ph], bounds[ph + 1]):
-                acc, p, m_i, l_i = _fwd_step(j, (0, 0, 1, 2)[ph], ph > 0, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, k_desc,
-                                             v_desc, acc, p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h,
-                                             tok0, item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, STAGES, BLOCK_N, N_OWN, D,
-                                             s_layout, p_layout, o_rows, dtype)
-        # the last own tile's P V
-        last = n_tiles + N_OWN - 1
-        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-        o_tok = warpgroup_mma(p, _slot(vd_smem, last % STAGES, BLOCK_N, D), acc, is_async=True)
-        acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+                acc, p, m_i, l_i = _fwd_step(j, ph == 1, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc,
+                                             p, m_i, l_i, s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES, BLOCK_N,
+                                             D, p_layout, o_rows, dtype)
+
+        # The block's own tokens, whose scores are computed while the last dense P V runs.
+        mbarrier.wait(b_bar, 0)
+        sb_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_M], gl.float32, sb_layout),
+                               use_acc=False, is_async=True)
+        if n_tiles > 0:
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p, _slot(vd_smem, last, BLOCK_N, D), acc, is_async=True)
+            sb = warpgroup_mma_wait(1, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+            acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        else:
+            sb = warpgroup_mma_wait(0, deps=(sb_tok,))
+            pb, alpha_b, m_fin, l_fin = _inblock_softmax(sb, m_i, l_i, item0, n_valid, qk_scale, T, BLOCK_ITEMS,
+                                                         BLOCK_M, sb_layout, o_layout, dtype)
+        acc = acc * alpha_b[:, None]
+        o_tok = warpgroup_mma(pb, vb_smem, acc, is_async=True)
+        acc, pb = warpgroup_mma_wait(0, deps=(o_tok, pb))
 
         mbarrier.invalidate(q_bar)
+        mbarrier.invalidate(b_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
 
-        _fwd_store(acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), O, LSE, item0, n_valid, row0,
-                   S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout, dtype, num_warps)
+        _fwd_store(acc, m_fin, l_fin, O, LSE, item0, n_valid, row0, S, T, BLOCK_ITEMS, BLOCK_M, D, o_layout, dtype,
+                   num_warps)
 
 
     @gluon.jit
@@ -724,11 +727,8 @@ def launch_fwd_sm90(
         raise ValueError("item_block sm90 forward: out and lse must be contiguous")
     q, k, v = (x if tma_ready(x) else x.contiguous() for x in (q, k, v))
     n_items = S // T
-    if block_n > block_m or block_m % block_n:
-        raise ValueError(f"block_n must divide block_m (the block's own tokens ride the ring in whole tiles), "
-                         f"got {block_n} and {block_m}")
     _sm90_fwd_kernel[launch_grid(triton.cdiv(n_items, block_m // T), B * H, lpt)](
-        _desc(q, block_m), _desc(k, block_n), _desc(v, block_n), _desc(_dense(k, T), block_n),
+        _desc(q, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_n),
         _desc(_dense(v, T), block_n), out, lse, lengths, H, S, n_items, scale * _LOG2E,
         T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, A_REGS=bool(a_regs),
         LPT=lpt, num_warps=num_warps,
