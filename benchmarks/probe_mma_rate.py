@@ -64,12 +64,7 @@ def _step_kernel(X, OUT, steps, qk_scale, BLOCK_N: gl.constexpr, D: gl.constexpr
         o_tok = warpgroup_mma(p, v_smem, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         if SOFTMAX:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            pf = gl.exp2(s * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(pf, 1)
-            m_i = m_new
-            p_next = gl.convert_layout(pf.to(dtype), p_layout)
+            p_next, alpha, m_i, l_i = sm._online_softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
             acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         else:
@@ -137,12 +132,7 @@ def _ring_kernel(kd_desc, vd_desc, X, OUT, steps, qk_scale, H, BLOCK_N: gl.const
         o_tok = warpgroup_mma(p, sm._slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         _ring_refill(kd_desc, kd_smem, k_bars, j + STAGES, 0, h, N_TILES, BLOCK_N, STAGES)
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        pf = gl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(pf, 1)
-        m_i = m_new
-        p_next = gl.convert_layout(pf.to(dtype), p_layout)
+        p_next, alpha, m_i, l_i = sm._online_softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
         acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         _ring_refill(vd_desc, vd_smem, v_bars, j - 1 + STAGES, 0, h, N_TILES, BLOCK_N, STAGES)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]

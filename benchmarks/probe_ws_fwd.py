@@ -102,12 +102,7 @@ def _consumer(args, T_: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.con
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         mbarrier.arrive(emptyk.index(WHO * STAGES + slot), count=1)
         s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        pf = gl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(pf, 1)
-        m_i = m_new
-        p_next = gl.convert_layout(pf.to(dtype), p_layout)
+        p_next, alpha, m_i, l_i = sm._online_softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
         acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(emptyv.index(WHO * STAGES + prev), count=1)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -258,6 +253,49 @@ def compile_stats() -> dict:
             "local": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
 
 
+def check_forward(launch, cases, D: int = 128) -> bool:
+    """``launch(q, k, v, lengths, out, lse, scale, **kw)`` against the fp32 reference on fresh random
+    inputs (B 2, 2 heads; outputs NaN-filled first), one line per case ``(n_items, lengths, kw)``."""
+    from genrec.kernels.reference import item_block_attention_ref, item_block_mask
+
+    ok = True
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for n, lens, kw in cases:
+        q, k, v = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+        lengths = torch.tensor(lens, device="cuda", dtype=torch.int32)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+        launch(q, k, v, lengths, out, lse, 1 / math.sqrt(D), **kw)
+        ref = item_block_attention_ref(q.float(), k.float(), v.float(), lengths, T)
+        mask = item_block_mask(lengths.cpu(), n, T).to(q.device)[:, None]
+        s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
+        rl = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
+        rl = torch.where(mask.any(-1), rl, torch.zeros_like(rl))
+        e_o = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        e_l = float((lse - rl).norm() / rl.norm().clamp_min(1e-30))
+        nan = bool(out.isnan().any() or lse.isnan().any())
+        good = e_o < 2e-2 and e_l < 1e-3 and not nan
+        ok &= good
+        print(f"check n={n} {lens} {kw or ''}: out {e_o:.1e} lse {e_l:.1e} nan={nan} {'ok' if good else 'FAIL'}",
+              flush=True)
+    return ok
+
+
+def full_shape(launch, B: int = 8, H: int = 8, D: int = 128, n: int = 1024):
+    """The benchmark shape (full-length rows): inputs, ``launch``'s outputs and the production forward's,
+    their largest differences printed."""
+    q, k, v = (torch.randn(B, H, n * T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    out2, lse2 = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    sc = 1 / math.sqrt(D)
+    launch(q, k, v, lengths, out, lse, sc)
+    sm.launch_fwd_sm90(q, k, v, lengths, out2, lse2, T, sc)
+    print("full shape: max |out - production| =", float((out.float() - out2.float()).abs().max()),
+          " max |lse - production| =", float((lse - lse2).abs().max()))
+    return q, k, v, lengths, out, lse, out2, lse2, sc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
@@ -270,37 +308,11 @@ def main() -> int:
         print(json.dumps(compile_stats()))
         return 0
     from genrec.bench.kernels import _time_graph
-    from genrec.kernels.reference import item_block_attention_ref, item_block_mask
 
-    ok = True
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for n, lens in ((1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299]), (301, [301, 250])):
-        D = 128
-        q, k, v = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
-        lengths = torch.tensor(lens, device="cuda", dtype=torch.int32)
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full(q.shape[:3], float("nan"), device="cuda")
-        launch_ws_fwd(q, k, v, lengths, out, lse, 1 / math.sqrt(D), stages=a.stages[-1])
-        ref = item_block_attention_ref(q.float(), k.float(), v.float(), lengths, T)
-        mask = item_block_mask(lengths.cpu(), n, T).to(q.device)[:, None]
-        s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
-        rl = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
-        rl = torch.where(mask.any(-1), rl, torch.zeros_like(rl))
-        e_o = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-        e_l = float((lse - rl).norm() / rl.norm().clamp_min(1e-30))
-        nan = bool(out.isnan().any() or lse.isnan().any())
-        good = e_o < 2e-2 and e_l < 1e-3 and not nan
-        ok &= good
-        print(f"check n={n} {lens}: out {e_o:.1e} lse {e_l:.1e} nan={nan} {'ok' if good else 'FAIL'}", flush=True)
-    B, H, D, n = 8, 8, 128, 1024
-    q, k, v = (torch.randn(B, H, n * T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
-    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-    out2, lse2 = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-    sc = 1 / math.sqrt(D)
-    launch_ws_fwd(q, k, v, lengths, out, lse, sc)
-    sm.launch_fwd_sm90(q, k, v, lengths, out2, lse2, T, sc)
-    print("full shape: max |out - production| =", float((out.float() - out2.float()).abs().max()))
+    ok = check_forward(lambda *x: launch_ws_fwd(*x, stages=a.stages[-1]),
+                       [(n, lens, {}) for n, lens in ((1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299]),
+                                                      (301, [301, 250]))])
+    q, k, v, lengths, out, lse, out2, lse2, sc = full_shape(launch_ws_fwd)
     ts: dict[str, list[float]] = {"production (64, 64, 4, 2)": [], **{f"two blocks, shared ring of {st}": [] for st in a.stages}}
     for _ in range(5):
         ts["production (64, 64, 4, 2)"].append(_time_graph(lambda: sm.launch_fwd_sm90(q, k, v, lengths, out2, lse2, T, sc), 5, a.iters))

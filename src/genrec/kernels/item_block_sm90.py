@@ -213,6 +213,16 @@ if HAVE_GLUON:
         gl.store(O + offs, out, mask=st_i[:, None])
 
     @gluon.jit
+    def _online_softmax(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
+        # One key tile's scores folded into the running row max and sum (scaled log2 domain): P as the
+        # operand of the next P V, the rescale alpha of what was accumulated before, the new max and sum.
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        pf = gl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(pf, 1)
+        return gl.convert_layout(pf.to(dtype), p_layout), alpha, m_new, l_i
+
+    @gluon.jit
     def _fwd_step(j, MASK: gl.constexpr, q_a, kd_smem, vd_smem, k_bars, v_bars, kd_desc, vd_desc, acc, p, m_i, l_i,
                   s_zero, offs_n, hi, qk_scale, n_tiles, b, h, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, dtype: gl.constexpr):
@@ -230,11 +240,7 @@ if HAVE_GLUON:
         _refill_ring(kd_desc, kd_desc, kd_smem, k_bars, j, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
         if MASK:
             s = gl.where((j * BLOCK_N + offs_n < hi)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        pf = gl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(pf, 1)
-        p_next = gl.convert_layout(pf.to(dtype), p_layout)
+        p_next, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, qk_scale, p_layout, dtype)
         acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         # tile j-1 is consumed (its S long ago, its PV just now): refill its slot(s)
         _refill_ring(vd_desc, vd_desc, vd_smem, v_bars, j - 1, True, STAGES, n_tiles, b, h, 0, BLOCK_N, False)
