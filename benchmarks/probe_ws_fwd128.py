@@ -273,9 +273,6 @@ def _ws_fwd128_kernel(q_desc, kw_desc, vw_desc, kd_desc, vd_desc, O, LSE, LENGTH
                        [4, 1], [232, 40])
 
 
-_SMS: dict[int, int] = {}
-
-
 def launch_ws_fwd128(q, k, v, lengths, out, lse, scale, block_m=64, block_n=128, stages=2, persistent=True,
                      pingpong=False):
     B, H, S, D = q.shape
@@ -284,10 +281,7 @@ def launch_ws_fwd128(q, k, v, lengths, out, lse, scale, block_m=64, block_n=128,
     assert 2 * bi * T <= block_n, "the window (both blocks' own tokens) must fit one ring tile"
     n_pairs = triton.cdiv(triton.cdiv(n_items, bi), 2)
     n_work = n_pairs * B * H
-    dev = q.device.index or 0
-    if dev not in _SMS:
-        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    grid = min(n_work, _SMS[dev]) if persistent else n_work
+    grid = min(n_work, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else n_work
     _ws_fwd128_kernel[(grid, 1)](
         sm._desc(q, block_m), sm._desc(k, block_n), sm._desc(v, block_n), sm._desc(sm._dense(k, T), block_n),
         sm._desc(sm._dense(v, T), block_n), out, lse, lengths, H, S, n_pairs, B * H, scale * sm._LOG2E,
@@ -346,14 +340,11 @@ def main() -> int:
     from genrec.bench.kernels import _time_graph
     from probe_ws_fwd import check_forward, full_shape
 
-    if a.launch_only:
-        B, H, D, n = 8, 8, 128, 1024
-        q, k, v = (torch.randn(B, H, n * T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-        for _ in range(3):
-            sm.launch_fwd_sm90(q, k, v, lengths, out, lse, T, 1 / math.sqrt(D))
-            launch_ws_fwd128(q, k, v, lengths, out, lse, 1 / math.sqrt(D))
+    if a.launch_only:  # (full_shape launches each once; two more launches each)
+        q, k, v, lengths, out, lse, out2, lse2, sc = full_shape(launch_ws_fwd128)
+        for _ in range(2):
+            sm.launch_fwd_sm90(q, k, v, lengths, out2, lse2, T, sc)
+            launch_ws_fwd128(q, k, v, lengths, out, lse, sc)
         torch.cuda.synchronize()
         return 0
     cases = [(n, lens, {"persistent": True, "pingpong": True})
