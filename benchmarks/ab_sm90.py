@@ -75,6 +75,56 @@ def _install_barrier_strip(names: set[str]) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
+def with_tiles(cfg: ItemBlockConfig, sets: list[str]) -> ItemBlockConfig:
+    """``cfg`` with the Gluon tiles given as ``KNOB=a,b,c,d[,e]`` strings (e.g. ``sm90_fwd=64,64,4,2``)."""
+    return cfg.replace(**{kv.split("=")[0]: tuple(int(x) for x in kv.split("=")[1].split(",")) for kv in sets})
+
+
+def make_inputs(D: int, full: bool, B: int = 8, n: int = 1024, seed: int = 0) -> dict:
+    """The benchmark's inputs (bf16, B x H x n*T x D, H = 8 at head dim 128 else 12; lengths drawn from
+    n/2..n, the first full, or all full), and the forward's out / lse that the backward kernels read."""
+    H = 8 if D == 128 else 12
+    S = n * T
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    lengths = torch.randint(n // 2, n + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    lengths[0] = n
+    if full:
+        lengths.fill_(n)
+    cfg = ItemBlockConfig.tuned(D)
+    out, lse = ib.item_block_attention_fwd(q, k, v, lengths, T, config=cfg.replace(sm90_fwd=None))
+    return {"q": q, "k": k, "v": v, "do": do, "lengths": lengths, "out": out, "lse": lse, "scale": 1 / math.sqrt(D)}
+
+
+def bufs(x: dict) -> dict:
+    q = x["q"]
+    B, H, S, _ = q.shape
+    return {"out": torch.zeros_like(q), "lse": torch.zeros(B, H, S, device="cuda"),
+            "delta": torch.zeros(B, H, S, device="cuda"),
+            "dq": torch.zeros_like(q), "dk": torch.zeros_like(q), "dv": torch.zeros_like(q)}
+
+
+def kernels(mod, x: dict, o: dict, cfg: ItemBlockConfig) -> dict:
+    """The three Gluon kernels of module ``mod`` as closures over inputs ``x``, writing into ``o``."""
+    q, k, v, do, lengths, out, lse, scale = (x[key] for key in ("q", "k", "v", "do", "lengths", "out", "lse", "scale"))
+    fw, dqc, kvc = (ib._sm90_tiles(t) for t in (cfg.sm90_fwd, cfg.sm90_dq, cfg.sm90_dense_kv))
+
+    def fwd():
+        mod.launch_fwd_sm90(q, k, v, lengths, o["out"], o["lse"], T, scale, block_m=fw[0], block_n=fw[1],
+                            num_warps=fw[2], stages=fw[3], a_regs=fw[4], lpt=cfg.lpt)
+
+    def dq():
+        mod.launch_dq_sm90(q, k, v, out, do, lse, o["delta"], o["dq"], o["dk"], o["dv"], lengths, T, scale,
+                           block_m=dqc[0], block_n=dqc[1], num_warps=dqc[2], stages=dqc[3], a_regs=dqc[4],
+                           lpt=bool(cfg.dq_lpt if cfg.dq_lpt is not None else cfg.lpt))
+
+    def dkv():
+        mod.launch_dense_kv_sm90(q, k, v, do, lse, o["delta"], o["dk"], o["dv"], lengths, T, scale,
+                                 block_i=kvc[0], block_q=kvc[1], num_warps=kvc[2], stages=kvc[3], a_regs=kvc[4],
+                                 lpt=bool(cfg.kv_lpt if cfg.kv_lpt is not None else cfg.lpt))
+    return {"forward": fwd, "dq": dq, "dense dk/dv": dkv}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
@@ -83,6 +133,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--new-set", action="append", default=[], metavar="KNOB=a,b,c,d[,e]")
+    ap.add_argument("--old-set", action="append", default=[], metavar="KNOB=a,b,c,d[,e]",
+                    help="the same for the old side")
     ap.add_argument("--full", action="store_true", help="every row 1,024 items long (the table's shape), "
                     "not lengths drawn from 512..1,024")
     ap.add_argument("--strip-loop-barriers", default="", metavar="KERNELS",
@@ -98,44 +150,11 @@ def main() -> int:
     D = a.head_dim
     H = 8 if D == 128 else 12
     B, n = 8, 1024
-    S = n * T
-    cfg = ItemBlockConfig.tuned(D)
-    cfg_new = cfg.replace(**{kv.split("=")[0]: tuple(int(x) for x in kv.split("=")[1].split(",")) for kv in a.new_set})
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
-    lengths = torch.randint(n // 2, n + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
-    lengths[0] = n
-    if a.full:
-        lengths.fill_(n)
-    scale = 1 / math.sqrt(D)
-    out, lse = ib.item_block_attention_fwd(q, k, v, lengths, T, config=cfg.replace(sm90_fwd=None))
-
-    def bufs():
-        return {"out": torch.zeros_like(q), "lse": torch.zeros(B, H, S, device="cuda"),
-                "delta": torch.zeros(B, H, S, device="cuda"),
-                "dq": torch.zeros_like(q), "dk": torch.zeros_like(q), "dv": torch.zeros_like(q)}
-
-    def kernels(mod, o, cfg):
-        fw, dqc, kvc = (ib._sm90_tiles(t) for t in (cfg.sm90_fwd, cfg.sm90_dq, cfg.sm90_dense_kv))
-        a_fw, a_dq, a_kv = fw[4], dqc[4], kvc[4]
-
-        def fwd():
-            mod.launch_fwd_sm90(q, k, v, lengths, o["out"], o["lse"], T, scale, block_m=fw[0], block_n=fw[1],
-                                num_warps=fw[2], stages=fw[3], a_regs=a_fw, lpt=cfg.lpt)
-
-        def dq():
-            mod.launch_dq_sm90(q, k, v, out, do, lse, o["delta"], o["dq"], o["dk"], o["dv"], lengths, T, scale,
-                               block_m=dqc[0], block_n=dqc[1], num_warps=dqc[2], stages=dqc[3], a_regs=a_dq,
-                               lpt=bool(cfg.dq_lpt if cfg.dq_lpt is not None else cfg.lpt))
-
-        def dkv():
-            mod.launch_dense_kv_sm90(q, k, v, do, lse, o["delta"], o["dk"], o["dv"], lengths, T, scale,
-                                     block_i=kvc[0], block_q=kvc[1], num_warps=kvc[2], stages=kvc[3], a_regs=a_kv,
-                                     lpt=bool(cfg.kv_lpt if cfg.kv_lpt is not None else cfg.lpt))
-        return {"forward": fwd, "dq": dq, "dense dk/dv": dkv}
-
-    bo, bn = bufs(), bufs()
-    ko, kn = kernels(old, bo, cfg), kernels(new, bn, cfg_new)
+    cfg = with_tiles(ItemBlockConfig.tuned(D), a.old_set)
+    cfg_new = with_tiles(ItemBlockConfig.tuned(D), a.new_set)
+    x = make_inputs(D, a.full)
+    bo, bn = bufs(x), bufs(x)
+    ko, kn = kernels(old, x, bo, cfg), kernels(new, x, bn, cfg_new)
     for name in ko:  # (first calls compile: the old side's without the barrier strip, if any)
         ko[name]()
     torch.cuda.synchronize()
