@@ -85,9 +85,10 @@ def _ring_refill(desc, ring, bars, t, b, h, N_TILES: gl.constexpr, BLOCK_N: gl.c
 
 @gluon.jit
 def _ring_kernel(kd_desc, vd_desc, X, OUT, steps, qk_scale, H, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                 N_TILES: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                 N_TILES: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr, num_warps: gl.constexpr):
     # the same step with the production forward's K/V ring: program i reads head i % H's dense K/V tiles
-    # (N_TILES of them, cycling) through TMA into a ring of STAGES slots guarded by mbarriers
+    # (N_TILES of them, cycling) through TMA into a ring of STAGES slots guarded by mbarriers; A_REGS: Q
+    # is the register operand of S = Q K^T (shared memory then serves K and V alone)
     dtype: gl.constexpr = X.dtype.element_ty
     BLOCK_M: gl.constexpr = 64
     s_layout: gl.constexpr = sm._mma_layout(BLOCK_N, num_warps)
@@ -111,10 +112,11 @@ def _ring_kernel(kd_desc, vd_desc, X, OUT, steps, qk_scale, H, BLOCK_N: gl.const
     cd = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
     q_smem.store(gl.load(X + gl.program_id(0) * BLOCK_M * D + rm[:, None] * D + cd[None, :]))
     fence_async_shared()
+    q_a = sm._a_operand(q_smem, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2), A_REGS)
 
     m_i, l_i, acc, s_zero, p, offs_n = sm._fwd_state(BLOCK_M, BLOCK_N, D, s_layout, o_layout, p_layout, dtype)
     mbarrier.wait(k_bars.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, sm._slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
+    s_tok = warpgroup_mma(q_a, sm._slot(kd_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     _ring_refill(kd_desc, kd_smem, k_bars, STAGES, 0, h, N_TILES, BLOCK_N, STAGES)
@@ -126,7 +128,7 @@ def _ring_kernel(kd_desc, vd_desc, X, OUT, steps, qk_scale, H, BLOCK_N: gl.const
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, sm._slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
+        s_tok = warpgroup_mma(q_a, sm._slot(kd_smem, slot, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, sm._slot(vd_smem, prev, BLOCK_N, D), acc, is_async=True)
@@ -155,6 +157,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--ring-stages", default="2", help="comma-separated ring depths for the ring rows")
+    ap.add_argument("--ring-q-regs", default="0", help="comma-separated: 0 (Q in shared memory), 1 (in registers)")
     ap.add_argument("--ring-only", action="store_true", help="of the ring-free rows keep only the production "
                     "forward's (head dim 128, 64 keys, 2 programs per SM, with softmax)")
     a = ap.parse_args()
@@ -193,15 +196,15 @@ def main() -> int:
             xs = torch.randn(grid * 64 * D, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(grid, device="cuda")
 
-            for stages in (int(x) for x in a.ring_stages.split(",")):
+            for stages, q_regs in ((int(x), int(r)) for x in a.ring_stages.split(",") for r in a.ring_q_regs.split(",")):
                 def run_ring():
                     _ring_kernel[(grid,)](kd, vd, xs, out, a.steps, 0.125, H, BLOCK_N=64, D=D, N_TILES=n // 64,
-                                          STAGES=stages, num_warps=4)
+                                          STAGES=stages, A_REGS=bool(q_regs), num_warps=4)
                 ms = _time_graph(run_ring, 2, a.iters, reps=3)
                 tf = 4 * 64 * 64 * D * a.steps * grid / ms / 1e9
                 gbs = 2 * 64 * D * 2 * a.steps * grid / ms / 1e6
                 print(f"D {D:3d}  keys/step  64  programs/SM {progs_per_sm}  softmax True   + K/V ring of {stages} "
-                      f"(TMA from L2)  {ms:.3f} ms  {tf:6.1f} TFLOP/s ({tf / peak:.0%} of the matmul), ring "
+                      f"(TMA from L2{', Q in registers' if q_regs else ''})  {ms:.3f} ms  {tf:6.1f} TFLOP/s ({tf / peak:.0%} of the matmul), ring "
                       f"{gbs:,.0f} GB/s", flush=True)
     return 0
 

@@ -391,7 +391,7 @@ def run_orig(a, sms) -> int:
     out = torch.empty(grid, device="cuda")
 
     def run():
-        pmr._ring_kernel[(grid,)](kd, vd, xs, out, a.steps, 0.125, H, BLOCK_N=64, D=D, N_TILES=n // 64, STAGES=2,
+        pmr._ring_kernel[(grid,)](kd, vd, xs, out, a.steps, 0.125, H, BLOCK_N=64, D=D, N_TILES=n // 64, STAGES=2, A_REGS=False,
                                   num_warps=4)
     ms = _time(run, 2, a.iters)
     _report("ring-orig", ms, grid, D, a.steps, False, True)
