@@ -160,8 +160,13 @@ def main() -> int:
     ap.add_argument("--ring-q-regs", default="0", help="comma-separated: 0 (Q in shared memory), 1 (in registers)")
     ap.add_argument("--ring-only", action="store_true", help="of the ring-free rows keep only the production "
                     "forward's (head dim 128, 64 keys, 2 programs per SM, with softmax)")
+    ap.add_argument("--launch-only", action="store_true", help="for a profiler: launch the ring-free step and the "
+                    "2-slot ring step (head dim 128, 64 keys, softmax, 2 programs per SM) twice each, time nothing")
     a = ap.parse_args()
     from genrec.bench.kernels import _time_graph
+
+    if a.launch_only:
+        return launch_only(a.steps)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -206,6 +211,23 @@ def main() -> int:
                 print(f"D {D:3d}  keys/step  64  programs/SM {progs_per_sm}  softmax True   + K/V ring of {stages} "
                       f"(TMA from L2{', Q in registers' if q_regs else ''})  {ms:.3f} ms  {tf:6.1f} TFLOP/s ({tf / peak:.0%} of the matmul), ring "
                       f"{gbs:,.0f} GB/s", flush=True)
+    return 0
+
+
+def launch_only(steps: int) -> int:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    T, n, D, H, grid = 5, 1024, 128, 64, 2 * sms
+    xs = torch.randn(grid * (64 + 2 * 64) * D, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(grid, device="cuda")
+    k = torch.randn(1, H, n * T, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kd, vd = sm._desc(sm._dense(k, T), 64), sm._desc(sm._dense(v, T), 64)
+    for _ in range(2):
+        _step_kernel[(grid,)](xs, out, steps, 0.125, BLOCK_N=64, D=D, SOFTMAX=True, num_warps=4)
+    for _ in range(2):
+        _ring_kernel[(grid,)](kd, vd, xs, out, steps, 0.125, H, BLOCK_N=64, D=D, N_TILES=n // 64, STAGES=2,
+                              A_REGS=False, num_warps=4)
+    torch.cuda.synchronize()
     return 0
 
 
