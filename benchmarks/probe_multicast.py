@@ -276,28 +276,9 @@ def reference(k, v, xs, qk_scale, T, grid_ctas, block_m_per_prog):
 
 def _time(fn, warmup: int, iters: int, reps: int = 3) -> float:
     """Median ms per call of fn replayed from a CUDA graph of `reps` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    for _ in range(warmup):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    times.sort()
-    return times[len(times) // 2]
+    from genrec.bench.kernels import _time_graph
+
+    return _time_graph(fn, warmup, iters, reps=reps)
 
 
 def _inputs(H, n, T, D, grid_ctas, seed=0):
