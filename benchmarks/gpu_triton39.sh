@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call (issue 5, twentieth session): the Gluon kernels compiled by Triton 3.9 (what CI and a
-# fresh install get) against Triton 3.6 (the GPU image's), on the same GPU. The GPU image has no Triton
+# One device call (issue 5, twentieth session): the Gluon kernels compiled by Triton 3.9 (what CI
+# installs) against Triton 3.6 (the GPU image's), on the same GPU. The GPU image has no Triton
 # 3.9 and a wheel does not fit a call, so it travels packed (`bash benchmarks/pack_triton.sh` writes
 # `.t39/triton39.tar.xz`, ~45 MB; name `.t39` in the call's carry). First the Gluon kernel tests under
 # 3.9 on the GPU, then benchmarks/ab_triton.py at both head dims.
