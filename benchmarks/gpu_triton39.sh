@@ -5,9 +5,7 @@
 # `.t39/triton39.tar.xz`, ~45 MB; name `.t39` in the call's carry). First the Gluon kernel tests under
 # 3.9 on the GPU, then benchmarks/ab_triton.py at both head dims.
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-T39=/tmp/t39
-python3 -c "import tarfile; tarfile.open('.t39/triton39.tar.xz').extractall('$T39')" || exit 1
-export T39
+source benchmarks/t39_env.sh
 run39() { PYTHONPATH=$T39:src TRITON_BACKENDS_IN_TREE=1 "$@"; }
 run39 python3 -c "import torch, triton; print('triton', triton.__version__, triton.__file__, 'torch', torch.__version__)"
 run39 timeout 170 python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_item_block_sm90.py \

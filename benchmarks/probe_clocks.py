@@ -89,7 +89,6 @@ def main() -> int:
         sustained(f"item-block fwd+bwd {H} x {D}", item_block, a.seconds, 5)
         if D == 128:
             sustained(f"causal SDPA fwd+bwd {H} x {D}", causal, a.seconds, 5)
-        del q, k, v, do, xs
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     sustained("bf16 matmul 8192^3", lambda: x @ x, a.seconds, 5)
     return 0

@@ -47,11 +47,8 @@ reduce traffic (32 x 128 x 4 bytes a step a program), against a large bf16 matmu
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -72,6 +69,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from genrec.kernels import item_block_sm90 as sm  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from probe_common import matmul_peak, probe_args, run_isolated  # noqa: E402
 
 LOG2E = 1.4426950408889634
 D, BLOCK_I, BLOCK_Q, N_QT = 128, 64, 32, 64  # N_QT: column tiles of the dQ^T accumulator
@@ -301,9 +301,7 @@ def compile_only() -> int:
 
     acc = torch.zeros(D, N_QT * BLOCK_Q)
     try:  # registers and spills from the SASS (benchmarks/inspect_item_block.py's reader)
-        spec = importlib.util.spec_from_file_location("inspect_item_block", ROOT / "benchmarks" / "inspect_item_block.py")
-        iib = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(iib)
+        import inspect_item_block as iib
     except Exception as e:  # informational only
         iib = None
         print(f"(no SASS reader: {e!r:.80})")
@@ -346,39 +344,17 @@ def compile_only() -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--variant", default="")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per variant subprocess")
-    ap.add_argument("--compile-only", action="store_true")
-    a = ap.parse_args()
+    a = probe_args(steps=1000).parse_args()
     if a.compile_only:
         return compile_only()
     if a.variant:
         return run_variant(a.variant, a)
-    import triton
-
-    from genrec.bench.kernels import _time_graph
-
-    print(f"triton {triton.__version__} ({Path(triton.__file__).parent}), torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name(0)}", flush=True)
+    peak = matmul_peak(a.iters)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    peak = 2 * 8192**3 / _time_graph(lambda: x @ x, 3, a.iters, reps=5) / 1e9
-    del x
-    torch.cuda.empty_cache()
-    print(f"bf16 matmul 8192^3: {peak:.1f} TFLOP/s", flush=True)
     results = {}
     for variant in VARIANTS:
         print(f"--- {variant}", flush=True)
-        cmd = [sys.executable, __file__, "--variant", variant, "--iters", str(a.iters), "--steps", str(a.steps)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-            text = r.stdout + ("" if r.returncode == 0 else f"\n    (exit {r.returncode})\n" + r.stderr[-3000:])
-        except subprocess.TimeoutExpired as e:
-            text = (e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
-            text += f"\n    TIMEOUT after {a.timeout} s"
+        text, _ = run_isolated(__file__, variant, a)
         for ln in text.splitlines():
             if ln.startswith("RESULT "):
                 res = json.loads(ln[7:])

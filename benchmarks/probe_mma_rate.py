@@ -193,9 +193,7 @@ def main() -> int:
     # of 8 x 8 heads x 1,024 items read through the strided views the production forward reads
     T, n = 5, 1024
     for D, H in ((128, 64), (64, 96)):
-        k = torch.randn(1, H, n * T, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        kd, vd = sm._desc(sm._dense(k, T), 64), sm._desc(sm._dense(v, T), 64)
+        kd, vd = _dense_kv_descs(H, n, T, D)
         for progs_per_sm in ((2,) if D == 128 else (2, 3)):  # (its 82 KB fit two programs per SM at 128)
             grid = progs_per_sm * sms
             xs = torch.randn(grid * 64 * D, device="cuda", dtype=torch.bfloat16)
@@ -214,14 +212,20 @@ def main() -> int:
     return 0
 
 
+def _dense_kv_descs(H: int, n: int, T: int, D: int) -> tuple:
+    """TMA descriptors (64-key tiles) over the dense tokens of random K and V, 1 x H heads x n items x T
+    tokens, through the strided views the production forward reads."""
+    k = torch.randn(1, H, n * T, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    return sm._desc(sm._dense(k, T), 64), sm._desc(sm._dense(v, T), 64)
+
+
 def launch_only(steps: int) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     T, n, D, H, grid = 5, 1024, 128, 64, 2 * sms
     xs = torch.randn(grid * (64 + 2 * 64) * D, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(grid, device="cuda")
-    k = torch.randn(1, H, n * T, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    kd, vd = sm._desc(sm._dense(k, T), 64), sm._desc(sm._dense(v, T), 64)
+    kd, vd = _dense_kv_descs(H, n, T, D)
     for _ in range(2):
         _step_kernel[(grid,)](xs, out, steps, 0.125, BLOCK_N=64, D=D, SOFTMAX=True, num_warps=4)
     for _ in range(2):

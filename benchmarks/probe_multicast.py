@@ -39,11 +39,8 @@ arrive misroutes on sm_90 (a hang: mcast TIMEOUT) the multicast number still com
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,6 +59,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from probe_common import matmul_peak, probe_args, run_isolated  # noqa: E402
 
 LOG2E = 1.4426950408889634
 VARIANTS = {  # name: (num_ctas, multicast, cluster-barrier release, K refill after the softmax)
@@ -144,7 +144,6 @@ def _cluster_ring_kernel(kd_desc, vd_desc, X, OUT, steps, qk_scale, H, n_keys, N
     s_layout: gl.constexpr = _mma(BLOCK_N, num_warps, rows)
     o_layout: gl.constexpr = _mma(D, num_warps, rows)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0], cga_layout=rows)
     gl.static_assert(BLOCK_N == 64)
@@ -359,14 +358,10 @@ def _report(variant, ms, grid, D, steps, multicast, ok, kern=None):
 
 def run_orig(a, sms) -> int:
     """probe_mma_rate's ring kernel (4-D descriptors) at its own shape: the 497 TFLOP/s baseline."""
-    spec = importlib.util.spec_from_file_location("probe_mma_rate", ROOT / "benchmarks" / "probe_mma_rate.py")
-    pmr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pmr)
-    sm = pmr.sm
+    import probe_mma_rate as pmr
+
     T, n, D, H = 5, 1024, 128, 64
-    k = torch.randn(1, H, n * T, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    kd, vd = sm._desc(sm._dense(k, T), 64), sm._desc(sm._dense(v, T), 64)
+    kd, vd = pmr._dense_kv_descs(H, n, T, D)
     grid = 2 * sms
     xs = torch.randn(grid * 64 * D, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(grid, device="cuda")
@@ -406,9 +401,7 @@ def compile_only() -> int:
         remote = sorted({re.sub(r"^@%p\d+\s+|\s+\[.*|,.*", "", ln.strip()) for ln in ptx.splitlines()
                          if re.search(r"mbarrier\.arrive|mapa|barrier\.cluster", ln)})
         try:  # registers and spills from the SASS (benchmarks/inspect_item_block.py's reader)
-            spec = importlib.util.spec_from_file_location("inspect_item_block", ROOT / "benchmarks" / "inspect_item_block.py")
-            iib = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(iib)
+            import inspect_item_block as iib
             st = iib._sass_stats(kern.asm["cubin"])
             sass = f"regs {st.get('reg')}  LDL/STL {st['LDL']}/{st['STL']}  HGMMA {st['HGMMA']}  UTMALDG {st['UTMALDG']}"
         except Exception as e:  # informational only
@@ -426,38 +419,20 @@ def compile_only() -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--variant", default="")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per variant subprocess")
-    ap.add_argument("--compile-only", action="store_true")
-    a = ap.parse_args()
+    a = probe_args(steps=2000).parse_args()
     if a.compile_only:
         return compile_only()
     if a.variant:
         return run_variant(a.variant, a)
-    import triton
-
-    print(f"triton {triton.__version__} ({Path(triton.__file__).parent}), torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name(0)}", flush=True)
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    peak = 2 * 8192**3 / _time(lambda: x @ x, 3, a.iters) / 1e9
-    del x
-    print(f"bf16 matmul 8192^3: {peak:.1f} TFLOP/s", flush=True)
+    peak = matmul_peak(a.iters)
     rows, hung = [], set()
     for variant in ("ring-orig", "ring", "cluster", "mcast-sync", "mcast", "mcast-defer"):
         print(f"--- {variant}", flush=True)
         if variant == "mcast-defer" and "mcast" in hung:  # the same release protocol: would hang too
             print("    skipped (mcast hung)", flush=True)
             continue
-        cmd = [sys.executable, __file__, "--variant", variant, "--iters", str(a.iters), "--steps", str(a.steps)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-            text = r.stdout + ("" if r.returncode == 0 else f"\n    (exit {r.returncode})\n" + r.stderr[-3000:])
-        except subprocess.TimeoutExpired as e:
-            text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            text += f"\n    TIMEOUT after {a.timeout} s (hang?)"
+        text, timed_out = run_isolated(__file__, variant, a)
+        if timed_out:
             hung.add(variant)
         print("\n".join(ln for ln in text.splitlines() if "warn" not in ln.lower()), flush=True)
         rows += [ln for ln in text.splitlines() if ln.startswith("RESULT")]
