@@ -33,6 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 
 from genrec.kernels import item_block_sm90 as sm  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_common import matmul_peak  # noqa: E402
+
 _tma_load = sm._tma_load
 
 
@@ -169,10 +172,7 @@ def main() -> int:
         return launch_only(a.steps)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    mm = _time_graph(lambda: x @ x, 3, a.iters, reps=5)
-    peak = 2 * 8192**3 / mm / 1e9
-    print(f"bf16 matmul 8192^3: {peak:.1f} TFLOP/s", flush=True)
+    peak = matmul_peak(a.iters)
     rows = []
     for D, BN in ((128, 64), (128, 128), (64, 64)):
         for progs_per_sm in (1, 2, 3):
