@@ -3,9 +3,10 @@
 # training-attention benchmark with every peer in the same run (both shapes) and the H200 ceilings,
 # then the kernel tests on the GPU (the Gluon sm90 kernels against the reference, plain / registers +
 # heads-first / tuned tiles, the Triton lpt variant, the model at head dim 128 in bf16 and fp32).
-# No wheels needed.
+# Each training row is also timed back to back for 2 s with its SM clock and power (--sustain, twenty-first
+# session). No wheels needed.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-timeout 300 python3 benchmarks/bench_kernels.py --only correctness,train,ceilings --quick --all-shapes \
+timeout 360 python3 benchmarks/bench_kernels.py --only correctness,train,ceilings --quick --all-shapes --sustain 2 \
   --iters 20 --warmup 5 2>&1 | grep -v -i 'warn' > $OUT/bench.log
 echo "bench rc=$?"; tail -40 $OUT/bench.log
 timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_item_block_sm90.py \

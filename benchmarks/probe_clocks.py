@@ -13,10 +13,8 @@ every timing in BENCHMARKS.md); this says at which clock each figure was taken.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,47 +22,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from genrec.bench.kernels import _capture  # noqa: E402
+from genrec.bench.gpu_monitor import FIELDS, describe  # noqa: E402
+from genrec.bench.kernels import _capture, sustained_ms  # noqa: E402
 from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # noqa: E402
-
-FIELDS = "clocks.sm,power.draw,power.limit,clocks_event_reasons.active"
 
 
 def sustained(name: str, fn, seconds: float, reps: int) -> None:
     g = _capture(fn, reps)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
-    t0 = time.perf_counter()
-    calls = 0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(10):
-            g.replay()
-        calls += 10 * reps
-        torch.cuda.synchronize()
-    end.record()
-    end.synchronize()
-    smi.terminate()
-    out, _ = smi.communicate()
-    rows = [r.split(", ") for r in out.strip().splitlines() if r.count(",") == 3]
-    rows = rows[2:] or rows  # the first samples may predate the load
-    try:
-        [(float(r[0]), float(r[1])) for r in rows]
-    except ValueError:
-        rows = []
-    if not rows:
-        print(f"{name}: no usable nvidia-smi samples: {out[:300]!r}", flush=True)
-        return
-    clock = statistics.median(float(r[0]) for r in rows)
-    power = statistics.median(float(r[1]) for r in rows)
-    limit = rows[0][2] if rows else "?"
-    reasons = sorted({r[3] for r in rows})
-    print(f"{name:34s} {start.elapsed_time(end) / calls:8.4f} ms/call  SM clock {clock:6.0f} MHz  power {power:5.0f} W "
-          f"(limit {limit})  clock-event reasons {reasons}  [{len(rows)} samples]", flush=True)
+    ms, smp = sustained_ms(g.replay, seconds, reps)
+    print(f"{name:34s} {ms:8.4f} ms/call  {describe(smp)}", flush=True)
 
 
 def main() -> int:
@@ -73,7 +39,7 @@ def main() -> int:
     a = ap.parse_args()
     B, n, T = 8, 1024, 5
     S = n * T
-    print(subprocess.run(["nvidia-smi", f"--query-gpu=name,{FIELDS},clocks.max.sm", "--format=csv"],
+    print(subprocess.run(["nvidia-smi", f"--query-gpu=name,{','.join(FIELDS)},clocks.max.sm", "--format=csv"],
                          capture_output=True, text=True).stdout, flush=True)
     for H, D in ((8, 128), (12, 64)):
         q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))

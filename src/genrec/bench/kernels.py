@@ -43,6 +43,7 @@ TRAIN = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
 CASCADE = {"B": 8, "n": 1000, "H": 12, "D": 64, "t": 3, "W": [10, 60, 100, 400], "long_n": 16000}  # long_n: one W[0] row
 CEIL = {"N": 8192, "copy_bytes": 2 * 1024**3}
 CHECK = {"n": 150, "hist": 200}
+SUSTAIN = {"seconds": 0.0}  # --sustain: also time each training row back to back for this long, with its clock
 RESULTS: dict[str, Any] = {"checks": {}, "train": [], "sweep": [], "cascade": [], "ceilings": {}, "errors": []}
 
 
@@ -100,6 +101,29 @@ def _capture(fn: Callable[[], Any], reps: int) -> "torch.cuda.CUDAGraph":
             for _ in range(reps):
                 fn()
     return graph
+
+
+def sustained_ms(fn: Callable[[], Any], seconds: float, calls_per_fn: int = 1) -> tuple[float, Any]:
+    """Run ``fn`` back to back for ``seconds`` (after one warm call) under a :class:`GpuMonitor`:
+    milliseconds per call (``fn`` makes ``calls_per_fn`` calls, e.g. a graph of that many) and the
+    clock sample (None without nvidia-smi). What a long training run sees: the GPU at its power limit."""
+    from genrec.bench.gpu_monitor import GpuMonitor
+
+    fn()
+    torch.cuda.synchronize()
+    calls = 0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with GpuMonitor() as mon:
+        t0 = time.perf_counter()
+        start.record()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(5):
+                fn()
+            calls += 5 * calls_per_fn
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+    return start.elapsed_time(end) / calls, mon.result
 
 
 def _empty_cache() -> None:
@@ -230,9 +254,22 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
         row = {"shape": shape, "impl": name, "fwd_ms": fwd, "fwd_bwd_ms": both, "graph_fwd_bwd_ms": g_both,
                "useful_tflops_fwd_bwd": (3.5 * flops / both / 1e9) if both else None,
                "useful_tflops_graph": (3.5 * flops / g_both / 1e9) if g_both else None}
+        if SUSTAIN["seconds"] > 0 and DEV == "cuda" and both is not None:
+            # back to back for seconds (from its graph where it has one), with the clock it ran at
+            reps = 5
+            target = _capture(fwd_bwd(f), reps).replay if graph else fwd_bwd(f)
+            res = _guard(f"{name} sustained {shape}",
+                         lambda: sustained_ms(target, SUSTAIN["seconds"], reps if graph else 1))
+            if res is not None:
+                row["sustained_ms"], smp = res
+                row["sustained_from_graph"] = graph
+                if smp is not None:
+                    row.update(sm_clock_mhz=smp.clock_mhz, power_w=smp.power_w, clock_reasons=list(smp.reasons))
         RESULTS["train"].append(row)
+        sus = f"  sustained {row['sustained_ms']:8.3f} ms at {row.get('sm_clock_mhz') or float('nan'):.0f} MHz" \
+            if row.get("sustained_ms") else ""
         print(f"  {shape} {name:28s} fwd {fwd or float('nan'):8.3f} ms  fwd+bwd {both or float('nan'):8.3f} ms  "
-              f"graph-replayed fwd+bwd {g_both or float('nan'):8.3f} ms", flush=True)
+              f"graph-replayed fwd+bwd {g_both or float('nan'):8.3f} ms{sus}", flush=True)
 
     # tuned: on a Hopper GPU with the Gluon (sm90) kernels where they won; "triton only": the same with them off
     record("item-block (tuned)", lambda: item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D)),
@@ -357,11 +394,18 @@ def bench_ceilings(warmup: int, iters: int) -> None:
 
 def _table() -> str:
     lines = ["", "== training attention, bf16, fwd+bwd (ms; lower is better) =="]
-    lines.append(f"{'shape':28s} {'impl':30s} {'fwd':>9s} {'fwd+bwd':>9s} {'useful TF/s':>11s} {'graph f+b':>9s} {'graph TF/s':>10s}")
+    sus = SUSTAIN["seconds"] > 0
+    lines.append(f"{'shape':28s} {'impl':30s} {'fwd':>9s} {'fwd+bwd':>9s} {'useful TF/s':>11s} {'graph f+b':>9s} {'graph TF/s':>10s}"
+                 + (f" {'sustained':>9s} {'MHz':>5s} {'W':>4s}" if sus else ""))
     for r in RESULTS["train"]:
         f = lambda x, p=3: "   n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
         lines.append(f"{r['shape']:28s} {r['impl']:30s} {f(r['fwd_ms']):>9s} {f(r['fwd_bwd_ms']):>9s} "
-                     f"{f(r['useful_tflops_fwd_bwd'], 1):>11s} {f(r.get('graph_fwd_bwd_ms')):>9s} {f(r.get('useful_tflops_graph'), 1):>10s}")
+                     f"{f(r['useful_tflops_fwd_bwd'], 1):>11s} {f(r.get('graph_fwd_bwd_ms')):>9s} {f(r.get('useful_tflops_graph'), 1):>10s}"
+                     + (f" {f(r.get('sustained_ms')):>9s} {f(r.get('sm_clock_mhz'), 0):>5s} {f(r.get('power_w'), 0):>4s}"
+                        if sus else ""))
+    if sus:
+        lines.append(f"(sustained: back to back for {SUSTAIN['seconds']:g} s, from the CUDA graph where the row has one, "
+                     f"else eager; MHz / W: median SM clock and power draw meanwhile, nvidia-smi)")
     lines.append("")
     c = CASCADE
     lines.append(f"== cascade decode attention, bf16 fwd (ms), {c['B']} req x hist x {c['H']}x{c['D']}, t={c['t']} ==")
@@ -390,9 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip the block-size and split-count sweeps and the 8x128 shape")
     ap.add_argument("--all-shapes", action="store_true", help="with --quick: keep the 8x128 training-attention shape")
     ap.add_argument("--only", default="correctness,train,cascade,ceilings", help="comma-separated sections to run")
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="also time each training row back to back for this many seconds, with the SM clock and power")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes; with TRITON_INTERPRET=1 also runs on CPU (smoke test)")
     args = ap.parse_args(argv)
     global DEV
+    SUSTAIN["seconds"] = args.sustain
     if args.tiny:
         TRAIN.update(B=2, n_items=12, heads=[(2, 16)])
         CASCADE.update(B=2, n=20, H=2, D=16, W=[2, 5], long_n=0)
