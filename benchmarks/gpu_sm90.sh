@@ -6,10 +6,10 @@
 # Each training row is also timed back to back for 2 s with its SM clock and power (--sustain, twenty-first
 # session). No wheels needed.
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-timeout 360 python3 benchmarks/bench_kernels.py --only correctness,train,ceilings --quick --all-shapes --sustain 2 \
+timeout 320 python3 benchmarks/bench_kernels.py --only correctness,train,ceilings --quick --all-shapes --sustain 2 \
   --iters 20 --warmup 5 2>&1 | grep -v -i 'warn' > $OUT/bench.log
 echo "bench rc=$?"; tail -40 $OUT/bench.log
-timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_item_block_sm90.py \
+timeout 270 python3 -m pytest -q -p no:cacheprovider --tb=short tests/kernels/test_item_block_sm90.py \
   tests/kernels/test_item_block.py tests/kernels/test_model_triton.py \
   -k "sm90 or lpt or (test_model_forward_backward and 256)" > $OUT/kernel_tests.log 2>&1
 echo "kernel tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/kernel_tests.log | tail -8

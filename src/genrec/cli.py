@@ -283,6 +283,8 @@ def bench_kernels(
     only: str = typer.Option("correctness,train,cascade,ceilings", help="Kernel sections to run."),
     decode: str = typer.Option("beam,sid,trie,rank", help="Decode sections to run after ('' = none)."),
     tiny: bool = typer.Option(False, help="Tiny shapes (with TRITON_INTERPRET=1 also on a CPU: a smoke run)."),
+    sustain: float = typer.Option(0.0, help="Also run each training row back to back this many seconds, with the "
+                                            "SM clock and power draw it ran at (nvidia-smi)."),
 ) -> None:
     """Every fast path checked against its reference, then timed beside its peers in one run:
     item-block attention vs FlexAttention / SDPA, cascade vs per-beam attention, the H200
@@ -294,7 +296,7 @@ def bench_kernels(
     from genrec.bench import kernels as bench_k
 
     args = ["--iters", str(iters), "--warmup", str(warmup), "--only", only] + (["--quick"] if quick else []) \
-        + (["--tiny"] if tiny else [])
+        + (["--tiny"] if tiny else []) + (["--sustain", str(sustain)] if sustain > 0 else [])
     rc = bench_k.main(args)
     if rc == 0 and decode and (torch.cuda.is_available() or tiny):
         rc = bench_decode.main(["--iters", str(iters), "--warmup", str(warmup), "--only", decode]
