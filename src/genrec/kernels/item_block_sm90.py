@@ -733,19 +733,23 @@ if HAVE_GLUON:
     @gluon.jit
     def _dq_stash_step(j, MASK: gl.constexpr, dq, kd_ring, ds_ring, bars, kd_desc, k_desc, ds_desc, offs_n, hi,
                        n_tiles, b, h, tok0, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                       D: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
+                       D: gl.constexpr, blk: gl.constexpr):
         # Step j of the stash dq's dense loop: dQ += dS_j K_j with dS_j read from the stash (its tile is
         # dS^T, [keys, queries]: the transposed view is the MMA's A operand); then the previous tile's
         # product is retired and its slot refilled. MASK (the last, partial tile): the keys from hi on
-        # (later items, which the in-block step covers) are zeroed in registers first.
+        # (later items, which the in-block step covers) are zeroed first.
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         ds_t = ds_ring.index(slot).reshape([BLOCK_N, BLOCK_M]).permute((1, 0))
         if MASK:
-            a = gl.where((j * BLOCK_N + offs_n < hi)[None, :], ds_t.load(s_layout), 0.0)
-            dq = warpgroup_mma(gl.convert_layout(a, op_layout), _slot(kd_ring, slot, BLOCK_N, D), dq, is_async=True)
-        else:
-            dq = warpgroup_mma(ds_t, _slot(kd_ring, slot, BLOCK_N, D), dq, is_async=True)
+            # the keys from hi on zeroed in the shared tile itself (rows of dS^T), which then feeds the
+            # product as the plain tiles do (a load of the transposed view into registers compiled, under
+            # Triton 3.6, to an instruction the GPU rejects)
+            tile = ds_ring.index(slot).reshape([BLOCK_N, BLOCK_M])
+            rows = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, blk))
+            tile.store(gl.where((rows < hi)[:, None], tile.load(blk), 0.0))
+            fence_async_shared()
+        dq = warpgroup_mma(ds_t, _slot(kd_ring, slot, BLOCK_N, D), dq, is_async=True)
         warpgroup_mma_wait(1, deps=(dq,))  # tile j - 1's product is done (dq's own, chained, still runs): its slot takes tile j - 1 + STAGES
         _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0,
                       BLOCK_N)
@@ -769,6 +773,7 @@ if HAVE_GLUON:
         o_layout: gl.constexpr = _mma_layout(D, num_warps)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
         gl.static_assert(BLOCK_N == BLOCK_M, "stash dq: the block's own K rides the dense ring as its last tile")
 
@@ -819,7 +824,7 @@ if HAVE_GLUON:
         for ph in gl.static_range(2):  # plain, masked
             for j in range(bounds[ph], bounds[ph + 1]):
                 dq = _dq_stash_step(j, ph == 1, dq, kd_ring, ds_ring, bars, kd_desc, k_desc, ds_desc, offs_n, hi,
-                                    n_tiles, b, h, tok0, STAGES, BLOCK_N, BLOCK_M, D, s_layout, op_layout)
+                                    n_tiles, b, h, tok0, STAGES, BLOCK_N, BLOCK_M, D, blk)
 
         # the block's own keys: K_b is the ring's tile n_tiles, V_b came with Q and dO
         own = n_tiles % STAGES
