@@ -6,7 +6,7 @@ Usage:
     python benchmarks/debug_stash.py MODE D     # one
 
 Modes, at B 2 x H 2 x 13 items x T 5 (lengths 13 and 7), bf16:
-  dkv        delta + dense dk/dv with the stash: the stash's dS^T on the dense pairs against torch's dS
+  dkv        delta + dense dk/dv with the stash: the stash's dS on the dense pairs against torch's
              (fp32 attention with the PinGER mask), and dk/dv's dense rows against torch
   dq         delta, then dq from a stash filled by torch (dense dk/dv not run): dq against torch
 """
@@ -57,23 +57,23 @@ def run(mode: str, D: int) -> None:
     assert bw.stash
     bw.run_delta()
     torch.cuda.synchronize()
-    # the stash's expected contents: dS^T on the dense pairs (key = a dense token, query sees it)
+    # the stash's expected contents: dS on the dense pairs (key = a dense token, query sees it)
     dense_cols = torch.arange(N, device="cuda") * T + T - 1
-    want = ref_ds[:, :, :, dense_cols].transpose(-1, -2)  # [B, H, n_items, S]
-    vis = mask[:, :, :, dense_cols].transpose(-1, -2).expand_as(want)
+    want = ref_ds[:, :, :, dense_cols]  # [B, H, S, n_items]
+    vis = mask[:, :, :, dense_cols].expand_as(want)
     if mode == "dkv":
         bw.run_dense_kv()
         torch.cuda.synchronize()
-        st = bw.ds_stash[..., : N * T].float()
+        st = bw.ds_stash[..., :N].float()
         err = torch.where(vis, (st - want).abs(), 0.0).max() / want.abs().max()
-        print(f"  {mode} D={D}: stash vs torch dS^T on visible pairs: {err:.2e}; "
+        print(f"  {mode} D={D}: stash vs torch dS on visible pairs: {err:.2e}; "
               f"non-finite visible entries: {int((~torch.isfinite(st) & vis).sum())}", flush=True)
         dk_err = (bw.dk[:, :, dense_cols].float() - ref_dk[:, :, dense_cols]).nan_to_num(0.0).abs().max() / ref_dk.nan_to_num(0.0).abs().max()
         dv_err = (bw.dv[:, :, dense_cols].float() - ref_dv[:, :, dense_cols]).nan_to_num(0.0).abs().max() / ref_dv.nan_to_num(0.0).abs().max()
         print(f"  {mode} D={D}: dense dk {dk_err:.2e}, dense dv {dv_err:.2e}", flush=True)
     else:
         stash = torch.full(stash_shape(q, T), float("nan"), device="cuda", dtype=torch.bfloat16)
-        stash[..., : N * T] = torch.where(vis, want, torch.zeros_like(want)).to(torch.bfloat16)
+        stash[..., :N] = torch.where(vis, want, torch.zeros_like(want)).to(torch.bfloat16)
         bw.ds_stash = stash
         bw.run_dq()
         torch.cuda.synchronize()

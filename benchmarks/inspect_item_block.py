@@ -140,7 +140,7 @@ def _desc_type(rows: int, D: int, stride: int) -> str:
 
 
 def _stash_desc_type(rows: int, cols: int) -> str:
-    """The specialisation string of the dS stash's descriptor (``[B, H, n_items, S]`` bf16, boxes of
+    """The specialisation string of the dS stash's descriptor (``[B, H, S, n_items]`` bf16, boxes of
     ``[1, 1, rows, cols]``)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -150,7 +150,7 @@ def _stash_desc_type(rows: int, cols: int) -> str:
 
     B, H, n, S = 2, 2, 64, 64 * SHAPE["T"]
     base = torch.zeros(B * H * n * S, dtype=torch.bfloat16)
-    return mangle_type(TensorDescriptor(base, [B, H, n, S], [H * n * S, n * S, S, 1], [1, 1, rows, cols],
+    return mangle_type(TensorDescriptor(base, [B, H, S, n], [H * n * S, n * S, n, 1], [1, 1, rows, cols],
                                         _smem_layout(rows, cols, False)))
 
 
@@ -185,7 +185,7 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
         stash = bool(cfg.sm90_dq_stash)
         sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
                "vd_desc": _desc_type(bi, D, T * D),
-               "ds_desc": _stash_desc_type(bi, bq) if stash else _desc_type(bi, D, T * D), "LSE": "*fp32",
+               "ds_desc": _stash_desc_type(bq, bi) if stash else _desc_type(bi, D, T * D), "LSE": "*fp32",
                "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
         out.append(("sm90 dense dk/dv" + (" +stash" if stash else ""), sm._sm90_dense_kv_kernel, sig,
                     {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D, "STAGES": st, "A_REGS": ar, "LPT": ib._kv_lpt(cfg),

@@ -65,9 +65,9 @@ def test_config_rejects_malformed_sm90_tiles() -> None:
 
 
 def test_stash_shape_and_bytes() -> None:
-    q = torch.zeros(2, 3, 13 * T, 64, dtype=torch.bfloat16)  # S = 65: rows padded to 72 elements (144 bytes)
-    assert sm90.stash_shape(q, T) == (2, 3, 13, 72)
-    assert sm90.stash_bytes(q, T) == 2 * 2 * 3 * 13 * 72
+    q = torch.zeros(2, 3, 13 * T, 64, dtype=torch.bfloat16)  # 13 dense keys: rows padded to 16 (32 bytes)
+    assert sm90.stash_shape(q, T) == (2, 3, 65, 16)
+    assert sm90.stash_bytes(q, T) == 2 * 2 * 3 * 65 * 16
 
 
 def test_delta_kernel_matches_torch() -> None:

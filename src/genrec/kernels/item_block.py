@@ -96,7 +96,7 @@ class ItemBlockConfig:
     ``sm90_dq_stash`` = ``(block_m, block_m, warps, stages)``: when the Gluon dense dk/dv kernel runs too
     and the stash fits ``stash_max_bytes``, the backward takes the stash path instead of ``sm90_dq``:
     delta by a small kernel first, then dense dk/dv, which also writes dS of every dense pair (bf16,
-    ``[B, H, n_items, S]``: 2 bytes per query token per dense key, transient), then a dq kernel that
+    ``[B, H, S, n_items]``: 2 bytes per query token per dense key, transient), then a dq kernel that
     reads it: its dense loop is one product per tile (dQ += dS K) instead of recomputing S and dP.
     """
 

@@ -371,7 +371,7 @@ if HAVE_GLUON:
         # Step i of dense dk/dv's loop over query tiles (see _sm90_dense_kv_kernel); the row statistics
         # of tile i (lse, dl) were loaded a step ahead. MASK: the tile holds queries that do not see
         # every key of the block (near the diagonal) or rows past the batch row's length. DS_OUT: the
-        # tile's dS^T (bf16, 0 where masked) is also stored to the stash through a staging buffer.
+        # tile's dS (bf16, 0 where masked) is also stored to the stash through a staging buffer.
         slot = i % STAGES
         mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
         q_s = _slot(q_ring, slot, BLOCK_Q, D)
@@ -410,18 +410,19 @@ if HAVE_GLUON:
         dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
         dst = pt * (dpt - dl[None, :])
-        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dst_b = dst.to(dtype)
+        dst_op = gl.convert_layout(dst_b, op_layout)
         dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
         if DS_OUT:
-            # dS^T into staging buffer i % 2 (once the store that last read it, two tiles ago, is done),
-            # then TMA writes it to the stash at (key j0, query q_lo + i*BLOCK_Q). Before dK is issued:
-            # registers an asynchronous product reads, read here while it runs, made ptxas serialize
-            # every warpgroup MMA of the kernel.
+            # dS (dS^T transposed in registers) into staging buffer i % 2 (once the store that last read it,
+            # two tiles ago, is done), then TMA writes it to the stash at (query q_lo + i*BLOCK_Q, key j0):
+            # query-major, so that every TMA box starts at a 16-byte-aligned column (a dq tile starting at
+            # query 60 of a key-major stash made the GPU raise an illegal instruction).
             buf = i % 2
             tma.store_wait(1)
-            ds_stage.index(buf).reshape([BLOCK_I, BLOCK_Q]).store(dst_op)
+            ds_stage.index(buf).reshape([BLOCK_Q, BLOCK_I]).store(gl.permute(dst_b, [1, 0]))
             fence_async_shared()
-            _tma_store(ds_desc, [b, h, j0, q_lo + i * BLOCK_Q], ds_stage.index(buf))
+            _tma_store(ds_desc, [b, h, q_lo + i * BLOCK_Q, j0], ds_stage.index(buf))
         return dk, dv, pt_op, dst_op, lse_next, dl_next
 
     @gluon.jit
@@ -435,8 +436,8 @@ if HAVE_GLUON:
         # token r >= jT + T - 1 (the dense query of item j and all tokens of later items). A loop over
         # query tiles from token j0*T on, the tiles' Q and dO in a TMA ring; per tile, four asynchronous
         # warpgroup MMAs: S^T = K Q^T and dP^T = V dO^T together (P^T is formed while dP^T runs), then
-        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q. DS_OUT: each tile's dS^T is also
-        # written to the stash ds_desc describes ([B, H, n_items, >= S] bf16, key-major), which the stash
+        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q. DS_OUT: each tile's dS is also
+        # written to the stash ds_desc describes ([B, H, S, >= n_items] bf16, query-major), which the stash
         # dq kernel then reads instead of recomputing S and dP (ds_desc is a placeholder otherwise).
         dtype: gl.constexpr = q_desc.dtype
         st_layout: gl.constexpr = _mma_layout(BLOCK_Q, num_warps)
@@ -463,7 +464,7 @@ if HAVE_GLUON:
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         if DS_OUT:
-            ds_stage = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_I, BLOCK_Q], ds_desc.layout)
+            ds_stage = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_Q, BLOCK_I], ds_desc.layout)
         else:
             ds_stage = q_ring  # unused
         mbarrier.init(kv_bar, count=1)
@@ -719,7 +720,7 @@ if HAVE_GLUON:
     def _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, tile, on, STAGES: gl.constexpr, n_tiles, b, h,
                       tok0, BLOCK_N: gl.constexpr):
         # The stash dq's ring: tile `tile` (>= -STAGES) is consumed; its slot takes tile + STAGES -- a dense
-        # K tile with the stash's dS^T tile for this query block, or (tile n_tiles) the block's own K.
+        # K tile with the stash's dS tile for this query block, or (tile n_tiles) the block's own K.
         nxt = tile + STAGES
         slot = nxt % STAGES
         dense = (nxt < n_tiles) & on
@@ -727,30 +728,25 @@ if HAVE_GLUON:
         mbarrier.expect(bars.index(slot), kd_desc.block_type.nbytes + ds_desc.block_type.nbytes, pred=dense)
         mbarrier.expect(bars.index(slot), k_desc.block_type.nbytes, pred=own)
         _tma_load(kd_desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), kd_ring.index(slot), pred=dense)
-        _tma_load(ds_desc, [b, h, nxt * BLOCK_N, tok0], bars.index(slot), ds_ring.index(slot), pred=dense)
+        _tma_load(ds_desc, [b, h, tok0, nxt * BLOCK_N], bars.index(slot), ds_ring.index(slot), pred=dense)
         _tma_load(k_desc, [b, h, tok0, 0], bars.index(slot), kd_ring.index(slot), pred=own)
 
     @gluon.jit
     def _dq_stash_step(j, MASK: gl.constexpr, dq, kd_ring, ds_ring, bars, kd_desc, k_desc, ds_desc, offs_n, hi,
                        n_tiles, b, h, tok0, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
                        D: gl.constexpr, blk: gl.constexpr):
-        # Step j of the stash dq's dense loop: dQ += dS_j K_j with dS_j read from the stash (its tile is
-        # dS^T, [keys, queries]: the transposed view is the MMA's A operand); then the previous tile's
-        # product is retired and its slot refilled. MASK (the last, partial tile): the keys from hi on
+        # Step j of the stash dq's dense loop: dQ += dS_j K_j with dS_j read from the stash ([queries, keys],
+        # the MMA's A operand as it lies); then the previous tile's product is retired and its slot refilled. MASK (the last, partial tile): the keys from hi on
         # (later items, which the in-block step covers) are zeroed first.
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        ds_t = ds_ring.index(slot).reshape([BLOCK_N, BLOCK_M]).permute((1, 0))
-        if MASK:
-            # the keys from hi on zeroed in the shared tile itself (rows of dS^T), which then feeds the
-            # product as the plain tiles do (a load of the transposed view into registers compiled, under
-            # Triton 3.6, to an instruction the GPU rejects)
-            tile = ds_ring.index(slot).reshape([BLOCK_N, BLOCK_M])
-            rows = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, blk))
-            tile.store(gl.where((rows < hi)[:, None], tile.load(blk), 0.0))
+        ds_t = ds_ring.index(slot).reshape([BLOCK_M, BLOCK_N])
+        if MASK:  # the keys from hi on zeroed in the shared tile itself, which then feeds the product
+            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, blk))
+            ds_t.store(gl.where((keys < hi)[None, :], ds_t.load(blk), 0.0))
             fence_async_shared()
         dq = warpgroup_mma(ds_t, _slot(kd_ring, slot, BLOCK_N, D), dq, is_async=True)
-        warpgroup_mma_wait(1, deps=(dq,))  # tile j - 1's product is done (dq's own, chained, still runs): its slot takes tile j - 1 + STAGES
+        warpgroup_mma_wait(1, deps=(dq,))  # tile j - 1's product is done (dq's own, chained, still runs)
         _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0,
                       BLOCK_N)
         return dq
@@ -794,7 +790,7 @@ if HAVE_GLUON:
         do_smem = do_s4.reshape([BLOCK_M, D])
         vb_smem = vb_s4.reshape([BLOCK_M, D])
         kd_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
-        ds_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, BLOCK_M], ds_desc.layout)
+        ds_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, BLOCK_N], ds_desc.layout)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -858,10 +854,11 @@ def _desc(x: torch.Tensor, rows: int, cols: int | None = None) -> TensorDescript
 
 
 def stash_shape(q: torch.Tensor, T: int) -> tuple[int, int, int, int]:
-    """The shape of the dS stash of the backward's stash path for q ``[B, H, S, D]``: ``[B, H, n_items,
-    S']``, dS^T of the dense pairs (key-major), S rounded up to 8 so that rows are 16-byte aligned."""
+    """The shape of the dS stash of the backward's stash path for q ``[B, H, S, D]``: ``[B, H, S, n']``,
+    dS of each query token against the dense keys, n_items rounded up to 8 so that rows are 16-byte
+    aligned."""
     B, H, S, _ = q.shape
-    return B, H, S // T, -(-S // 8) * 8
+    return B, H, S, -(-(S // T) // 8) * 8
 
 
 def stash_bytes(q: torch.Tensor, T: int) -> int:
@@ -928,7 +925,7 @@ def launch_dense_kv_sm90(
     """Write the dense keys' rows of ``dk`` and ``dv`` (contiguous ``[B, H, S, D]``), as
     ``item_block._item_block_bwd_dense_kv_kernel`` does. q, k, v, dO of any strides TMA can read
     (:func:`tma_ready`); ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32. ``ds_stash``
-    (contiguous, :func:`stash_shape`, q's dtype): also write dS^T of every dense pair there, for
+    (contiguous, :func:`stash_shape`, q's dtype): also write dS of every dense pair there, for
     :func:`launch_dq_stash_sm90` (rows past a batch row's length are left unwritten or 0)."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 dense dk/dv: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
@@ -948,7 +945,7 @@ def launch_dense_kv_sm90(
         _check_stash(ds_stash, q, T)
     _sm90_dense_kv_kernel[launch_grid(triton.cdiv(n_items, block_i), B * H, lpt)](
         _desc(q, block_q), _desc(do, block_q), kd_desc, _desc(_dense(v, T), block_i),
-        kd_desc if ds_stash is None else _desc(ds_stash, block_i, block_q),
+        kd_desc if ds_stash is None else _desc(ds_stash, block_q, block_i),
         lse, delta, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, A_REGS=a_regs, LPT=lpt,
         DS_OUT=ds_stash is not None, num_warps=num_warps,
