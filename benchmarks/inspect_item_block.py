@@ -139,21 +139,6 @@ def _desc_type(rows: int, D: int, stride: int) -> str:
                                         _smem_layout(rows, D, False)))
 
 
-def _stash_desc_type(rows: int, cols: int) -> str:
-    """The specialisation string of the dS stash's descriptor (``[B, H, S, n_items]`` bf16, boxes of
-    ``[1, 1, rows, cols]``)."""
-    import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
-
-    from genrec.kernels.item_block_sm90 import _smem_layout
-
-    B, H, n, S = 2, 2, 64, 64 * SHAPE["T"]
-    base = torch.zeros(B * H * n * S, dtype=torch.bfloat16)
-    return mangle_type(TensorDescriptor(base, [B, H, S, n], [H * n * S, n * S, n, 1], [1, 1, rows, cols],
-                                        _smem_layout(rows, cols, False)))
-
-
 def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
     """(name, Gluon function, signature, constexprs, warps) of the sm90 kernels ``cfg`` switches on."""
     from genrec.kernels import item_block as ib
@@ -182,22 +167,8 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
         sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
                "vd_desc": _desc_type(bi, D, T * D), "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
                "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
-        stash = bool(cfg.sm90_dq_stash)
-        sig = {"q_desc": _desc_type(bq, D, D), "do_desc": _desc_type(bq, D, D), "kd_desc": _desc_type(bi, D, T * D),
-               "vd_desc": _desc_type(bi, D, T * D),
-               "ds_desc": _stash_desc_type(bq, bi) if stash else _desc_type(bi, D, T * D), "LSE": "*fp32",
-               "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32", **scal, "sm_scale": "fp32"}
-        out.append(("sm90 dense dk/dv" + (" +stash" if stash else ""), sm._sm90_dense_kv_kernel, sig,
-                    {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D, "STAGES": st, "A_REGS": ar, "LPT": ib._kv_lpt(cfg),
-                     "DS_OUT": stash, "num_warps": w}, w))
-    if cfg.sm90_dq_stash:
-        bm, _, w, st, _ = ib._sm90_tiles(cfg.sm90_dq_stash)
-        sig = {"q_desc": _desc_type(bm, D, D), "do_desc": _desc_type(bm, D, D), "k_desc": _desc_type(bm, D, D),
-               "v_desc": _desc_type(bm, D, D), "kd_desc": _desc_type(bm, D, T * D), "ds_desc": _stash_desc_type(bm, bm),
-               "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16", "DK": "*bf16", "DV": "*bf16", "LENGTHS": "*i32",
-               **scal, "sm_scale": "fp32"}
-        out.append(("sm90 dq from stash", sm._sm90_dq_stash_kernel, sig, {"T": T, "BLOCK_ITEMS": bm // T, "BLOCK_M": bm,
-                    "BLOCK_N": bm, "D": D, "STAGES": st, "LPT": ib._dq_lpt(cfg), "num_warps": w}, w))
+        out.append(("sm90 dense dk/dv", sm._sm90_dense_kv_kernel, sig, {"T": T, "BLOCK_I": bi, "BLOCK_Q": bq, "D": D,
+                    "STAGES": st, "A_REGS": ar, "LPT": ib._kv_lpt(cfg), "num_warps": w}, w))
     for _, _, sig, consts, _ in out:
         sig.update({name: "constexpr" for name in consts})
     return out

@@ -39,8 +39,7 @@ def test_switches_fall_back_off_hopper() -> None:
     q, k, v, do = (torch.randn(2, 2, 7 * T, 32, generator=g).to(dev) for _ in range(4))
     lengths = torch.tensor([7, 4], dtype=torch.int32, device=dev)
     plain = ItemBlockConfig(block_m=16, block_n=16)
-    on = plain.replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3),
-                       sm90_dq_stash=(64, 64, 4, 2))
+    on = plain.replace(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2), sm90_dense_kv=(64, 32, 4, 3))
     res = []
     for cfg in (plain, on):
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -58,37 +57,6 @@ def test_config_rejects_malformed_sm90_tiles() -> None:
     with pytest.raises(ValueError, match="register-operand count"):
         ItemBlockConfig(sm90_dq=(64, 64, 4, 2, 3))  # Q and dO are the only two
     assert ItemBlockConfig(sm90_dq=(64, 64, 4, 2, 2), sm90_dense_kv=(64, 16, 4, 3, 0)).sm90_dq == (64, 64, 4, 2, 2)
-    with pytest.raises(ValueError, match="sm90_dq_stash: block_n must equal block_m"):
-        ItemBlockConfig(sm90_dq_stash=(64, 32, 4, 2))
-    with pytest.raises(ValueError, match="stash_max_bytes"):
-        ItemBlockConfig(stash_max_bytes=0)
-
-
-def test_stash_shape_and_bytes() -> None:
-    q = torch.zeros(2, 3, 13 * T, 64, dtype=torch.bfloat16)  # 13 dense keys: rows padded to 16 (32 bytes)
-    assert sm90.stash_shape(q, T) == (2, 3, 65, 16)
-    assert sm90.stash_bytes(q, T) == 2 * 2 * 3 * 65 * 16
-
-
-def test_delta_kernel_matches_torch() -> None:
-    """The stash path's delta launch: rowsum(dO * O) in fp32, 0 on padding rows, dO read through strides."""
-    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
-        pytest.skip("the Triton kernels need a GPU or TRITON_INTERPRET=1")
-    from genrec.kernels.item_block import _Backward
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator().manual_seed(5)
-    n = 9
-    q, k, v, out = (torch.randn(2, 3, n * T, 32, generator=g).to(dev) for _ in range(4))
-    do = torch.randn(2, n * T, 3, 32, generator=g).to(dev).transpose(1, 2)  # a strided view, as autograd may give
-    lengths = torch.tensor([n, 4], dtype=torch.int32, device=dev)
-    lse = torch.zeros(2, 3, n * T, device=dev)
-    bw = _Backward(q, k, v, out, lse, do, lengths, T, 0.125, ItemBlockConfig(fuse_delta=True))
-    bw.delta.fill_(float("nan"))
-    bw.run_delta()
-    want = (do.float() * out.float()).sum(-1)
-    want[1, :, 4 * T:] = 0.0
-    torch.testing.assert_close(bw.delta, want, rtol=1e-5, atol=1e-5)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -100,17 +68,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("n,lengths", [(1, [1, 0]), (13, [13, 7]), (150, [150, 101]), (300, [0, 299])])
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
-@pytest.mark.parametrize("variant", ["plain", "regs_lpt", "tuned", "stash"])
+@pytest.mark.parametrize("variant", ["plain", "regs_lpt", "tuned"])
 def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatch) -> None:
     from genrec.kernels import item_block
     from genrec.kernels.item_block import item_block_attention
 
-    # every output row must be written: allocations (the dS stash too) start as NaN
+    # every output row must be written: allocations start as NaN
     monkeypatch.setattr(item_block, "_empty", lambda shape, like, dtype=None: torch.full(
         tuple(shape), float("nan"), device=like.device, dtype=dtype or like.dtype))
-    stash_calls = []
-    launch = item_block.launch_dq_stash_sm90
-    monkeypatch.setattr(item_block, "launch_dq_stash_sm90", lambda *a, **kw: (stash_calls.append(1), launch(*a, **kw)))
     g = torch.Generator(device="cuda").manual_seed(n * D)
     q, k, v, do = (torch.randn(2, 2, n * T, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
@@ -123,9 +88,6 @@ def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatc
     elif variant == "tuned":  # the model's own tiles (head dim 64: 3-stage rings, operands in registers)
         cfg = ItemBlockConfig.tuned(D)
         assert cfg.sm90_fwd and cfg.sm90_dq and cfg.sm90_dense_kv
-    elif variant == "stash":  # dense dk/dv writes dS, dq reads it (its dense loop one product per tile)
-        cfg = ItemBlockConfig.tuned(D).replace(sm90_dq_stash=(64, 64, 4, 2),
-                                               sm90_dense_kv=(64, 16, 4, 3, 1) if D == 128 else (64, 32, 4, 3, 1))
     if layout == "model":  # head-split views of one [B, S, 3, H, D] projection; dO a transposed view
         qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], 2).contiguous()
         xs = [x.detach().requires_grad_() for x in qkv.permute(2, 0, 3, 1, 4)]
@@ -136,7 +98,6 @@ def test_sm90_kernels_match_reference(D, n, lengths, layout, variant, monkeypatc
         g_out = do
     out = item_block_attention(*xs, lens, T, config=cfg)
     grads = torch.autograd.grad(out, xs, g_out)
-    assert len(stash_calls) == (variant == "stash" or bool(cfg.sm90_dq_stash)), "the stash path ran iff asked for"
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *gref)):
         assert not torch.isnan(a).any(), f"{name}: rows left unwritten"
         err = _rel(a, b)

@@ -46,12 +46,9 @@ import triton.language as tl
 from genrec.kernels.item_block_sm90 import (
     launch_dense_kv_sm90,
     launch_dq_sm90,
-    launch_dq_stash_sm90,
     launch_fwd_sm90,
     launch_grid,
     sm90_available,
-    stash_bytes,
-    stash_shape,
     tma_ready,
 )
 from genrec.validation import checks_on
@@ -93,11 +90,6 @@ class ItemBlockConfig:
     in place (any strides with 16-byte alignment, as the model's head-split views have). None: the
     Triton kernel everywhere. An optional fifth element holds that many of the loop's A operands in
     registers instead of shared memory (forward: Q; dq: Q, then dO; dense dk/dv: K, then V).
-    ``sm90_dq_stash`` = ``(block_m, block_m, warps, stages)``: when the Gluon dense dk/dv kernel runs too
-    and the stash fits ``stash_max_bytes``, the backward takes the stash path instead of ``sm90_dq``:
-    delta by a small kernel first, then dense dk/dv, which also writes dS of every dense pair (bf16,
-    ``[B, H, S, n_items]``: 2 bytes per query token per dense key, transient), then a dq kernel that
-    reads it: its dense loop is one product per tile (dQ += dS K) instead of recomputing S and dP.
     """
 
     block_m: int = 64
@@ -127,8 +119,6 @@ class ItemBlockConfig:
     sm90_fwd: tuple[int, ...] | None = None
     sm90_dense_kv: tuple[int, ...] | None = None
     sm90_dq: tuple[int, ...] | None = None
-    sm90_dq_stash: tuple[int, ...] | None = None
-    stash_max_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -138,8 +128,8 @@ class ItemBlockConfig:
                         and (len(x) == 4 or (isinstance(x[4], int) and 0 <= x[4] <= 2))):
                     raise ValueError(f"ItemBlockConfig.{f.name}: expected None, 4 positive ints or 4 positive ints "
                                      f"and a register-operand count 0-2, got {x!r}")
-                if f.name in ("sm90_dq", "sm90_dq_stash") and x[0] != x[1]:
-                    raise ValueError(f"ItemBlockConfig.{f.name}: block_n must equal block_m (the block's own keys ride "
+                if f.name == "sm90_dq" and x[0] != x[1]:
+                    raise ValueError(f"ItemBlockConfig.sm90_dq: block_n must equal block_m (the block's own keys ride "
                                      f"the dense ring as its last tile), got {x!r}")
                 continue
             if isinstance(x, bool) or x is None:
@@ -573,24 +563,6 @@ def _item_block_bwd_dense_kv_kernel(
     tl.store(DV + b * sdvb + h * sdvh + dtok[:, None] * sdvs + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=st_ok[:, None])
 
 
-@triton.jit
-def _delta_kernel(O, DO, DELTA, LENGTHS, so_b, so_h, so_s, sd_b, sd_h, sd_s, H, S,
-                  T: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    # delta = rowsum(dO * O) in fp32 for BLOCK rows of one head (0 on padding rows): what the dq
-    # kernel computes with fuse_delta, as its own launch for the backward's stash path, where the
-    # dense dk/dv kernel (which needs delta) runs before dq.
-    pid, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    ok = rows < S
-    o = tl.load(O + b * so_b + h * so_h + rows[:, None] * so_s + cols[None, :], mask=ok[:, None], other=0.0)
-    do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_s + cols[None, :], mask=ok[:, None], other=0.0)
-    d = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    d = tl.where(rows < tl.load(LENGTHS + b) * T, d, 0.0)
-    tl.store(DELTA + bh * S + rows, d, mask=ok)
-
-
 def _empty(shape: tuple[int, ...] | torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Output allocation (contiguous, uninitialised); tests swap it for a NaN-filled one."""
     return torch.empty(tuple(shape), device=like.device, dtype=dtype or like.dtype)
@@ -762,8 +734,7 @@ def item_block_attention_fwd(
 
 class _Backward:
     """The inputs of the three backward kernels, prepared once; each kernel is one method so a
-    benchmark can time them one by one, in the order :meth:`order` gives (``dq()`` first when
-    ``cfg.fuse_delta``; delta, dense dk/dv, then dq on the stash path)."""
+    benchmark can time them one by one. ``dq()`` must run first when ``cfg.fuse_delta``."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -773,10 +744,8 @@ class _Backward:
         self.q, self.k, self.v, self.out, self.lse, self.lengths, self.T, self.scale, self.cfg = q, k, v, out, lse, lengths, T, scale, cfg
         self.H, self.S, self.D, self.n_items = H, S, D, S // T
         self.do = do if do.stride(-1) == 1 else do.contiguous()
-        self.stash = self._use_stash()
-        self.ds_stash: torch.Tensor | None = None  # the stash path's dS, between dense dk/dv and dq
-        if cfg.fuse_delta or self.stash:
-            self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq or the delta kernel
+        if cfg.fuse_delta:
+            self.delta = _empty((B, H, S), q, torch.float32)  # written by the dq kernel
         else:
             self.delta = (self.do.float() * out.float()).sum(-1).contiguous()  # [B, H, S]
         assert self.delta.stride() == lse.stride(), "LSE and DELTA share strides in the kernels"
@@ -785,32 +754,8 @@ class _Backward:
         self.consts = {"IEEE": q.dtype == torch.float32, "UPCAST": _upcast(q)}
         self.sid_done = False  # set when the sm90 dq kernel wrote the SID keys' dk/dv
 
-    def _use_stash(self) -> bool:
-        """The stash path (see ``ItemBlockConfig.sm90_dq_stash``): both Gluon backward kernels can run
-        and the stash fits the budget."""
-        q, c = self.q, self.cfg
-        return bool(c.sm90_dq_stash and c.sm90_dense_kv and _sm90_ok(q, self.T)
-                    and tma_ready(q, self.k, self.v, self.do) and self.out.is_contiguous() and self.lse.is_contiguous()
-                    and stash_bytes(q, self.T) <= c.stash_max_bytes)
-
-    def run_delta(self) -> None:
-        """delta = rowsum(dO * O) (the stash path's first launch)."""
-        B, H, S, D = self.q.shape
-        BLOCK = 64
-        o, do = self.out, self.do
-        _delta_kernel[(triton.cdiv(S, BLOCK), B * H)](
-            o, do, self.delta, self.lengths, *_strides3(o), *_strides3(do), H, S, T=self.T, D=D, BLOCK=BLOCK)
-
     def run_dq(self) -> None:
         q, c = self.q, self.cfg
-        if self.stash:
-            bm, _, w, st, _ = _sm90_tiles(c.sm90_dq_stash)  # type: ignore[arg-type]
-            assert self.ds_stash is not None, "the stash path runs dense dk/dv (which fills the stash) before dq"
-            launch_dq_stash_sm90(q, self.k, self.v, self.do, self.lse, self.delta, self.ds_stash, self.dq, self.dk,
-                                 self.dv, self.lengths, self.T, self.scale, block_m=_blocks(self.T, bm)[0],
-                                 num_warps=w, stages=st, lpt=_dq_lpt(c))
-            self.sid_done = True
-            return
         if (c.sm90_dq and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do)
                 and all(x.is_contiguous() for x in (self.out, self.lse, self.delta))):
             bm, bn, w, st, ar = _sm90_tiles(c.sm90_dq)
@@ -847,11 +792,9 @@ class _Backward:
         q, c = self.q, self.cfg
         if c.sm90_dense_kv and _sm90_ok(q, self.T) and tma_ready(q, self.k, self.v, self.do):
             bi, bq, w, st, ar = _sm90_tiles(c.sm90_dense_kv)
-            if self.stash and self.ds_stash is None:  # (kept across repeated launches, as a benchmark's)
-                self.ds_stash = _empty(stash_shape(q, self.T), q)
             launch_dense_kv_sm90(q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.lengths,
                                  self.T, self.scale, block_i=_tile(bi), block_q=_tile(bq), num_warps=w, stages=st,
-                                 a_regs=ar, lpt=_kv_lpt(c), ds_stash=self.ds_stash if self.stash else None)
+                                 a_regs=ar, lpt=_kv_lpt(c))
             return
         per_program, consts, opts = _dense_kv_launch(self.cfg, self.T, self.D)
         _item_block_bwd_dense_kv_kernel[launch_grid(triton.cdiv(self.n_items, per_program), q.shape[0] * self.H, _kv_lpt(self.cfg))](
@@ -864,17 +807,10 @@ class _Backward:
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.dq.numel():
-            for step in self.order():
-                step()
-            self.ds_stash = None  # transient: freed once dq has read it
+            self.run_dq()
+            self.run_sid_kv()
+            self.run_dense_kv()
         return self.dq, self.dk, self.dv
-
-    def order(self) -> list[Any]:
-        """The backward's launches in the order they must run: dq first (it computes delta, which the
-        dk/dv kernels read), or on the stash path delta, dense dk/dv (which writes the stash), dq."""
-        if self.stash:
-            return [self.run_delta, self.run_dense_kv, self.run_dq]
-        return [self.run_dq, self.run_sid_kv, self.run_dense_kv]
 
 
 class ItemBlockAttention(torch.autograd.Function):

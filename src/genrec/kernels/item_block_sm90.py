@@ -61,13 +61,11 @@ try:  # Gluon ships with Triton >= 3.5
 
     # Triton 3.6 (the GPU image's) names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_grid", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90",
-           "launch_dq_stash_sm90", "stash_shape", "stash_bytes"]
+__all__ = ["HAVE_GLUON", "sm90_available", "tma_ready", "launch_grid", "launch_fwd_sm90", "launch_dense_kv_sm90", "launch_dq_sm90"]
 
 _LOG2E = 1.4426950408889634
 
@@ -365,13 +363,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkv_step(i, MASK: gl.constexpr, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc,
-                  do_desc, LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, j0, ds_desc, ds_stage,
+                  do_desc, LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h,
                   T: gl.constexpr, BLOCK_I: gl.constexpr, STAGES: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr,
-                  op_layout: gl.constexpr, dtype: gl.constexpr, DS_OUT: gl.constexpr):
+                  op_layout: gl.constexpr, dtype: gl.constexpr):
         # Step i of dense dk/dv's loop over query tiles (see _sm90_dense_kv_kernel); the row statistics
         # of tile i (lse, dl) were loaded a step ahead. MASK: the tile holds queries that do not see
-        # every key of the block (near the diagonal) or rows past the batch row's length. DS_OUT: the
-        # tile's dS (bf16, 0 where masked) is also stored to the stash through a staging buffer.
+        # every key of the block (near the diagonal) or rows past the batch row's length.
         slot = i % STAGES
         mbarrier.wait(q_bars.index(slot), (i // STAGES) & 1)
         q_s = _slot(q_ring, slot, BLOCK_Q, D)
@@ -410,35 +407,22 @@ if HAVE_GLUON:
         dv = warpgroup_mma(pt_op, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=(dpt_tok,))
         dst = pt * (dpt - dl[None, :])
-        dst_b = dst.to(dtype)
-        dst_op = gl.convert_layout(dst_b, op_layout)
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
         dk = warpgroup_mma(dst_op, q_s, dk, is_async=True)
-        if DS_OUT:
-            # dS (dS^T transposed in registers) into staging buffer i % 2 (once the store that last read it,
-            # two tiles ago, is done), then TMA writes it to the stash at (query q_lo + i*BLOCK_Q, key j0):
-            # query-major, so that every TMA box starts at a 16-byte-aligned column (a dq tile starting at
-            # query 60 of a key-major stash made the GPU raise an illegal instruction).
-            buf = i % 2
-            tma.store_wait(1)
-            ds_stage.index(buf).reshape([BLOCK_Q, BLOCK_I]).store(gl.permute(dst_b, [1, 0]))
-            fence_async_shared()
-            _tma_store(ds_desc, [b, h, q_lo + i * BLOCK_Q, j0], ds_stage.index(buf))
         return dk, dv, pt_op, dst_op, lse_next, dl_next
 
     @gluon.jit
     def _sm90_dense_kv_kernel(
-        q_desc, do_desc, kd_desc, vd_desc, ds_desc, LSE, DELTA, DK, DV, LENGTHS,
+        q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
         T: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_Q: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-        A_REGS: gl.constexpr, LPT: gl.constexpr, DS_OUT: gl.constexpr, num_warps: gl.constexpr,
+        A_REGS: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # dk/dv of the dense keys [j0, j0 + BLOCK_I) of one head: dense key j is read by every query
         # token r >= jT + T - 1 (the dense query of item j and all tokens of later items). A loop over
         # query tiles from token j0*T on, the tiles' Q and dO in a TMA ring; per tile, four asynchronous
         # warpgroup MMAs: S^T = K Q^T and dP^T = V dO^T together (P^T is formed while dP^T runs), then
-        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q. DS_OUT: each tile's dS is also
-        # written to the stash ds_desc describes ([B, H, S, >= n_items] bf16, query-major), which the stash
-        # dq kernel then reads instead of recomputing S and dP (ds_desc is a placeholder otherwise).
+        # dV += P^T dO (dS^T is formed while it runs), then dK += dS^T Q.
         dtype: gl.constexpr = q_desc.dtype
         st_layout: gl.constexpr = _mma_layout(BLOCK_Q, num_warps)
         kv_layout: gl.constexpr = _mma_layout(D, num_warps)
@@ -463,10 +447,6 @@ if HAVE_GLUON:
         do_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_Q, D], do_desc.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        if DS_OUT:
-            ds_stage = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_Q, BLOCK_I], ds_desc.layout)
-        else:
-            ds_stage = q_ring  # unused
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_bars.index(i), count=1)
@@ -506,11 +486,9 @@ if HAVE_GLUON:
             for i in range(bounds[ph], bounds[ph + 1]):
                 dk, dv, pt_op, dst_op, lse, dl = _dkv_step(
                     i, ph != 1, dk, dv, pt_op, dst_op, lse, dl, k_a, v_a, q_ring, do_ring, q_bars, q_desc, do_desc,
-                    LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, j0, ds_desc, ds_stage, T,
-                    BLOCK_I, STAGES, BLOCK_Q, D, op_layout, dtype, DS_OUT)
+                    LSE, DELTA, offs_q, st_zero, q_lo, q_hi, n_q, qrow0, S, qk_scale, b, h, T, BLOCK_I, STAGES,
+                    BLOCK_Q, D, op_layout, dtype)
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
-        if DS_OUT:
-            tma.store_wait(0)  # the staging buffers must outlive the stores that read them
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
@@ -561,46 +539,6 @@ if HAVE_GLUON:
         return s, dp_tok, dq
 
     @gluon.jit
-    def _dq_own_block(s, dp_tok, dq, q_smem, do_smem, kb_smem, p_smem, ds_smem, lse2, delta, item0, n_valid,
-                      qk_scale, T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
-                      s_layout: gl.constexpr, o_layout: gl.constexpr, op_layout: gl.constexpr, dtype: gl.constexpr):
-        # dq's last step, the block's own keys (S_b = s done, dP_b in flight as dp_tok): the PinGER mask
-        # as two comparisons (see item_block._inblock_index); dQ += dS_b K_b, and the SID keys' dk/dv from
-        # the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared memory, p_smem and
-        # ds_smem, allocated at the kernel's start: allocated here, they could be placed over a buffer
-        # that an asynchronous product still reads). Returns dQ and the block's dK, dV (unscaled).
-        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, s_layout)
-        pb = gl.where(vis, gl.exp2(s * qk_scale - lse2[:, None]), 0.0)
-        dpb = warpgroup_mma_wait(0, deps=(dp_tok,))
-        dsb = pb * (dpb - delta[:, None])
-        dsb_op = gl.convert_layout(dsb.to(dtype), op_layout)
-        p_smem.store(pb.to(dtype))
-        ds_smem.store(dsb.to(dtype))
-        fence_async_shared()
-        dq_tok = warpgroup_mma(dsb_op, kb_smem, dq, is_async=True)
-        o_zero = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, o_zero, use_acc=False, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem, o_zero, use_acc=False, is_async=True)
-        dq, dv_s, dk_s, dsb_op = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok, dsb_op))
-        return dq, dv_s, dk_s
-
-    @gluon.jit
-    def _dq_store(dq, dk_s, dv_s, DQ, DK, DV, item0, n_valid, row0, S, sm_scale, T: gl.constexpr,
-                  BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, o_layout: gl.constexpr,
-                  dtype: gl.constexpr, num_warps: gl.constexpr):
-        # dq's outputs for one query block: dQ (0 on padding rows), and the SID keys' rows of dK and dV
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        ro = gl.arange(0, BLOCK_M, layout=o_rows)
-        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
-        dq = gl.where(ok_o[:, None], dq * sm_scale, 0.0)
-        io: gl.constexpr = _io_layout(D, num_warps)
-        offs, st_i, ri = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
-        gl.store(DQ + offs, gl.convert_layout(dq.to(dtype), io), mask=st_i[:, None])
-        sid = (st_i & (ri % T < T - 1))[:, None]
-        gl.store(DK + offs, gl.convert_layout((dk_s * sm_scale).to(dtype), io), mask=sid)
-        gl.store(DV + offs, gl.convert_layout(dv_s.to(dtype), io), mask=sid)
-
-    @gluon.jit
     def _sm90_dq_kernel(
         q_desc, do_desc, k_desc, v_desc, kd_desc, vd_desc, O, LSE, DELTA, DQ, DK, DV, LENGTHS,
         H, S, n_items, qk_scale, sm_scale,
@@ -621,6 +559,7 @@ if HAVE_GLUON:
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
 
         pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
@@ -702,142 +641,41 @@ if HAVE_GLUON:
                                          kd_desc, vd_desc, k_desc, v_desc, lse2, delta, offs_n, hi, qk_scale, n_tiles,
                                          b, h, tok0, STAGES, BLOCK_N, D, op_layout, dtype)
 
-        # the block's own keys (ring tile n_tiles; S_b done, dP_b in flight)
-        kb_smem = _slot(kd_smem, n_tiles % STAGES, BLOCK_M, D)
-        dq, dv_s, dk_s = _dq_own_block(s, dp_tok, dq, q_smem, do_smem, kb_smem, p_smem, ds_smem, lse2, delta, item0,
-                                       n_valid, qk_scale, T, BLOCK_ITEMS, BLOCK_M, D, s_layout, o_layout, op_layout,
-                                       dtype)
+        # the block's own keys (ring tile n_tiles; S_b done, dP_b in flight): the PinGER mask as two
+        # comparisons (see item_block._inblock_index)
+        own = n_tiles % STAGES
+        kb_smem = _slot(kd_smem, own, BLOCK_M, D)
+        vb_smem = _slot(vd_smem, own, BLOCK_M, D)
+        vis = _inblock_vis(item0, n_valid, T, BLOCK_ITEMS, BLOCK_M, s_layout)
+        pb = gl.where(vis, gl.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        dpb = warpgroup_mma_wait(0, deps=(dp_tok,))
+        dsb = pb * (dpb - delta[:, None])
+        dsb_op = gl.convert_layout(dsb.to(dtype), op_layout)
+        # SID keys' dk/dv from the same tile: dV = P^T dO, dK = dS^T Q (A operands transposed in shared
+        # memory, allocated at the start: allocated here, they could be placed over a buffer that an
+        # asynchronous product still reads).
+        p_smem.store(pb.to(dtype))
+        ds_smem.store(dsb.to(dtype))
+        fence_async_shared()
+        dq_tok = warpgroup_mma(dsb_op, kb_smem, dq, is_async=True)
+        o_zero = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, o_zero, use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem, o_zero, use_acc=False, is_async=True)
+        dq, dv_s, dk_s, dsb_op = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok, dsb_op))
 
         mbarrier.invalidate(q_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
-        _dq_store(dq, dk_s, dv_s, DQ, DK, DV, item0, n_valid, row0, S, sm_scale, T, BLOCK_ITEMS, BLOCK_M, D,
-                  o_layout, dtype, num_warps)
-
-
-    @gluon.jit
-    def _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, tile, on, STAGES: gl.constexpr, n_tiles, b, h,
-                      tok0, BLOCK_N: gl.constexpr):
-        # The stash dq's ring: tile `tile` (>= -STAGES) is consumed; its slot takes tile + STAGES -- a dense
-        # K tile with the stash's dS tile for this query block, or (tile n_tiles) the block's own K.
-        nxt = tile + STAGES
-        slot = nxt % STAGES
-        dense = (nxt < n_tiles) & on
-        own = (nxt == n_tiles) & on
-        mbarrier.expect(bars.index(slot), kd_desc.block_type.nbytes + ds_desc.block_type.nbytes, pred=dense)
-        mbarrier.expect(bars.index(slot), k_desc.block_type.nbytes, pred=own)
-        _tma_load(kd_desc, [b, h, nxt * BLOCK_N, 0], bars.index(slot), kd_ring.index(slot), pred=dense)
-        _tma_load(ds_desc, [b, h, tok0, nxt * BLOCK_N], bars.index(slot), ds_ring.index(slot), pred=dense)
-        _tma_load(k_desc, [b, h, tok0, 0], bars.index(slot), kd_ring.index(slot), pred=own)
-
-    @gluon.jit
-    def _dq_stash_step(j, MASK: gl.constexpr, dq, kd_ring, ds_ring, bars, kd_desc, k_desc, ds_desc, offs_n, hi,
-                       n_tiles, b, h, tok0, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                       D: gl.constexpr, blk: gl.constexpr):
-        # Step j of the stash dq's dense loop: dQ += dS_j K_j with dS_j read from the stash ([queries, keys],
-        # the MMA's A operand as it lies); then the previous tile's product is retired and its slot refilled. MASK (the last, partial tile): the keys from hi on
-        # (later items, which the in-block step covers) are zeroed first.
-        slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        ds_t = ds_ring.index(slot).reshape([BLOCK_M, BLOCK_N])
-        if MASK:  # the keys from hi on zeroed in the shared tile itself, which then feeds the product
-            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, blk))
-            ds_t.store(gl.where((keys < hi)[None, :], ds_t.load(blk), 0.0))
-            fence_async_shared()
-        dq = warpgroup_mma(ds_t, _slot(kd_ring, slot, BLOCK_N, D), dq, is_async=True)
-        warpgroup_mma_wait(1, deps=(dq,))  # tile j - 1's product is done (dq's own, chained, still runs)
-        _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, j - 1, j > 0, STAGES, n_tiles, b, h, tok0,
-                      BLOCK_N)
-        return dq
-
-    @gluon.jit
-    def _sm90_dq_stash_kernel(
-        q_desc, do_desc, k_desc, v_desc, kd_desc, ds_desc, LSE, DELTA, DQ, DK, DV, LENGTHS,
-        H, S, n_items, qk_scale, sm_scale,
-        T: gl.constexpr, BLOCK_ITEMS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        D: gl.constexpr, STAGES: gl.constexpr, LPT: gl.constexpr, num_warps: gl.constexpr,
-    ):
-        # dq of one query block when the dense dk/dv kernel (run first, with DS_OUT) has stashed dS for
-        # every dense pair: the dense loop is one product per tile, dQ += dS K, its operands streamed by
-        # TMA (no S, no dP, no exponentials: two of the three products and all of the softmax work of
-        # _sm90_dq_kernel's loop are gone). Then the block's own keys as in _sm90_dq_kernel (the ring's
-        # last tile), which also give the SID keys' dk/dv. delta is read (computed before the dk/dv
-        # kernel), not computed.
-        dtype: gl.constexpr = q_desc.dtype
-        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
-        o_layout: gl.constexpr = _mma_layout(D, num_warps)
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
-        gl.static_assert(BLOCK_N == BLOCK_M, "stash dq: the block's own K rides the dense ring as its last tile")
-
-        pid_m, pid_bh = _block_and_head(LPT, True)  # heaviest (latest) query blocks first
-        b = pid_bh // H
-        h = pid_bh % H
-        n_valid = gl.load(LENGTHS + b)
-        item0 = pid_m * BLOCK_ITEMS
-        row0 = pid_bh * S + item0 * T
-        tok0 = item0 * T
-        hi = gl.where(item0 < n_valid, item0, 0)
-        n_tiles = gl.cdiv(hi, BLOCK_N)
-
-        q_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], q_desc.layout)
-        do_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], do_desc.layout)
-        vb_s4 = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], v_desc.layout)
-        q_smem = q_s4.reshape([BLOCK_M, D])
-        do_smem = do_s4.reshape([BLOCK_M, D])
-        vb_smem = vb_s4.reshape([BLOCK_M, D])
-        kd_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kd_desc.layout)
-        ds_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, BLOCK_N], ds_desc.layout)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_M], p_smem_layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(STAGES):  # the ring's first STAGES tiles (as refills of tiles -STAGES..-1)
-            _refill_stash(kd_desc, k_desc, ds_desc, kd_ring, ds_ring, bars, i - STAGES, True, STAGES, n_tiles, b, h,
-                          tok0, BLOCK_N)
-        mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, h, tok0, 0], q_bar, q_s4)
-        _tma_load(do_desc, [b, h, tok0, 0], q_bar, do_s4)
-        _tma_load(v_desc, [b, h, tok0, 0], q_bar, vb_s4)
-
-        rs = gl.arange(0, BLOCK_M, layout=s_rows)
-        ok_s = (rs < BLOCK_ITEMS * T) & (item0 + rs // T < n_valid)
-        lse2 = gl.load(LSE + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0) * 1.4426950408889634
-        delta = gl.load(DELTA + (row0 + rs).to(gl.int64), mask=ok_s, other=0.0)
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        # a zero accumulator set ahead of the first product (see _sm90_dq_kernel: C7515)
-        dq = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(gl.zeros([BLOCK_M, D], gl.float32, o_layout),)))
-
-        n_full = hi // BLOCK_N
-        bounds = (0, n_full, n_tiles)
-        for ph in gl.static_range(2):  # plain, masked
-            for j in range(bounds[ph], bounds[ph + 1]):
-                dq = _dq_stash_step(j, ph == 1, dq, kd_ring, ds_ring, bars, kd_desc, k_desc, ds_desc, offs_n, hi,
-                                    n_tiles, b, h, tok0, STAGES, BLOCK_N, BLOCK_M, D, blk)
-
-        # the block's own keys: K_b is the ring's tile n_tiles, V_b came with Q and dO
-        own = n_tiles % STAGES
-        kb_smem = _slot(kd_ring, own, BLOCK_M, D)
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(bars.index(own), (n_tiles // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, kb_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(do_smem, vb_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        dq, dv_s, dk_s = _dq_own_block(s, dp_tok, dq, q_smem, do_smem, kb_smem, p_smem, ds_smem, lse2, delta, item0,
-                                       n_valid, qk_scale, T, BLOCK_ITEMS, BLOCK_M, D, s_layout, o_layout, op_layout,
-                                       dtype)
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-        _dq_store(dq, dk_s, dv_s, DQ, DK, DV, item0, n_valid, row0, S, sm_scale, T, BLOCK_ITEMS, BLOCK_M, D,
-                  o_layout, dtype, num_warps)
+        ro = gl.arange(0, BLOCK_M, layout=o_rows)
+        ok_o = (ro < BLOCK_ITEMS * T) & (item0 + ro // T < n_valid)
+        dq = gl.where(ok_o[:, None], dq * sm_scale, 0.0)
+        io: gl.constexpr = _io_layout(D, num_warps)
+        offs, st_i, ri = _block_out(row0, item0, S, T, BLOCK_ITEMS, BLOCK_M, D, io)
+        gl.store(DQ + offs, gl.convert_layout(dq.to(dtype), io), mask=st_i[:, None])
+        sid = (st_i & (ri % T < T - 1))[:, None]
+        gl.store(DK + offs, gl.convert_layout((dk_s * sm_scale).to(dtype), io), mask=sid)
+        gl.store(DV + offs, gl.convert_layout(dv_s.to(dtype), io), mask=sid)
 
 
 @functools.lru_cache(maxsize=None)
@@ -845,25 +683,12 @@ def _smem_layout(rows: int, D: int, fp16: bool):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.float16 if fp16 else gl.bfloat16)
 
 
-def _desc(x: torch.Tensor, rows: int, cols: int | None = None) -> TensorDescriptor:
+def _desc(x: torch.Tensor, rows: int) -> TensorDescriptor:
     """A TMA descriptor over a ``[B, H, R, D]`` tensor of any strides (last dim contiguous, the others
-    16-byte multiples: see :func:`tma_ready`), boxes of ``[1, 1, rows, cols]`` (cols: all D)."""
-    cols = cols or x.shape[-1]
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, cols],
-                            _smem_layout(rows, cols, x.dtype == torch.float16))
-
-
-def stash_shape(q: torch.Tensor, T: int) -> tuple[int, int, int, int]:
-    """The shape of the dS stash of the backward's stash path for q ``[B, H, S, D]``: ``[B, H, S, n']``,
-    dS of each query token against the dense keys, n_items rounded up to 8 so that rows are 16-byte
-    aligned."""
-    B, H, S, _ = q.shape
-    return B, H, S, -(-(S // T) // 8) * 8
-
-
-def stash_bytes(q: torch.Tensor, T: int) -> int:
-    """Bytes of that stash (2 per element)."""
-    return 2 * math.prod(stash_shape(q, T))
+    16-byte multiples: see :func:`tma_ready`), boxes of ``[1, 1, rows, D]``."""
+    D = x.shape[-1]
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, D],
+                            _smem_layout(rows, D, x.dtype == torch.float16))
 
 
 def launch_grid(n_blocks: int, n_heads: int, lpt: bool) -> tuple[int, int]:
@@ -920,13 +745,11 @@ def launch_dense_kv_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
     dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int, scale: float, *,
     block_i: int = 64, block_q: int = 64, num_warps: int = 4, stages: int = 2, a_regs: int = 0,
-    lpt: bool = False, ds_stash: torch.Tensor | None = None,
+    lpt: bool = False,
 ) -> None:
     """Write the dense keys' rows of ``dk`` and ``dv`` (contiguous ``[B, H, S, D]``), as
     ``item_block._item_block_bwd_dense_kv_kernel`` does. q, k, v, dO of any strides TMA can read
-    (:func:`tma_ready`); ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32. ``ds_stash``
-    (contiguous, :func:`stash_shape`, q's dtype): also write dS of every dense pair there, for
-    :func:`launch_dq_stash_sm90` (rows past a batch row's length are left unwritten or 0)."""
+    (:func:`tma_ready`); ``lse`` and ``delta`` contiguous ``[B, H, S]`` fp32."""
     if not sm90_available(q):
         raise RuntimeError("item_block sm90 dense dk/dv: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
     B, H, S, D = q.shape
@@ -940,22 +763,11 @@ def launch_dense_kv_sm90(
     if not tma_ready(q, k, v, do):
         raise ValueError("item_block sm90 dense dk/dv: q, k, v, dO must be TMA-readable (see tma_ready)")
     n_items = S // T
-    kd_desc = _desc(_dense(k, T), block_i)
-    if ds_stash is not None:
-        _check_stash(ds_stash, q, T)
     _sm90_dense_kv_kernel[launch_grid(triton.cdiv(n_items, block_i), B * H, lpt)](
-        _desc(q, block_q), _desc(do, block_q), kd_desc, _desc(_dense(v, T), block_i),
-        kd_desc if ds_stash is None else _desc(ds_stash, block_q, block_i),
+        _desc(q, block_q), _desc(do, block_q), _desc(_dense(k, T), block_i), _desc(_dense(v, T), block_i),
         lse, delta, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
-        T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, A_REGS=a_regs, LPT=lpt,
-        DS_OUT=ds_stash is not None, num_warps=num_warps,
+        T=T, BLOCK_I=block_i, BLOCK_Q=block_q, D=D, STAGES=stages, A_REGS=a_regs, LPT=lpt, num_warps=num_warps,
     )
-
-
-def _check_stash(ds_stash: torch.Tensor, q: torch.Tensor, T: int) -> None:
-    if tuple(ds_stash.shape) != stash_shape(q, T) or not ds_stash.is_contiguous() or ds_stash.dtype != q.dtype:
-        raise ValueError(f"item_block sm90: the dS stash must be a contiguous {q.dtype} tensor of shape "
-                         f"{stash_shape(q, T)}, got {ds_stash.dtype} {tuple(ds_stash.shape)}")
 
 
 def launch_dq_sm90(
@@ -988,34 +800,4 @@ def launch_dq_sm90(
         out, lse, delta, dq, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
         T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_n, D=D, STAGES=stages, A_REGS=a_regs,
         LPT=lpt, num_warps=num_warps,
-    )
-
-
-def launch_dq_stash_sm90(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-    ds_stash: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, lengths: torch.Tensor, T: int,
-    scale: float, *, block_m: int = 64, num_warps: int = 4, stages: int = 3, lpt: bool = False,
-) -> None:
-    """Write ``dq`` and the SID keys' rows of ``dk`` / ``dv`` from the dS stash that
-    :func:`launch_dense_kv_sm90` wrote (``ds_stash=``), as :func:`launch_dq_sm90` does without it: the
-    dense pairs' dQ as one product per tile, no recomputed scores. ``delta`` must hold rowsum(dO * O)
-    already (the dense dk/dv kernel needed it first)."""
-    if not sm90_available(q):
-        raise RuntimeError("item_block sm90 stash dq: needs Gluon and bf16/fp16 CUDA tensors on a Hopper GPU")
-    B, H, S, D = q.shape
-    if block_m & (block_m - 1) or block_m < 16 * num_warps or block_m < T or stages < 2:
-        raise ValueError(f"block_m: a power of two >= 16 x num_warps ({16 * num_warps}) and >= T={T}, got {block_m}; "
-                         f"stages >= 2, got {stages}")
-    for name, x in (("lse", lse), ("delta", delta), ("dq", dq), ("dk", dk), ("dv", dv)):
-        if not x.is_contiguous():
-            raise ValueError(f"item_block sm90 stash dq: {name} must be contiguous")
-    if not tma_ready(q, k, v, do):
-        raise ValueError("item_block sm90 stash dq: q, k, v, dO must be TMA-readable (see tma_ready)")
-    _check_stash(ds_stash, q, T)
-    n_items = S // T
-    _sm90_dq_stash_kernel[launch_grid(triton.cdiv(n_items, block_m // T), B * H, lpt)](
-        _desc(q, block_m), _desc(do, block_m), _desc(k, block_m), _desc(v, block_m), _desc(_dense(k, T), block_m),
-        _desc(ds_stash, block_m, block_m), lse, delta, dq, dk, dv, lengths, H, S, n_items, scale * _LOG2E, scale,
-        T=T, BLOCK_ITEMS=block_m // T, BLOCK_M=block_m, BLOCK_N=block_m, D=D, STAGES=stages, LPT=lpt,
-        num_warps=num_warps,
     )
