@@ -31,7 +31,7 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     """The whole script (checks, timings, JSON) on tiny shapes, CPU + TRITON_INTERPRET=1."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
-    args = [sys.executable, str(BENCH), "--tiny", "--quick", "--iters", "1", "--warmup", "0"]
+    args = [sys.executable, str(BENCH), "--tiny", "--quick", "--iters", "1", "--warmup", "0", "--sustain", "0.01"]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no CUDA GPU" not in proc.stdout
@@ -39,6 +39,9 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     assert result["errors"] == []
     assert result["checks"] and all(c["status"] == "ok" for c in result["checks"].values())
     assert {r["impl"] for r in result["train"]} >= {"item-block (tuned)", "item-block triton only (tuned)", "sdpa explicit mask"}
+    # --sustain: every row also timed back to back (its clock columns only where nvidia-smi answers)
+    assert all(r["sustained_ms"] > 0 and r.get("sm_clock_mhz", 1) > 0 for r in result["train"]), result["train"]
+    assert "sustained" in proc.stdout
     assert len(result["cascade"]) == 2 and all(r["triton_ms"] is not None for r in result["cascade"])
     assert "correctness checks" in proc.stdout
 

@@ -106,24 +106,32 @@ def _capture(fn: Callable[[], Any], reps: int) -> "torch.cuda.CUDAGraph":
 def sustained_ms(fn: Callable[[], Any], seconds: float, calls_per_fn: int = 1) -> tuple[float, Any]:
     """Run ``fn`` back to back for ``seconds`` (after one warm call) under a :class:`GpuMonitor`:
     milliseconds per call (``fn`` makes ``calls_per_fn`` calls, e.g. a graph of that many) and the
-    clock sample (None without nvidia-smi). What a long training run sees: the GPU at its power limit."""
+    clock sample (None without nvidia-smi). What a long training run sees: the GPU at its power limit.
+    CUDA events time it on a GPU, the wall clock on the CPU (this module's ``DEV``)."""
     from genrec.bench.gpu_monitor import GpuMonitor
 
+    cuda = DEV == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn()
-    torch.cuda.synchronize()
+    sync()
     calls = 0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with GpuMonitor() as mon:
         t0 = time.perf_counter()
-        start.record()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         while time.perf_counter() - t0 < seconds:
             for _ in range(5):
                 fn()
             calls += 5 * calls_per_fn
-            torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-    return start.elapsed_time(end) / calls, mon.result
+            sync()
+        if cuda:
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            ms = (time.perf_counter() - t0) * 1e3
+    return ms / calls, mon.result
 
 
 def _empty_cache() -> None:
@@ -254,15 +262,15 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
         row = {"shape": shape, "impl": name, "fwd_ms": fwd, "fwd_bwd_ms": both, "graph_fwd_bwd_ms": g_both,
                "useful_tflops_fwd_bwd": (3.5 * flops / both / 1e9) if both else None,
                "useful_tflops_graph": (3.5 * flops / g_both / 1e9) if g_both else None}
-        if SUSTAIN["seconds"] > 0 and DEV == "cuda" and both is not None:
+        if SUSTAIN["seconds"] > 0 and both is not None:
             # back to back for seconds (from its graph where it has one), with the clock it ran at
-            reps = 5
-            target = _capture(fwd_bwd(f), reps).replay if graph else fwd_bwd(f)
+            reps, from_graph = 5, graph and DEV == "cuda"
+            target = _capture(fwd_bwd(f), reps).replay if from_graph else fwd_bwd(f)
             res = _guard(f"{name} sustained {shape}",
-                         lambda: sustained_ms(target, SUSTAIN["seconds"], reps if graph else 1))
+                         lambda: sustained_ms(target, SUSTAIN["seconds"], reps if from_graph else 1))
             if res is not None:
                 row["sustained_ms"], smp = res
-                row["sustained_from_graph"] = graph
+                row["sustained_from_graph"] = from_graph
                 if smp is not None:
                     row.update(sm_clock_mhz=smp.clock_mhz, power_w=smp.power_w, clock_reasons=list(smp.reasons))
         RESULTS["train"].append(row)
