@@ -92,8 +92,9 @@ def _dense_dq_kernel(q_desc, do_desc, kd_desc, vd_desc, LSE, DELTA, DQ, H, S, qk
         sm._refill_ring(vd_desc, vd_desc, vd_smem, v_bars, i - STAGES, True, STAGES, n_tiles, b, h, tok0, BLOCK_N,
                         True)
     rs = gl.arange(0, BLOCK_M, layout=s_rows)
-    lse2 = gl.load(LSE + (row0 + rs).to(gl.int64)) * 1.4426950408889634
-    delta = gl.load(DELTA + (row0 + rs).to(gl.int64))
+    in_head = tok0 + rs < S  # the last block's rows past the head's end
+    lse2 = gl.load(LSE + (row0 + rs).to(gl.int64), mask=in_head, other=0.0) * 1.4426950408889634
+    delta = gl.load(DELTA + (row0 + rs).to(gl.int64), mask=in_head, other=0.0)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     dq = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(gl.zeros([BLOCK_M, D], gl.float32, o_layout),)))
