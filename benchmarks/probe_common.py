@@ -3,6 +3,7 @@ that run, the versions header, and the matmul ceiling timed in the same run."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,21 @@ def run_isolated(script: str, variant: str, a: argparse.Namespace) -> tuple[str,
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return out + f"\n    TIMEOUT after {a.timeout} s (hang?)", True
+
+
+def run_variants(script: str, variants, a: argparse.Namespace) -> dict[str, dict]:
+    """``run_isolated`` for each variant in turn: prints its output (warnings dropped) under a ``--- name``
+    header and returns the JSON of its ``RESULT {...}`` line per variant (none if it printed none)."""
+    results = {}
+    for variant in variants:
+        print(f"--- {variant}", flush=True)
+        text, _ = run_isolated(script, variant, a)
+        for ln in text.splitlines():
+            if ln.startswith("RESULT "):
+                results[variant] = json.loads(ln[7:])
+            elif "warn" not in ln.lower():
+                print(ln, flush=True)
+    return results
 
 
 def matmul_peak(iters: int) -> float:

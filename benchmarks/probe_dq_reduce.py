@@ -71,7 +71,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from genrec.kernels import item_block_sm90 as sm  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from probe_common import matmul_peak, probe_args, run_isolated  # noqa: E402
+from probe_common import matmul_peak, probe_args, run_variants  # noqa: E402
 
 LOG2E = 1.4426950408889634
 D, BLOCK_I, BLOCK_Q, N_QT = 128, 64, 32, 64  # N_QT: column tiles of the dQ^T accumulator
@@ -351,16 +351,7 @@ def main() -> int:
         return run_variant(a.variant, a)
     peak = matmul_peak(a.iters)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    results = {}
-    for variant in VARIANTS:
-        print(f"--- {variant}", flush=True)
-        text, _ = run_isolated(__file__, variant, a)
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                res = json.loads(ln[7:])
-                results[variant] = res
-            elif "warn" not in ln.lower():
-                print(ln, flush=True)
+    results = run_variants(__file__, VARIANTS, a)
     flop_step = 2 * BLOCK_I * BLOCK_Q * D
     print(f"\nsteps {a.steps}, D {D}, BLOCK_I {BLOCK_I}, BLOCK_Q {BLOCK_Q}, {sms} SMs; ratio = time per step / no-dq's "
           f"at the same programs/SM (restructuring pays below ~1.35)")

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -46,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 )
 
 from genrec.kernels import item_block_sm90 as sm  # noqa: E402
-from probe_common import matmul_peak, probe_args, run_isolated  # noqa: E402
+from probe_common import matmul_peak, probe_args, run_variants  # noqa: E402
 
 T, B, N_ITEMS, BLOCK_N = 5, 8, 1024, 64
 VARIANTS = ["128-64-4-2-1", "128-128-8-2-1", "128-128-8-3-1", "128-128-8-2-0",
@@ -134,14 +135,10 @@ def _launch(q, do, k, v, lse, delta, dq, rows: int, warps: int, stages: int, are
     Bq, H, S, D = q.shape
     items = rows // T
     n_items = S // T
-    _dense_dq_kernel[(triton_cdiv(n_items, items), Bq * H)](
+    _dense_dq_kernel[(triton.cdiv(n_items, items), Bq * H)](
         sm._desc(q, rows), sm._desc(do, rows), sm._desc(sm._dense(k, T), BLOCK_N), sm._desc(sm._dense(v, T), BLOCK_N),
         lse, delta, dq, H, S, D ** -0.5 * 1.4426950408889634,
         T=T, BLOCK_ITEMS=items, BLOCK_M=rows, BLOCK_N=BLOCK_N, D=D, STAGES=stages, A_REGS=aregs, num_warps=warps)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _reference(q, do, k, v, lse, delta, rows: int) -> torch.Tensor:
@@ -188,7 +185,7 @@ def run_variant(name: str, iters: int) -> int:
     dq = torch.empty_like(q)
     ms = _time_graph(lambda: _launch(q, do, k, v, lse, delta, dq, rows, warps, stages, aregs), 3, iters, reps=5)
     items = rows // T
-    tiles = sum(triton_cdiv(blk * items, BLOCK_N) for blk in range(triton_cdiv(N_ITEMS, items)))
+    tiles = sum(triton.cdiv(blk * items, BLOCK_N) for blk in range(triton.cdiv(N_ITEMS, items)))
     flop = 3 * 2 * rows * BLOCK_N * D * tiles * B * H
     print("RESULT " + json.dumps({"ok": ok, "ms": ms, "tflops": flop / ms / 1e9, "tiles": tiles * B * H,
                                   "per_row_us": ms * 1e3 / (B * H * S)}), flush=True)
@@ -196,7 +193,6 @@ def run_variant(name: str, iters: int) -> int:
 
 
 def compile_only() -> int:
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -235,15 +231,7 @@ def main() -> int:
     if a.variant:
         return run_variant(a.variant, a.iters)
     matmul_peak(a.iters)
-    results = {}
-    for name in VARIANTS:
-        print(f"--- {name}", flush=True)
-        text, _ = run_isolated(__file__, name, a)
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                results[name] = json.loads(ln[7:])
-            elif "warn" not in ln.lower():
-                print(ln, flush=True)
+    results = run_variants(__file__, VARIANTS, a)
     print(f"\nB {B} x {N_ITEMS} items x {T} tokens; dq's dense loop alone; per-row time relative to the 64-row variant "
           f"of the same head dim (the tuned tiles)")
     print(f"{'variant (D-rows-warps-stages-aregs)':36s} {'ms':>8s} {'TFLOP/s':>8s} {'us/row x1e3':>11s} {'vs 64 rows':>10s}  check")
