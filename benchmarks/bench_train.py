@@ -41,7 +41,7 @@ def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions
 
 
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
-                  profile: int = 0, synthetic: tuple[int, int] | None = None) -> dict:
+                  profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "") -> dict:
     if synthetic:
         extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
     # eager unless asked (train.compile=true): what these commands measured before gpu-base compiled by default
@@ -72,13 +72,27 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     use_bf16 = dev.type == "cuda" and cfg.train.bf16
     items = tokens = 0
     t0 = 0.0
+    # per-step GPU time of the forward (batch copy, model and loss), the backward and the optimiser, from
+    # CUDA events recorded around each (no extra synchronisation inside the timed steps)
+    phases: list[tuple[Any, ...]] = []
+
     def step(i: int) -> dict:
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if dev.type == "cuda" else None
+        if ev:
+            ev[0].record()
         b = stream.batch_at(i).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
             out = obj.training_step(b)
+        if ev:
+            ev[1].record()
         out["loss"].backward()
+        if ev:
+            ev[2].record()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if ev:
+            ev[3].record()
+            phases.append(tuple(ev))
         return out
 
     for i in range(warmup + steps):
@@ -87,12 +101,18 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             items = tokens = 0
+        if i == warmup:
+            phases.clear()
         out = step(i)
         items += int(out["n_items"])
         tokens += int(out["n_tokens"])
     if dev.type == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    split = {}
+    if phases:
+        for name, (a, z) in {"forward": (0, 1), "backward": (1, 2), "optimizer": (2, 3)}.items():
+            split[f"{name}_ms"] = sum(ev[a].elapsed_time(ev[z]) for ev in phases) / len(phases)
     if profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -108,10 +128,21 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
         if dev.type == "cuda":
             print(f"== profile: {variant}, by self_cpu_time_total")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+    if trace:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with torch_profile(activities=acts, with_stack=True) as prof:
+            step(warmup + steps + profile)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        path = f"{trace}.{variant}.json"
+        prof.export_chrome_trace(path)
+        print(f"== trace: {variant} -> {path}")
     return {"variant": variant, "layout": mcfg.layout, "attn_impl": mcfg.attn_impl, "device": str(dev),
             "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
             "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
-            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1}
+            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1, **split}
 
 
 def main() -> None:
@@ -122,6 +153,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--variants", default="pinger,tiger")
     ap.add_argument("--profile", type=int, default=0, help="then profile N more steps of each variant (top ops)")
+    ap.add_argument("--trace", default="", metavar="PREFIX",
+                    help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("--synthetic", default="", metavar="BxN",
@@ -133,7 +166,7 @@ def main() -> None:
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
     syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
-    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn)  # type: ignore[arg-type]
+    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn, a.trace)  # type: ignore[arg-type]
             for v in a.variants.split(",")]
     base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
     for r in rows:
@@ -142,11 +175,12 @@ def main() -> None:
         with open(os.path.join(os.environ["OUT"], "bench_train.json"), "w") as f:
             json.dump(rows, f, indent=2)
     print(f"{'variant':14s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
-          f"{'tokens/s':>9s} {'vs tiger':>8s}")
+          f"{'tokens/s':>9s} {'vs tiger':>8s} {'fwd ms':>7s} {'bwd ms':>7s} {'opt ms':>7s}")
     for r in rows:
+        split = " ".join(f"{r[k]:7.1f}" if k in r else f"{'-':>7s}" for k in ("forward_ms", "backward_ms", "optimizer_ms"))
         print(f"{r['variant']:14s} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
               f"{r['ms_per_step']:8.1f} {r['items_per_s']:9.0f} {r['tokens_per_s']:9.0f} "
-              f"{r['items_per_s_vs_tiger']:8.2f}x")
+              f"{r['items_per_s_vs_tiger']:8.2f}x {split}")
 
 
 if __name__ == "__main__":
