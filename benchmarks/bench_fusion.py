@@ -1,5 +1,7 @@
-"""SID fusion on the training layout's shape: the one-row fast path (what the model runs) against the
-whole causal layer (``forward_reference``) and an einsum (batched-matmul) variant of the fast path.
+"""SID fusion on the training layout's shape: the model's path (``forward_codes``: the SID tokens' keys
+and values projected once per codebook row, then gathered) against the one-row fast path over embedded
+codes (``forward``), an einsum (batched-matmul) variant of it, and the whole causal layer
+(``forward_reference``).
 
     python benchmarks/bench_fusion.py [--items 8192] [--iters 20]
 
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.model.config import ModelConfig
+from genrec.model.encoders import SidEmbedding
 from genrec.model.fusion import SidFusion
 
 
@@ -44,13 +47,18 @@ def main() -> None:
     rows = []
     for d, h in ((256, 4), (768, 12)):
         torch.manual_seed(0)
-        f = SidFusion(ModelConfig.from_name("tiny", d_model=d, n_heads=h, d_ff=4 * d, dropout=0.0)).to(dev)
-        sid = torch.randn(a.items, f.levels, d, device=dev, requires_grad=True)
+        cfg = ModelConfig.from_name("tiny", d_model=d, n_heads=h, d_ff=4 * d, dropout=0.0, sid_levels=4,
+                                    sid_codebook_sizes=[256] * 4)
+        f, emb = SidFusion(cfg).to(dev), SidEmbedding(cfg).to(dev)
+        codes = torch.randint(0, 256, (a.items, f.levels), device=dev)
         dense = torch.randn(a.items, d, device=dev, requires_grad=True)
-        fns = {"fast (model)": f.forward, "einsum fast": lambda s, x: einsum_fast(f, s, x),
-               "whole layer (reference)": f.forward_reference}
+        fns = {"codes (model)": lambda c, x: f.forward_codes(c, emb, x),
+               "fast, embedded codes": lambda c, x: f(emb(c), x),
+               "einsum fast": lambda c, x: einsum_fast(f, emb(c), x),
+               "whole layer (reference)": lambda c, x: f.forward_reference(emb(c), x)}
+        sid = codes
         with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
-            ref = f.forward_reference(sid, dense).float()
+            ref = f.forward_reference(emb(codes), dense).float()
             errs = {k: float((fn(sid, dense).float() - ref).abs().max() / ref.abs().max()) for k, fn in fns.items()}
         for name, fn in fns.items():
             ts = []

@@ -1,14 +1,16 @@
 """Where a training step's time goes, by genrec call site: reads a torch.profiler chrome trace written
 with Python stacks (``bench_train.py --trace PREFIX``) and sums device time per chain of genrec frames.
 
-    python benchmarks/trace_breakdown.py TRACE.json [--depth 4] [--top 30]
+    python benchmarks/trace_breakdown.py TRACE.json [--depth 4] [--top 30] [--kernels]
 
 Each GPU kernel is charged to the genrec frames that were on the Python stack when the host launched
 it. Kernels launched by the backward (autograd's thread has no Python stack) are charged to the frames
 of the forward op with the same autograd sequence number, tagged ``bwd``. Without GPU kernels in the
 trace (a CPU run) the leaves are the CPU ops that enclose no other op, with their wall time. A chain
 is the genrec frames from outermost to innermost, each ``file:function``, cut to the innermost
-``--depth``; frames outside ``genrec/`` are left out.
+``--depth``; frames outside ``genrec/`` are left out. ``--kernels`` adds a table by kernel name (digits
+dropped, so inductor's numbered kernels of one kind group together), for compiled steps whose frames are
+the compiled graph's.
 """
 
 from __future__ import annotations
@@ -54,16 +56,20 @@ def breakdown(events: list[dict], depth: int) -> dict[tuple[str, tuple[str, ...]
     """-> {(phase, chain): microseconds}; phase is ``fwd`` or ``bwd``."""
     by_tid: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "cuda_runtime"):
-            by_tid[e["tid"]][e["cat"]].append(e)
+        if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "cuda_runtime", "cuda_driver"):
+            # a launch by the runtime (most of torch) or by the driver (Triton's kernels)
+            by_tid[e["tid"]]["launch" if e["cat"].startswith("cuda_") else e["cat"]].append(e)
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    launch = {e["args"].get("correlation"): e for d in by_tid.values() for e in d["cuda_runtime"]}
+    launch = {e["args"].get("correlation"): e for d in by_tid.values() for e in d["launch"]}
     leaves: list[tuple[dict, float]] = []  # (host event the work is charged through, microseconds)
+    totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     if kernels:
         for k in kernels:
             host = launch.get(k["args"].get("correlation"))
             if host is not None:
                 leaves.append((host, k["dur"]))
+            else:
+                totals[("?", ("(launch not in the trace)",))] += k["dur"]
     else:
         for d in by_tid.values():
             ops = sorted(d["cpu_op"], key=lambda e: (e["ts"], -e["dur"]))
@@ -83,7 +89,6 @@ def breakdown(events: list[dict], depth: int) -> dict[tuple[str, tuple[str, ...]
     for tid, d in by_tid.items():
         mine = [(e["ts"], s) for s, e in seq_ops.items() if e["tid"] == tid]
         fwd_frames.update(_nested(d["python_function"], mine))
-    totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     for tid, d in by_tid.items():
         mine = [(h, us) for h, us in leaves if h["tid"] == tid]
         if not mine:
@@ -104,11 +109,21 @@ def breakdown(events: list[dict], depth: int) -> dict[tuple[str, tuple[str, ...]
     return totals
 
 
+def by_kernel(events: list[dict]) -> dict[str, float]:
+    """-> {kernel name with digits dropped, cut to 70 characters: microseconds}."""
+    out: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            out[re.sub(r"\d+", "#", e["name"])[:70]] += e["dur"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--kernels", action="store_true", help="also a table by kernel name")
     a = ap.parse_args()
     for path in a.traces:
         with open(path) as f:
@@ -122,6 +137,10 @@ def main() -> None:
         print(f"{'ms':>8s} {'phase':5s} chain")
         for (phase, chain), us in sorted(totals.items(), key=lambda kv: -kv[1])[: a.top]:
             print(f"{us / 1e3:8.3f} {phase:5s} {' > '.join(chain)}")
+        if a.kernels:
+            print(f"{'ms':>8s} kernel")
+            for name, us in sorted(by_kernel(events).items(), key=lambda kv: -kv[1])[: a.top]:
+                print(f"{us / 1e3:8.3f} {name}")
 
 
 if __name__ == "__main__":

@@ -131,16 +131,23 @@ class SidEmbedding(nn.Module):
         self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
         self.level = nn.Embedding(len(self.sizes), cfg.d_model)
 
+    def level_rows(self, lvl: int) -> torch.Tensor:
+        """Every code's vector at level ``lvl + 1`` (0-based ``lvl``): ``[K, D]``, row c = the embedding of code c."""
+        return self.tables[lvl].weight + self.level.weight[lvl]
+
+    def check(self, codes: torch.Tensor, first_level: int = 1) -> None:
+        """Raise naming the level whose codes in ``codes`` ``[..., d]`` fall outside its codebook."""
+        for j in range(codes.shape[-1]):
+            lvl = first_level - 1 + j
+            _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
+
     def forward(self, codes: torch.Tensor, first_level: int = 1) -> torch.Tensor:
         """Embed levels ``first_level .. first_level + d - 1`` (1-based) of ``codes`` ``[..., d]``."""
         d = codes.shape[-1]
         if first_level < 1 or first_level + d - 1 > len(self.sizes):
             raise ValueError(f"sid_codes: levels {first_level}..{first_level + d - 1} outside 1..{len(self.sizes)}")
-        outs = []
-        for j in range(d):
-            lvl = first_level - 1 + j
-            _check_range(codes[..., j], self.sizes[lvl], f"sid_codes[..., level {lvl + 1}]")
-            outs.append(self.tables[lvl](codes[..., j]) + self.level.weight[lvl])
+        self.check(codes, first_level)
+        outs = [self.tables[first_level - 1 + j](codes[..., j]) + self.level.weight[first_level - 1 + j] for j in range(d)]
         return torch.stack(outs, -2)
 
 

@@ -181,24 +181,19 @@ class GenRecModel(nn.Module):
 
     def dense_tokens(
         self, item_vecs: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor, sid_codes: torch.Tensor | None,
-        time_gaps: torch.Tensor | None = None, sid_emb: torch.Tensor | None = None,
+        time_gaps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-item dense token (MAM input [+ time gap], then SID fusion if on): ``[..., D]``.
-
-        A per-item function (no cross-item interaction). ``sid_emb`` ``[..., L, D]`` may be passed
-        precomputed (else it is embedded from ``sid_codes`` ``[..., L]``).
-        """
+        """Per-item dense token (MAM input [+ time gap], then SID fusion of ``sid_codes`` ``[..., L]`` if
+        on): ``[..., D]``. A per-item function (no cross-item interaction)."""
         x = self.dense_input(item_vecs, actions, surfaces)  # [..., D]
         if self.time_gap is not None:
             if time_gaps is None:
                 raise ValueError("timestamps: required when time_buckets > 0 (request_ts too for candidates)")
             x = x + self.time_gap(time_gaps)
         if self.fusion is not None:
-            if sid_emb is None:
-                if sid_codes is None:
-                    raise ValueError("sid_codes: required when sid_fusion is on")
-                sid_emb = self.sid_emb(sid_codes)  # type: ignore[misc]
-            x = self.fusion(sid_emb, x)
+            if sid_codes is None:
+                raise ValueError("sid_codes: required when sid_fusion is on")
+            x = self.fusion.forward_codes(sid_codes, self.sid_emb, x)  # type: ignore[arg-type]
         return x
 
     def _cand_tokens(self, cand_vecs: torch.Tensor, cand_sid: torch.Tensor | None, cand_surface: torch.Tensor | None,
@@ -254,10 +249,12 @@ class GenRecModel(nn.Module):
         zero = torch.zeros_like(batch.actions)
         acts = torch.where(valid, apply_action_mask(batch.actions, batch.action_mask, cfg.mask_action), zero)
         surf = torch.where(valid, batch.surfaces, zero)
-        sid_all = None  # [B, n, L, D], shared by the SID tokens and the fusion layer
+        codes = sid_tok = None  # codes [B, n, L] (padding items: 0); the SID tokens' embeddings [B, n, l, D]
         if batch.sid_codes is not None and cfg.uses_sids:
             codes = torch.where(valid[..., None], batch.sid_codes, torch.zeros_like(batch.sid_codes))
-            sid_all = self.sid_emb(codes)  # type: ignore[misc]
+            deepest = max(lay.slot_kinds)  # the SID slots are the levels 1..deepest (kind = level)
+            if deepest > 0:
+                sid_tok = self.sid_emb(codes[..., :deepest])  # type: ignore[misc]
         gaps, _ = self._time_gaps(batch, lay.lengths)
         vecs = self._vecs(batch.item_feats, batch.item_vecs, "item", batch.item_ids)  # [B, n, Di]
         b, n = acts.shape
@@ -266,11 +263,11 @@ class GenRecModel(nn.Module):
             if kind == DENSE:
                 # HSTU's item token carries no action (the action sits in its own, later token)
                 a = torch.full_like(acts, cfg.mask_action) if cfg.layout == "hstu" else acts
-                slots.append(self.dense_tokens(vecs, a, surf, None, gaps, sid_all))
+                slots.append(self.dense_tokens(vecs, a, surf, codes, gaps))
             elif kind == ACTION:
                 slots.append(self.action_tokens(acts, surf))  # type: ignore[misc]
             else:
-                slots.append(sid_all[:, :, kind - 1])  # type: ignore[index]
+                slots.append(sid_tok[:, :, kind - 1])  # type: ignore[index]
         x = torch.stack(slots, 2).reshape(b, n * lay.tokens_per_item, -1)  # [B, n*T, D]
         x = x + self.position(lay.meta.pos[:, : x.shape[1]])
         x = x * (lay.meta.kind[:, : x.shape[1], None] != PAD)
