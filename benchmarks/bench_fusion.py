@@ -7,6 +7,8 @@ codes (``forward``), an einsum (batched-matmul) variant of it, and the whole cau
 
 Forward + backward, bf16 autocast on CUDA (float32 on the CPU), median wall time per call with the
 device synchronised, at d 256 (4 heads) and d 768 (12 heads). Checks each against the reference first.
+On CUDA also the GPU time per call (the sum of its kernels' durations, from torch.profiler): an eager call
+is host-bound at these sizes, so wall time mostly counts launches.
 """
 
 from __future__ import annotations
@@ -61,22 +63,34 @@ def main() -> None:
             ref = f.forward_reference(emb(codes), dense).float()
             errs = {k: float((fn(sid, dense).float() - ref).abs().max() / ref.abs().max()) for k, fn in fns.items()}
         for name, fn in fns.items():
+            def call() -> None:
+                with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
+                    out = fn(sid, dense)
+                out.float().sum().backward()
+
             ts = []
             for i in range(a.iters + 3):
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
-                    out = fn(sid, dense)
-                out.float().sum().backward()
+                call()
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 if i >= 3:
                     ts.append(time.perf_counter() - t0)
-            rows.append((d, name, 1000 * statistics.median(ts), errs[name]))
-    print(f"{'d':>4s} {'path':24s} {'fwd+bwd ms':>10s} {'rel err':>8s}")
-    for d, name, ms, err in rows:
-        print(f"{d:4d} {name:24s} {ms:10.3f} {err:8.1e}")
+            gpu = float("nan")
+            if dev == "cuda":
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(a.iters):
+                        call()
+                    torch.cuda.synchronize()
+                gpu = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / a.iters
+            rows.append((d, name, 1000 * statistics.median(ts), gpu, errs[name]))
+    print(f"{'d':>4s} {'path':24s} {'fwd+bwd ms':>10s} {'GPU ms':>8s} {'rel err':>8s}")
+    for d, name, ms, gpu, err in rows:
+        print(f"{d:4d} {name:24s} {ms:10.3f} {gpu:8.3f} {err:8.1e}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions
 
 
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
-                  profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "") -> dict:
+                  profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "",
+                  compile_mode: str = "") -> dict:
     if synthetic:
         extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
     # eager unless asked (train.compile=true): what these commands measured before gpu-base compiled by default
@@ -57,7 +58,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     model = GenRecModel(mcfg)
     if cfg.train.compile:
-        model.compile()
+        model.compile(**({"mode": compile_mode} if compile_mode else {}))
     _, ocfg = variant_overrides(cfg)
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
@@ -142,7 +143,8 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     return {"variant": variant, "layout": mcfg.layout, "attn_impl": mcfg.attn_impl, "device": str(dev),
             "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
             "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
-            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1, **split}
+            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1,
+            "compile_mode": (compile_mode or "default") if cfg.train.compile else "eager", **split}
 
 
 def main() -> None:
@@ -155,6 +157,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="then profile N more steps of each variant (top ops)")
     ap.add_argument("--trace", default="", metavar="PREFIX",
                     help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
+    ap.add_argument("--compile-mode", default="", help="torch.compile mode with train.compile=true "
+                    "(e.g. reduce-overhead: CUDA graphs); default: torch's default")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("--synthetic", default="", metavar="BxN",
@@ -166,7 +170,8 @@ def main() -> None:
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
     syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
-    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn, a.trace)  # type: ignore[arg-type]
+    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn, a.trace,
+                          a.compile_mode)  # type: ignore[arg-type]
             for v in a.variants.split(",")]
     base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
     for r in rows:
