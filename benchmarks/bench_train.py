@@ -159,6 +159,9 @@ def main() -> None:
                     help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
     ap.add_argument("--compile-mode", default="", help="torch.compile mode with train.compile=true "
                     "(e.g. reduce-overhead: CUDA graphs); default: torch's default")
+    ap.add_argument("--fusion", choices=("codes", "embedded"), default="codes",
+                    help="SID fusion's path: the model's (keys and values per codebook row, gathered) or the one it "
+                         "replaced (the batch's SID tokens embedded, then projected); the same function")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("--synthetic", default="", metavar="BxN",
@@ -169,6 +172,10 @@ def main() -> None:
         from genrec.kernels import item_block
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
+    if a.fusion == "embedded":
+        from genrec.model.fusion import SidFusion
+
+        SidFusion.forward_codes = lambda self, codes, embed, dense: self(embed(codes), dense)  # type: ignore[method-assign]
     syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
     rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn, a.trace,
                           a.compile_mode)  # type: ignore[arg-type]
