@@ -24,3 +24,10 @@ bench_step() {
   echo "== $name"; mkdir -p $OUT/$name
   OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -8
 }
+# The step benchmarks' workdir, built here from MovieLens 100K in .gpudata (carry it and .whl): sets WD. A
+# workdir's Iceberg catalogue records absolute paths, so a copied one does not open.
+step_workdir() {
+  WD=runs/step-ml100k
+  timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
+p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+}

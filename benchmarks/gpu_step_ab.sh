@@ -5,9 +5,7 @@
 # call, each side twice, alternating. Carry .whl and .gpudata.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-WD=runs/step-ml100k
-timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+step_workdir
 TRITON_INTERPRET=0 timeout 400 python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/model tests/train \
   tests/decode tests/serve tests/kernels/test_model_triton.py 2>&1 | grep -E "^E |passed|failed|error" | head -15
 for r in 1 2; do

@@ -6,9 +6,7 @@
 # (train.compile=true), both variants; 3) compiled PinGER without SID fusion. Carry .whl and .gpudata.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-WD=runs/step-ml100k
-timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+step_workdir
 bench_step eager 150 $WD --synthetic 8x1024 --steps 10 --warmup 5 --variants pinger,tiger --trace $OUT/trace $D768 $COMMON
 for v in pinger tiger; do
   [ -f $OUT/trace.$v.json ] || continue

@@ -7,9 +7,7 @@
 # it and .whl): a workdir's Iceberg catalogue records absolute paths, so a copied one does not open.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-WD=runs/step-ml100k
-timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+step_workdir
 TRITON_INTERPRET=0 timeout 130 python3 -m pytest -q -p no:cacheprovider --tb=short -m "gpu or not gpu" \
   tests/kernels/test_model_triton.py -k "test_model_forward_backward and 64" 2>&1 | grep -E "^E |passed|failed" | head -12
 bench_step 1x8192-d768-compiled 170 $WD --synthetic 1x8192 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true

@@ -6,9 +6,7 @@
 # Carry .whl and .gpudata.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-WD=runs/step-ml100k
-timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+step_workdir
 TRITON_INTERPRET=0 timeout 60 python3 -m pytest -q -p no:cacheprovider --tb=short -m "gpu or not gpu" \
   tests/model/test_fusion.py 2>&1 | tail -3
 timeout 60 python3 benchmarks/bench_fusion.py --items 8192 --iters 20

@@ -6,9 +6,7 @@
 # Carry .whl and .gpudata.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-WD=runs/step-ml100k
-timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+step_workdir
 timeout 60 python3 benchmarks/bench_fusion.py --items 8192 --iters 10
 bench_step compiled 150 $WD --synthetic 8x1024 --steps 20 --warmup 10 --variants pinger,tiger $D768 $COMMON train.compile=true
 echo "== graphs (reduce-overhead)"; mkdir -p $OUT/graphs
