@@ -133,7 +133,8 @@ class SidEmbedding(nn.Module):
 
     def level_rows(self, lvl: int) -> torch.Tensor:
         """Every code's vector at level ``lvl + 1`` (0-based ``lvl``): ``[K, D]``, row c = the embedding of code c."""
-        return self.tables[lvl].weight + self.level.weight[lvl]
+        table: nn.Embedding = self.tables[lvl]  # type: ignore[assignment]
+        return table.weight + self.level.weight[lvl]
 
     def check(self, codes: torch.Tensor, first_level: int = 1) -> None:
         """Raise naming the level whose codes in ``codes`` ``[..., d]`` fall outside its codebook."""
