@@ -34,6 +34,7 @@ is stored as 0). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -141,6 +142,7 @@ class ItemBlockConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
+    @functools.lru_cache(maxsize=None)  # frozen, and validating its ~30 fields costs ~30 us a call
     def tuned(cls, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> ItemBlockConfig:
         """The configuration the model uses: the best of ``benchmarks/sweep_item_block.py`` on an
         H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
