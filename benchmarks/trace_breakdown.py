@@ -118,6 +118,20 @@ def by_kernel(events: list[dict]) -> dict[str, float]:
     return out
 
 
+def gpu_span(events: list[dict]) -> tuple[float, float]:
+    """-> (microseconds from the first kernel's start to the last one's end, microseconds with a kernel
+    running): their gap is the time the GPU waited, on the host or otherwise."""
+    ks = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"))
+    if not ks:
+        return 0.0, 0.0
+    busy, end = 0.0, ks[0][0]
+    for a, z in ks:  # union of the intervals (kernels of several streams may overlap)
+        if z > end:
+            busy += z - max(a, end)
+            end = z
+    return ks[-1][1] - ks[0][0], busy
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="+")
@@ -134,6 +148,10 @@ def main() -> None:
             by_phase[phase] += us
         print(f"== {path}: " + ", ".join(f"{p} {us / 1e3:.2f} ms" for p, us in sorted(by_phase.items()))
               + f", total {sum(by_phase.values()) / 1e3:.2f} ms")
+        span, busy = gpu_span(events)
+        if span:
+            print(f"   kernels from first start to last end {span / 1e3:.2f} ms, some kernel running {busy / 1e3:.2f} ms "
+                  f"({100 * busy / span:.0f}%)")
         print(f"{'ms':>8s} {'phase':5s} chain")
         for (phase, chain), us in sorted(totals.items(), key=lambda kv: -kv[1])[: a.top]:
             print(f"{us / 1e3:8.3f} {phase:5s} {' > '.join(chain)}")

@@ -70,6 +70,12 @@ def test_kernel_table_groups_numbered_kernels(tmp_path: Path) -> None:
     assert "fwd 0.01 ms" in out.stdout and "objective:training_step > fusion:forward_codes" in out.stdout
 
 
+def test_gpu_span_counts_overlapping_kernels_once() -> None:
+    events = [_x("kernel", "a", 0, 10, tid=9), _x("kernel", "b", 5, 10, tid=8), _x("kernel", "c", 30, 5, tid=9)]
+    assert _module().gpu_span(events) == (35, 20)
+    assert _module().gpu_span([]) == (0.0, 0.0)
+
+
 def test_without_kernels_the_leaf_cpu_ops_are_charged() -> None:
     events = [e for e in _trace() if e["cat"] in ("python_function", "cpu_op")]
     totals = _module().breakdown(events, depth=3)
