@@ -58,14 +58,13 @@ def main() -> None:
                "fast, embedded codes": lambda c, x: f(emb(c), x),
                "einsum fast": lambda c, x: einsum_fast(f, emb(c), x),
                "whole layer (reference)": lambda c, x: f.forward_reference(emb(c), x)}
-        sid = codes
         with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
             ref = f.forward_reference(emb(codes), dense).float()
-            errs = {k: float((fn(sid, dense).float() - ref).abs().max() / ref.abs().max()) for k, fn in fns.items()}
+            errs = {k: float((fn(codes, dense).float() - ref).abs().max() / ref.abs().max()) for k, fn in fns.items()}
         for name, fn in fns.items():
             def call() -> None:
                 with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
-                    out = fn(sid, dense)
+                    out = fn(codes, dense)
                 out.float().sum().backward()
 
             ts = []

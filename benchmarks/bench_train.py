@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile as torch_profile
 
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
@@ -102,7 +103,6 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             items = tokens = 0
-        if i == warmup:
             phases.clear()
         out = step(i)
         items += int(out["n_items"])
@@ -114,10 +114,8 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     if phases:
         for name, (a, z) in {"forward": (0, 1), "backward": (1, 2), "optimizer": (2, 3)}.items():
             split[f"{name}_ms"] = sum(ev[a].elapsed_time(ev[z]) for ev in phases) / len(phases)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     if profile:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with torch_profile(activities=acts) as prof:
             for i in range(profile):
                 step(warmup + steps + i)
@@ -130,9 +128,6 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
             print(f"== profile: {variant}, by self_cpu_time_total")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
     if trace:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with torch_profile(activities=acts, with_stack=True) as prof:
             step(warmup + steps + profile)
             if dev.type == "cuda":

@@ -53,7 +53,8 @@ def _chain(frames: list[dict], depth: int) -> tuple[str, ...]:
 
 
 def breakdown(events: list[dict], depth: int) -> dict[tuple[str, tuple[str, ...]], float]:
-    """-> {(phase, chain): microseconds}; phase is ``fwd`` or ``bwd``."""
+    """-> {(phase, chain): microseconds}; phase is ``fwd``, ``bwd``, ``opt`` (under an optimiser frame) or ``?``
+    (a kernel whose launch the trace lacks)."""
     by_tid: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "cuda_runtime", "cuda_driver"):
