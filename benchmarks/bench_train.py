@@ -154,9 +154,10 @@ def main() -> None:
                     help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
     ap.add_argument("--compile-mode", default="", help="torch.compile mode with train.compile=true "
                     "(e.g. reduce-overhead: CUDA graphs); default: torch's default")
-    ap.add_argument("--fusion", choices=("codes", "embedded"), default="codes",
-                    help="SID fusion's path: the model's (keys and values per codebook row, gathered) or the one it "
-                         "replaced (the batch's SID tokens embedded, then projected); the same function")
+    ap.add_argument("--fusion", choices=("codes", "codes-torch", "embedded"), default="codes",
+                    help="SID fusion's path: the model's (keys and values per codebook row, gathered; on CUDA its "
+                         "attention is genrec.kernels.sid_fusion's kernel), the same with the attention in PyTorch, "
+                         "or the path codes replaced (the batch's SID tokens embedded, then projected); one function")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("--synthetic", default="", metavar="BxN",
@@ -167,6 +168,10 @@ def main() -> None:
         from genrec.kernels import item_block
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
+    if a.fusion == "codes-torch":
+        from genrec.model.fusion import SidFusion
+
+        SidFusion._use_kernel = lambda self, x: False  # type: ignore[method-assign]
     if a.fusion == "embedded":
         from genrec.model.fusion import SidFusion
 

@@ -9,6 +9,6 @@ unset GENREC_CUDA_GRAPHS
 TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests \
   > $OUT/gpu_tests.log 2>&1; echo "pytest -m gpu rc=$?"
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/kernels/test_item_block_candidates.py tests/kernels/test_cascade.py > $OUT/kernel_tests.log 2>&1; echo "kernels rc=$?"
+  tests/kernels/test_item_block_candidates.py tests/kernels/test_cascade.py tests/kernels/test_sid_fusion.py > $OUT/kernel_tests.log 2>&1; echo "kernels rc=$?"
 grep -E "^(FAILED|ERROR)|passed|failed" $OUT/kernel_tests.log | tail -8
 grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.log | tail -15

@@ -15,7 +15,7 @@ from genrec.kernels.attention import (
     CausalMask,
     attention,
     attention_with_lse,
-    causal_fast_path,
+    gpu_fast_path,
     merge_attention,
     prepare_mask,
     resolve_impl,
@@ -108,7 +108,7 @@ def test_impl_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     layout=st.sampled_from(["tiger", "dense", "hstu"]), n=st.integers(1, 7), data=st.data(),
     h=st.integers(1, 2), seed=st.integers(0, 10_000),
 )
-def test_causal_fast_path_equals_the_layout_mask_on_valid_tokens(layout, n, data, h, seed) -> None:
+def test_gpu_fast_path_equals_the_layout_mask_on_valid_tokens(layout, n, data, h, seed) -> None:
     """SDPA is_causal (CausalMask) vs the explicit mask of a right-padded token-causal layout: the
     same outputs on every valid query and the same q/k/v gradients of a loss over valid queries."""
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, n), min_size=1, max_size=3)))
@@ -129,13 +129,13 @@ def test_causal_fast_path_equals_the_layout_mask_on_valid_tokens(layout, n, data
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
 
 
-def test_causal_fast_path_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_fast_path_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GENREC_ATTN", raising=False)
-    assert causal_fast_path("auto", "cuda") and causal_fast_path("triton", "cuda")
-    assert not causal_fast_path("auto", "cpu") and not causal_fast_path("triton", "cpu")  # forced off on CPU
-    assert not causal_fast_path("reference", "cuda") and not causal_fast_path("flex", "cuda")
+    assert gpu_fast_path("auto", "cuda") and gpu_fast_path("triton", "cuda")
+    assert not gpu_fast_path("auto", "cpu") and not gpu_fast_path("triton", "cpu")  # forced off on CPU
+    assert not gpu_fast_path("reference", "cuda") and not gpu_fast_path("flex", "cuda")
     monkeypatch.setenv("GENREC_ATTN", "reference")
-    assert not causal_fast_path("auto", "cuda")  # the env var forces it off
+    assert not gpu_fast_path("auto", "cuda")  # the env var forces it off
     q, k, v = _qkv(1, 1, 3, 4, 8, 0)
     with pytest.raises(ValueError, match="CausalMask"):
         attention(q, k, v, mask=CausalMask())

@@ -249,7 +249,7 @@ def test_compiled_flex_model_forward_equals_reference_on_gpu(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("layout", ["tiger", "dense", "hstu"])
-def test_causal_fast_path_model_equals_reference(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_fast_path_model_equals_reference(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole model of a token-causal layout with its attention on SDPA is_causal (the CUDA fast
     path, forced on here on the CPU) equals the explicit-mask reference: hidden states of every
     valid token and every parameter's gradient of a loss over them. With candidates after the
@@ -271,7 +271,7 @@ def test_causal_fast_path_model_equals_reference(layout: str, monkeypatch: pytes
     monkeypatch.setattr(Backbone, "_mask", spy)
     results = []
     for fast in (False, True):
-        monkeypatch.setattr(backbone_mod, "causal_fast_path", lambda impl, device, fast=fast: fast)
+        monkeypatch.setattr(backbone_mod, "gpu_fast_path", lambda impl, device, fast=fast: fast)
         model.zero_grad()
         out = model(batch)
         real = out.layout.meta.kind != -2  # padding query rows are don't-care

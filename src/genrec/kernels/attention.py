@@ -14,7 +14,7 @@ itself) is split off and attended by :func:`candidate_attention`; anything else 
 steps — falls back to ``reference``; neither has attention-probability dropout). The token-causal
 layouts (TIGER / dense / HSTU) in a full forward without candidates (training, the serving
 prefill) take :class:`CausalMask` on CUDA under ``auto`` and ``triton`` (see
-:func:`causal_fast_path`): SDPA with ``is_causal=True`` (FlashAttention, attention dropout
+:func:`gpu_fast_path`): SDPA with ``is_causal=True`` (FlashAttention, attention dropout
 included), equal to the explicit mask on every valid token of right-padded rows. ``GENREC_ATTN=<impl>`` in the environment overrides everything,
 so every fast path can be forced off.
 
@@ -68,11 +68,13 @@ def resolve_impl(
     return choice
 
 
-def causal_fast_path(impl: str | None, device: torch.device | str) -> bool:
-    """May a token-causal layout use :class:`CausalMask`? On CUDA under ``auto`` or ``triton``
-    (after ``GENREC_ATTN``); never on CPU, and never when ``reference`` or ``flex`` is asked for."""
+def gpu_fast_path(impl: str | None, device: torch.device | str) -> bool:
+    """May a fast path that has no FlexAttention twin run (the causal SDPA of :class:`CausalMask`,
+    SID fusion's kernel)? On CUDA under ``auto`` or ``triton`` (after ``GENREC_ATTN``); never on
+    CPU, and never when ``reference`` or ``flex`` is asked for."""
     choice = os.environ.get("GENREC_ATTN") or impl or "auto"
     return torch.device(device).type == "cuda" and choice in ("auto", "triton")
+
 
 
 class CausalMask:

@@ -18,7 +18,7 @@ from genrec.kernels.attention import (
     CausalMask,
     ItemBlockMask,
     attention,
-    causal_fast_path,
+    gpu_fast_path,
     prepare_mask,
     resolve_impl,
 )
@@ -106,7 +106,7 @@ class Backbone(nn.Module):
         def n_cands() -> int:  # trailing candidate tokens; n_cand None: counted here (one host sync)
             return int((q_meta.kind[0] == CAND).sum()) if n_cand is None else n_cand
 
-        if layout in CAUSAL_LAYOUTS and q_meta is k_meta and causal_fast_path(self.cfg.attn_impl, device):
+        if layout in CAUSAL_LAYOUTS and q_meta is k_meta and gpu_fast_path(self.cfg.attn_impl, device):
             # full forward (no cache) of a token-causal layout: causal SDPA when no candidate follows
             if n_cands() == 0:
                 return CausalMask()

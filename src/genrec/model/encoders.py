@@ -125,16 +125,22 @@ class ActionTokenEncoder(nn.Module):
 class SidEmbedding(nn.Module):
     """One embedding table per SID level + a level embedding. ``codes`` ``[..., d]`` -> ``[..., d, D]``."""
 
+    offsets: torch.Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.sizes = list(cfg.sid_codebook_sizes)
         self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
         self.level = nn.Embedding(len(self.sizes), cfg.d_model)
+        # first row of each level in all_rows(); a buffer, so it follows the module to its device
+        offsets = torch.tensor([0, *self.sizes[:-1]]).cumsum(0)
+        self.register_buffer("offsets", offsets, persistent=False)  # [L]
 
-    def level_rows(self, lvl: int) -> torch.Tensor:
-        """Every code's vector at level ``lvl + 1`` (0-based ``lvl``): ``[K, D]``, row c = the embedding of code c."""
-        table: nn.Embedding = self.tables[lvl]  # type: ignore[assignment]
-        return table.weight + self.level.weight[lvl]
+    def all_rows(self) -> torch.Tensor:
+        """Every code's vector at every level, stacked: ``[sum(sizes), D]``; level l's (0-based) code c
+        is row ``offsets[l] + c``, its table row plus the level vector, as :meth:`forward` embeds it."""
+        tables: list[nn.Embedding] = list(self.tables)  # type: ignore[arg-type]
+        return torch.cat([t.weight + self.level.weight[lvl] for lvl, t in enumerate(tables)])
 
     def check(self, codes: torch.Tensor, first_level: int = 1) -> None:
         """Raise naming the level whose codes in ``codes`` ``[..., d]`` fall outside its codebook."""

@@ -20,7 +20,11 @@ plus the level vector, normalised row by row, then projected. :meth:`SidFusion.f
 therefore projects each codebook once per call (sum of the codebook sizes rows, 1,024 for four
 levels of 256) and gathers the rows of the batch's codes, instead of projecting L tokens per item
 (32,768 at 8 x 1,024 items). Same function again; used whenever the batch has more SID tokens than
-the codebooks have rows.
+the codebooks have rows. On CUDA (attention implementation ``auto`` or ``triton``, see
+:func:`genrec.kernels.attention.gpu_fast_path`) its attention then runs as one Triton kernel per pass
+that gathers the rows itself (:mod:`genrec.kernels.sid_fusion`), instead of PyTorch's elementwise
+passes over the gathered ``[N, L+1, 2D]`` keys and values; not under deterministic algorithms (the
+kernel's backward adds the rows' gradients with atomics).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from genrec.kernels.attention import gpu_fast_path
 from genrec.model.backbone import Block
 from genrec.model.config import ModelConfig
 from genrec.model.encoders import SidEmbedding
@@ -42,6 +47,7 @@ class SidFusion(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.levels = cfg.sid_levels
+        self.attn_impl = cfg.attn_impl
         self.block = Block(cfg)
         self.dense_slot = nn.Parameter(torch.zeros(cfg.d_model))
         causal = torch.ones(cfg.sid_levels + 1, cfg.sid_levels + 1, dtype=torch.bool).tril()
@@ -79,13 +85,27 @@ class SidFusion(nn.Module):
         embed.check(codes)
         blk, att = self.block, self.block.attn
         w, bias = att.qkv.weight[d:], att.qkv.bias[d:]
-        flat = codes.reshape(n, self.levels)
-        kv = [F.embedding(flat[:, lvl], F.linear(blk.n1(embed.level_rows(lvl)), w, bias))  # [N, 2D] each
-              for lvl in range(self.levels)]
+        rows = codes.reshape(n, self.levels) + embed.offsets  # [N, L]: rows of embed.all_rows()
+        kv_rows = F.linear(blk.n1(embed.all_rows()), w, bias)  # [R, 2D], R = sum of the codebook sizes
         x = (dense_in + self.dense_slot).reshape(n, d)
         h = blk.n1(x)
-        kv.append(F.linear(h, w, bias))
-        return self._fuse(x, h, torch.stack(kv, 1)).reshape(*lead, d)
+        kv_dense = F.linear(h, w, bias)  # [N, 2D]
+        if self._use_kernel(x):
+            from genrec.kernels.sid_fusion import dropout_keep, fusion_attention
+
+            q = F.linear(h, att.qkv.weight[:d], att.qkv.bias[:d])
+            p = att.dropout if self.training else 0.0
+            keep = dropout_keep(n, att.h, self.levels, p, x.device) if p > 0 else None
+            return self._finish(x, fusion_attention(q, kv_rows, rows, kv_dense, att.h, keep, p)).reshape(*lead, d)
+        kv = torch.cat([F.embedding(rows, kv_rows), kv_dense[:, None]], 1)  # [N, L+1, 2D]
+        return self._fuse(x, h, kv).reshape(*lead, d)
+
+    def _use_kernel(self, x: torch.Tensor) -> bool:
+        """The Triton attention of :mod:`genrec.kernels.sid_fusion`: on CUDA under the fast-path
+        switch, with a power-of-two head dim, and not under deterministic algorithms."""
+        dh = self.block.attn.dh
+        return (gpu_fast_path(self.attn_impl, x.device) and not dh & (dh - 1)
+                and not torch.are_deterministic_algorithms_enabled())
 
     def _fuse(self, x: torch.Tensor, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """The dense slot's row of the layer: its input ``x`` ``[N, D]``, normalised ``h`` ``[N, D]``, and
@@ -99,7 +119,12 @@ class SidFusion(nn.Module):
         if self.training and att.dropout > 0:
             p = F.dropout(p, att.dropout)  # attention-probability dropout, as the layer's attention has
         o = (p[..., None] * v.float()).sum(1).to(v.dtype)  # [N, H, Dh]
-        x = x + blk.drop(att.out(o.reshape(n, d)))
+        return self._finish(x, o.reshape(n, d))
+
+    def _finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer after the dense slot's attention output ``o`` ``[N, D]``."""
+        blk = self.block
+        x = x + blk.drop(blk.attn.out(o))
         return x + blk.drop(blk.mlp(blk.n2(x)))
 
     def forward_reference(self, sid_emb: torch.Tensor, dense_in: torch.Tensor) -> torch.Tensor:
