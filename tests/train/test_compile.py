@@ -3,12 +3,16 @@ split it) and computes what the eager forward computes, values and gradients."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from genrec.train.config import TrainConfig
-from genrec.train.trainer import to_device
-from tests.model.test_model_equivalence import make_batch, make_model
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast-path test below runs the Triton kernels on the CPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from genrec.train.config import TrainConfig  # noqa: E402
+from genrec.train.trainer import to_device  # noqa: E402
+from tests.model.test_model_equivalence import make_batch, make_model  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", ["pinger", "tiger", "dense"])
@@ -22,6 +26,36 @@ def test_training_forward_traces_as_one_graph(layout: str) -> None:
         ex = torch._dynamo.explain(model)(batch)
     assert ex.graph_break_count == 0, [r.reason for r in ex.break_reasons]
     assert ex.graph_count == 1
+
+
+def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA fast paths of the PinGER training forward -- the item-block attention kernel and SID
+    fusion's kernel -- forced on here on the CPU, where Triton's interpreter runs them: dynamo traces
+    both as custom ops, without a graph break. (An lru_cache in the attention switch once broke every
+    layer's graph on the GPU, which no CPU test reached: the compiled step ran ~1.6x slower.)"""
+    pytest.importorskip("triton")
+    from genrec.kernels import item_block, sid_fusion
+    from genrec.model import backbone, fusion
+    from genrec.validation import trusted_inputs
+
+    for kernel in (item_block._item_block_fwd_kernel, sid_fusion._fusion_fwd_kernel):
+        if type(kernel).__name__ != "InterpretedFunction" and not torch.cuda.is_available():
+            pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no GPU")
+    monkeypatch.setattr(backbone, "resolve_impl", lambda *a, **k: "triton")
+    monkeypatch.setattr(fusion, "gpu_fast_path", lambda impl, device: True)
+    model = make_model(0, layout="pinger", sid_fusion=True, target_condition=True).train()
+    batch = make_batch(model.config, [5, 2, 7], 7, 0, seed=4)  # 21 items x 3 levels > 24 codebook rows
+    seen = []
+    real = fusion.SidFusion._use_kernel
+    monkeypatch.setattr(fusion.SidFusion, "_use_kernel", lambda self, x: seen.append(1) or real(self, x))
+    torch._dynamo.reset()
+    with trusted_inputs():
+        ex = torch._dynamo.explain(model)(batch)
+    assert seen, "SID fusion never asked for its kernel"
+    assert ex.graph_break_count == 0, [r.reason for r in ex.break_reasons]
+    assert ex.graph_count == 1
+    ops = {str(n.target) for g in ex.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert {"genrec.item_block_fwd.default", "genrec.sid_fusion_fwd.default"} <= ops, sorted(ops)
 
 
 @pytest.mark.parametrize("layout", ["pinger", "dense"])

@@ -119,7 +119,10 @@ def _item_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: ItemBlo
     """The Triton kernel over the history segment, :func:`candidate_attention` over the candidates."""
     from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
 
-    cfg, T, m = ItemBlockConfig.tuned(q.shape[-1], q.dtype), mask.T, mask.n_cand
+    # traced by torch.compile the kernel is a custom op that runs the tuned configuration itself, and
+    # dynamo cannot trace tuned's lru_cache (a graph break in every layer)
+    cfg = None if torch.compiler.is_compiling() else ItemBlockConfig.tuned(q.shape[-1], q.dtype)
+    T, m = mask.T, mask.n_cand
     if m == 0:
         return item_block_attention(q, k, v, mask.lengths, T, config=cfg)
     sh = q.shape[2] - m
