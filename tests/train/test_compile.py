@@ -38,13 +38,15 @@ def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(monkeypatc
     from genrec.model import backbone, fusion
     from genrec.validation import trusted_inputs
 
-    for kernel in (item_block._item_block_fwd_kernel, sid_fusion._fusion_fwd_kernel):
-        if type(kernel).__name__ != "InterpretedFunction" and not torch.cuda.is_available():
-            pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no GPU")
+    interpreted = {type(k).__name__ == "InterpretedFunction"
+                   for k in (item_block._item_block_fwd_kernel, sid_fusion._fusion_fwd_kernel)}
+    if interpreted != {True} and not torch.cuda.is_available():
+        pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no GPU")
+    device = "cpu" if interpreted == {True} else "cuda"  # compiled kernels run on the GPU
     monkeypatch.setattr(backbone, "resolve_impl", lambda *a, **k: "triton")
     monkeypatch.setattr(fusion, "gpu_fast_path", lambda impl, device: True)
-    model = make_model(0, layout="pinger", sid_fusion=True, target_condition=True).train()
-    batch = make_batch(model.config, [5, 2, 7], 7, 0, seed=4)  # 21 items x 3 levels > 24 codebook rows
+    model = make_model(0, layout="pinger", sid_fusion=True, target_condition=True).train().to(device)
+    batch = to_device(make_batch(model.config, [5, 2, 7], 7, 0, seed=4), device)  # 21 items x 3 levels > 24 rows
     seen = []
     real = fusion.SidFusion._use_kernel
     monkeypatch.setattr(fusion.SidFusion, "_use_kernel", lambda self, x: seen.append(1) or real(self, x))
