@@ -95,16 +95,34 @@ def _keep(KEEP, n, nm, h, lvl, H: tl.constexpr, L: tl.constexpr):
 
 
 @triton.jit
+def _key_value(KVR, ROWS, KVD, n64, nm, col, lvl: tl.constexpr, D: tl.constexpr, L: tl.constexpr):
+    # key and value [BN, DH] (fp32) of slot lvl for a block of items: SID level lvl < L, else the dense token
+    if lvl < L:
+        r = tl.load(ROWS + n64 * L + lvl, mask=nm, other=0)
+        k, v = _sid_kv(KVR, r, col, nm, D)
+    else:
+        r = n64
+        dense = KVD + n64[:, None] * (2 * D) + col[None, :]
+        k = tl.load(dense, mask=nm[:, None], other=0.0).to(tl.float32)
+        v = tl.load(dense + D, mask=nm[:, None], other=0.0).to(tl.float32)
+    return r, k, v
+
+
+@triton.jit
+def _items(N, BN: tl.constexpr, DH: tl.constexpr):
+    # this program's head, its block of BN items (int64 too, and which exist), and the head's columns
+    h = tl.program_id(1)
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    return h, n, n.to(tl.int64), n < N, h * DH + tl.arange(0, DH)
+
+
+@triton.jit
 def _fusion_fwd_kernel(Q, KVR, ROWS, KVD, KEEP, O, LSE, N, qk_scale, keep_scale,
                        H: tl.constexpr, D: tl.constexpr, DH: tl.constexpr, L: tl.constexpr, BN: tl.constexpr,
                        HAS_KEEP: tl.constexpr):
     # one block of BN items x one head: the L + 1 keys in an online softmax (log2 domain), the dense
     # key first; the output and the natural-log lse per (item, head)
-    h = tl.program_id(1)
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
-    nm = n < N
-    col = h * DH + tl.arange(0, DH)
-    n64 = n.to(tl.int64)
+    h, n, n64, nm, col = _items(N, BN, DH)
     q = tl.load(Q + n64[:, None] * D + col[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
     _, k, v = _key_value(KVR, ROWS, KVD, n64, nm, col, L, D, L)
     m = tl.sum(q * k, 1) * qk_scale
@@ -129,20 +147,6 @@ def _fusion_fwd_kernel(Q, KVR, ROWS, KVD, KEEP, O, LSE, N, qk_scale, keep_scale,
 
 
 @triton.jit
-def _key_value(KVR, ROWS, KVD, n64, nm, col, lvl: tl.constexpr, D: tl.constexpr, L: tl.constexpr):
-    # key and value [BN, DH] (fp32) of slot lvl for a block of items: SID level lvl < L, else the dense token
-    if lvl < L:
-        r = tl.load(ROWS + n64 * L + lvl, mask=nm, other=0)
-        k, v = _sid_kv(KVR, r, col, nm, D)
-    else:
-        r = n64
-        dense = KVD + n64[:, None] * (2 * D) + col[None, :]
-        k = tl.load(dense, mask=nm[:, None], other=0.0).to(tl.float32)
-        v = tl.load(dense + D, mask=nm[:, None], other=0.0).to(tl.float32)
-    return r, k, v
-
-
-@triton.jit
 def _fusion_bwd_kernel(Q, KVR, ROWS, KVD, KEEP, LSE, DO, DQ, DKVR, DKVD, N, qk_scale, sm_scale, keep_scale,
                        H: tl.constexpr, D: tl.constexpr, DH: tl.constexpr, L: tl.constexpr, BN: tl.constexpr,
                        HAS_KEEP: tl.constexpr):
@@ -150,11 +154,7 @@ def _fusion_bwd_kernel(Q, KVR, ROWS, KVD, KEEP, LSE, DO, DQ, DKVR, DKVD, N, qk_s
     # delta = sum_l p_l dP_l in fp32 (from the bf16 output, as FlashAttention does, it lost up to ~2%
     # of dq where the few terms of dS cancel); the second forms dS = p (dP - delta), dq, and the keys'
     # and values' gradients -- the SID rows' added into the fp32 DKVR with atomics.
-    h = tl.program_id(1)
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
-    nm = n < N
-    col = h * DH + tl.arange(0, DH)
-    n64 = n.to(tl.int64)
+    h, n, n64, nm, col = _items(N, BN, DH)
     tile = n64[:, None] * D + col[None, :]
     q = tl.load(Q + tile, mask=nm[:, None], other=0.0).to(tl.float32)
     do = tl.load(DO + tile, mask=nm[:, None], other=0.0).to(tl.float32)
