@@ -28,11 +28,14 @@ def test_training_forward_traces_as_one_graph(layout: str) -> None:
     assert ex.graph_count == 1
 
 
-def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA fast paths of the PinGER training forward -- the item-block attention kernel and SID
-    fusion's kernel -- forced on here on the CPU, where Triton's interpreter runs them: dynamo traces
-    both as custom ops, without a graph break. (An lru_cache in the attention switch once broke every
-    layer's graph on the GPU, which no CPU test reached: the compiled step ran ~1.6x slower.)"""
+@pytest.mark.parametrize("layout", ["pinger", "tiger", "dense"])
+def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(layout: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA fast paths of the training forward forced on here on the CPU -- PinGER's item-block
+    attention kernel and SID fusion's kernel (Triton's interpreter runs them), the token-causal
+    layouts' causal SDPA: dynamo traces the forward as one graph, the kernels as custom ops. (An
+    lru_cache in the attention switch once broke every layer's graph on the GPU, which no CPU test
+    reached: the compiled PinGER step ran ~1.6x slower.)"""
     pytest.importorskip("triton")
     from genrec.kernels import item_block, sid_fusion
     from genrec.model import backbone, fusion
@@ -44,8 +47,10 @@ def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(monkeypatc
         pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no GPU")
     device = "cpu" if interpreted == {True} else "cuda"  # compiled kernels run on the GPU
     monkeypatch.setattr(backbone, "resolve_impl", lambda *a, **k: "triton")
+    monkeypatch.setattr(backbone, "gpu_fast_path", lambda impl, device: True)
     monkeypatch.setattr(fusion, "gpu_fast_path", lambda impl, device: True)
-    model = make_model(0, layout="pinger", sid_fusion=True, target_condition=True).train().to(device)
+    fused = layout != "tiger"
+    model = make_model(0, layout=layout, sid_fusion=fused, target_condition=True).train().to(device)
     batch = to_device(make_batch(model.config, [5, 2, 7], 7, 0, seed=4), device)  # 21 items x 3 levels > 24 rows
     seen = []
     real = fusion.SidFusion._use_kernel
@@ -53,11 +58,16 @@ def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(monkeypatc
     torch._dynamo.reset()
     with trusted_inputs():
         ex = torch._dynamo.explain(model)(batch)
-    assert seen, "SID fusion never asked for its kernel"
+    assert bool(seen) == fused, "SID fusion's kernel switch"
     assert ex.graph_break_count == 0, [r.reason for r in ex.break_reasons]
     assert ex.graph_count == 1
-    ops = {str(n.target) for g in ex.graphs for n in g.graph.nodes if n.op == "call_function"}
-    assert {"genrec.item_block_fwd.default", "genrec.sid_fusion_fwd.default"} <= ops, sorted(ops)
+    nodes = [n for g in ex.graphs for n in g.graph.nodes if n.op == "call_function"]
+    ops = {str(n.target) for n in nodes}
+    want = {"genrec.item_block_fwd.default"} if layout == "pinger" else set()
+    assert want | ({"genrec.sid_fusion_fwd.default"} if fused else set()) <= ops, sorted(ops)
+    if layout != "pinger":  # the causal fast path: SDPA with is_causal, no mask tensor
+        sdpa = [n for n in nodes if "scaled_dot_product_attention" in str(n.target)]
+        assert sdpa and all(n.kwargs.get("is_causal") for n in sdpa), [(n.target, n.kwargs) for n in sdpa]
 
 
 @pytest.mark.parametrize("layout", ["pinger", "dense"])
