@@ -1,6 +1,6 @@
 """Training throughput of genrec's layouts at equal context, measured side by side in one run.
 
-    python benchmarks/bench_train.py WORKDIR --preset cpu-small --steps 20 [--variants pinger,tiger]
+    python benchmarks/bench_train.py WORKDIR --preset cpu-small --steps 20 [--variants pinger,tiger] [--rounds 2]
 
 For each variant: build the model + objective exactly as ``genrec train`` does, run
 ``--warmup`` steps, then time ``--steps`` optimiser steps (forward + backward + AdamW),
@@ -8,14 +8,21 @@ synchronising the device. Reports items/s (history items consumed per second —
 comparable figure) and tokens/s (tokens through the backbone: L per item for PinGER's
 training layout and for TIGER), and the ratio to the TIGER layout. Prints a table last; full
 numbers go to $OUT/bench_train.json when OUT is set.
+
+A variant may name SID fusion's path after an ``@`` (``pinger@codes-torch``; see ``--fusion``), and
+``--rounds N`` runs the whole list N times in turn, so an A/B alternates in one process (separate
+processes on a shared host measured the same code 25% apart). Each variant's compiled graph starts
+from a reset dynamo cache (else recompiles of the same forward would reach dynamo's limit and run eager).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,6 +48,31 @@ def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions
                       torch.full((batch,), items, dtype=torch.int64), None, None, None, None, None)
 
 
+FUSION_PATHS = ("codes", "codes-torch", "embedded")
+
+
+@contextlib.contextmanager
+def fusion_path(name: str) -> Iterator[None]:
+    """SID fusion's path while a variant runs: ``codes`` the model's (keys and values per codebook
+    row, gathered; on CUDA the attention is genrec.kernels.sid_fusion's kernel), ``codes-torch`` the
+    same with the attention in PyTorch, ``embedded`` the path codes replaced (the batch's SID tokens
+    embedded, then projected). One function; the class is restored afterwards."""
+    from genrec.model.fusion import SidFusion
+
+    if name not in FUSION_PATHS:
+        raise SystemExit(f"bench_train: unknown SID fusion path {name!r}; choose one of {FUSION_PATHS}")
+    saved = dict(SidFusion.__dict__)
+    if name == "codes-torch":
+        SidFusion._use_kernel = lambda self, x: False  # type: ignore[method-assign]
+    if name == "embedded":
+        SidFusion.forward_codes = lambda self, codes, embed, dense: self(embed(codes), dense)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for attr in ("_use_kernel", "forward_codes"):
+            setattr(SidFusion, attr, saved[attr])
+
+
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
                   profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "",
                   compile_mode: str = "") -> dict:
@@ -59,6 +91,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     model = GenRecModel(mcfg)
     if cfg.train.compile:
+        torch._dynamo.reset()
         model.compile(**({"mode": compile_mode} if compile_mode else {}))
     _, ocfg = variant_overrides(cfg)
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
@@ -154,10 +187,9 @@ def main() -> None:
                     help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
     ap.add_argument("--compile-mode", default="", help="torch.compile mode with train.compile=true "
                     "(e.g. reduce-overhead: CUDA graphs); default: torch's default")
-    ap.add_argument("--fusion", choices=("codes", "codes-torch", "embedded"), default="codes",
-                    help="SID fusion's path: the model's (keys and values per codebook row, gathered; on CUDA its "
-                         "attention is genrec.kernels.sid_fusion's kernel), the same with the attention in PyTorch, "
-                         "or the path codes replaced (the batch's SID tokens embedded, then projected); one function")
+    ap.add_argument("--fusion", choices=FUSION_PATHS, default="codes",
+                    help="SID fusion's path for variants that name none (see fusion_path); one function")
+    ap.add_argument("--rounds", type=int, default=1, help="run the variant list this many times, in turn")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
     ap.add_argument("--synthetic", default="", metavar="BxN",
@@ -168,29 +200,27 @@ def main() -> None:
         from genrec.kernels import item_block
 
         item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
-    if a.fusion == "codes-torch":
-        from genrec.model.fusion import SidFusion
-
-        SidFusion._use_kernel = lambda self, x: False  # type: ignore[method-assign]
-    if a.fusion == "embedded":
-        from genrec.model.fusion import SidFusion
-
-        SidFusion.forward_codes = lambda self, codes, embed, dense: self(embed(codes), dense)  # type: ignore[method-assign]
     syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
-    rows = [bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn, a.trace,
-                          a.compile_mode)  # type: ignore[arg-type]
-            for v in a.variants.split(",")]
-    base = next((r for r in rows if r["layout"] == "tiger"), rows[0])
-    for r in rows:
+    rows = []
+    for rnd in range(a.rounds):
+        for spec in a.variants.split(","):
+            v, _, fusion = spec.partition("@")
+            with fusion_path(fusion or a.fusion):
+                r = bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn,  # type: ignore[arg-type]
+                                  a.trace, a.compile_mode)
+            rows.append({**r, "variant": spec, "round": rnd + 1})
+    for r in rows:  # against the TIGER row of the same round (else the first)
+        same = [b for b in rows if b["round"] == r["round"]]
+        base = next((b for b in same if b["layout"] == "tiger"), same[0])
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_train.json"), "w") as f:
             json.dump(rows, f, indent=2)
-    print(f"{'variant':14s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
+    print(f"{'variant':20s} {'round':>5s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
           f"{'tokens/s':>9s} {'vs tiger':>8s} {'fwd ms':>7s} {'bwd ms':>7s} {'opt ms':>7s}")
     for r in rows:
         split = " ".join(f"{r[k]:7.1f}" if k in r else f"{'-':>7s}" for k in ("forward_ms", "backward_ms", "optimizer_ms"))
-        print(f"{r['variant']:14s} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
+        print(f"{r['variant']:20s} {r['round']:5d} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
               f"{r['ms_per_step']:8.1f} {r['items_per_s']:9.0f} {r['tokens_per_s']:9.0f} "
               f"{r['items_per_s_vs_tiger']:8.2f}x {split}")
 

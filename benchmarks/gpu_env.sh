@@ -22,7 +22,7 @@ D768="model.d_model=768 model.n_heads=12 model.d_ff=3072"
 bench_step() {
   local name=$1 t=$2; shift 2
   echo "== $name"; mkdir -p $OUT/$name
-  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -8
+  OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -12
 }
 # The step benchmarks' workdir, built here from MovieLens 100K in .gpudata (carry it and .whl): sets WD. A
 # workdir's Iceberg catalogue records absolute paths, so a copied one does not open.
