@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from genrec.kernels import item_block  # its _empty: the output allocation that tests poison
+from genrec.validation import checks_on
 
 __all__ = ["fusion_attention", "fusion_attention_torch", "dropout_keep"]
 
@@ -276,9 +277,17 @@ _fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
 def fusion_attention(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, kv_dense: torch.Tensor,
-                     heads: int, keep: torch.Tensor | None = None, p_drop: float = 0.0) -> torch.Tensor:
+                     heads: int, keep: torch.Tensor | None = None, p_drop: float = 0.0, *,
+                     check_rows: bool = True) -> torch.Tensor:
     """The Triton kernels; same contract as :func:`fusion_attention_torch` (head dim a power of two).
-    Differentiable in ``q``, ``kv_rows`` and ``kv_dense``."""
+    Differentiable in ``q``, ``kv_rows`` and ``kv_dense``. The kernel gathers without bounds checks, so
+    ``rows`` are checked first (one host sync; skipped with ``check_rows=False`` -- for callers that
+    checked them already -- inside ``genrec.validation.trusted_inputs`` and under ``torch.compile``)."""
     if keep is not None and not 0.0 <= p_drop < 1.0:
         raise ValueError(f"fusion_attention: p_drop must lie in [0, 1), got {p_drop}")
+    if check_rows and checks_on() and rows.numel():
+        lo, hi = (int(x) for x in torch.aminmax(rows))
+        if lo < 0 or hi >= kv_rows.shape[0]:
+            raise ValueError(f"fusion_attention: rows must index kv_rows' {kv_rows.shape[0]} rows, got values in "
+                             f"[{lo}, {hi}]")
     return _fwd_op(q, kv_rows, rows, kv_dense, keep, heads, float(p_drop) if keep is not None else 0.0)[0]

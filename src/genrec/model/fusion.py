@@ -96,7 +96,8 @@ class SidFusion(nn.Module):
             q = F.linear(h, att.qkv.weight[:d], att.qkv.bias[:d])
             p = att.dropout if self.training else 0.0
             keep = dropout_keep(n, att.h, self.levels, p, x.device) if p > 0 else None
-            return self._finish(x, fusion_attention(q, kv_rows, rows, kv_dense, att.h, keep, p)).reshape(*lead, d)
+            o = fusion_attention(q, kv_rows, rows, kv_dense, att.h, keep, p, check_rows=False)  # checked as codes
+            return self._finish(x, o).reshape(*lead, d)
         kv = torch.cat([F.embedding(rows, kv_rows), kv_dense[:, None]], 1)  # [N, L+1, 2D]
         return self._fuse(x, h, kv).reshape(*lead, d)
 
