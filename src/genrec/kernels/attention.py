@@ -76,7 +76,6 @@ def gpu_fast_path(impl: str | None, device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and choice in ("auto", "triton")
 
 
-
 class CausalMask:
     """Token-causal attention over right-padded rows, as SDPA's ``is_causal=True`` computes it.
 

@@ -1,4 +1,4 @@
-"""SID fusion's attention as one Triton kernel per pass (PinGER §3.3.3, SID fusion).
+"""SID fusion's attention as one Triton kernel per pass (PinGER §3.3.2, SID fusion).
 
 The fusion layer gives each item's dense token one query over L + 1 keys: the item's L SID
 tokens and the dense token itself (``genrec.model.fusion``). A SID token's key and value depend
@@ -13,9 +13,9 @@ gathered rows' gradients), each a full trip through memory; at 8,192 items and d
 most of the layer's GPU time. Here the forward gathers the L + 1 keys and values of a block of
 items inside the kernel (the codebook rows stay in L2), keeps the softmax in registers and writes
 the output and one log-sum-exp per (item, head); the backward recomputes the probabilities from
-it (and its own fp32 delta) and adds the SID rows' gradients into an fp32 ``[R, 2D]`` buffer with atomics (so the sum's
-order, and its last bits, vary from run to run: under ``torch.use_deterministic_algorithms`` the
-model takes the PyTorch path instead).
+it (and its own fp32 delta) and adds the SID rows' gradients into an fp32 ``[R, 2D]`` buffer with
+atomics (so the sum's order, and its last bits, vary from run to run: under
+``torch.use_deterministic_algorithms`` the model takes the PyTorch path instead).
 
 ``fusion_attention_torch`` is the PyTorch twin with the same signature (gather, then softmax in
 fp32); ``fusion_attention`` runs the kernels, differentiable in ``q``, ``kv_rows`` and
