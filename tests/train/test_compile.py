@@ -28,8 +28,8 @@ def test_training_forward_traces_as_one_graph(layout: str) -> None:
     assert ex.graph_count == 1
 
 
-@pytest.mark.parametrize("layout", ["pinger", "tiger", "dense"])
-def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(layout: str,
+@pytest.mark.parametrize("layout,k", [("pinger", 0), ("pinger", 3), ("tiger", 0), ("dense", 0), ("dense", 3)])
+def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(layout: str, k: int,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA fast paths of the training forward forced on here on the CPU -- PinGER's item-block
     attention kernel and SID fusion's kernel (Triton's interpreter runs them), the token-causal
@@ -51,7 +51,8 @@ def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(layout: st
     monkeypatch.setattr(fusion, "gpu_fast_path", lambda impl, device: True)
     fused = layout != "tiger"
     model = make_model(0, layout=layout, sid_fusion=fused, target_condition=True).train().to(device)
-    batch = to_device(make_batch(model.config, [5, 2, 7], 7, 0, seed=4), device)  # 21 items x 3 levels > 24 rows
+    # 21 items x 3 levels > 24 codebook rows; k ranking candidates after the history (M-FALCON)
+    batch = to_device(make_batch(model.config, [5, 2, 7], 7, k, seed=4), device)
     seen = []
     real = fusion.SidFusion._use_kernel
     monkeypatch.setattr(fusion.SidFusion, "_use_kernel", lambda self, x: seen.append(1) or real(self, x))
@@ -65,7 +66,7 @@ def test_training_forward_with_the_gpu_fast_paths_traces_as_one_graph(layout: st
     ops = {str(n.target) for n in nodes}
     want = {"genrec.item_block_fwd.default"} if layout == "pinger" else set()
     assert want | ({"genrec.sid_fusion_fwd.default"} if fused else set()) <= ops, sorted(ops)
-    if layout != "pinger":  # the causal fast path: SDPA with is_causal, no mask tensor
+    if layout != "pinger" and not k:  # the causal fast path (no candidates): SDPA with is_causal, no mask tensor
         sdpa = [n for n in nodes if "scaled_dot_product_attention" in str(n.target)]
         assert sdpa and all(n.kwargs.get("is_causal") for n in sdpa), [(n.target, n.kwargs) for n in sdpa]
 
