@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# One device call: every test marked gpu (two-process serving with the KV pool on the GPU and its warm
-# path, the CUDA-IPC pool, CUDA graphs, beam selection, bf16 training, model equivalence on CUDA) and
+# Every test marked gpu (two-process serving with the KV pool on the GPU and its warm path, the CUDA-IPC pool,
+# CUDA graphs, beam selection, bf16 training, model equivalence on CUDA, the compiled training forward) and
 # the Triton kernel tests compiled for the GPU (TRITON_INTERPRET=0). Carry .whl and .gpudata, made here with
 # `bash scripts/fetch_gpu_wheels.sh` and `mkdir -p .gpudata && cp -r ../shared/datasets/* .gpudata/`.
+#   bash benchmarks/gpu_tests.sh [kernels|rest|all]     (default all; ~8 min, more than one call's limit
+#                                                        when the machine starts cold: run the halves apart)
+# The logs are verbose (-v), so a run cut by its timeout still names every test that finished.
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 unset GENREC_CUDA_GRAPHS
-TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests \
-  > $OUT/gpu_tests.log 2>&1; echo "pytest -m gpu rc=$?"
-TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/kernels/test_item_block_candidates.py tests/kernels/test_cascade.py tests/kernels/test_sid_fusion.py > $OUT/kernel_tests.log 2>&1; echo "kernels rc=$?"
-grep -E "^(FAILED|ERROR)|passed|failed" $OUT/kernel_tests.log | tail -8
-grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.log | tail -15
+part=${1:-all}
+run() {  # NAME TIMEOUT PYTEST-ARGS...
+  local name=$1 t=$2; shift 2
+  TRITON_INTERPRET=0 timeout $t python3 -m pytest -v -p no:cacheprovider --tb=short "$@" > $OUT/$name.log 2>&1
+  echo "$name rc=$? passed=$(grep -c ' PASSED' $OUT/$name.log) failed=$(grep -c ' FAILED\| ERROR' $OUT/$name.log)" \
+    "skipped=$(grep -c ' SKIPPED' $OUT/$name.log)"
+  grep -E " (FAILED|ERROR)|^E " $OUT/$name.log | head -10
+}
+if [ "$part" != rest ]; then
+  run gpu_kernels ${KERNELS_TIMEOUT:-300} -m gpu tests/kernels
+  run kernel_tests 150 tests/kernels/test_item_block_candidates.py tests/kernels/test_cascade.py \
+    tests/kernels/test_sid_fusion.py
+fi
+if [ "$part" != kernels ]; then
+  run gpu_rest ${REST_TIMEOUT:-300} -m gpu tests --ignore=tests/kernels
+fi
