@@ -14,6 +14,9 @@ Non-standard here: the mask is not causal. Token ``s`` of a row is item ``s // T
   output exactly 0.
 
 Everything is computed in fp32 with an explicit boolean mask and returned in the input dtype.
+
+Also the twin of SID fusion's attention kernel (``sid_fusion``; PinGER §3.3.2), which the model runs
+itself wherever the kernel is off.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ __all__ = [
     "item_block_mask",
     "item_block_attention_ref",
     "cascade_attention_ref",
+    "check_fusion_inputs",
+    "dropout_keep",
+    "fusion_attention_torch",
 ]
 
 
@@ -133,3 +139,50 @@ def cascade_attention_ref(
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask[:, None, None], scale=scale)
     return out.to(q.dtype)
+
+
+# ---------------------------------------------------------------- SID fusion
+
+
+def check_fusion_inputs(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, kv_dense: torch.Tensor,
+                        heads: int, keep: torch.Tensor | None) -> tuple[int, int, int]:
+    """SID fusion attention's inputs (see :func:`fusion_attention_torch`): -> (N, D, L)."""
+    if q.dim() != 2:
+        raise ValueError(f"fusion_attention: q must be [N, D], got {tuple(q.shape)}")
+    n, d = q.shape
+    if heads < 1 or d % heads:
+        raise ValueError(f"fusion_attention: heads={heads} must divide D={d}")
+    if kv_rows.dim() != 2 or kv_rows.shape[1] != 2 * d:
+        raise ValueError(f"fusion_attention: kv_rows must be [R, 2D={2 * d}], got {tuple(kv_rows.shape)}")
+    if kv_dense.shape != (n, 2 * d):
+        raise ValueError(f"fusion_attention: kv_dense must be [N={n}, 2D={2 * d}], got {tuple(kv_dense.shape)}")
+    if rows.dim() != 2 or rows.shape[0] != n or rows.dtype.is_floating_point:
+        raise ValueError(f"fusion_attention: rows must be an integer [N={n}, L] tensor, got {tuple(rows.shape)} "
+                         f"{rows.dtype}")
+    levels = rows.shape[1]
+    if keep is not None and keep.shape != (n, heads, levels + 1):
+        raise ValueError(f"fusion_attention: keep must be [N={n}, H={heads}, L+1={levels + 1}], got {tuple(keep.shape)}")
+    return n, d, levels
+
+
+def dropout_keep(n: int, heads: int, levels: int, p: float, device: torch.device) -> torch.Tensor:
+    """A keep mask ``[N, H, L+1]`` (bool) for attention-probability dropout at rate ``p``."""
+    return torch.rand(n, heads, levels + 1, device=device) >= p
+
+
+def fusion_attention_torch(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, kv_dense: torch.Tensor,
+                           heads: int, keep: torch.Tensor | None = None, p_drop: float = 0.0) -> torch.Tensor:
+    """The slow twin: gather each item's L SID keys/values, append its dense one, softmax in fp32.
+
+    q ``[N, D]``, kv_rows ``[R, 2D]``, rows int ``[N, L]`` (row of each SID level in kv_rows),
+    kv_dense ``[N, 2D]`` -> ``[N, D]`` in q's dtype. ``keep`` ``[N, H, L+1]`` with ``p_drop``:
+    probabilities dropped where keep is False, the rest scaled by ``1 / (1 - p_drop)``."""
+    n, d, levels = check_fusion_inputs(q, kv_rows, rows, kv_dense, heads, keep)
+    dh = d // heads
+    kv = torch.cat([kv_rows[rows.long()], kv_dense[:, None]], 1)  # [N, L+1, 2D]
+    k, v = kv.view(n, levels + 1, 2, heads, dh).float().unbind(2)  # [N, L+1, H, Dh]
+    s = torch.einsum("nhd,nlhd->nhl", q.view(n, heads, dh).float(), k) / math.sqrt(dh)
+    p = s.softmax(-1)  # [N, H, L+1]
+    if keep is not None:
+        p = torch.where(keep, p / (1.0 - p_drop), 0.0)
+    return torch.einsum("nhl,nlhd->nhd", p, v).reshape(n, d).to(q.dtype)

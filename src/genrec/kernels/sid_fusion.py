@@ -17,8 +17,8 @@ it (and its own fp32 delta) and adds the SID rows' gradients into an fp32 ``[R, 
 atomics (so the sum's order, and its last bits, vary from run to run: under
 ``torch.use_deterministic_algorithms`` the model takes the PyTorch path instead).
 
-``fusion_attention_torch`` is the PyTorch twin with the same signature (gather, then softmax in
-fp32); ``fusion_attention`` runs the kernels, differentiable in ``q``, ``kv_rows`` and
+``fusion_attention_torch`` (in ``reference``, importable without Triton) is the PyTorch twin with
+the same signature (gather, then softmax in fp32); ``fusion_attention`` runs the kernels, differentiable in ``q``, ``kv_rows`` and
 ``kv_dense``, and under ``torch.compile`` as the ``genrec::sid_fusion_fwd`` / ``_bwd`` custom ops.
 Attention-probability dropout comes as a keep mask ``[N, H, L+1]`` drawn by the caller, applied
 after the softmax as ``F.dropout`` does.
@@ -34,60 +34,11 @@ import triton
 import triton.language as tl
 
 from genrec.kernels import item_block  # its _empty: the output allocation that tests poison
+from genrec.kernels.reference import check_fusion_inputs as _check
+from genrec.kernels.reference import dropout_keep, fusion_attention_torch
 from genrec.validation import checks_on
 
 __all__ = ["fusion_attention", "fusion_attention_torch", "dropout_keep"]
-
-
-def _check(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, kv_dense: torch.Tensor, heads: int,
-           keep: torch.Tensor | None) -> tuple[int, int, int]:
-    if q.dim() != 2:
-        raise ValueError(f"fusion_attention: q must be [N, D], got {tuple(q.shape)}")
-    n, d = q.shape
-    if heads < 1 or d % heads:
-        raise ValueError(f"fusion_attention: heads={heads} must divide D={d}")
-    if kv_rows.dim() != 2 or kv_rows.shape[1] != 2 * d:
-        raise ValueError(f"fusion_attention: kv_rows must be [R, 2D={2 * d}], got {tuple(kv_rows.shape)}")
-    if kv_dense.shape != (n, 2 * d):
-        raise ValueError(f"fusion_attention: kv_dense must be [N={n}, 2D={2 * d}], got {tuple(kv_dense.shape)}")
-    if rows.dim() != 2 or rows.shape[0] != n or rows.dtype.is_floating_point:
-        raise ValueError(f"fusion_attention: rows must be an integer [N={n}, L] tensor, got {tuple(rows.shape)} "
-                         f"{rows.dtype}")
-    levels = rows.shape[1]
-    if keep is not None and keep.shape != (n, heads, levels + 1):
-        raise ValueError(f"fusion_attention: keep must be [N={n}, H={heads}, L+1={levels + 1}], got {tuple(keep.shape)}")
-    return n, d, levels
-
-
-def dropout_keep(n: int, heads: int, levels: int, p: float, device: torch.device) -> torch.Tensor:
-    """A keep mask ``[N, H, L+1]`` (bool) for attention-probability dropout at rate ``p``."""
-    return torch.rand(n, heads, levels + 1, device=device) >= p
-
-
-def fusion_attention_torch(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, kv_dense: torch.Tensor,
-                           heads: int, keep: torch.Tensor | None = None, p_drop: float = 0.0) -> torch.Tensor:
-    """The slow twin: gather each item's L SID keys/values, append its dense one, softmax in fp32.
-
-    q ``[N, D]``, kv_rows ``[R, 2D]``, rows int ``[N, L]`` (row of each SID level in kv_rows),
-    kv_dense ``[N, 2D]`` -> ``[N, D]`` in q's dtype. ``keep`` ``[N, H, L+1]`` with ``p_drop``:
-    probabilities dropped where keep is False, the rest scaled by ``1 / (1 - p_drop)``."""
-    n, d, levels = _check(q, kv_rows, rows, kv_dense, heads, keep)
-    dh = d // heads
-    kv = torch.cat([kv_rows[rows.long()], kv_dense[:, None]], 1)  # [N, L+1, 2D]
-    k, v = kv.view(n, levels + 1, 2, heads, dh).float().unbind(2)  # [N, L+1, H, Dh]
-    s = torch.einsum("nhd,nlhd->nhl", q.view(n, heads, dh).float(), k) / math.sqrt(dh)
-    p = s.softmax(-1)  # [N, H, L+1]
-    if keep is not None:
-        p = torch.where(keep, p / (1.0 - p_drop), 0.0)
-    return torch.einsum("nhl,nlhd->nhd", p, v).reshape(n, d).to(q.dtype)
-
-
-@triton.jit
-def _sid_kv(KVR, r, col, nm, D: tl.constexpr):
-    # one SID level's key and value rows for a block of items ([BN, DH] each, fp32), gathered by row id
-    base = KVR + r.to(tl.int64)[:, None] * (2 * D) + col[None, :]
-    return tl.load(base, mask=nm[:, None], other=0.0).to(tl.float32), \
-        tl.load(base + D, mask=nm[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -100,12 +51,12 @@ def _key_value(KVR, ROWS, KVD, n64, nm, col, lvl: tl.constexpr, D: tl.constexpr,
     # key and value [BN, DH] (fp32) of slot lvl for a block of items: SID level lvl < L, else the dense token
     if lvl < L:
         r = tl.load(ROWS + n64 * L + lvl, mask=nm, other=0)
-        k, v = _sid_kv(KVR, r, col, nm, D)
+        base = KVR + r.to(tl.int64)[:, None] * (2 * D) + col[None, :]
     else:
         r = n64
-        dense = KVD + n64[:, None] * (2 * D) + col[None, :]
-        k = tl.load(dense, mask=nm[:, None], other=0.0).to(tl.float32)
-        v = tl.load(dense + D, mask=nm[:, None], other=0.0).to(tl.float32)
+        base = KVD + n64[:, None] * (2 * D) + col[None, :]
+    k = tl.load(base, mask=nm[:, None], other=0.0).to(tl.float32)
+    v = tl.load(base + D, mask=nm[:, None], other=0.0).to(tl.float32)
     return r, k, v
 
 
