@@ -36,7 +36,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genrec.kernels.attention import gpu_fast_path
-from genrec.kernels.reference import dropout_keep, fusion_attention_torch
 from genrec.model.backbone import Block
 from genrec.model.config import ModelConfig
 from genrec.model.encoders import SidEmbedding
@@ -91,16 +90,16 @@ class SidFusion(nn.Module):
         x = (dense_in + self.dense_slot).reshape(n, d)
         h = blk.n1(x)
         kv_dense = F.linear(h, w, bias)  # [N, 2D]
-        q = F.linear(h, att.qkv.weight[:d], att.qkv.bias[:d])
-        p = att.dropout if self.training else 0.0
-        keep = dropout_keep(n, att.h, self.levels, p, x.device) if p > 0 else None
         if self._use_kernel(x):
-            from genrec.kernels.sid_fusion import fusion_attention
+            from genrec.kernels.sid_fusion import dropout_keep, fusion_attention
 
+            q = F.linear(h, att.qkv.weight[:d], att.qkv.bias[:d])
+            p = att.dropout if self.training else 0.0
+            keep = dropout_keep(n, att.h, self.levels, p, x.device) if p > 0 else None
             o = fusion_attention(q, kv_rows, rows, kv_dense, att.h, keep, p, check_rows=False)  # checked as codes
-        else:
-            o = fusion_attention_torch(q, kv_rows, rows, kv_dense, att.h, keep, p)
-        return self._finish(x, o).reshape(*lead, d)
+            return self._finish(x, o).reshape(*lead, d)
+        kv = torch.cat([F.embedding(rows, kv_rows), kv_dense[:, None]], 1)  # [N, L+1, 2D]
+        return self._fuse(x, h, kv).reshape(*lead, d)
 
     def _use_kernel(self, x: torch.Tensor) -> bool:
         """The Triton attention of :mod:`genrec.kernels.sid_fusion`: on CUDA under the fast-path
