@@ -123,11 +123,11 @@ def test_bad_shapes_name_the_argument() -> None:
     with pytest.raises(ValueError, match="rows must be an integer"):
         fusion_attention_torch(q, kv_rows, rows.float(), kv_dense, 2)
     with pytest.raises(ValueError, match="keep must be"):
-        fusion_attention_torch(q, kv_rows, rows, kv_dense, 2, torch.ones(4, 2, 3, dtype=torch.bool), 0.1)
+        fusion_attention_torch(q, kv_rows, rows, kv_dense, 2, torch.ones(4, 2, 3, dtype=torch.bool, device=DEVICE), 0.1)
     with pytest.raises(ValueError, match=r"rows must index kv_rows' 5 rows, got values in \[0, 5\]"):
-        fusion_attention(q, kv_rows, rows.clamp(max=4).index_fill(0, torch.tensor([2]), 5), kv_dense, 2)
+        fusion_attention(q, kv_rows, rows.clamp(max=4).index_fill(0, torch.tensor([2], device=rows.device), 5), kv_dense, 2)
     with pytest.raises(ValueError, match="p_drop must lie"):
-        fusion_attention(q, kv_rows, rows, kv_dense, 2, torch.ones(4, 2, 4, dtype=torch.bool), 1.0)
+        fusion_attention(q, kv_rows, rows, kv_dense, 2, torch.ones(4, 2, 4, dtype=torch.bool, device=DEVICE), 1.0)
 
 
 @needs_triton

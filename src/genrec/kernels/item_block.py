@@ -182,7 +182,7 @@ class ItemBlockConfig:
                       **(sm90 if head_dim == 128 else {}), **fused)  # type: ignore[arg-type]
             if head_dim * dtype.itemsize > 256:
                 cfg = cfg.replace(dq_block_m=64, dq_warps=4, dq_stages=2, kv_block_i=64, kv_warps=4, kv_stages=2)
-            return cfg
+            return cfg._fp32(dtype)
         # head dim 64: the Gluon kernels too since the sixteenth session (fwd+bwd 0.965 against 1.051 ms
         # GPU time, benchmarks/probe_sm90.py; Q (forward, dq) and K (dense dk/dv) held in registers:
         # the 5th tuple element); each Gluon launch costs more host time than a Triton one, which an
@@ -191,17 +191,32 @@ class ItemBlockConfig:
                                                    sm90_dense_kv=(64, 64, 4, 3, 1))
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
                    kv_block_i=64, kv_block_q=128, kv_warps=4, kv_stages=2,
-                   **(sm90_64 if head_dim == 64 else {}), **fused)  # type: ignore[arg-type]
+                   **(sm90_64 if head_dim == 64 else {}), **fused)._fp32(dtype)  # type: ignore[arg-type]
+
+    def _fp32(self, dtype: torch.dtype) -> ItemBlockConfig:
+        """4-byte inputs: 32-key steps and 2-stage forward rings. Each fp32 product is three TF32 ones
+        over split operands, which need twice the registers and shared memory of a bf16 tile: with
+        the bf16 tiles dense dk/dv wanted 256.5 KB of shared memory at head dim 128 (an H200 program
+        may have 227 KB), and at 64 kept 3 KB per thread on the stack; with these, 96-192 KB and at
+        most ~2.5 KB (``benchmarks/inspect_item_block.py --dtype float32``, Triton 3.6). Not tuned
+        for speed: nobody trains in fp32 for speed; the path exists for exact checks."""
+        if dtype.itemsize < 4:
+            return self
+        return self.replace(block_n=32, num_stages=2, dq_block_n=32, kv_block_q=32)
 
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # IEEE: exact fp32 products for fp32 inputs (no tf32). UPCAST only under TRITON_INTERPRET=1,
+    # IEEE: fp32 inputs get fp32-accurate products: three TF32 tensor-core products per dot (each
+    # operand split into a TF32 high part and a TF32 remainder; the remainders' product dropped, ~1e-6
+    # relative). "ieee" products run on the FMA units instead: at head dim 128 ptxas kept 14-22 KB of
+    # each thread's state on the stack and took ~50 s per kernel to compile for sm_90, long enough
+    # that the fp32 model test never finished on the H200. UPCAST only under TRITON_INTERPRET=1,
     # whose tl.dot mis-handles bf16 operands (values blow up); on a GPU it is always False.
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, input_precision="tf32x3")
     else:
         return tl.dot(a, b)
 
