@@ -212,7 +212,7 @@ def main() -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int, bool, or comma-separated ints for a tuple)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="the inputs' dtype (float32: exact products, twice the shared memory per tile)")
+                    help="the inputs' dtype (float32: each product as three TF32 ones, twice the shared memory per tile)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":

@@ -158,8 +158,9 @@ class ItemBlockConfig:
 
         ``dtype``: the tiles were tuned for 2-byte inputs. Rows wider than 256 bytes (fp32 at head dim
         128) would need more shared memory than an H100/H200 program may have (dq 320 KB, dense dk/dv
-        289 KB against 227 KB), so they get 64-row tiles and 2 stages there (147 KB; checked by
-        compiling, ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
+        289 KB against 227 KB), so they get 64-row tiles and 2 stages there; every fp32 configuration
+        also gets :meth:`_fp32`'s smaller key steps (checked by compiling,
+        ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True, kv_lpt=True)
         if head_dim >= 128:
             # dq with Q in registers, dense dk/dv with K in registers (seventeenth session,
