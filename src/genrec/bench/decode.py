@@ -8,7 +8,8 @@ a decode step over the cached history vs. a full prefill of history + candidates
     genrec bench kernels
 
 Random weights (timings do not depend on them) in the ``pinger-paper`` shape (d 768, 4 layers,
-12 heads of 64), bf16 autocast on CUDA. Each fast path is checked against its reference on the
+12 heads of 64; the ranking rows at 12 layers, the issue's shape, unless ``--rank-layers``), bf16
+autocast on CUDA. Each fast path is checked against its reference on the
 same inputs before it is timed. Prints tables; JSON to $OUT/bench_decode.json when OUT is set.
 """
 
@@ -46,15 +47,19 @@ def _time(fn: Callable[[], Any], dev: torch.device, warmup: int, iters: int) -> 
     return float(np.median(ts))
 
 
-def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 1100):  # type: ignore[no-untyped-def]
+def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 1100,  # type: ignore[no-untyped-def]
+           layers: int | None = None):
     from genrec.model import GenRecModel, ModelConfig
 
     torch.manual_seed(0)
+    depth = {} if layers is None else {"n_layers": layers}
     if tiny:
-        cfg = ModelConfig.from_name("tiny", sid_levels=levels, sid_codebook_sizes=[K] * levels, max_items=max_items)
+        cfg = ModelConfig.from_name("tiny", sid_levels=levels, sid_codebook_sizes=[K] * levels, max_items=max_items,
+                                    **depth)
     else:
         cfg = ModelConfig.from_name("pinger-paper", sid_levels=levels, sid_codebook_sizes=[K] * levels,
-                                    item_feat_dim=64, n_actions=4, n_surfaces=2, dropout=0.0, max_items=max_items)
+                                    item_feat_dim=64, n_actions=4, n_surfaces=2, dropout=0.0, max_items=max_items,
+                                    **depth)
     return GenRecModel(cfg).to(dev).eval()
 
 
@@ -223,11 +228,40 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
                   flush=True)
 
 
+def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
+    """``fn`` (bf16 autocast, value checks off) captured as one CUDA graph: (replay, static output)."""
+    from genrec.validation import trusted_inputs
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), trusted_inputs():
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), \
+            trusted_inputs():  # no value-range syncs inside a capture
+        out = fn()
+    graph.replay()
+    return graph.replay, out
+
+
+def _fp8_backend() -> str:
+    """Transformer Engine's version where it imports (the issue's fp8 route), else why not."""
+    try:
+        import transformer_engine  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - absent or broken: either way no fp8 row
+        return f"absent ({type(e).__name__})"
+    return str(getattr(transformer_engine, "__version__", "present"))
+
+
 @torch.no_grad()
-def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: int, iters: int) -> None:
+def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: int, iters: int,
+               layers: int | None = None, compile_levers: bool = True) -> None:
     """Whole forwards: rank k candidates over the cached history (decode) vs a full prefill of
-    history + candidates (M-FALCON mask), and encode + decode (no cache reuse)."""
-    model = _model(dev, tiny, 4, 256 if not tiny else 8)
+    history + candidates (M-FALCON mask), and encode + decode (no cache reuse); then the levers one
+    at a time: float32 vs bf16, each side as one CUDA graph, the decode under torch.compile (with and
+    without CUDA graphs). ``layers`` overrides the model's depth (the issue's shape has 12)."""
+    model = _model(dev, tiny, 4, 256 if not tiny else 8, layers=layers)
     cfg = model.config
     batch = _batch(cfg, B, n, dev)
     g = torch.Generator().manual_seed(3)
@@ -244,50 +278,80 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
     err = float((dec - pre).abs().max())
     RESULTS["checks"]["rank decode vs prefill max abs diff (bf16)"] = err
 
+    def decode() -> Any:
+        return model.rank(cache, cv, cs, surf)
+
+    def prefill() -> Any:
+        return model(full, serving_layout=True).cand_action_logits
+
     def run_decode() -> Any:
         with _autocast(dev):
-            return model.rank(cache, cv, cs, surf)
+            return decode()
 
     def run_prefill() -> Any:
         with _autocast(dev):
-            return model(full, serving_layout=True).cand_action_logits
+            return prefill()
 
     def run_encode_decode() -> Any:
         with _autocast(dev):
             c, _, _ = model.encode_history(batch)
             return model.rank(c, cv, cs, surf)
 
-    row = {"B": B, "hist": n, "k": k, "max_abs_diff": err,
+    row = {"B": B, "hist": n, "k": k, "layers": cfg.n_layers, "max_abs_diff": err,
            "decode_ms": _time(run_decode, dev, warmup, iters), "prefill_ms": _time(run_prefill, dev, warmup, iters),
            "encode_plus_decode_ms": _time(run_encode_decode, dev, warmup, iters)}
     row["speedup_decode_vs_prefill"] = row["prefill_ms"] / row["decode_ms"]
-    from genrec.validation import trusted_inputs
-
-    # the levers one at a time: float32 decode (no bf16), and the bf16 decode replayed as a CUDA graph
-    row["decode_fp32_ms"] = _time(lambda: model.rank(cache, cv, cs, surf), dev, warmup, iters)
+    row["decode_fp32_ms"] = _time(decode, dev, warmup, iters)
+    row["prefill_fp32_ms"] = _time(prefill, dev, warmup, iters)
+    row["fp8"] = _fp8_backend()
     if dev.type == "cuda":
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            ac = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
-            with torch.cuda.stream(side), ac, trusted_inputs():
-                model.rank(cache, cv, cs, surf)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), \
-                    trusted_inputs():  # no value-range syncs inside a capture
-                static_out = model.rank(cache, cv, cs, surf)
-            graph.replay()
-            row["graph_max_abs_diff"] = float((static_out.float() - dec).abs().max())
-            row["decode_graph_ms"] = _time(graph.replay, dev, warmup, iters)
+        for name, fn in (("decode", decode), ("prefill", prefill)):
+            try:
+                replay, out = _graphed(fn)
+                row[f"{name}_graph_max_abs_diff"] = float((out.float() - (dec if name == "decode" else pre)).abs().max())
+                row[f"{name}_graph_ms"] = _time(replay, dev, warmup, iters)
+            except Exception as e:  # noqa: BLE001 - report, do not hide: a sync inside breaks capture
+                row[f"{name}_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        if "decode_graph_ms" in row:
             row["speedup_graph_vs_prefill"] = row["prefill_ms"] / row["decode_graph_ms"]
-        except Exception as e:  # noqa: BLE001 - report, do not hide: a sync inside rank() breaks capture
-            row["decode_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        if compile_levers:
+            from genrec.validation import trusted_inputs
+
+            for mode in ("default", "reduce-overhead"):
+                key = "decode_compiled" if mode == "default" else "decode_compiled_graph"
+                try:
+                    torch._dynamo.reset()
+                    fn = torch.compile(model.rank, mode=mode, dynamic=False)
+
+                    def run_compiled(fn: Any = fn) -> Any:
+                        with torch.autocast("cuda", dtype=torch.bfloat16), trusted_inputs():
+                            return fn(cache, cv, cs, surf)
+                    t0 = time.perf_counter()
+                    for _ in range(3):  # compile, then (reduce-overhead) record and replay the graph
+                        out = run_compiled()
+                    _sync(dev)
+                    row[f"{key}_compile_s"] = time.perf_counter() - t0
+                    row[f"{key}_max_abs_diff"] = float((out.float() - dec).abs().max())
+                    row[f"{key}_ms"] = _time(run_compiled, dev, warmup, iters)
+                except Exception as e:  # noqa: BLE001 - report, do not hide
+                    row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+            torch._dynamo.reset()
     RESULTS["rank"].append(row)
-    print(f"  rank B={B} n={n} k={k}: decode {row['decode_ms']:.2f} ms  full prefill {row['prefill_ms']:.2f} ms  "
-          f"(x{row['speedup_decode_vs_prefill']:.2f}); encode+decode {row['encode_plus_decode_ms']:.2f} ms; "
-          f"max|diff| {err:.1e}; fp32 decode {row['decode_fp32_ms']:.2f} ms; graph "
-          f"{row.get('decode_graph_ms', row.get('decode_graph_error'))}", flush=True)
+    print(f"  rank B={B} n={n} k={k} layers={cfg.n_layers}: decode {row['decode_ms']:.2f} ms  full prefill "
+          f"{row['prefill_ms']:.2f} ms (x{row['speedup_decode_vs_prefill']:.2f}); encode+decode "
+          f"{row['encode_plus_decode_ms']:.2f} ms; max|diff| {err:.1e}; fp32 decode {row['decode_fp32_ms']:.2f} ms, "
+          f"prefill {row['prefill_fp32_ms']:.2f} ms; fp8: {row['fp8']}", flush=True)
+    levers = [(lab, row.get(f"{key}_ms"), row.get(f"{key}_error")) for lab, key in (
+        ("prefill, float32", "prefill_fp32"), ("prefill, bf16", "prefill"), ("prefill, bf16, CUDA graph", "prefill_graph"),
+        ("decode, float32", "decode_fp32"), ("decode, bf16", "decode"), ("decode, bf16, CUDA graph", "decode_graph"),
+        ("decode, bf16, torch.compile", "decode_compiled"),
+        ("decode, bf16, torch.compile + CUDA graphs", "decode_compiled_graph"))]
+    print(f"  {'ranking forward':44s} {'ms':>8s} {'vs bf16 prefill':>16s}")
+    for lab, ms, e in levers:
+        if ms is not None:
+            print(f"  {lab:44s} {ms:8.2f} {row['prefill_ms'] / ms:15.2f}x")
+        elif e is not None:
+            print(f"  {lab:44s}  failed: {e[:80]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default="beam,sid,trie,rank")
+    ap.add_argument("--rank-layers", type=int, default=12,
+                    help="the ranking forwards' depth (the issue's shape: 12 layers; the other rows keep pinger-paper's 4)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows of the ranking levers")
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     RESULTS["device"] = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
@@ -326,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.tiny:
             bench_rank(dev, 2, 30, 12, True, 1, 2)
         else:
-            bench_rank(dev, 8, 992, 656, False, a.warmup, a.iters)
+            bench_rank(dev, 8, 992, 656, False, a.warmup, a.iters, layers=a.rank_layers,
+                       compile_levers=not a.no_compile)
     RESULTS["wall_s"] = time.time() - t0
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_decode.json"), "w") as f:
