@@ -301,6 +301,18 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
            "decode_ms": _time(run_decode, dev, warmup, iters), "prefill_ms": _time(run_prefill, dev, warmup, iters),
            "encode_plus_decode_ms": _time(run_encode_decode, dev, warmup, iters)}
     row["speedup_decode_vs_prefill"] = row["prefill_ms"] / row["decode_ms"]
+    row["decode_path"] = "cascade" if model._candidate_plan(cache) is not None else "masked"
+    if row["decode_path"] == "cascade":  # the same decode with the cascade ruled out: the masked attention
+        cache.plans["cand_ok"] = False
+        row["decode_masked_ms"] = _time(run_decode, dev, warmup, iters)
+        if dev.type == "cuda":
+            try:
+                replay, out = _graphed(decode)
+                row["decode_masked_graph_max_abs_diff"] = float((out.float() - dec).abs().max())
+                row["decode_masked_graph_ms"] = _time(replay, dev, warmup, iters)
+            except Exception as e:  # noqa: BLE001 - report, do not hide
+                row["decode_masked_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        cache.plans["cand_ok"] = True
     row["decode_fp32_ms"] = _time(decode, dev, warmup, iters)
     row["prefill_fp32_ms"] = _time(prefill, dev, warmup, iters)
     row["fp8"] = _fp8_backend()
@@ -343,9 +355,12 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
           f"prefill {row['prefill_fp32_ms']:.2f} ms; fp8: {row['fp8']}", flush=True)
     levers = [(lab, row.get(f"{key}_ms"), row.get(f"{key}_error")) for lab, key in (
         ("prefill, float32", "prefill_fp32"), ("prefill, bf16", "prefill"), ("prefill, bf16, CUDA graph", "prefill_graph"),
-        ("decode, float32", "decode_fp32"), ("decode, bf16", "decode"), ("decode, bf16, CUDA graph", "decode_graph"),
+        ("decode, float32", "decode_fp32"), ("decode, bf16, masked attention", "decode_masked"),
+        ("decode, bf16, masked attention, CUDA graph", "decode_masked_graph"),
+        ("decode, bf16", "decode"), ("decode, bf16, CUDA graph", "decode_graph"),
         ("decode, bf16, torch.compile", "decode_compiled"),
         ("decode, bf16, torch.compile + CUDA graphs", "decode_compiled_graph"))]
+    print(f"  decode attention: {row['decode_path']} (the rows without 'masked')")
     print(f"  {'ranking forward':44s} {'ms':>8s} {'vs bf16 prefill':>16s}")
     for lab, ms, e in levers:
         if ms is not None:

@@ -181,6 +181,24 @@ class Backbone(nn.Module):
         ok = same & (vis_h == prefix).all() & (vis_s == causal).all()
         return hist_len, ok
 
+    def candidate_plan_lazy(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """For M-FALCON candidates over ``cache`` (every query a candidate placed after the cache, as
+        :meth:`GenRecModel.rank` builds them): (hist_len ``[B]``, ok bool ``[]``), both on the device,
+        no sync. ok: under the predicate a candidate sees exactly the first hist_len cached tokens
+        of its row (and itself, never another candidate), so cascade attention over the shared
+        history computes the same function (one candidate = one "beam" of one token)."""
+        m = cache.meta
+        if m is None or cache.lengths is None:
+            raise ValueError("candidate_plan_lazy: the cache was not filled by encode_history")
+        b, n = m.shape
+        dev = m.pos.device
+        q = TokenMeta(cache.lengths.to(m.pos.dtype)[:, None], torch.full((b, 1), CAND, dtype=m.kind.dtype, device=dev),
+                      torch.full((b, 1), n, dtype=m.tok.dtype, device=dev))
+        vis = reference_mask(q, m, cache.layout)[:, 0]  # [B, n]: what one candidate sees of the cache
+        hist_len = vis.sum(-1)
+        ok = (vis == (torch.arange(n, device=dev)[None, :] < hist_len[:, None])).all()
+        return hist_len, ok
+
     def decode_shared(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, w: int) -> torch.Tensor:
         """``decode(x, meta, cache.expand(w), append=False)`` without the copy: x ``[B*W, t, D]``
         holds W beam rows per cached row. Uses cascade attention when :meth:`shared_prefix_plan`

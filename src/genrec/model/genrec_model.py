@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from genrec.errors import ConfigError
+from genrec.kernels.attention import gpu_fast_path
 from genrec.model.backbone import Backbone
 from genrec.model.config import ModelConfig
 from genrec.model.encoders import (
@@ -469,6 +470,28 @@ class GenRecModel(nn.Module):
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)
 
+    def candidate_plan_ok(self, cache: KVCache) -> bool:
+        """Do :meth:`rank`'s candidates see exactly a prefix of their row's cache
+        (:meth:`Backbone.candidate_plan_lazy`)? One host sync per cache contents, memoised on the cache."""
+        ok = cache.plans.get("cand_ok")
+        if ok is None:
+            ok = cache.plans["cand_ok"] = bool(self.backbone.candidate_plan_lazy(cache)[1])
+        return bool(ok)
+
+    def _candidate_plan(self, cache: KVCache) -> torch.Tensor | None:
+        """hist_len ``[B]`` when :meth:`rank` may run cascade attention (the GPU fast path, under the one
+        attention switch; the candidates see a prefix of the cache), else None (the masked decode, the
+        same function). Inside a CUDA-graph capture or a compiled trace nothing may sync, so there the
+        decision must already be memoised (:class:`GraphedRanker` does; an eager call does)."""
+        if cache.meta is None or not gpu_fast_path(self.config.attn_impl, cache.meta.pos.device):
+            return None
+        ok = cache.plans.get("cand_ok")
+        if ok is None:
+            if not checks_on():
+                return None
+            ok = self.candidate_plan_ok(cache)
+        return self.backbone.candidate_plan_lazy(cache)[0] if ok else None
+
     def rank(
         self, cache: KVCache, cand_vecs: torch.Tensor, cand_sid_codes: torch.Tensor | None = None,
         cand_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
@@ -491,6 +514,10 @@ class GenRecModel(nn.Module):
                 raise ValueError("rank: request_ts (and history timestamps) are required when time_buckets > 0")
             gap = request_ts - cache.last_ts
         x = self._cand_tokens(cand_vecs.float(), cand_sid_codes, cand_surface, cache.lengths, gap)  # [B, k, D]
+        hist_len = self._candidate_plan(cache)
+        if hist_len is not None:  # each candidate one beam of one token: the history read once per row
+            h = self.backbone.decode_planned(x.reshape(b * k, 1, x.shape[-1]), cache.k, cache.v, hist_len, k)
+            return self.action_head(h.view(b, k, -1))
         dev = x.device
         meta = TokenMeta(
             cache.lengths[:, None].expand(b, k).contiguous(),

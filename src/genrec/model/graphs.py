@@ -246,8 +246,11 @@ class GraphedRanker:
         nb = bucket_length(n, self.min_bucket)
         mb = bucket_length(m, self.min_cand_bucket)
         k0 = cache.k[0]
+        # cascade attention or the masked decode, decided on this cache (one sync, memoised) and fixed in the
+        # graph: the bucket's padding keys come after every visible one, so a prefix stays a prefix
+        cascade = self.model.candidate_plan_ok(cache)
         key = (b, nb, mb, k0.dtype, cand_vecs.dtype, surface.dim(), cand_sid_codes is not None,
-               request_ts is not None, cache.last_ts is not None, cache.layout, autocast_state())
+               request_ts is not None, cache.last_ts is not None, cache.layout, autocast_state(), cascade)
 
         def make() -> Any:
             dev = k0.device
@@ -257,6 +260,7 @@ class GraphedRanker:
                         TokenMeta(*(torch.zeros(b, nb, dtype=torch.int64, device=dev) for _ in range(3))),
                         torch.zeros_like(lengths), None, cache.layout,
                         None if cache.last_ts is None else torch.zeros_like(cache.last_ts))
+            s.plans["cand_ok"] = cascade
             vecs = torch.zeros(b, mb, cand_vecs.shape[2], dtype=cand_vecs.dtype, device=dev)
             codes = None if cand_sid_codes is None else torch.zeros(
                 b, mb, cand_sid_codes.shape[2], dtype=cand_sid_codes.dtype, device=dev)
