@@ -19,6 +19,7 @@ training and serving, which is what the equivalence tests pin down.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -516,7 +517,12 @@ class GenRecModel(nn.Module):
         x = self._cand_tokens(cand_vecs.float(), cand_sid_codes, cand_surface, cache.lengths, gap)  # [B, k, D]
         hist_len = self._candidate_plan(cache)
         if hist_len is not None:  # each candidate one beam of one token: the history read once per row
-            h = self.backbone.decode_planned(x.reshape(b * k, 1, x.shape[-1]), cache.k, cache.v, hist_len, k)
+            # hist_len was derived here from the cache, so the kernel's range check (two syncs a layer,
+            # which made the eager call host-bound: 17.1 against 9.1 ms for the masked decode on an H200,
+            # B 8 x 992 items, 656 candidates, 12 layers) has nothing to catch; no ContextVar under compile
+            trusted = contextlib.nullcontext() if torch.compiler.is_compiling() else trusted_inputs()
+            with trusted:
+                h = self.backbone.decode_planned(x.reshape(b * k, 1, x.shape[-1]), cache.k, cache.v, hist_len, k)
             return self.action_head(h.view(b, k, -1))
         dev = x.device
         meta = TokenMeta(
