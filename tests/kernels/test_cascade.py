@@ -168,3 +168,37 @@ def test_cascade_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="head dim"):
         bad = _inputs(1, 2, 1, 3, 5, 8, torch.float32, seed=0)
         cascade_attention_triton(*bad, torch.tensor([5]))
+
+
+def test_opcheck_cascade_op() -> None:
+    """The op that torch.compile calls in place of the Triton launch: schema and fake tensor checked,
+    and its output the twin's (here under the interpreter on the CPU)."""
+    q, kh, vh, ks, vs = (x.to(DEVICE) for x in _inputs(2, 3, 2, 2, 9, 16, torch.float32, seed=4))
+    hl = torch.tensor([9, 4], device=DEVICE)
+    torch.library.opcheck(torch.ops.genrec.cascade_fwd.default, (q, kh, vh, ks, vs, hl, 0.25, 1),
+                          test_utils=("test_schema", "test_faketensor"))
+    for splits in (1, 2):
+        out = torch.ops.genrec.cascade_fwd(q, kh, vh, ks, vs, hl, 0.25, splits)
+        torch.testing.assert_close(out, cascade_attention_torch(q, kh, vh, ks, vs, hl, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_cascade_is_one_graph_around_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traced by torch.compile, cascade_attention calls the op (one graph, no break), and the compiled
+    function equals the twin. The dispatch sends only CUDA tensors there, so on the CPU the test lets
+    it take CPU tensors (the interpreter runs the kernel)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    q, kh, vh, ks, vs = (x.to(DEVICE) for x in _inputs(2, 4, 2, 1, 7, 16, torch.float32, seed=5))
+    hl = torch.tensor([7, 3], device=DEVICE)
+    monkeypatch.setattr(cascade, "_kernel_device", lambda q: True)
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, kh, vh, ks, vs: cascade_attention(q, kh, vh, ks, vs, hl) * 2, backend=counter,
+                      fullgraph=True)
+    with torch.no_grad():
+        out = f(q, kh, vh, ks, vs)
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
+    targets = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    assert any("cascade_fwd" in t for t in targets), targets
+    torch.testing.assert_close(out, 2 * cascade_attention_torch(q, kh, vh, ks, vs, hl), atol=1e-5, rtol=1e-5)

@@ -164,3 +164,28 @@ def test_rank_by_cascade_in_bf16_on_gpu() -> None:
         masked = model.rank(cache, vecs, batch.cand_sid_codes, batch.cand_surface).float()
     err = (fast - masked).abs().max() / masked.abs().max()
     assert err < 2e-2, float(err)
+
+
+def test_compiled_rank_with_the_cascade_is_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile of rank() with the fast path on and the plan memoised traces as one graph (no
+    sync, no ContextVar) and equals the eager masked decode. (On the CPU cascade attention takes its
+    PyTorch form; the kernel's own op is traced in tests/kernels/test_cascade.py.)"""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = eqv.make_model(8, layout="pinger", sid_fusion=True)
+    batch = eqv.make_batch(model.config, [5, 3, 1], 5, 4, 8)
+    with torch.no_grad():
+        cache, _, _ = model.encode_history(batch)
+        vecs = model.item_vectors(batch.cand_feats)
+        _force(monkeypatch, False)
+        want = model.rank(cache, vecs, batch.cand_sid_codes, batch.cand_surface)
+        _force(monkeypatch, True)
+        assert model.candidate_plan_ok(cache)
+        calls = _spy(monkeypatch, model)
+        counter = CompileCounterWithBackend("aot_eager")
+        torch._dynamo.reset()
+        got = torch.compile(model.rank, backend=counter, fullgraph=True)(cache, vecs, batch.cand_sid_codes,
+                                                                         batch.cand_surface)
+        torch._dynamo.reset()
+    assert counter.frame_count == 1 and calls == [4]
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)

@@ -341,6 +341,11 @@ def cascade_attention_triton(
     return out
 
 
+def _kernel_device(q: torch.Tensor) -> bool:
+    """Does the Triton kernel take these tensors? CUDA only (tests force it on under the interpreter)."""
+    return q.is_cuda
+
+
 def cascade_attention(
     q: torch.Tensor,
     k_hist: torch.Tensor,
@@ -356,6 +361,32 @@ def cascade_attention(
     ``num_splits`` only affects the Triton path (see ``cascade_attention_triton``).
     """
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_hist, v_hist, k_suf, v_suf))
-    if q.is_cuda and not needs_grad:
+    if _kernel_device(q) and not needs_grad:
+        if torch.compiler.is_compiling():  # traced: the kernel as an opaque op, its Python choices made here
+            hl = torch.as_tensor(hist_len, device=q.device)
+            sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            return torch.ops.genrec.cascade_fwd(q, k_hist, v_hist, k_suf, v_suf, hl, sc,
+                                                cascade_num_splits(q, k_hist, num_splits))
         return cascade_attention_triton(q, k_hist, v_hist, k_suf, v_suf, hist_len, scale, num_splits=num_splits)
     return cascade_attention_torch(q, k_hist, v_hist, k_suf, v_suf, hist_len, scale)
+
+
+# Under torch.compile, inductor compiled the cascade kernel itself when it met the Triton launch, and
+# failed in its compile worker on the H200 (twenty-fourth session: rank() under torch.compile, with and
+# without CUDA graphs). As an op with a shape-only fake, the compiled graph calls the launcher instead,
+# as it does for the item-block and SID-fusion kernels. Its range check stays off: under compile the
+# callers' inputs are trusted (genrec.validation.checks_on), and a capture (mode="reduce-overhead") must
+# not sync.
+@torch.library.custom_op("genrec::cascade_fwd", mutates_args=())
+def _cascade_op(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, k_suf: torch.Tensor,
+                v_suf: torch.Tensor, hist_len: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
+    from genrec.validation import trusted_inputs
+
+    with trusted_inputs():
+        return cascade_attention_triton(q, k_hist, v_hist, k_suf, v_suf, hist_len, scale, num_splits=num_splits)
+
+
+@_cascade_op.register_fake
+def _(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, k_suf: torch.Tensor, v_suf: torch.Tensor,
+      hist_len: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
+    return q.new_empty(q.shape)
