@@ -34,6 +34,17 @@ def _force(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     monkeypatch.setattr(gm, "gpu_fast_path", lambda impl, device: on)
 
 
+def _masked_then_fast(monkeypatch: pytest.MonkeyPatch, model, batch):  # type: ignore[no-untyped-def]
+    """Encode the batch, rank its candidates (as stored item vectors) by the masked decode, then force
+    the fast path on: (cache, vecs, the masked decode's scores)."""
+    cache, _, _ = model.encode_history(batch)
+    vecs = model.item_vectors(batch.cand_feats)
+    _force(monkeypatch, False)
+    want = model.rank(cache, vecs, batch.cand_sid_codes, batch.cand_surface)
+    _force(monkeypatch, True)
+    return cache, vecs, want
+
+
 def _spy(monkeypatch: pytest.MonkeyPatch, model) -> list[int]:  # type: ignore[no-untyped-def]
     """Record each cascade decode's candidate count; it must run without value-range checks (each a
     device->host sync per layer: hist_len comes from the cache, not from the caller)."""
@@ -136,11 +147,7 @@ def test_static_shape_ranker_with_cascade_equals_masked_decode(seed: int, monkey
         lengths[0] = n
         batch = eqv.make_batch(cfg, lengths, n, m, seed * 10 + n)
         with torch.no_grad():
-            cache, _, _ = model.encode_history(batch)
-            vecs = model.item_vectors(batch.cand_feats)
-            _force(monkeypatch, False)
-            want = model.rank(cache, vecs, batch.cand_sid_codes, batch.cand_surface)
-            _force(monkeypatch, True)
+            cache, vecs, want = _masked_then_fast(monkeypatch, model, batch)
             before = len(calls)
             got = rnk(cache, vecs, batch.cand_sid_codes, batch.cand_surface)
         assert len(calls) == before + 1
@@ -175,11 +182,7 @@ def test_compiled_rank_with_the_cascade_is_one_graph(monkeypatch: pytest.MonkeyP
     model = eqv.make_model(8, layout="pinger", sid_fusion=True)
     batch = eqv.make_batch(model.config, [5, 3, 1], 5, 4, 8)
     with torch.no_grad():
-        cache, _, _ = model.encode_history(batch)
-        vecs = model.item_vectors(batch.cand_feats)
-        _force(monkeypatch, False)
-        want = model.rank(cache, vecs, batch.cand_sid_codes, batch.cand_surface)
-        _force(monkeypatch, True)
+        cache, vecs, want = _masked_then_fast(monkeypatch, model, batch)
         assert model.candidate_plan_ok(cache)
         calls = _spy(monkeypatch, model)
         counter = CompileCounterWithBackend("aot_eager")
