@@ -222,8 +222,17 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
                    "gpu_ms": _time(gpu_step, dev, warmup, iters), "gpu_torch_ops_ms": _time(torch_step, dev, warmup, iters),
                    "cpu_ms": _time(cpu_step, torch.device("cpu"), warmup, iters), "match": ok and same}
             row["speedup"] = row["cpu_ms"] / row["gpu_ms"]
+            if dev.type == "cuda":  # GPU time per step, as the captured SID decode runs it (no host launch cost)
+                from genrec.bench.kernels import _time_graph
+
+                try:
+                    row["gpu_graph_ms"] = _time_graph(gpu_step, warmup, iters)
+                except Exception as e:  # noqa: BLE001 - report, do not hide: a sync in the step breaks capture
+                    row["gpu_graph_error"] = f"{type(e).__name__}: {e}"[:300]
             RESULTS["trie"].append(row)
+            graphed = row.get("gpu_graph_ms", row.get("gpu_graph_error"))
             print(f"  trie beams={nb:4d} depth={depth} dense={row['dense_table']}: gpu {row['gpu_ms']:.3f} ms  "
+                  f"(graph-replayed {graphed if not isinstance(graphed, float) else f'{graphed:.4f} ms'})  "
                   f"gpu torch ops {row['gpu_torch_ops_ms']:.3f} ms  cpu {row['cpu_ms']:.3f} ms  match={ok and same}",
                   flush=True)
 
