@@ -202,3 +202,22 @@ def test_compiled_cascade_is_one_graph_around_the_op(monkeypatch: pytest.MonkeyP
     targets = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
     assert any("cascade_fwd" in t for t in targets), targets
     torch.testing.assert_close(out, 2 * cascade_attention_torch(q, kh, vh, ks, vs, hl), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("D,kernel", [(16, True), (128, True), (24, False), (96, False), (8, False), (256, False)])
+def test_dispatch_sends_only_the_kernels_head_dims_to_it(D: int, kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head dim the kernel does not take (e.g. 96: d_model 768 over 8 heads) must not raise on a GPU: it
+    runs the PyTorch form, the same function. (CUDA is stood in for by letting the check see CPU tensors.)"""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q = torch.empty(1, 1, 1, 1, D)
+    assert cascade._kernel_device(q) is kernel
+    monkeypatch.undo()
+    used: list[str] = []
+    monkeypatch.setattr(cascade, "_kernel_device", lambda q: cascade.kernel_head_dim(q.shape[-1]))
+    monkeypatch.setattr(cascade, "cascade_attention_triton", lambda *a, **k: used.append("triton") or
+                        cascade_attention_torch(*a[:6]))
+    xs = _inputs(1, 3, 1, 2, 5, D, torch.float32, seed=3)
+    with torch.no_grad():
+        out = cascade_attention(*xs, torch.tensor([4]))
+    assert used == (["triton"] if kernel else [])
+    torch.testing.assert_close(out, cascade_attention_ref(*xs, torch.tensor([4])), atol=1e-5, rtol=1e-5)

@@ -108,3 +108,23 @@ def test_causal_layouts_fast_path_on_gpu_equals_reference(layout, monkeypatch):
     torch.testing.assert_close(h2, h1, atol=1e-4, rtol=1e-4)
     for n in g1:
         assert (g1[n] - g2[n]).norm() <= 1e-3 * (g1[n].norm() + 1e-12), n
+
+
+@pytest.mark.parametrize("d_model,n_heads,kernel", [(32, 2, True), (48, 2, False), (96, 1, False), (64, 4, True)])
+def test_item_block_kernel_only_at_the_head_dims_it_takes(d_model: int, n_heads: int, kernel: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under attn_impl=triton a head dim the kernel does not take (24, 96: not a power of two) trains with
+    the reference mask instead of raising mid-run; 16 and 16 x 2 take the kernel's mask."""
+    from genrec.kernels.attention import ItemBlockMask
+    from genrec.model import backbone
+
+    monkeypatch.setattr(backbone, "resolve_impl", lambda impl, device, elems=None: "triton")  # as on a GPU
+    cfg = ModelConfig.from_name("tiny", d_model=d_model, n_heads=n_heads, sid_levels=3, sid_codebook_sizes=[4, 4, 4],
+                                n_actions=3, n_surfaces=1, attn_impl="triton")
+    from genrec.model.layout import build_layout
+
+    lay = build_layout(torch.tensor([9, 6, 2]), 9, cfg.layout, cfg.sid_levels)
+    mask = GenRecModel(cfg).backbone._mask(lay.meta, lay.meta, cfg.layout, torch.device("cpu"), 0)
+    assert isinstance(mask, ItemBlockMask) is kernel
+    if not kernel:
+        assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool

@@ -68,6 +68,12 @@ def resolve_impl(
     return choice
 
 
+def kernel_head_dim(dh: int) -> bool:
+    """Can the Triton attention kernels (item-block, cascade) take this head dim? A power of two from 16
+    to 128, the range their tests cover; other head dims take the reference paths (the same function)."""
+    return 16 <= dh <= 128 and not dh & (dh - 1)
+
+
 def gpu_fast_path(impl: str | None, device: torch.device | str) -> bool:
     """May a fast path that has no FlexAttention twin run (the causal SDPA of :class:`CausalMask`,
     SID fusion's kernel)? On CUDA under ``auto`` or ``triton`` (after ``GENREC_ATTN``); never on

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from genrec.kernels.attention import kernel_head_dim
 from genrec.kernels.item_block import _dot
 from genrec.kernels.reference import _check_lengths
 
@@ -342,8 +343,9 @@ def cascade_attention_triton(
 
 
 def _kernel_device(q: torch.Tensor) -> bool:
-    """Does the Triton kernel take these tensors? CUDA only (tests force it on under the interpreter)."""
-    return q.is_cuda
+    """Does the Triton kernel take these tensors? CUDA only (tests force it on under the interpreter),
+    at the head dims it takes (others, e.g. 96, run the PyTorch two-pass form: the same function)."""
+    return q.is_cuda and kernel_head_dim(q.shape[-1])
 
 
 def cascade_attention(

@@ -19,6 +19,7 @@ from genrec.kernels.attention import (
     ItemBlockMask,
     attention,
     gpu_fast_path,
+    kernel_head_dim,
     prepare_mask,
     resolve_impl,
 )
@@ -115,8 +116,8 @@ class Backbone(nn.Module):
             impl = "reference"  # flex has no attention dropout
         if impl == "triton":
             # the item-block kernel covers the full PinGER training layout (no cache), candidates
-            # after the history included
-            if layout == "pinger" and q_meta is k_meta:
+            # after the history included, at the head dims it takes
+            if layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim):
                 m = n_cands()
                 if (sq - m) % self.cfg.sid_levels == 0:
                     lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
