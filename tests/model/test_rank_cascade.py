@@ -86,7 +86,9 @@ def test_rank_by_cascade_equals_masked_decode_and_forward(layout: str, seed: int
     # each candidate's score depends on no other candidate: the first one alone scores the same
     with torch.no_grad():
         one = model.rank(cache, out.cand_vecs[:, :1], batch.cand_sid_codes[:, :1], batch.cand_surface)
+        none = model.rank(cache, out.cand_vecs[:, :0], batch.cand_sid_codes[:, :0], batch.cand_surface)
     torch.testing.assert_close(one, fast[:, :1], atol=2e-5, rtol=0)
+    assert none.shape == (len(lengths), 0, fast.shape[-1])
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -515,7 +515,7 @@ class GenRecModel(nn.Module):
                 raise ValueError("rank: request_ts (and history timestamps) are required when time_buckets > 0")
             gap = request_ts - cache.last_ts
         x = self._cand_tokens(cand_vecs.float(), cand_sid_codes, cand_surface, cache.lengths, gap)  # [B, k, D]
-        hist_len = self._candidate_plan(cache)
+        hist_len = self._candidate_plan(cache) if k else None  # no candidates: nothing to group into beams
         if hist_len is not None:  # each candidate one beam of one token: the history read once per row
             # hist_len was derived here from the cache, so the kernel's range check (two syncs a layer,
             # which made the eager call host-bound: 17.1 against 9.1 ms for the masked decode on an H200,
