@@ -487,11 +487,12 @@ class GenRecModel(nn.Module):
         if cache.meta is None or not gpu_fast_path(self.config.attn_impl, cache.meta.pos.device):
             return None
         ok = cache.plans.get("cand_ok")
-        if ok is None:
-            if not checks_on():
-                return None
-            ok = self.candidate_plan_ok(cache)
-        return self.backbone.candidate_plan_lazy(cache)[0] if ok else None
+        if ok is False or (ok is None and not checks_on()):
+            return None
+        hist_len, ok_t = self.backbone.candidate_plan_lazy(cache)
+        if ok is None:  # decided here: one sync, memoised
+            ok = cache.plans["cand_ok"] = bool(ok_t)
+        return hist_len if ok else None
 
     def rank(
         self, cache: KVCache, cand_vecs: torch.Tensor, cand_sid_codes: torch.Tensor | None = None,
