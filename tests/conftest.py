@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
+from typing import Callable
 
 import pytest
 
@@ -40,3 +43,18 @@ def datasets_root() -> Path:
     if not root.is_dir():
         pytest.skip(f"datasets not found at {root}")
     return root
+
+
+def load_benchmark(stem: str) -> ModuleType:
+    """``benchmarks/<stem>.py`` (scripts, not a package) imported as a module."""
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).resolve().parents[1] / "benchmarks" / f"{stem}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """Import a script of ``benchmarks/`` by its file stem (each call runs it afresh)."""
+    return load_benchmark

@@ -4,7 +4,6 @@ smoke run works under the Triton interpreter."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,11 +17,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path only exists without a GPU")
-def test_bench_exits_cleanly_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("bench_kernels", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_bench_exits_cleanly_without_gpu(benchmark_script, capsys: pytest.CaptureFixture[str]) -> None:
+    mod = benchmark_script("bench_kernels")
     assert mod.main(["--quick"]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out
 

@@ -125,16 +125,11 @@ def test_tuned_kernels_fit_an_sm_in_fp32(tmp_path: Path) -> None:
         assert r["HGMMA"] > 0 and r["stack"] <= 4096, r
 
 
-def test_local_memory_is_counted_inside_loops_only() -> None:
+def test_local_memory_is_counted_inside_loops_only(benchmark_script) -> None:
     """The spill check's loop finder, on hand-written SASS: a backward branch closes a loop from its
     target label; local loads/stores before the loop or after it are not counted, those inside are;
     the barrier-wait slow paths after the last EXIT, which jump back into the body, are not loops."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("inspect_item_block", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("inspect_item_block")
     sass = """
         /*0000*/                   STL [R1], R8 ;
 .L_x_3:

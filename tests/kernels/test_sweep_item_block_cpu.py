@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,11 +16,8 @@ SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "sweep_item_block.p
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path only exists without a GPU")
-def test_sweep_exits_cleanly_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("sweep_item_block", SWEEP)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_sweep_exits_cleanly_without_gpu(benchmark_script, capsys: pytest.CaptureFixture[str]) -> None:
+    mod = benchmark_script("sweep_item_block")
     assert mod.main([]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out
 

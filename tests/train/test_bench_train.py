@@ -3,7 +3,6 @@ variant runs, and the class is restored afterwards (an A/B alternates paths in o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,8 @@ from genrec.model.fusion import SidFusion
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_fusion_paths_compute_one_function_and_restore_the_class() -> None:
-    bench = _module()
+def test_fusion_paths_compute_one_function_and_restore_the_class(benchmark_script) -> None:
+    bench = benchmark_script("bench_train")
     before = dict(SidFusion.__dict__)
     cfg = ModelConfig.from_name("tiny", sid_codebook_sizes=[3, 3, 3])
     torch.manual_seed(0)

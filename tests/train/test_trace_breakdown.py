@@ -3,21 +3,19 @@ backward kernel to the frames of the forward op with its autograd sequence numbe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trace_breakdown.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("trace_breakdown", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture
+def tb(benchmark_script):  # type: ignore[no-untyped-def]
+    return benchmark_script("trace_breakdown")
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args) -> dict:
@@ -48,19 +46,19 @@ def _trace() -> list[dict]:
     ]
 
 
-def test_kernels_are_charged_to_their_launching_frames_and_the_backward_to_its_forward() -> None:
-    totals = _module().breakdown(_trace(), depth=3)
+def test_kernels_are_charged_to_their_launching_frames_and_the_backward_to_its_forward(tb) -> None:
+    totals = tb.breakdown(_trace(), depth=3)
     assert totals == {
         ("fwd", ("objective:training_step", "fusion:forward_codes")): 3,
         ("fwd", ("objective:training_step", "backbone:forward")): 4,
         ("bwd", ("objective:training_step", "fusion:forward_codes")): 6,
         ("?", ("(launch not in the trace)",)): 2,
     }
-    assert _module().breakdown(_trace(), depth=1)[("bwd", ("fusion:forward_codes",))] == 6
+    assert tb.breakdown(_trace(), depth=1)[("bwd", ("fusion:forward_codes",))] == 6
 
 
-def test_kernel_table_groups_numbered_kernels(tmp_path: Path) -> None:
-    kernels = _module().by_kernel(_trace() + [_x("kernel", "triton_poi_fused_add_7", 400, 5, tid=9, correlation=4)])
+def test_kernel_table_groups_numbered_kernels(tb, tmp_path: Path) -> None:
+    kernels = tb.by_kernel(_trace() + [_x("kernel", "triton_poi_fused_add_7", 400, 5, tid=9, correlation=4)])
     assert kernels["triton_poi_fused_add_#"] == 9
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": _trace()}))
@@ -70,15 +68,15 @@ def test_kernel_table_groups_numbered_kernels(tmp_path: Path) -> None:
     assert "fwd 0.01 ms" in out.stdout and "objective:training_step > fusion:forward_codes" in out.stdout
 
 
-def test_gpu_span_counts_overlapping_kernels_once() -> None:
+def test_gpu_span_counts_overlapping_kernels_once(tb) -> None:
     events = [_x("kernel", "a", 0, 10, tid=9), _x("kernel", "b", 5, 10, tid=8), _x("kernel", "c", 30, 5, tid=9)]
-    assert _module().gpu_span(events) == (35, 20)
-    assert _module().gpu_span([]) == (0.0, 0.0)
+    assert tb.gpu_span(events) == (35, 20)
+    assert tb.gpu_span([]) == (0.0, 0.0)
 
 
-def test_without_kernels_the_leaf_cpu_ops_are_charged() -> None:
+def test_without_kernels_the_leaf_cpu_ops_are_charged(tb) -> None:
     events = [e for e in _trace() if e["cat"] in ("python_function", "cpu_op")]
-    totals = _module().breakdown(events, depth=3)
+    totals = tb.breakdown(events, depth=3)
     # leaves: aten::linear (6) under fusion, aten::mm (5) under backbone, MmBackward0 (8) inside its evaluate_function
     assert totals[("fwd", ("objective:training_step", "fusion:forward_codes"))] == 6
     assert totals[("fwd", ("objective:training_step", "backbone:forward"))] == 5

@@ -238,20 +238,18 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
 
 
 def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
-    """``fn`` (bf16 autocast, value checks off) captured as one CUDA graph: (replay, static output)."""
-    from genrec.validation import trusted_inputs
+    """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.kernels._capture``: value
+    checks off, warmed up on a side stream): (replay, static output)."""
+    from genrec.bench.kernels import _capture
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), trusted_inputs():
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False), \
-            trusted_inputs():  # no value-range syncs inside a capture
-        out = fn()
+    outs: list[Any] = []
+
+    def call() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            outs.append(fn())
+    graph = _capture(call, 1)
     graph.replay()
-    return graph.replay, out
+    return graph.replay, outs[-1]
 
 
 def _fp8_backend() -> str:

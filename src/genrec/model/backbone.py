@@ -195,10 +195,9 @@ class Backbone(nn.Module):
         dev = m.pos.device
         q = TokenMeta(cache.lengths.to(m.pos.dtype)[:, None], torch.full((b, 1), CAND, dtype=m.kind.dtype, device=dev),
                       torch.full((b, 1), n, dtype=m.tok.dtype, device=dev))
-        vis = reference_mask(q, m, cache.layout)[:, 0]  # [B, n]: what one candidate sees of the cache
-        hist_len = vis.sum(-1)
-        ok = (vis == (torch.arange(n, device=dev)[None, :] < hist_len[:, None])).all()
-        return hist_len, ok
+        plan = self.shared_prefix_plan_lazy(q, cache, 1)  # one candidate per row: a one-token beam
+        assert plan is not None  # the shapes match by construction
+        return plan
 
     def decode_shared(self, x: torch.Tensor, meta: TokenMeta, cache: KVCache, w: int) -> torch.Tensor:
         """``decode(x, meta, cache.expand(w), append=False)`` without the copy: x ``[B*W, t, D]``

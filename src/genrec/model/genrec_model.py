@@ -479,6 +479,12 @@ class GenRecModel(nn.Module):
             ok = cache.plans["cand_ok"] = bool(self.backbone.candidate_plan_lazy(cache)[1])
         return bool(ok)
 
+    def rank_by_cascade(self, cache: KVCache) -> bool:
+        """Will :meth:`rank` run cascade attention over this cache: the GPU fast path is on and
+        :meth:`candidate_plan_ok` holds (one sync at most, memoised)?"""
+        return (cache.meta is not None and gpu_fast_path(self.config.attn_impl, cache.meta.pos.device)
+                and self.candidate_plan_ok(cache))
+
     def _candidate_plan(self, cache: KVCache) -> torch.Tensor | None:
         """hist_len ``[B]`` when :meth:`rank` may run cascade attention (the GPU fast path, under the one
         attention switch; the candidates see a prefix of the cache), else None (the masked decode, the

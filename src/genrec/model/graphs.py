@@ -248,7 +248,7 @@ class GraphedRanker:
         k0 = cache.k[0]
         # cascade attention or the masked decode, decided on this cache (one sync, memoised) and fixed in the
         # graph: the bucket's padding keys come after every visible one, so a prefix stays a prefix
-        cascade = self.model.candidate_plan_ok(cache)
+        cascade = self.model.rank_by_cascade(cache)
         key = (b, nb, mb, k0.dtype, cand_vecs.dtype, surface.dim(), cand_sid_codes is not None,
                request_ts is not None, cache.last_ts is not None, cache.layout, autocast_state(), cascade)
 
