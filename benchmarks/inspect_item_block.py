@@ -1,11 +1,12 @@
 """Static look at the item-block kernels as compiled for the H200 (sm_90), on any machine, no GPU.
 
 Usage:
-    python benchmarks/inspect_item_block.py [--head-dims 64,128] [--dtype float32] [--set KNOB=VALUE ...] [--out FILE.json]
+    python benchmarks/inspect_item_block.py [--head-dims 64,128] [--dtype float32] [--config default] [--set KNOB=VALUE ...] [--out FILE.json]
 
 Each of the three kernels the training step runs (forward; dq with the fused delta and SID dk/dv;
 dense dk/dv) is compiled ahead of time by Triton for ``GPUTarget("cuda", 90, 32)`` with the
-configuration ``ItemBlockConfig.tuned(D)`` (``--set`` changes knobs, e.g. ``--set dq_warps=4``),
+configuration ``ItemBlockConfig.tuned(D)`` (``--config default``: the one ``item_block_attention`` runs
+when given none; ``--set`` changes knobs, e.g. ``--set dq_warps=4``),
 specialised as the benchmark shape launches it (bf16, B 8 x 1,024 items x 5 tokens, contiguous
 tensors: every pointer and every stride 16-aligned). It prints, per kernel: registers per thread,
 the stack frame and the local-memory loads/stores in the SASS (register spills; those inside a
@@ -174,7 +175,7 @@ def sm90_kernels(D: int, cfg: Any) -> list[tuple[str, Any, dict[str, str], dict[
     return out
 
 
-def inspect(D: int, changes: dict[str, int], fp32: bool = False) -> list[dict[str, Any]]:
+def inspect(D: int, changes: dict[str, int], fp32: bool = False, base: str = "tuned") -> list[dict[str, Any]]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -183,7 +184,14 @@ def inspect(D: int, changes: dict[str, int], fp32: bool = False) -> list[dict[st
 
     import torch
 
-    cfg = ItemBlockConfig.tuned(D, torch.float32 if fp32 else torch.bfloat16).replace(**changes)
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    if base == "tuned":
+        cfg = ItemBlockConfig.tuned(D, dtype)
+    else:  # what item_block_attention runs when the caller passes no configuration
+        from genrec.kernels.item_block import default_config
+
+        cfg = default_config(dtype)
+    cfg = cfg.replace(**changes)
     rows = []
     for name, fn, consts, opts in kernels(D, cfg, fp32):
         sig, attrs = _signature(fn, consts, "fp32" if fp32 else "bf16")
@@ -213,6 +221,9 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="an ItemBlockConfig knob (int, bool, or comma-separated ints for a tuple)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the inputs' dtype (float32: each product as three TF32 ones, twice the shared memory per tile)")
+    ap.add_argument("--config", choices=("tuned", "default"), default="tuned",
+                    help="the base configuration: the model's (ItemBlockConfig.tuned) or item_block_attention's "
+                         "when no config is passed (item_block.default_config)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -227,10 +238,11 @@ def main() -> int:
         else:
             changes[k] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
     fp32 = a.dtype == "float32"
-    rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes, fp32)]
+    rows = [r for D in (int(x) for x in a.head_dims.split(",")) for r in inspect(D, changes, fp32, a.config)]
     import triton
 
-    print(f"triton {triton.__version__}, sm_90, {a.dtype}, ItemBlockConfig.tuned(D, {a.dtype})"
+    base = "ItemBlockConfig.tuned" if a.config == "tuned" else "item_block.default_config"
+    print(f"triton {triton.__version__}, sm_90, {a.dtype}, {base}(D, {a.dtype})"
           + (f" with {changes}" if changes else ""))
     print(f"{'D':>4} {'kernel':24s} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'LDL/STL':>8} {'smem KB':>7} "
           f"{'HGMMA':>5} {'drains':>6} {'HMMA':>4} {'LDGSTS':>6} {'UTMALDG':>7} {'LDG':>5} {'MUFU':>5} {'loop LDL/STL':>12}")

@@ -125,6 +125,18 @@ def test_tuned_kernels_fit_an_sm_in_fp32(tmp_path: Path) -> None:
         assert r["HGMMA"] > 0 and r["stack"] <= 4096, r
 
 
+def test_default_kernels_fit_an_sm_in_fp32(tmp_path: Path) -> None:
+    """What item_block_attention runs when given no configuration must fit too: before
+    item_block.default_config capped fp32 tiles, dense dk/dv at head dim 128 wanted 321 KB of shared memory
+    and the call failed to launch on the H200 (OutOfResources, in `genrec bench kernels`' checks)."""
+    rows, stdout = _inspect(tmp_path, "64,128", "--dtype", "float32", "--config", "default")
+    assert "default_config" in stdout
+    assert len(rows) == 6, [r["kernel"] for r in rows]
+    for r in rows:
+        assert 0 < r["shared_bytes"] <= 227 * 1024, r
+        assert r["HGMMA"] > 0, r
+
+
 def test_local_memory_is_counted_inside_loops_only(benchmark_script) -> None:
     """The spill check's loop finder, on hand-written SASS: a backward branch closes a loop from its
     target label; local loads/stores before the loop or after it are not counted, those inside are;

@@ -195,15 +195,18 @@ class ItemBlockConfig:
                    **(sm90_64 if head_dim == 64 else {}), **fused)._fp32(dtype)  # type: ignore[arg-type]
 
     def _fp32(self, dtype: torch.dtype) -> ItemBlockConfig:
-        """4-byte inputs: 32-key steps and 2-stage forward rings. Each fp32 product is three TF32 ones
-        over split operands, which need twice the registers and shared memory of a bf16 tile: with
+        """4-byte inputs: key steps of at most 32 keys, a forward pipeline of at most 2 stages (never larger
+        than asked for). Each fp32 product is three TF32 ones over split operands, which need twice the
+        registers and shared memory of a bf16 tile: with
         the bf16 tiles dense dk/dv wanted 256.5 KB of shared memory at head dim 128 (an H200 program
         may have 227 KB), and at 64 kept 3 KB per thread on the stack; with these, 96-192 KB and at
         most ~2.5 KB (``benchmarks/inspect_item_block.py --dtype float32``, Triton 3.6). Not tuned
         for speed: nobody trains in fp32 for speed; the path exists for exact checks."""
         if dtype.itemsize < 4:
             return self
-        return self.replace(block_n=32, num_stages=2, dq_block_n=32, kv_block_q=32)
+        return self.replace(block_n=min(self.block_n, 32), num_stages=min(self.num_stages or 2, 2),
+                            dq_block_n=min(self.dq_block_n or self.block_n, 32),
+                            kv_block_q=min(self.kv_block_q or self.block_n, 32))
 
 
 @triton.jit
@@ -692,9 +695,21 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-def _config(block_m: int, block_n: int, num_warps: int | None, config: ItemBlockConfig | None) -> ItemBlockConfig:
+def default_config(dtype: torch.dtype, block_m: int = 64, block_n: int = 64,
+                   num_warps: int | None = None) -> ItemBlockConfig:
+    """What :func:`item_block_attention` runs when the caller passes no ``config``: the original kernel's
+    tiles (``block_m`` / ``block_n`` / ``num_warps`` as given), made to fit one program's shared memory
+    for 4-byte inputs as :meth:`ItemBlockConfig.tuned` is (:meth:`ItemBlockConfig._fp32`: key steps of at
+    most 32, at most 2 stages). Without that, fp32 at head dim 128 wanted 321 KB of shared memory for
+    dense dk/dv, against the 227 KB an H200 program may have, and failed to launch (found by
+    ``genrec bench kernels``' correctness checks, 2026-12-02)."""
+    return ItemBlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps)._fp32(dtype)
+
+
+def _config(block_m: int, block_n: int, num_warps: int | None, config: ItemBlockConfig | None,
+            q: torch.Tensor) -> ItemBlockConfig:
     if config is None:
-        return ItemBlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps)
+        return default_config(q.dtype, block_m, block_n, num_warps)
     if (block_m, block_n, num_warps) != (64, 64, None):
         raise ValueError("item_block_attention: pass block_m / block_n / num_warps inside `config`, not beside it")
     return config
@@ -724,7 +739,7 @@ def item_block_attention_fwd(
     config: ItemBlockConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only: returns ``out [B, H, S, D]`` (q's dtype) and natural-log ``lse [B, H, S]`` fp32."""
-    cfg = _config(block_m, block_n, num_warps, config)
+    cfg = _config(block_m, block_n, num_warps, config, q)
     lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
     n_items = _check_inputs(q, k, v, lengths, T)
     B, H, S, D = q.shape
@@ -841,7 +856,7 @@ class ItemBlockAttention(torch.autograd.Function):
         scale: float | None = None, block_m: int = 64, block_n: int = 64, num_warps: int | None = None,
         config: ItemBlockConfig | None = None,
     ) -> torch.Tensor:
-        cfg = _config(block_m, block_n, num_warps, config)
+        cfg = _config(block_m, block_n, num_warps, config, q)
         lengths = torch.as_tensor(lengths, device=q.device).to(torch.int32).contiguous()
         scale = _scale(q, scale)
         out, lse = item_block_attention_fwd(q, k, v, lengths, T, scale, config=cfg)
