@@ -42,6 +42,28 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     assert "correctness checks" in proc.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the CPU (interpreter) path")
+@pytest.mark.parametrize("fault", ["raises", "fails"])
+def test_bench_fails_when_a_check_fails_or_cannot_run(fault: str, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A check that fails, or that cannot run at all (on the H200 a kernel once failed to launch inside the
+    checks), makes the run exit 1 and say which: the timings after it are not to be trusted."""
+    from genrec.bench import kernels as bk
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(bk, "RESULTS", {k: type(v)() for k, v in bk.RESULTS.items()})
+
+    def broken_checks() -> None:
+        if fault == "raises":
+            raise RuntimeError("out of resource: shared memory")
+        bk.RESULTS["checks"]["item_block D=128 float32"] = {"out": 0.5, "status": "FAIL"}
+
+    monkeypatch.setattr(bk, "check_correctness", broken_checks)
+    assert bk.main(["--tiny", "--only", "correctness"]) == 1
+    err = capsys.readouterr().err
+    assert ("out of resource" in err) if fault == "raises" else ("item_block D=128 float32" in err)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path only exists without a GPU")
 def test_cli_bench_kernels_without_gpu() -> None:
     from typer.testing import CliRunner

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -494,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "bench_kernels.json").write_text(json.dumps(RESULTS, indent=2, default=str))
     print(_table())
+    # the checks come first so that a wrong fast path is never timed unnoticed: any failed check, or a check
+    # that could not run (an error in the correctness section), makes the whole run fail
+    bad = [k for k, v in RESULTS["checks"].items() if v.get("status") == "FAIL"]
+    broken = [e["error"] for e in RESULTS["errors"] if e["name"] == "correctness"]
+    if bad or broken:
+        print(f"bench_kernels: FAILED checks {bad}; checks that could not run: {broken}", file=sys.stderr)
+        return 1
     return 0
 
 
