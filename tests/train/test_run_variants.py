@@ -107,11 +107,12 @@ def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
         assert not torch.allclose(rec.item_vecs[torch.from_numpy(known)], content[torch.from_numpy(known)], atol=1e-3)
 
 
-def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, capsys):  # noqa: ANN001
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, capsys, mode):  # noqa: ANN001
     """``train.compile=true`` through ``train_run``: the compiled model trains, evaluates and
-    checkpoints; the weights load into a plain (uncompiled) model with the same keys. Dynamo +
-    AOTAutograd without code generation (``aot_eager``) keeps it fast on a CPU; the GPU test in
-    tests/train/test_compile.py runs inductor."""
+    checkpoints; the weights load into a plain (uncompiled) model with the same keys; ``train.compile_mode``
+    reaches torch.compile. Dynamo + AOTAutograd without code generation (``aot_eager``) keeps it fast on a
+    CPU; the GPU tests (here and in tests/train/test_compile.py) run inductor and its CUDA graphs."""
     from genrec.model.genrec_model import GenRecModel
 
     calls = []
@@ -123,13 +124,45 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, 
 
     monkeypatch.setattr(GenRecModel, "compile", spy)
     torch._dynamo.reset()
-    wd = _fork(prepared, "compiled")
+    wd = _fork(prepared, f"compiled-{mode}")
     res = train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=pinger", "train.compile=true", "train.total_steps=3",
-                                                        "data.valid_cases=16"]), resume=False)
-    assert calls and res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]
-    assert "train.compile=true" in capsys.readouterr().err  # the user is told why the first steps are slow
+                                                        "data.valid_cases=16", f"train.compile_mode={mode}"]),
+                    resume=False)
+    assert calls == [{} if mode == "default" else {"mode": mode}]
+    assert res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]
+    assert f"train.compile=true (mode {mode})" in capsys.readouterr().err  # the user is told why the first steps are slow
     keys = set(_weights(wd))
     assert keys and not any("_orig_mod" in k for k in keys)
+
+
+def test_unknown_compile_mode_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="compile_mode"):
+        RunConfig.from_name("cpu-tiny", ["train.compile_mode=fastest"])
+
+
+@pytest.mark.gpu
+def test_cuda_graph_compile_mode_trains_like_the_default_mode(prepared):  # noqa: ANN001
+    """``train.compile_mode=reduce-overhead`` on the GPU: the trainer marks each step for the recorded CUDA graphs
+    and copies its logged scalars out of graph memory. The run must log the same losses, step by step, as the
+    same run compiled without graphs (same kernels, same seed), and finish its evaluation and checkpoint."""
+    import json
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    logs = {}
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        wd = _fork(prepared, f"gpu-{mode}")
+        res = train_run(wd, RunConfig.from_name("cpu-tiny", [
+            "variant=pinger", "train.device=cuda", "train.bf16=true", "train.compile=true", f"train.compile_mode={mode}",
+            "train.total_steps=8", "train.log_every=1", "data.valid_cases=16"]), resume=False)
+        assert res["step"] == 8
+        logs[mode] = [json.loads(x)["loss"] for x in (wd / "train_log.jsonl").read_text().splitlines()]
+        assert (wd / "checkpoints").exists()
+    assert len(logs["default"]) == len(logs["reduce-overhead"]) == 8
+    for a, b in zip(logs["default"], logs["reduce-overhead"]):
+        assert abs(a - b) <= 2e-3 * max(1.0, abs(a)), logs
+    assert logs["default"][0] != logs["default"][-1]  # it trained
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")

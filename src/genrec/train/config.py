@@ -68,6 +68,11 @@ class TrainConfig:
     # torch.compile the model's training forward (fuses the elementwise work between the matmuls and
     # attention kernels; an eager step is host-bound at small widths). Compiles once per batch shape.
     compile: bool = False
+    # torch.compile's mode when compile=true: "reduce-overhead" also records the compiled forward and
+    # backward as CUDA graphs (one per batch shape) and replays them, which removes the host's launch
+    # work from the step; "max-autotune" does that and tunes matmul tiles (minutes of compile);
+    # "max-autotune-no-cudagraphs" tunes without graphs. On a CPU there are no graphs to record.
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     max_minutes: float = 0.0  # >0: stop after this much wall time, over the whole run (resumes count on from the checkpoint); evaluated + checkpointed like the last step
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
@@ -97,6 +102,10 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
         return cls.from_dict(read_json(path))
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that record CUDA graphs
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -137,6 +146,7 @@ def validate(cfg: TrainConfig) -> None:
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     need(cfg.keep_last >= 1, "keep_last", "must be >= 1")
     need(cfg.max_minutes >= 0, "max_minutes", "must be >= 0 (0 = no time limit)")
+    need(cfg.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {'|'.join(COMPILE_MODES)}")
     need(cfg.decay_by in ("steps", "deadline"), "decay_by", "must be steps|deadline")
     need(cfg.decay_by != "deadline" or cfg.max_minutes > 0, "max_minutes",
          "must be > 0 when decay_by='deadline' (the LR decays to its floor by that wall time)")

@@ -238,9 +238,11 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
     init_and_freeze(objective, cfg)
     if cfg.train.compile:  # (the device was checked at the top)
-        model.compile()  # in place: the state dict keeps its keys, checkpoints stay interchangeable
-        print("[genrec.train] train.compile=true: the first steps of each batch shape compile the training "
-              "forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
+        mode = cfg.train.compile_mode
+        # in place: the state dict keeps its keys, checkpoints stay interchangeable
+        model.compile(**({} if mode == "default" else {"mode": mode}))
+        print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
+              "training forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)

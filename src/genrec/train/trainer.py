@@ -40,7 +40,7 @@ from torch import nn
 
 from genrec.errors import ConfigError, GenrecError
 from genrec.train import checkpoint as ckpt
-from genrec.train.config import TrainConfig
+from genrec.train.config import CUDA_GRAPH_MODES, TrainConfig
 from genrec.train.distributed import (
     DistInfo,
     all_reduce_weighted,
@@ -409,6 +409,9 @@ class Trainer:
                   f"{cfg.max_minutes:g} used at step {self.step}): no step taken; raise train.max_minutes to go on",
                   file=sys.stderr)
         self.model.train()
+        # train.compile_mode records CUDA graphs: each step's replay overwrites the last one's graph outputs,
+        # so the step is marked as a new one, and its logged scalars are copied out of graph memory
+        graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and self.device.type == "cuda"
         try:
             while self.step < cfg.total_steps and not spent:
                 torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
@@ -417,6 +420,8 @@ class Trainer:
                 except StopIteration:
                     break
                 batch = to_device(batch, self.device)
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
                 with self._autocast():
                     out = self.wrapped(batch)
                 if not isinstance(out, Mapping) or "loss" not in out:
@@ -440,6 +445,8 @@ class Trainer:
                 terms = {k: v.detach().float() for k, v in out.items()
                          if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
                 terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
+                if graphs:
+                    terms = {k: v.clone() for k, v in terms.items()}
                 pending.append((self.step, terms, n_items))
                 win_items += n_items
                 win_tokens += n_tokens
