@@ -135,9 +135,12 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, 
     assert keys and not any("_orig_mod" in k for k in keys)
 
 
-def test_unknown_compile_mode_is_refused_by_name() -> None:
+def test_unknown_or_idle_compile_mode_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="compile_mode"):
-        RunConfig.from_name("cpu-tiny", ["train.compile_mode=fastest"])
+        RunConfig.from_name("cpu-tiny", ["train.compile=true", "train.compile_mode=fastest"])
+    with pytest.raises(ConfigError, match="compile_mode.*compile=true"):  # a mode without compiling does nothing
+        RunConfig.from_name("cpu-tiny", ["train.compile_mode=reduce-overhead"])
+    assert RunConfig.from_name("gpu-base", ["train.compile_mode=reduce-overhead"]).train.compile_mode == "reduce-overhead"
 
 
 @pytest.mark.gpu

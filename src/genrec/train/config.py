@@ -147,6 +147,8 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.keep_last >= 1, "keep_last", "must be >= 1")
     need(cfg.max_minutes >= 0, "max_minutes", "must be >= 0 (0 = no time limit)")
     need(cfg.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {'|'.join(COMPILE_MODES)}")
+    need(cfg.compile or cfg.compile_mode == "default", "compile_mode",
+         "takes effect only with compile=true (set train.compile=true too, or leave the mode at default)")
     need(cfg.decay_by in ("steps", "deadline"), "decay_by", "must be steps|deadline")
     need(cfg.decay_by != "deadline" or cfg.max_minutes > 0, "max_minutes",
          "must be > 0 when decay_by='deadline' (the LR decays to its floor by that wall time)")
