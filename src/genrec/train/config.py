@@ -71,7 +71,9 @@ class TrainConfig:
     # torch.compile's mode when compile=true: "reduce-overhead" also records the compiled forward and
     # backward as CUDA graphs (one per batch shape) and replays them, which removes the host's launch
     # work from the step; "max-autotune" does that and tunes matmul tiles (minutes of compile);
-    # "max-autotune-no-cudagraphs" tunes without graphs. On a CPU there are no graphs to record.
+    # "max-autotune-no-cudagraphs" tunes without graphs. On a CPU there are no graphs to record. The graphed
+    # modes were checked on one GPU (same losses as "default", 1.19-1.31x its items/s on MovieLens 100K),
+    # not under torchrun.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     max_minutes: float = 0.0  # >0: stop after this much wall time, over the whole run (resumes count on from the checkpoint); evaluated + checkpointed like the last step
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
