@@ -39,6 +39,7 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     assert all(r["sustained_ms"] > 0 and r.get("sm_clock_mhz", 1) > 0 for r in result["train"]), result["train"]
     assert "sustained" in proc.stdout
     assert len(result["cascade"]) == 2 and all(r["triton_ms"] is not None for r in result["cascade"])
+    assert all(r["triton_s1_trusted_ms"] > 0 for r in result["cascade"])  # per call as the decode calls it
     assert "correctness checks" in proc.stdout
 
 

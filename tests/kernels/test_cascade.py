@@ -163,6 +163,8 @@ def test_cascade_rejects_bad_input() -> None:
     q, kh, vh, ks, vs = _inputs(1, 2, 1, 3, 5, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match="hist_len"):
         cascade_attention_torch(q, kh, vh, ks, vs, torch.tensor([6]))
+    with pytest.raises(ValueError, match=r"hist_len: values must lie in \[0, 5\], got \[-1\]"):
+        cascade_attention_torch(q, kh, vh, ks, vs, torch.tensor([-1]))
     with pytest.raises(ValueError, match="k_suf"):
         cascade_attention_torch(q, kh, vh, ks[:, :1], vs, torch.tensor([5]))
     with pytest.raises(ValueError, match="head dim"):
