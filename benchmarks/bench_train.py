@@ -6,7 +6,8 @@ For each variant: build the model + objective exactly as ``genrec train`` does, 
 ``--warmup`` steps, then time ``--steps`` optimiser steps (forward + backward + AdamW),
 synchronising the device. Reports items/s (history items consumed per second — the
 comparable figure) and tokens/s (tokens through the backbone: L per item for PinGER's
-training layout and for TIGER), and the ratio to the TIGER layout. Prints a table last; full
+training layout and for TIGER), and the ratio to the TIGER layout; with ``--synthetic`` (full rows)
+also the FLOP ceiling of that ratio (:func:`flop_ceiling`). Prints a table last; full
 numbers go to $OUT/bench_train.json when OUT is set.
 
 A variant may name SID fusion's path after an ``@`` (``pinger@codes-torch``; see ``--fusion``), and
@@ -49,6 +50,24 @@ def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions
 
 
 FUSION_PATHS = ("codes", "codes-torch", "embedded")
+
+
+def pinger_pairs(n_items: int, T: int) -> int:
+    """(query, key) pairs PinGER's mask keeps in one full row of ``n_items`` items x ``T`` tokens: item i's
+    dense token sees the i + 1 dense tokens up to its own, its SID token at level l the i earlier dense tokens
+    and its own l levels (``genrec.bench.kernels._visible_pairs``, for one full row, in closed form)."""
+    i_sum = n_items * (n_items - 1) // 2  # sum of i over the row's items
+    return (i_sum + n_items) + sum(i_sum + l * n_items for l in range(1, T))
+
+
+def flop_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
+    """The most PinGER's training step can gain over the TIGER layout at equal context from its attention
+    mask alone, by FLOPs: (projections + MLP + causal attention) / (projections + MLP + PinGER's attention)
+    per layer and row of S = T n tokens, both layouts running the same tokens through the same matmuls, the
+    backward the same multiple of each. Heads, losses, embeddings and SID fusion are left out."""
+    S = T * n_items
+    dense = 2 * S * (4 * d * d + 2 * d * d_ff)  # QKV + output projections, the 2-matrix MLP
+    return (dense + 4 * d * S * (S + 1) // 2) / (dense + 4 * d * pinger_pairs(n_items, T))
 
 
 @contextlib.contextmanager
@@ -172,6 +191,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
             "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
             "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
             "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1,
+            "d_model": mcfg.d_model, "d_ff": mcfg.d_ff,
             "compile_mode": (compile_mode or "default") if cfg.train.compile else "eager", **split}
 
 
@@ -213,16 +233,23 @@ def main() -> None:
         same = [b for b in rows if b["round"] == r["round"]]
         base = next((b for b in same if b["layout"] == "tiger"), same[0])
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
+        if r["layout"] == "pinger" and base["layout"] == "tiger" and syn:  # full rows: the ceiling applies
+            r["flop_ceiling_vs_tiger"] = flop_ceiling(r["context_items"], r["tokens_per_item"], r["d_model"], r["d_ff"])
+            r["share_of_ceiling"] = (r["items_per_s_vs_tiger"] - 1) / (r["flop_ceiling_vs_tiger"] - 1)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_train.json"), "w") as f:
             json.dump(rows, f, indent=2)
     print(f"{'variant':20s} {'round':>5s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
-          f"{'tokens/s':>9s} {'vs tiger':>8s} {'fwd ms':>7s} {'bwd ms':>7s} {'opt ms':>7s}")
+          f"{'tokens/s':>9s} {'vs tiger':>8s} {'fwd ms':>7s} {'bwd ms':>7s} {'opt ms':>7s} {'ceiling':>8s}")
     for r in rows:
         split = " ".join(f"{r[k]:7.1f}" if k in r else f"{'-':>7s}" for k in ("forward_ms", "backward_ms", "optimizer_ms"))
         print(f"{r['variant']:20s} {r['round']:5d} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
               f"{r['ms_per_step']:8.1f} {r['items_per_s']:9.0f} {r['tokens_per_s']:9.0f} "
-              f"{r['items_per_s_vs_tiger']:8.2f}x {split}")
+              f"{r['items_per_s_vs_tiger']:8.2f}x {split} "
+              + (f"{r['flop_ceiling_vs_tiger']:7.2f}x" if "flop_ceiling_vs_tiger" in r else f"{'-':>8s}"))
+    if any("flop_ceiling_vs_tiger" in r for r in rows):
+        print("(ceiling: what PinGER's mask allows over the TIGER layout by FLOPs at this context and width, "
+              "flop_ceiling(); share_of_ceiling in the JSON)")
 
 
 if __name__ == "__main__":

@@ -35,3 +35,17 @@ def test_fusion_paths_compute_one_function_and_restore_the_class(benchmark_scrip
     assert calls == [(True, True), (True, False), (False, True)]
     with pytest.raises(SystemExit, match="unknown SID fusion path"), bench.fusion_path("nope"):
         pass
+
+
+def test_flop_ceiling_counts_the_masks_pairs(benchmark_script) -> None:
+    """The ceiling column: PinGER's pairs in closed form against the rule mask itself, and the ceiling against
+    the hand-worked figures in BENCHMARKS.md (d 768, d_ff 3,072; 1.30x / 1.92x / 2.41x at 1,024 / 4,096 /
+    8,192 items of 4 tokens, 1.40x at 1,024 items of 5)."""
+    from genrec.kernels.reference import item_block_mask
+
+    bench = benchmark_script("bench_train")
+    for n, T in ((1, 1), (1, 4), (7, 2), (12, 5)):
+        assert bench.pinger_pairs(n, T) == int(item_block_mask(torch.tensor([n]), n, T).sum()), (n, T)
+    got = [round(bench.flop_ceiling(n, T, 768, 3072), 2) for n, T in ((1024, 4), (4096, 4), (8192, 4), (1024, 5))]
+    assert got == [1.30, 1.92, 2.41, 1.40]
+    assert bench.flop_ceiling(1, 1, 64, 256) == 1.0  # one token: the same single pair either way
