@@ -47,11 +47,12 @@ def _check_lengths(
         raise ValueError(f"{name}: expected shape [{batch}], got {tuple(lengths_t.shape)}")
     if lengths_t.is_floating_point():
         raise ValueError(f"{name}: expected an integer tensor, got {lengths_t.dtype}")
+    lengths_t = lengths_t.to(torch.int64)
     if checks_on() and lengths_t.numel():
         lo, hi = torch.stack(torch.aminmax(lengths_t)).tolist()  # one device->host sync, not two
         if lo < 0 or hi > n_items:
             raise ValueError(f"{name}: values must lie in [0, {n_items}], got {lengths_t.tolist()}")
-    return lengths_t.to(torch.int64)
+    return lengths_t
 
 
 def item_block_mask(lengths: torch.Tensor | list[int], n_items: int, T: int) -> torch.Tensor:
