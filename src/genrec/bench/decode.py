@@ -122,9 +122,22 @@ def bench_beams(dev: torch.device, B: int, n: int, widths: list[int], levels: in
         row["speedup"] = row["copied_ms"] / row["shared_ms"]
         row["kv_copy_MiB_per_step"] = kv_bytes_per_beam_copy * W / 2**20  # what the copied path materialises
         row["kv_shared_MiB"] = kv_bytes_per_beam_copy / 2**20
+        if dev.type == "cuda":  # measured: the search's peak memory above what was allocated before it
+            for side, shared in (("shared", True), ("copied", False)):
+                model.shared_beam_decode = shared
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                search(W)
+                torch.cuda.synchronize()
+                row[f"peak_{side}_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         RESULTS["beam"].append(row)
+        peak = (f"  peak memory shared {row['peak_shared_MiB']:.0f} MiB vs copied {row['peak_copied_MiB']:.0f} MiB"
+                if "peak_shared_MiB" in row else "")
         print(f"  beams W={W:4d}: shared {row['shared_ms']:.2f} ms  copied {row['copied_ms']:.2f} ms  "
-              f"x{row['speedup']:.2f}  same beams {same:.3f}  KV copied/step {row['kv_copy_MiB_per_step']:.0f} MiB", flush=True)
+              f"x{row['speedup']:.2f}  same beams {same:.3f}  KV copied/step {row['kv_copy_MiB_per_step']:.0f} MiB"
+              + peak, flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -396,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.tiny:
             bench_beams(dev, 2, 40, [4, 16], 3, 8, True, 1, 2)
         else:
-            bench_beams(dev, 8, 1000, [10, 60, 100, 400], 4, 256, False, a.warmup, a.iters)
+            bench_beams(dev, 8, 1000, [10, 30, 60, 100, 400], 4, 256, False, a.warmup, a.iters)  # 30: the memory row
     if "sid" in only:
         print("[whole SID decode, constraints + diversity on: CUDA graph vs eager]", flush=True)
         if a.tiny:
