@@ -1,73 +1,26 @@
-"""Training throughput of genrec's layouts at equal context, measured side by side in one run.
+"""Training throughput of genrec's layouts at equal context, measured side by side in one run:
+``genrec bench train`` (:mod:`genrec.bench.train`) with two switches for A/B experiments.
 
     python benchmarks/bench_train.py WORKDIR --preset cpu-small --steps 20 [--variants pinger,tiger] [--rounds 2]
+        [--synthetic BxN] [--compile-mode MODE] [--fusion PATH] [--item-block original] [OVERRIDES ...]
 
-For each variant: build the model + objective exactly as ``genrec train`` does, run
-``--warmup`` steps, then time ``--steps`` optimiser steps (forward + backward + AdamW),
-synchronising the device. Reports items/s (history items consumed per second — the
-comparable figure) and tokens/s (tokens through the backbone: L per item for PinGER's
-training layout and for TIGER), and the ratio to the TIGER layout; with ``--synthetic`` (full rows)
-also the FLOP ceiling of that ratio (:func:`flop_ceiling`). Prints a table last; full
-numbers go to $OUT/bench_train.json when OUT is set.
-
-A variant may name SID fusion's path after an ``@`` (``pinger@codes-torch``; see ``--fusion``), and
-``--rounds N`` runs the whole list N times in turn, so an A/B alternates in one process (separate
-processes on a shared host measured the same code 25% apart). Each variant's compiled graph starts
-from a reset dynamo cache (else recompiles of the same forward would reach dynamo's limit and run eager).
+A variant may name SID fusion's path after an ``@`` (``pinger@codes-torch``; see ``--fusion``); ``--item-block
+original`` runs the item-block kernel's default tiles instead of the tuned ones. Prints a table last; full numbers
+go to $OUT/bench_train.json when OUT is set.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
-import time
+import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
+from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile as torch_profile
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from genrec.data.join import BucketJoinReader
-from genrec.data.splits import SplitSpec
-from genrec.model.genrec_model import GenRecModel
-from genrec.pipeline import load_catalog, open_store
-from genrec.train.batches import BatchStream, TrainBatch, materialise
-from genrec.train.objective import JointObjective
-from genrec.train.run import RunConfig, build_model_config, variant_overrides
-
-
-def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions: int) -> TrainBatch:
-    """Full-length histories of ``items`` random catalogue rows (every row exactly that long): the
-    equal-context shape of the kernel benchmark, through the whole training step."""
-    g = torch.Generator().manual_seed(step)
-    rows = torch.randint(0, n_catalog, (batch, items), generator=g)
-    z = torch.zeros(batch, items, dtype=torch.int64)
-    return TrainBatch(rows, torch.randint(0, n_actions, (batch, items), generator=g), z, z,
-                      torch.full((batch,), items, dtype=torch.int64), None, None, None, None, None)
-
+from genrec.bench.train import flop_ceiling, parser, pinger_pairs, run  # noqa: E402,F401 - re-exported for tests
 
 FUSION_PATHS = ("codes", "codes-torch", "embedded")
-
-
-def pinger_pairs(n_items: int, T: int) -> int:
-    """(query, key) pairs PinGER's mask keeps in one full row of ``n_items`` items x ``T`` tokens: item i's
-    dense token sees the i + 1 dense tokens up to its own, its SID token at level l the i earlier dense tokens
-    and its own l levels (``genrec.bench.kernels._visible_pairs``, for one full row, in closed form)."""
-    i_sum = n_items * (n_items - 1) // 2  # sum of i over the row's items
-    return (i_sum + n_items) + sum(i_sum + l * n_items for l in range(1, T))
-
-
-def flop_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
-    """The most PinGER's training step can gain over the TIGER layout at equal context from its attention
-    mask alone, by FLOPs: (projections + MLP + causal attention) / (projections + MLP + PinGER's attention)
-    per layer and row of S = T n tokens, both layouts running the same tokens through the same matmuls, the
-    backward the same multiple of each. Heads, losses, embeddings and SID fusion are left out."""
-    S = T * n_items
-    dense = 2 * S * (4 * d * d + 2 * d * d_ff)  # QKV + output projections, the 2-matrix MLP
-    return (dense + 4 * d * S * (S + 1) // 2) / (dense + 4 * d * pinger_pairs(n_items, T))
 
 
 @contextlib.contextmanager
@@ -84,7 +37,7 @@ def fusion_path(name: str) -> Iterator[None]:
     if name == "codes-torch":
         SidFusion._use_kernel = lambda self, x: False  # type: ignore[method-assign]
     if name == "embedded":
-        SidFusion.forward_codes = lambda self, codes, embed, dense: self(embed(codes), dense)  # type: ignore[method-assign]
+        SidFusion.forward_codes = lambda self, codes, embed, dense: self(embed(codes), dense)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -92,164 +45,23 @@ def fusion_path(name: str) -> Iterator[None]:
             setattr(SidFusion, attr, saved[attr])
 
 
-def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
-                  profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "",
-                  compile_mode: str = "") -> dict:
-    if synthetic:
-        extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
-    # eager unless asked (train.compile=true): what these commands measured before gpu-base compiled by default
-    cfg = RunConfig.from_name(preset, ["train.compile=false", f"variant={variant}", *extra])
-    store = open_store(workdir)
-    info = store.info()
-    catalog = load_catalog(workdir)
-    from genrec.sid.build import open_current
-
-    sizes = [int(k) for k in open_current(os.path.join(workdir, "sid")).codebook_sizes]
-    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sizes)
-    torch.manual_seed(0)
-    dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
-    model = GenRecModel(mcfg)
-    if cfg.train.compile:
-        torch._dynamo.reset()
-        model.compile(**({"mode": compile_mode} if compile_mode else {}))
-    _, ocfg = variant_overrides(cfg)
-    obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
-    ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
-    stream: Any = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,
-                         n_actions=len(info.actions), p_rank=cfg.data.p_rank if ocfg.w_action > 0 else 0.0,
-                         max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
-                         pad_multiple=cfg.data.pad_multiple)
-    if synthetic:
-        stream = SimpleNamespace(batch_at=lambda i: synthetic_batch(i, synthetic[0], synthetic[1], len(catalog),
-                                                                    len(info.actions)))
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
-    use_bf16 = dev.type == "cuda" and cfg.train.bf16
-    items = tokens = 0
-    t0 = 0.0
-    # per-step GPU time of the forward (batch copy, model and loss), the backward and the optimiser, from
-    # CUDA events recorded around each (no extra synchronisation inside the timed steps)
-    phases: list[tuple[Any, ...]] = []
-
-    def step(i: int) -> dict:
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if dev.type == "cuda" else None
-        if ev:
-            ev[0].record()
-        b = stream.batch_at(i).to(dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-            out = obj.training_step(b)
-        if ev:
-            ev[1].record()
-        out["loss"].backward()
-        if ev:
-            ev[2].record()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if ev:
-            ev[3].record()
-            phases.append(tuple(ev))
-        return out
-
-    for i in range(warmup + steps):
-        if i == warmup:
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            items = tokens = 0
-            phases.clear()
-        out = step(i)
-        items += int(out["n_items"])
-        tokens += int(out["n_tokens"])
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    split = {}
-    if phases:
-        for name, (a, z) in {"forward": (0, 1), "backward": (1, 2), "optimizer": (2, 3)}.items():
-            split[f"{name}_ms"] = sum(ev[a].elapsed_time(ev[z]) for ev in phases) / len(phases)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    if profile:
-        with torch_profile(activities=acts) as prof:
-            for i in range(profile):
-                step(warmup + steps + i)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-        key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-        print(f"== profile: {variant} {' '.join(extra)}, {profile} steps, by {key}")
-        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
-        if dev.type == "cuda":
-            print(f"== profile: {variant}, by self_cpu_time_total")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
-    if trace:
-        with torch_profile(activities=acts, with_stack=True) as prof:
-            step(warmup + steps + profile)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-        path = f"{trace}.{variant}.json"
-        prof.export_chrome_trace(path)
-        print(f"== trace: {variant} -> {path}")
-    return {"variant": variant, "layout": mcfg.layout, "attn_impl": mcfg.attn_impl, "device": str(dev),
-            "batch": cfg.train.batch_size, "context_items": cfg.data.context_len, "steps": steps,
-            "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
-            "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1,
-            "d_model": mcfg.d_model, "d_ff": mcfg.d_ff,
-            "compile_mode": (compile_mode or "default") if cfg.train.compile else "eager", **split}
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workdir")
-    ap.add_argument("--preset", default="cpu-small")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variants", default="pinger,tiger")
-    ap.add_argument("--profile", type=int, default=0, help="then profile N more steps of each variant (top ops)")
-    ap.add_argument("--trace", default="", metavar="PREFIX",
-                    help="then trace one more step of each variant (with Python stacks) to PREFIX.VARIANT.json")
-    ap.add_argument("--compile-mode", default="", help="torch.compile mode with train.compile=true "
-                    "(e.g. reduce-overhead: CUDA graphs); default: torch's default")
+    ap = parser()
     ap.add_argument("--fusion", choices=FUSION_PATHS, default="codes",
                     help="SID fusion's path for variants that name none (see fusion_path); one function")
-    ap.add_argument("--rounds", type=int, default=1, help="run the variant list this many times, in turn")
     ap.add_argument("--item-block", choices=("tuned", "original"), default="tuned",
                     help="the item-block kernel's configuration (attn_impl=triton): the model's or the defaults")
-    ap.add_argument("--synthetic", default="", metavar="BxN",
-                    help="B random full-length histories of N catalogue items per step instead of the data's")
-    ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args()
     if a.item_block == "original":
         from genrec.kernels import item_block
 
-        item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim: cls())  # type: ignore[method-assign]
-    syn = tuple(int(x) for x in a.synthetic.lower().split("x")) if a.synthetic else None
-    rows = []
-    for rnd in range(a.rounds):
-        for spec in a.variants.split(","):
-            v, _, fusion = spec.partition("@")
-            with fusion_path(fusion or a.fusion):
-                r = bench_variant(a.workdir, a.preset, v, a.steps, a.warmup, a.overrides, a.profile, syn,  # type: ignore[arg-type]
-                                  a.trace, a.compile_mode)
-            rows.append({**r, "variant": spec, "round": rnd + 1})
-    for r in rows:  # against the TIGER row of the same round (else the first)
-        same = [b for b in rows if b["round"] == r["round"]]
-        base = next((b for b in same if b["layout"] == "tiger"), same[0])
-        r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
-        if r["layout"] == "pinger" and base["layout"] == "tiger" and syn:  # full rows: the ceiling applies
-            r["flop_ceiling_vs_tiger"] = flop_ceiling(r["context_items"], r["tokens_per_item"], r["d_model"], r["d_ff"])
-            r["share_of_ceiling"] = (r["items_per_s_vs_tiger"] - 1) / (r["flop_ceiling_vs_tiger"] - 1)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_train.json"), "w") as f:
-            json.dump(rows, f, indent=2)
-    print(f"{'variant':20s} {'round':>5s} {'attn':9s} {'device':6s} {'batch':>5s} {'ctx':>4s} {'ms/step':>8s} {'items/s':>9s} "
-          f"{'tokens/s':>9s} {'vs tiger':>8s} {'fwd ms':>7s} {'bwd ms':>7s} {'opt ms':>7s} {'ceiling':>8s}")
-    for r in rows:
-        split = " ".join(f"{r[k]:7.1f}" if k in r else f"{'-':>7s}" for k in ("forward_ms", "backward_ms", "optimizer_ms"))
-        print(f"{r['variant']:20s} {r['round']:5d} {r['attn_impl']:9s} {r['device']:6s} {r['batch']:5d} {r['context_items']:4d} "
-              f"{r['ms_per_step']:8.1f} {r['items_per_s']:9.0f} {r['tokens_per_s']:9.0f} "
-              f"{r['items_per_s_vs_tiger']:8.2f}x {split} "
-              + (f"{r['flop_ceiling_vs_tiger']:7.2f}x" if "flop_ceiling_vs_tiger" in r else f"{'-':>8s}"))
-    if any("flop_ceiling_vs_tiger" in r for r in rows):
-        print("(ceiling: what PinGER's mask allows over the TIGER layout by FLOPs at this context and width, "
-              "flop_ceiling(); share_of_ceiling in the JSON)")
+        item_block.ItemBlockConfig.tuned = classmethod(lambda cls, head_dim, dtype=None: cls())  # type: ignore[method-assign,assignment]
+
+    def context(spec: str) -> tuple[str, contextlib.AbstractContextManager[None]]:
+        v, _, fusion = spec.partition("@")
+        return v, fusion_path(fusion or a.fusion)
+
+    run(a, context)
 
 
 if __name__ == "__main__":

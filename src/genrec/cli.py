@@ -216,7 +216,8 @@ def quickstart(
 
 
 # ----------------------------------------------------------------------------- serve / bench (genrec.serve)
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: serving load (serve), kernel and decode speed (kernels).")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: serving load (serve), kernel and decode speed (kernels), "
+                                                  "the training step by layout (train).")
 app.add_typer(bench_app, name="bench")
 
 
@@ -303,6 +304,32 @@ def bench_kernels(
                                + (["--tiny"] if tiny else []))
     if rc:
         raise typer.Exit(rc)
+
+
+@bench_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_friendly
+def bench_train(
+    ctx: typer.Context,
+    workdir: Path = WORKDIR,
+    preset: str = typer.Option("cpu-small", help="Run preset the variants start from (as `genrec train`)."),
+    variants: str = typer.Option("pinger,tiger", help="Comma-separated variants, each timed in turn."),
+    steps: int = typer.Option(20, help="Timed optimiser steps per variant."),
+    warmup: int = typer.Option(3, help="Untimed steps first (compiles included)."),
+    rounds: int = typer.Option(1, help="Run the variant list this many times, in turn (an A/B in one process)."),
+    synthetic: str = typer.Option("", help="BxN: B random full-length histories of N catalogue items per step "
+                                           "(the equal-context shape; adds the FLOP-ceiling column)."),
+    compile_mode: str = typer.Option("", help="torch.compile mode with train.compile=true (reduce-overhead: "
+                                              "CUDA graphs)."),
+) -> None:
+    """The training step of PinGER's layout against the TIGER layout (or any variants) at equal context, side
+    by side in one process: ms/step, items/s, the ratio, and what the attention mask allows by FLOPs. Extra
+    arguments are config overrides, e.g. train.compile=true model.d_model=768. JSON to $OUT when set."""
+    from genrec.bench import train as bt
+
+    argv = [str(workdir), "--preset", preset, "--variants", variants, "--steps", str(steps), "--warmup", str(warmup),
+            "--rounds", str(rounds)] + (["--synthetic", synthetic] if synthetic else []) \
+        + (["--compile-mode", compile_mode] if compile_mode else []) + list(ctx.args)
+    bt.main(argv)
 
 
 @bench_app.command("serve")

@@ -8,19 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from genrec import pipeline
 from genrec.errors import ConfigError
 from genrec.train.checkpoint import resolve_checkpoint
 from genrec.train.run import RunConfig, train_run
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory, datasets_root):  # noqa: ANN001
-    wd = tmp_path_factory.mktemp("variants")
-    pipeline.prepare(wd, "movielens-100k", data_dir=datasets_root, n_buckets=2)
-    pipeline.build_item_features(wd, content_dim=16, engagement_dim=8)
-    pipeline.build_semantic_ids(wd, levels=2)
-    return wd
 
 
 def _fork(base, name):  # noqa: ANN001, ANN202
