@@ -106,6 +106,19 @@ def test_compile_is_a_train_config_key() -> None:
     assert TrainConfig.from_name("cpu-small").compile is False
 
 
+def test_compile_modes_are_the_typed_choices() -> None:
+    """The validation list and the field's type name the same modes, and every mode is one torch.compile takes."""
+    import typing
+
+    from genrec.train.config import COMPILE_MODES, CUDA_GRAPH_MODES
+
+    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])) == set(COMPILE_MODES)
+    assert set(CUDA_GRAPH_MODES) < set(COMPILE_MODES)
+    assert set(COMPILE_MODES) - {"default"} <= set(torch._inductor.list_mode_options())
+    for mode in COMPILE_MODES:
+        assert TrainConfig.from_name("cpu-small", ["compile=true", f"compile_mode={mode}"]).compile_mode == mode
+
+
 def test_only_the_gpu_run_preset_compiles_by_default() -> None:
     from genrec.train.run import RUN_PRESETS, RunConfig
 
