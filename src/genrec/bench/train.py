@@ -69,6 +69,8 @@ def flop_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
                   profile: int = 0, synthetic: tuple[int, int] | None = None, trace: str = "",
                   compile_mode: str = "") -> dict:
+    """One variant's timed steps (see the module docstring): its row of the table. ``extra`` are config
+    overrides on top of ``preset``; ``compile_mode`` (else ``train.compile_mode``) applies with train.compile=true."""
     if synthetic:
         extra = [*extra, f"data.context_len={synthetic[1]}", f"train.batch_size={synthetic[0]}"]
     # eager unless asked (train.compile=true): what these commands measured before gpu-base compiled by default
@@ -83,6 +85,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     model = GenRecModel(mcfg)
+    compile_mode = compile_mode or ("" if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
     if cfg.train.compile:
         torch._dynamo.reset()
         model.compile(**({"mode": compile_mode} if compile_mode else {}))
