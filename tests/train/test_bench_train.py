@@ -72,6 +72,7 @@ def test_cli_bench_train_compares_layouts_on_real_data(prepared, tmp_path, monke
     assert all(x["d_model"] == 48 and x["context_items"] == 12 and x["ms_per_step"] > 0 for x in rows)
     assert rows[1]["items_per_s_vs_tiger"] == 1.0
     assert rows[0]["flop_ceiling_vs_tiger"] == pytest.approx(flop_ceiling(12, rows[0]["tokens_per_item"], 48, rows[0]["d_ff"]))
+    assert rows[0]["share_of_ceiling"] == pytest.approx(rows[0]["items_per_s_vs_tiger"] / rows[0]["flop_ceiling_vs_tiger"])
     assert "ceiling" in r.output and "tiger" in r.output
     bad = CliRunner().invoke(app, ["bench", "train", str(prepared), "--synthetic", "8by1024"])
     assert bad.exit_code != 0 and "BxN" in bad.output

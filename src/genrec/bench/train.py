@@ -192,14 +192,18 @@ def run_variants(workdir: str, preset: str, variants: Iterable[str], steps: int,
 
 def compare(rows: list[dict], full_rows: bool) -> list[dict]:
     """Each row's items/s against the TIGER row of its round (else the round's first), and for PinGER rows of
-    full-length histories (``full_rows``) the FLOP ceiling of that ratio and the share of it reached."""
+    full-length histories (``full_rows``) the FLOP ceiling of that ratio, the ratio as a fraction of it
+    (``share_of_ceiling``) and the fraction of the gain above 1x that it reaches (``share_of_possible_gain``)."""
     for r in rows:
         same = [b for b in rows if b["round"] == r["round"]]
         base = next((b for b in same if b["layout"] == "tiger"), same[0])
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
         if r["layout"] == "pinger" and base["layout"] == "tiger" and full_rows:
             r["flop_ceiling_vs_tiger"] = flop_ceiling(r["context_items"], r["tokens_per_item"], r["d_model"], r["d_ff"])
-            r["share_of_ceiling"] = (r["items_per_s_vs_tiger"] - 1) / (r["flop_ceiling_vs_tiger"] - 1)
+            # the measured ratio as a fraction of the ceiling, and of the gain over 1x the ceiling allows
+            r["share_of_ceiling"] = r["items_per_s_vs_tiger"] / r["flop_ceiling_vs_tiger"]
+            r["share_of_possible_gain"] = (r["items_per_s_vs_tiger"] - 1) / (r["flop_ceiling_vs_tiger"] - 1) \
+                if r["flop_ceiling_vs_tiger"] > 1 else None
     return rows
 
 
@@ -215,7 +219,7 @@ def table(rows: list[dict]) -> str:
                      f"{r['items_per_s_vs_tiger']:8.2f}x {split} {ceil}")
     if any("flop_ceiling_vs_tiger" in r for r in rows):
         lines.append("(ceiling: what PinGER's mask allows over the TIGER layout by FLOPs at this context and width, "
-                     "flop_ceiling(); share_of_ceiling in the JSON)")
+                     "flop_ceiling(); share_of_ceiling and share_of_possible_gain in the JSON)")
     return "\n".join(lines)
 
 
