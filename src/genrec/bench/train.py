@@ -31,6 +31,7 @@ from genrec.data.splits import SplitSpec
 from genrec.model.genrec_model import GenRecModel
 from genrec.pipeline import load_catalog, open_store
 from genrec.train.batches import BatchStream, TrainBatch, materialise
+from genrec.train.config import compile_kwargs
 from genrec.train.objective import JointObjective
 from genrec.train.run import RunConfig, build_model_config, variant_overrides
 
@@ -85,10 +86,10 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     model = GenRecModel(mcfg)
-    compile_mode = compile_mode or ("" if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
+    mode = compile_mode or cfg.train.compile_mode
     if cfg.train.compile:
         torch._dynamo.reset()
-        model.compile(**({"mode": compile_mode} if compile_mode else {}))
+        model.compile(**compile_kwargs(mode))
     _, ocfg = variant_overrides(cfg)
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
@@ -169,7 +170,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
             "seconds": dt, "ms_per_step": 1000 * dt / steps, "items_per_s": items / dt, "tokens_per_s": tokens / dt,
             "tokens_per_item": mcfg.sid_levels if mcfg.layout in ("pinger", "tiger") else 1,
             "d_model": mcfg.d_model, "d_ff": mcfg.d_ff,
-            "compile_mode": (compile_mode or "default") if cfg.train.compile else "eager", **split}
+            "compile_mode": mode if cfg.train.compile else "eager", **split}
 
 
 def run_variants(workdir: str, preset: str, variants: Iterable[str], steps: int, warmup: int, overrides: list[str],

@@ -197,10 +197,9 @@ class ItemBlockConfig:
     def _fp32(self, dtype: torch.dtype) -> ItemBlockConfig:
         """4-byte inputs: key steps of at most 32 keys, a forward pipeline of at most 2 stages (never larger
         than asked for). Each fp32 product is three TF32 ones over split operands, which need twice the
-        registers and shared memory of a bf16 tile: with
-        the bf16 tiles dense dk/dv wanted 256.5 KB of shared memory at head dim 128 (an H200 program
-        may have 227 KB), and at 64 kept 3 KB per thread on the stack; with these, 96-192 KB and at
-        most ~2.5 KB (``benchmarks/inspect_item_block.py --dtype float32``, Triton 3.6). Not tuned
+        registers and shared memory of a bf16 tile: with the bf16 tiles dense dk/dv wanted 256.5 KB of
+        shared memory at head dim 128 (an H200 program may have 227 KB), and at 64 kept 3 KB per thread on
+        the stack; with these, 96-192 KB and at most ~2.5 KB (``benchmarks/inspect_item_block.py --dtype float32``, Triton 3.6). Not tuned
         for speed: nobody trains in fp32 for speed; the path exists for exact checks."""
         if dtype.itemsize < 4:
             return self

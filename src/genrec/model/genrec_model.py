@@ -471,12 +471,13 @@ class GenRecModel(nn.Module):
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)
 
-    def candidate_plan_ok(self, cache: KVCache) -> bool:
+    def candidate_plan_ok(self, cache: KVCache, plan: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
         """Do :meth:`rank`'s candidates see exactly a prefix of their row's cache
-        (:meth:`Backbone.candidate_plan_lazy`)? One host sync per cache contents, memoised on the cache."""
+        (:meth:`Backbone.candidate_plan_lazy`, or ``plan`` when already computed)? One host sync per cache
+        contents, memoised on the cache."""
         ok = cache.plans.get("cand_ok")
         if ok is None:
-            ok = cache.plans["cand_ok"] = bool(self.backbone.candidate_plan_lazy(cache)[1])
+            ok = cache.plans["cand_ok"] = bool((plan or self.backbone.candidate_plan_lazy(cache))[1])
         return bool(ok)
 
     def rank_by_cascade(self, cache: KVCache) -> bool:
@@ -495,10 +496,8 @@ class GenRecModel(nn.Module):
         ok = cache.plans.get("cand_ok")
         if ok is False or (ok is None and not checks_on()):
             return None
-        hist_len, ok_t = self.backbone.candidate_plan_lazy(cache)
-        if ok is None:  # decided here: one sync, memoised
-            ok = cache.plans["cand_ok"] = bool(ok_t)
-        return hist_len if ok else None
+        plan = self.backbone.candidate_plan_lazy(cache)
+        return plan[0] if self.candidate_plan_ok(cache, plan) else None  # undecided: one sync here, memoised
 
     def rank(
         self, cache: KVCache, cand_vecs: torch.Tensor, cand_sid_codes: torch.Tensor | None = None,

@@ -106,8 +106,13 @@ class TrainConfig:
         return cls.from_dict(read_json(path))
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that record CUDA graphs
+
+
+def compile_kwargs(mode: str) -> dict[str, str]:
+    """``torch.compile``'s keyword arguments for ``train.compile_mode`` (its "default" is no argument)."""
+    return {} if mode == "default" else {"mode": mode}
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -38,7 +38,7 @@ from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import BatchStream, ItemCatalog, materialise
-from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
+from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs, from_dict, to_dict
 from genrec.train.objective import JointObjective, ObjectiveConfig
 from genrec.workdir import WorkDir
 
@@ -240,7 +240,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     if cfg.train.compile:  # (the device was checked at the top)
         mode = cfg.train.compile_mode
         # in place: the state dict keeps its keys, checkpoints stay interchangeable
-        model.compile(**({} if mode == "default" else {"mode": mode}))
+        model.compile(**compile_kwargs(mode))
         print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
               "training forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
