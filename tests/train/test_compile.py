@@ -119,6 +119,26 @@ def test_compile_modes_are_the_typed_choices() -> None:
         assert TrainConfig.from_name("cpu-small", ["compile=true", f"compile_mode={mode}"]).compile_mode == mode
 
 
+def test_compile_kwargs_are_the_modes_options_and_turn_off_mixed_order_reduction_before_2_13() -> None:
+    """Each mode becomes its inductor options (what ``torch.compile(mode=...)`` applies), which
+    torch.compile accepts; before torch 2.13 they also turn off mixed-order reduction, whose
+    generated backward broke on dynamic row counts (pytorch/pytorch#178080)."""
+    from torch._inductor import list_mode_options
+
+    from genrec.train.config import COMPILE_MODES, compile_kwargs
+
+    for mode in COMPILE_MODES:
+        modern = compile_kwargs(mode, "2.13.0")
+        old = compile_kwargs(mode, "2.11.0+cu130")
+        assert modern.get("options", {}) == list_mode_options(mode)
+        assert old["options"] == {**list_mode_options(mode), "triton.mix_order_reduction": False}
+        assert compile_kwargs(mode, "2.12.1")["options"]["triton.mix_order_reduction"] is False
+        assert compile_kwargs(mode, "2.14.0.dev20261201") == modern
+        for kw in (modern, old):
+            torch.compile(torch.nn.Linear(2, 2), **kw)  # an unknown option is refused here, at construction
+    assert compile_kwargs("default", "2.13.0") == {}
+
+
 def test_only_the_gpu_run_preset_compiles_by_default() -> None:
     from genrec.train.run import RUN_PRESETS, RunConfig
 
@@ -154,3 +174,45 @@ def test_compiled_training_step_on_gpu_matches_eager() -> None:
     assert ge.shape == gc.shape
     assert abs(lc - l32) <= 2 * abs(le - l32) + 1e-3 * abs(l32)
     assert err_c <= 2 * err_e + 1e-3, (float(err_c), float(err_e))
+
+
+def compiled_varlen_steps(compile_kwargs: dict) -> list[tuple[float, float]]:
+    """A PinGER model of gpu-base's width (d 256), compiled with ``compile_kwargs`` and bf16 autocast,
+    through three training steps whose batches have different item counts (50, 37, 44: the second
+    recompiles with a dynamic length, as Amazon Beauty's batches do); each step's compiled loss and
+    the gradients' relative distance to the eager model's."""
+    over = dict(layout="pinger", sid_fusion=True, target_condition=True, attn_impl="triton",
+                d_model=256, n_heads=8, d_ff=1024, max_items=64)
+    eager, comp = (make_model(7, **over).train().cuda() for _ in range(2))
+    comp.compile(**compile_kwargs)
+    torch._dynamo.reset()
+    out = []
+    for seed, n in ((1, 50), (2, 37), (3, 44)):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(1, n + 1, (32,), generator=g).tolist()
+        lengths[0] = n
+        batch = to_device(make_batch(eager.config, lengths, n, 0, seed=seed), torch.device("cuda"))
+        grads, losses = [], []
+        for m in (eager, comp):
+            m.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                o = m(batch)
+                loss = sum(lg.float().logsumexp(-1).mean() for lg in o.sid_logits) + o.hidden.float().square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            grads.append(torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in m.parameters()]))
+        out.append((losses[1], float((grads[1] - grads[0]).norm() / grads[0].norm())))
+        assert abs(losses[1] - losses[0]) <= 2e-2 * abs(losses[0]), (n, losses)
+    return out
+
+
+@pytest.mark.gpu
+def test_compiled_training_on_variable_length_batches_on_gpu() -> None:
+    """``genrec train``'s compile options on batches of changing length: every step runs (torch 2.11's
+    mixed-order reduction failed here, in the second shape's backward) and matches eager."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from genrec.train.config import compile_kwargs
+
+    for loss, grad_err in compiled_varlen_steps(compile_kwargs("default")):
+        assert torch.isfinite(torch.tensor(loss)) and grad_err < 5e-2, (loss, grad_err)

@@ -110,9 +110,23 @@ COMPILE_MODES: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConf
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that record CUDA graphs
 
 
-def compile_kwargs(mode: str) -> dict[str, str]:
-    """``torch.compile``'s keyword arguments for ``train.compile_mode`` (its "default" is no argument)."""
-    return {} if mode == "default" else {"mode": mode}
+def compile_kwargs(mode: str, torch_version: str | None = None) -> dict[str, Any]:
+    """``torch.compile``'s keyword arguments for ``train.compile_mode``: the mode's inductor options.
+
+    Before torch 2.13, inductor's mixed-order reduction (a LayerNorm backward's row and column sums
+    in one kernel) emitted its workspace slice without parentheses, so with a dynamic row count such as
+    ``128 + 32*s0`` the compiled backward failed ("shape '[1728, 256]' is invalid for input of size
+    128"; pytorch/pytorch#178080). Variable-length batches (Amazon Beauty) hit it on the second batch
+    shape. On those versions the options turn that fusion off; 2.13 parenthesises the slice.
+    """
+    import torch
+    from torch._inductor import list_mode_options
+    from torch.torch_version import TorchVersion
+
+    options = dict(list_mode_options(mode))
+    if TorchVersion(torch_version or torch.__version__) < (2, 13):
+        options["triton.mix_order_reduction"] = False
+    return {"options": options} if options else {}
 
 
 PRESETS: dict[str, dict[str, Any]] = {
