@@ -27,6 +27,7 @@ The paper reports 4.25x over paged attention at W=10 and 32x at W=400; the bench
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Literal
@@ -49,6 +50,7 @@ _INTERPRETER_SMS = 132  # "auto" under TRITON_INTERPRET=1 plans for an H100/H200
 # more launch and scratch), so short histories stay unsplit. 2,048 is an estimate, not a sweep.
 _MIN_CHUNK_KEYS = 2048
 NumSplits = int | Literal["auto"]
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, k_suf: torch.Tensor, v_suf: torch.Tensor,
@@ -147,7 +149,7 @@ def _cascade_fwd_kernel(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
-    n_valid = tl.load(HLEN + b)
+    n_valid = tl.load(HLEN + b).to(tl.int32)
     if SPLIT:
         pid_s = tl.program_id(2)
         chunk = tl.cdiv(tl.cdiv(n_valid, NS), BLOCK_N) * BLOCK_N  # balanced per request, whole blocks
@@ -236,6 +238,7 @@ def _cascade_merge_kernel(
     tl.store(O + b * sob + beam[:, None] * sow + h * soh + pos[:, None] * sot + offs_d[None, :], out.to(O.dtype.element_ty), mask=r_ok[:, None])
 
 
+@functools.lru_cache(maxsize=256)
 def _blocks(W: int, t: int, block_m: int, block_n: int) -> tuple[int, int, int]:
     """(BLOCK_M, BEAMS, BLOCK_N): query rows per program (whole beams), beams per program, keys per step."""
     # Few beams: shrink the query block so more programs run (never below one beam or 16 rows).
@@ -247,8 +250,13 @@ def _blocks(W: int, t: int, block_m: int, block_n: int) -> tuple[int, int, int]:
 
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return _INTERPRETER_SMS
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:  # asked once per GPU: the decode calls "auto" every step
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def cascade_num_splits(
@@ -271,11 +279,11 @@ def cascade_num_splits(
     B, W, H, t, _ = q.shape
     n = k_hist.shape[2]
     BLOCK_M, BEAMS, BLOCK_N = _blocks(W, t, block_m, block_n)
-    programs = triton.cdiv(W, BEAMS) * B * H
+    programs = -(-W // BEAMS) * B * H
     target = 2 * _sm_count(q.device)
     if programs >= target:
         return 1
-    return max(1, min(triton.cdiv(target, programs), n // max(_MIN_CHUNK_KEYS, 2 * BLOCK_N)))
+    return max(1, min(-(-target // programs), n // max(_MIN_CHUNK_KEYS, 2 * BLOCK_N)))
 
 
 def cascade_attention_triton(
@@ -297,14 +305,15 @@ def cascade_attention_triton(
     ``block_n`` history keys per step, ``num_splits`` history chunks per (request, head, query
     block) merged by a second kernel (1: one kernel, no scratch; "auto": ``cascade_num_splits``).
     """
-    hl = _check(q, k_hist, v_hist, k_suf, v_suf, hist_len).to(torch.int32).contiguous()
+    hl = _check(q, k_hist, v_hist, k_suf, v_suf, hist_len).contiguous()  # int64: the kernel narrows it (no launch here)
     B, W, H, t, D = q.shape
     if D < 16 or D & (D - 1):
         raise ValueError(f"q: head dim D must be a power of two >= 16, got {D}")
     tensors = (q, k_hist, v_hist, k_suf, v_suf)
-    if len({x.dtype for x in tensors}) != 1 or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    dt = q.dtype
+    if not (k_hist.dtype == v_hist.dtype == k_suf.dtype == v_suf.dtype == dt) or dt not in _DTYPES:
         raise ValueError(f"q, k, v: expected one dtype among fp16/bf16/fp32, got {[x.dtype for x in tensors]}")
-    if any(x.stride(-1) != 1 for x in tensors):
+    if q.stride(-1) != 1 or k_hist.stride(-1) != 1 or v_hist.stride(-1) != 1 or k_suf.stride(-1) != 1 or v_suf.stride(-1) != 1:
         raise ValueError("q, k_hist, v_hist, k_suf, v_suf: last dim must be contiguous (stride 1)")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     if not q.is_cuda and not interp:
@@ -319,14 +328,12 @@ def cascade_attention_triton(
         part_lse = _scratch((B * H, S, W * t), q.device)  # their log2-sum-exps
     else:
         part_o = part_lse = out  # unused by the SPLIT=False kernel
-    grid = (triton.cdiv(W, BEAMS), B * H, S)
+    grid = (-(-W // BEAMS), B * H, S)  # (host-side ceil divisions: plain integers)
+    # each tensor's strides read once (one call each: the eager decode pays this host time every step)
+    sq, skh, svh, sks, svs, so = (x.stride() for x in (q, k_hist, v_hist, k_suf, v_suf, out))
     _cascade_fwd_kernel[grid](
         q, k_hist, v_hist, k_suf, v_suf, out, hl, part_o, part_lse,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-        k_hist.stride(0), k_hist.stride(1), k_hist.stride(2), v_hist.stride(0), v_hist.stride(1), v_hist.stride(2),
-        k_suf.stride(0), k_suf.stride(1), k_suf.stride(2), k_suf.stride(3),
-        v_suf.stride(0), v_suf.stride(1), v_suf.stride(2), v_suf.stride(3),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        *sq[:4], *skh[:3], *svh[:3], *sks[:4], *svs[:4], *so[:4],
         H, W, S, scale * _LOG2E,
         TS=t, BEAMS=BEAMS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=D,
         IEEE=q.dtype == torch.float32, UPCAST=interp and q.dtype == torch.bfloat16, SPLIT=S > 1,
@@ -335,7 +342,7 @@ def cascade_attention_triton(
     if S > 1:
         R = W * t
         BLOCK_R = max(16, min(64, 1 << max(0, (R - 1).bit_length())))
-        _cascade_merge_kernel[(triton.cdiv(R, BLOCK_R), B * H)](
+        _cascade_merge_kernel[(-(-R // BLOCK_R), B * H)](
             part_o, part_lse, out, out.stride(0), out.stride(1), out.stride(2), out.stride(3), H, R, S,
             TS=t, BLOCK_R=BLOCK_R, D=D, num_warps=4,
         )
