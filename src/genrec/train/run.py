@@ -127,6 +127,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # one H200; the training forward compiled (1.6x the steps of eager in Beauty round 12)
     "gpu-base": _preset("gpu-base", dict(lr=1e-3, warmup_steps=300, total_steps=6000, batch_size=256, bf16=True,
                                          device="cuda", log_every=100, eval_every=1000, ckpt_every=1000, compile=True,
+                                         compile_mode="reduce-overhead",  # CUDA graphs: 1.44x items/s on Beauty
                                          early_stopping=EarlyStoppingConfig(metric="valid/ann/recall@10",
                                                                             mode="max", patience=3)),
                         dict(context_len=50, valid_cases=0)),
@@ -237,6 +238,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     pos = [info.actions.index(a) for a in info.positive_actions]
     objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
     init_and_freeze(objective, cfg)
+    if not cfg.train.compile and cfg.train.compile_mode != "default":
+        print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} is not used: train.compile=false (eager)",
+              file=sys.stderr)
     if cfg.train.compile:  # (the device was checked at the top)
         mode = cfg.train.compile_mode
         # in place: the state dict keeps its keys, checkpoints stay interchangeable
