@@ -126,7 +126,7 @@ def compile_kwargs(mode: str, torch_version: str | None = None) -> dict[str, Any
     from torch.torch_version import TorchVersion
 
     options = dict(list_mode_options(mode))
-    if TorchVersion(torch_version or torch.__version__) < (2, 13):
+    if TorchVersion(torch_version or torch.__version__) < "2.13":
         options["triton.mix_order_reduction"] = False
     return {"options": options} if options else {}
 
