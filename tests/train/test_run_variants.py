@@ -4,6 +4,8 @@ untouched while the rest of the model moves."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -194,3 +196,27 @@ def test_weight_average_is_what_the_run_evaluates_and_serves(prepared):  # noqa:
     served, live = load_file(str(ck / "model.safetensors")), load_file(str(ck / "train_model.safetensors"))
     assert served.keys() == live.keys()
     assert any(not torch.equal(served[k], live[k]) for k in served)
+
+
+@pytest.mark.gpu
+def test_gpu_base_trains_compiled_on_amazon_beauty(tmp_path, datasets_root):  # noqa: ANN001
+    """The gpu-base preset as a user runs it on Amazon Beauty: histories of 1-50 items, so the batches change
+    shape and dynamo recompiles with a dynamic length. On torch 2.11 inductor's compiled backward failed there
+    (the twenty-sixth session: "shape '[1728, 256]' is invalid", pytorch/pytorch#178080) until genrec's compile
+    options turned mixed-order reduction off; MovieLens 100K's near-full batches never reached it."""
+    import json
+
+    from genrec import pipeline
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pipeline.prepare(tmp_path, "amazon-beauty-2014", data_dir=datasets_root, n_buckets=4)
+    pipeline.build_item_features(tmp_path)
+    pipeline.build_semantic_ids(tmp_path)
+    torch._dynamo.reset()
+    res = train_run(tmp_path, RunConfig.from_name("gpu-base", [
+        "train.total_steps=60", "train.log_every=10", "train.eval_every=0", "train.ckpt_every=0",
+        "train.progress=off", "train.tensorboard=false", "data.valid_cases=200"]), resume=False)
+    assert res["step"] == 60
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert len(losses) == 6 and all(math.isfinite(v) for v in losses), losses
