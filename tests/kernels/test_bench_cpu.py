@@ -40,6 +40,8 @@ def test_bench_tiny_smoke_run_under_interpreter(tmp_path: Path) -> None:
     assert "sustained" in proc.stdout
     assert len(result["cascade"]) == 2 and all(r["triton_ms"] is not None for r in result["cascade"])
     assert all(r["triton_s1_trusted_ms"] > 0 for r in result["cascade"])  # per call as the decode calls it
+    assert all(r["b2b_triton_s1_trusted_ms"] > 0 and r["b2b_per_beam_ms"] > 0 for r in result["cascade"])  # back to back
+    assert "b2b x" in proc.stdout
     assert "correctness checks" in proc.stdout
 
 
