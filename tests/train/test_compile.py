@@ -139,6 +139,18 @@ def test_compile_kwargs_are_the_modes_options_and_turn_off_mixed_order_reduction
     assert compile_kwargs("default", "2.13.0") == {}
 
 
+def test_cuda_graph_modes_give_way_to_their_graph_free_siblings_under_torchrun() -> None:
+    from genrec.train.config import COMPILE_MODES, CUDA_GRAPH_MODES, compile_mode_for_world
+
+    for mode in COMPILE_MODES:
+        assert compile_mode_for_world(mode, 1) == mode
+        under = compile_mode_for_world(mode, 4)
+        assert under in COMPILE_MODES and under not in CUDA_GRAPH_MODES
+        assert under == mode or mode in CUDA_GRAPH_MODES
+    assert compile_mode_for_world("reduce-overhead", 2) == "default"
+    assert compile_mode_for_world("max-autotune", 2) == "max-autotune-no-cudagraphs"
+
+
 def test_only_the_gpu_run_preset_compiles_by_default() -> None:
     from genrec.train.run import RUN_PRESETS, RunConfig
 

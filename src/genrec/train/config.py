@@ -20,6 +20,8 @@ from typing import Any, Literal, TypeVar
 from genrec.errors import ConfigError
 from genrec.workdir import atomic_write_json, read_json
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
 T = TypeVar("T")
 
 
@@ -73,10 +75,11 @@ class TrainConfig:
     # work from the step; "max-autotune" does that and tunes matmul tiles (minutes of compile);
     # "max-autotune-no-cudagraphs" tunes without graphs. On a CPU there are no graphs to record. The graphed
     # modes were checked on one GPU (same losses as "default", 1.19-1.31x its items/s on MovieLens 100K,
-    # 1.44x on Amazon Beauty's variable-length batches, same validation recall), not under torchrun.
+    # 1.44x on Amazon Beauty's variable-length batches, same validation recall), not under torchrun:
+    # there the graphed modes give way to their graph-free siblings (compile_mode_for_world).
     # Unused (and said so) when compile=false: gpu-base sets reduce-overhead, and train.compile=false
     # alone turns compiling off.
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    compile_mode: CompileMode = "default"
     max_minutes: float = 0.0  # >0: stop after this much wall time, over the whole run (resumes count on from the checkpoint); evaluated + checkpointed like the last step
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
@@ -110,6 +113,16 @@ class TrainConfig:
 
 COMPILE_MODES: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["compile_mode"])
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that record CUDA graphs
+
+
+def compile_mode_for_world(mode: CompileMode, world_size: int) -> CompileMode:
+    """The compile mode a run of ``world_size`` processes uses: under torchrun (world > 1) a CUDA-graph
+    mode gives way to its graph-free sibling, because graphed training has been checked on one GPU only
+    (the DDP gradient hooks around recorded graphs have not been); one process keeps ``mode``."""
+    if world_size <= 1 or mode not in CUDA_GRAPH_MODES:
+        return mode
+    no_graphs: dict[str, CompileMode] = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+    return no_graphs[mode]
 
 
 def compile_kwargs(mode: str, torch_version: str | None = None) -> dict[str, Any]:

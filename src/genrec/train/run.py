@@ -24,6 +24,7 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,8 @@ from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import BatchStream, ItemCatalog, materialise
-from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs, from_dict, to_dict
+from genrec.train.config import (EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs,
+                                 compile_mode_for_world, from_dict, to_dict)
 from genrec.train.objective import JointObjective, ObjectiveConfig
 from genrec.workdir import WorkDir
 
@@ -242,7 +244,12 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} is not used: train.compile=false (eager)",
               file=sys.stderr)
     if cfg.train.compile:  # (the device was checked at the top)
-        mode = cfg.train.compile_mode
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        mode = compile_mode_for_world(cfg.train.compile_mode, world)
+        if mode != cfg.train.compile_mode:
+            print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} -> {mode} under torchrun ({world} "
+                  "processes): CUDA-graphed training is checked on one GPU only", file=sys.stderr)
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile_mode=mode))
         # in place: the state dict keeps its keys, checkpoints stay interchangeable
         model.compile(**compile_kwargs(mode))
         print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
