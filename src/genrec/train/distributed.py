@@ -48,12 +48,17 @@ def pick_device(pref: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def launched_world_size() -> int:
+    """The process count torchrun launched this run with (its WORLD_SIZE; 1 in a plain process)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device: str = "auto", *, timeout_s: float = 600.0) -> DistInfo:
     """Read torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK); init the process group if world > 1.
 
     Safe to call twice and in a plain ``python`` process (returns a single-rank DistInfo).
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     if world <= 1:

@@ -24,7 +24,6 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +204,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
     from genrec.pipeline import load_catalog, open_store
-    from genrec.train.distributed import pick_device
+    from genrec.train.distributed import launched_world_size, pick_device
     from genrec.train.trainer import Trainer
 
     pick_device(cfg.train.device)  # a missing CUDA device fails here, before the data is read
@@ -244,7 +243,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} is not used: train.compile=false (eager)",
               file=sys.stderr)
     if cfg.train.compile:  # (the device was checked at the top)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = launched_world_size()
         mode = compile_mode_for_world(cfg.train.compile_mode, world)
         if mode != cfg.train.compile_mode:
             print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} -> {mode} under torchrun ({world} "
