@@ -80,8 +80,15 @@ def median_ms(fn: Callable[[], Any], warmup: int, iters: int, device: str) -> fl
 def _time_b2b(fn: Callable[[], Any], warmup: int, iters: int, reps: int | None = None) -> float:
     """Median milliseconds per call of ``fn`` issued ``reps`` times back to back (no synchronize between
     calls): an eager loop's cost per call when the host runs ahead of the GPU. ``_time`` syncs before
-    each call, so it adds each call's launch latency; this clock does not."""
-    n = reps or (50 if DEV == "cuda" else 2)  # (the CPU's interpreter runs take seconds each)
+    each call, so it adds each call's launch latency; this clock does not. Without ``reps``, the batch
+    holds up to 50 calls but about 5 ms of work (at least 2 calls): a 20 ms call hides its launch anyway,
+    and 50 of them per timing made a 100-iteration run of the W = 400 row take minutes."""
+    if reps is not None:
+        n = reps
+    elif DEV == "cpu":
+        n = 2  # (the CPU's interpreter runs take seconds each)
+    else:
+        n = max(2, min(50, int(5.0 / max(_time(fn, 1, 3), 1e-3))))
     return _time(lambda: [fn() for _ in range(n)], warmup, iters) / n
 
 
