@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (prepared in the twenty-sixth session, not yet run; ~3 min): why `bench kernels` times the
+# One device call (prepared in the twenty-sixth session, run in the twenty-seventh: its two bench runs hit their
+# 150 s limit, fixed since in `_time_b2b`): why `bench kernels` times the
 # cascade's eager call at W = 10 ~1.8x slower than probe_cascade_host.py on the same machine and commit
 # (0.147 against 0.0745 ms, inputs trusted). Suspects: GPU clocks (the bench's per-call loop leaves the GPU
 # idle between 17 us kernels; the probe interleaves back-to-back bursts), or warm-up length. Runs the probe,
