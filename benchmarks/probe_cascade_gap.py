@@ -19,6 +19,7 @@ import torch
 
 from genrec.kernels import cascade as C
 from genrec.validation import trusted_inputs
+from probe_cascade_host import cascade_inputs  # (this folder: the script runs as benchmarks/probe_cascade_gap.py)
 
 
 def synced(fn, n: int) -> list[float]:
@@ -48,11 +49,7 @@ def report(name: str, xs: list[float]) -> None:
 
 
 def main() -> None:
-    B, W, H, t, D, n = 8, 10, 12, 3, 64, 1000
-    dev, dt = "cuda", torch.bfloat16
-    q, ks, vs = (torch.randn(B, W, H, t, D, device=dev, dtype=dt) for _ in range(3))
-    kh, vh = (torch.randn(B, H, n, D, device=dev, dtype=dt) for _ in range(2))
-    hl = torch.full((B,), n, device=dev)
+    q, ks, vs, kh, vh, hl = cascade_inputs("cuda")
 
     def trusted():
         with trusted_inputs():

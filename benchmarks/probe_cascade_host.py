@@ -39,12 +39,21 @@ def clocks(fn, reps: int = 200, rounds: int = 7) -> tuple[float, float, float]:
     return statistics.median(sync), statistics.median(b2b), statistics.median(host)
 
 
+SHAPE = dict(B=8, W=10, H=12, t=3, D=64, n=1000)  # the issue's cascade shape at W = 10
+
+
+def cascade_inputs(dev: str = "cuda") -> tuple[torch.Tensor, ...]:
+    """q, k_suf, v_suf [B, W, H, t, D], k_hist, v_hist [B, H, n, D] (bf16, random), hist_len [B] (int64, full)."""
+    B, W, H, t, D, n = SHAPE.values()
+    q, ks, vs = (torch.randn(B, W, H, t, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    kh, vh = (torch.randn(B, H, n, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    return q, ks, vs, kh, vh, torch.full((B,), n, device=dev)
+
+
 def main() -> None:
-    B, W, H, t, D, n = 8, 10, 12, 3, 64, 1000
-    dev, dt = "cuda", torch.bfloat16
-    q, ks, vs = (torch.randn(B, W, H, t, D, device=dev, dtype=dt) for _ in range(3))
-    kh, vh = (torch.randn(B, H, n, D, device=dev, dtype=dt) for _ in range(2))
-    hl = torch.full((B,), n, device=dev)
+    B, W, H, t, D, n = SHAPE.values()
+    dev = "cuda"
+    q, ks, vs, kh, vh, hl = cascade_inputs(dev)
     mask = torch.cat([torch.ones(t, n, dtype=torch.bool, device=dev),
                       torch.ones(t, t, dtype=torch.bool, device=dev).tril()], 1)
 
