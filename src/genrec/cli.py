@@ -252,8 +252,13 @@ def serve(
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
 ) -> None:
-    """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP)."""
+    """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP).
+    With --workers > 1, SIGHUP the main process: it restarts every worker on the newest version."""
     import os
+    import signal
+
+    if hasattr(signal, "SIGHUP"):  # SIGHUP is the reload trigger: never the default "end the process", not
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # even while torch imports and the bundle loads
 
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")

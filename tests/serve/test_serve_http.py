@@ -114,7 +114,8 @@ def test_cold_start_answers(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize("field,value", [("k", 0), ("k", MAX_K + 1), ("k", -5), ("beam_width", 0),
                                          ("beam_width", MAX_BEAM + 1), ("diversity_lambda", -0.1),
-                                         ("diversity_lambda", 1e9), ("k", "10"), ("k", 2.5), ("rank", "yes"),
+                                         ("diversity_lambda", 1e9), ("diversity_lambda", "0.5"),
+                                         ("diversity_lambda", True), ("k", "10"), ("k", 2.5), ("rank", "yes"),
                                          ("sources", ["bm25"]), ("sources", []), ("beam_witdh", 3)])
 def test_out_of_range_is_422_naming_field(client: httpx.Client, field: str, value: object) -> None:
     r = client.post("/v1/recommend", json={"history": hist([1, 2]), field: value})
@@ -185,3 +186,30 @@ def test_rank_bad_input(client: httpx.Client) -> None:
     assert r.status_code == 422 and "history" in r.json()["message"]
     r = client.post("/v1/rank", json={"history": hist([1]), "candidates": ["x"]})
     assert r.status_code == 422 and r.json()["fields"][0].startswith("candidates")
+    for bad in (2 ** 63, -(2 ** 63) - 1, 2 ** 64):  # item ids are int64: a 422 naming the candidate, not a 500
+        r = client.post("/v1/rank", json={"history": hist([1]), "candidates": [5, bad]})
+        assert r.status_code == 422 and r.json()["fields"] == ["candidates[1]"], r.text
+
+
+def test_metrics_label_only_known_routes_and_count_413(client: httpx.Client) -> None:
+    """A scanner's random paths share one "other" series (the metrics cannot grow without bound), and a
+    body refused for its size is counted (the counter wraps the body limit)."""
+    import uuid
+
+    paths = [f"/scan/{uuid.uuid4().hex}" for _ in range(30)]
+    for p in paths:
+        assert client.get(p).status_code == 404
+    client.post("/v1/recommend", json={"history": hist(range(100_000))})  # 413
+    client.get("/healthz")
+    m = client.get("/metrics").text
+    assert not any(p in m for p in paths)
+    n_other = [line for line in m.splitlines() if line.startswith('genrec_requests_total{endpoint="other",status="404"}')]
+    assert n_other and float(n_other[0].split()[-1]) >= 30, n_other
+    assert 'genrec_requests_total{endpoint="/v1/recommend",status="413"}' in m
+    assert 'genrec_requests_total{endpoint="/healthz",status="200"}' in m
+
+
+def test_a_body_that_is_not_utf8_names_the_body(client: httpx.Client) -> None:
+    raw = b'{"history": [{"item_id": 1}], "surface": "' + bytes([0xFF, 0xFE]) + b'"}'
+    r = client.post("/v1/recommend", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422) and r.json()["fields"] == ["body"], r.text

@@ -175,3 +175,78 @@ def test_cli_serve_sighup_reload_and_loopback(run_copy: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_sighup_while_loading_neither_kills_nor_is_lost(run_copy: Path) -> None:
+    """SIGHUP -- the documented reload trigger -- sent again and again while `genrec serve` imports and
+    loads its bundle: the process stays up, becomes ready, and runs one reload once loaded."""
+    import os
+    import signal
+
+    from genrec.serve.loadgen import _free_port
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "genrec.cli", "serve", str(run_copy), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2.0)  # past the interpreter's own start (the CLI ignores SIGHUP from its first line)
+        sent, ready, t_end = 0, False, time.time() + 180
+        while not ready and time.time() < t_end:
+            assert proc.poll() is None, f"server ended (code {proc.returncode}) after {sent} SIGHUPs"
+            os.kill(proc.pid, signal.SIGHUP)
+            sent += 1
+            time.sleep(0.3)
+            try:
+                ready = httpx.get(url + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+        assert ready and sent >= 2, sent
+        t_end = time.time() + 60
+        while time.time() < t_end and 'genrec_reloads_total{outcome="ok"}' not in httpx.get(url + "/metrics").text:
+            time.sleep(0.2)
+        assert 'genrec_reloads_total{outcome="ok"}' in httpx.get(url + "/metrics").text  # the pending reload ran
+        assert proc.poll() is None and httpx.post(url + "/v1/recommend", json=REQ, timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_weights_replaced_in_place_are_a_new_version(run_copy: Path) -> None:
+    """The same checkpoint folder with other weights (written over in place) is a new served version, so
+    a reload swaps it in; a loader holding the old digest refuses the new bytes (the ranking process's
+    check: never one model's history cache ranked by another's weights)."""
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from genrec.errors import ConfigError
+    from genrec.serve.engine import load_model
+
+    holder = BundleHolder(run_copy)
+    b0 = holder.load_initial()
+    ckpt = b0.engine.checkpoint
+    assert b0.engine.weights_digest and f"{ckpt.name}@" in b0.version
+    load_model(ckpt, digest=b0.engine.weights_digest)  # the right digest loads
+    state = load_file(str(ckpt / "model.safetensors"))
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name] + 0.5
+    save_file(state, str(ckpt / "model.safetensors.tmp"))
+    os.replace(ckpt / "model.safetensors.tmp", ckpt / "model.safetensors")
+    with pytest.raises(ConfigError, match="changed since the server loaded"):
+        load_model(ckpt, digest=b0.engine.weights_digest)
+    res = holder.reload()
+    assert res["ok"] and res["swapped"], res
+    b1 = holder.current
+    assert b1.engine.checkpoint == ckpt and b1.version != b0.version and b1.version.split("@")[0] == ckpt.name
+    assert b1.engine.weights_digest != b0.engine.weights_digest
+    assert holder.reload()["swapped"] is False  # unchanged since: the same version is kept
+
+
+def test_admin_reload_with_workers_is_refused_naming_sighup(run_dir: Path) -> None:
+    """With several worker processes /admin/reload would reach one of them (a mixed fleet): refused, 409."""
+    app = create_app(ServeConfig(workdir=run_dir, workers=2))
+    with ServerThread(app) as s:
+        r = httpx.post(s.url + "/admin/reload", timeout=30)
+        assert r.status_code == 409 and not r.json()["ok"] and "SIGHUP" in r.json()["error"], r.text
+        assert r.json()["version"] == app.service.holder.current.version

@@ -55,7 +55,7 @@ def assert_same(resp: dict, want: list, atol: float = 1e-5) -> None:
 def test_ranker_holds_the_served_model_before_the_first_request(server: ServerThread) -> None:
     svc = server.service
     eng = svc.holder.current.engine
-    assert [str(eng.checkpoint), svc.pool.spec.device] in svc.ranker.status()
+    assert [str(eng.checkpoint), eng.weights_digest, svc.pool.spec.device] in svc.ranker.status()
 
 
 def test_two_process_equals_one_process(server: ServerThread) -> None:
@@ -138,7 +138,8 @@ def test_a_restarted_ranker_is_warmed_without_traffic(server: ServerThread) -> N
     svc = server.service
     pid0, restarts0 = svc.ranker.pid, svc.ranker.restarts
     os.kill(pid0, signal.SIGKILL)  # no requests from here on: only the supervisor can load the model
-    want = [str(svc.holder.current.engine.checkpoint), svc.pool.spec.device]
+    eng = svc.holder.current.engine
+    want = [str(eng.checkpoint), eng.weights_digest, svc.pool.spec.device]
     t_end = time.time() + 60
     while time.time() < t_end:
         if svc.ranker.restarts > restarts0 and svc.ranker.alive:
@@ -149,3 +150,30 @@ def test_a_restarted_ranker_is_warmed_without_traffic(server: ServerThread) -> N
                 pass
         time.sleep(0.1)
     assert svc.ranker.pid != pid0 and want in svc.ranker.status()
+
+
+def test_a_stopped_ranker_is_killed_and_restarted_after_timeouts_in_a_row() -> None:
+    """A ranking process that stops answering (SIGSTOP: alive, silent) is killed after ``hang_after``
+    timed-out calls in a row and restarted; one late answer only marks it unresponsive until the next."""
+    from genrec.serve.workers import RankerClient, RankerUnavailable
+
+    c = RankerClient(timeout_s=0.3, hang_after=3).start()
+    try:
+        c.wait_ready(60)
+        pid0 = c.pid
+        with pytest.raises(RankerUnavailable, match="did not answer"):
+            c._call({"op": "ping", "delay": 0.8})  # answers, but late
+        assert not c.responsive and c.timeouts_in_a_row == 1 and c.alive
+        assert c.ping(timeout=10) == pid0 and c.responsive and c.hang_kills == 0  # the next answer clears it
+        os.kill(pid0, signal.SIGSTOP)
+        for _ in range(3):
+            with pytest.raises(RankerUnavailable):
+                c.ping(timeout=0.3)
+        assert c.hang_kills == 1
+        t_end = time.time() + 60
+        while (c.restarts == 0 or not c.alive) and time.time() < t_end:
+            time.sleep(0.05)
+        c.wait_ready(60)
+        assert c.restarts == 1 and c.pid != pid0 and c.responsive
+    finally:
+        c.stop()

@@ -142,9 +142,12 @@ def _sid_lp_matrix(union: Sequence[dict[int, list[Any]]], b: int, m: int) -> np.
     return out
 
 
-def _sha(paths: Sequence[Path]) -> str:
-    """A short fingerprint of the files' contents (missing files are skipped)."""
+def _sha(paths: Sequence[Path], first: str | None = None) -> str:
+    """A short fingerprint of the files' contents (missing files are skipped); ``first``: the digest of
+    a file read earlier, taken as the first file's (``_sha([a, b]) == _sha([b], first=file_digest(a))``)."""
     h = hashlib.sha256()
+    if first is not None:
+        h.update(first.encode())
     for p in paths:
         if p.exists():
             h.update(file_digest(p).encode())
@@ -193,6 +196,10 @@ class Recommender:
         self.fusion_utility: dict[str, float] | None = None  # the utility the stored weights were chosen with
         self.workdir: Path | None = None  # the run directory (from_checkpoint)
         self.sid_version: str | None = None  # the SID version loaded beside the weights
+        # sha256 of the checkpoint's model.safetensors as loaded, and a short fingerprint of it and the item
+        # features (from_checkpoint): weights or features replaced in place are a new served version
+        self.weights_digest: str | None = None
+        self.fingerprint: str | None = None
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
@@ -253,7 +260,11 @@ class Recommender:
             ocfg.action_weights = tuple(ocfg.action_weights)
         pos_idx = [actions.index(a) for a in positive if a in actions]
         objective = JointObjective(model, catalog, ocfg, pos_idx)
+        weights = ckpt / "model.safetensors"
+        digest = file_digest(weights) if weights.exists() else None
         load_checkpoint(ckpt, objective, restore_rng=False, device="cpu")
+        if digest is not None and file_digest(weights) != digest:  # (remembered per size + mtime: no re-hash)
+            raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
         objective.to(device)
         step = int(read_json(ckpt / "meta.json")["step"])
         trie = sid_index = leaf_rows = None
@@ -275,6 +286,8 @@ class Recommender:
                   trie=trie, sid_index=sid_index, step=step, checkpoint=ckpt, run_config=cfg.get("run"),
                   device=device)
         rec.leaf_rows = leaf_rows
+        rec.weights_digest = digest
+        rec.fingerprint = _sha([wd.features / "manifest.json"], first=digest)  # the weights as loaded, not as now
         prec = precision or os.environ.get("GENREC_PRECISION") or "float32"
         if prec not in ("float32", "bf16"):
             raise ConfigError(f"precision must be 'float32' or 'bf16' (argument or GENREC_PRECISION), got {prec!r}")
@@ -302,7 +315,7 @@ class Recommender:
 
     def _load_or_build_ann(self, wd: WorkDir, ckpt: Path, cfg: AnnConfig) -> AnnIndex:
         """``WORKDIR/ann/step-NNNNNN-<hash of weights + features + index kind>``, built atomically once."""
-        fp = _sha([ckpt / "model.safetensors", wd.features / "manifest.json"])
+        fp = self.fingerprint or _sha([ckpt / "model.safetensors", wd.features / "manifest.json"])
         folder = wd.root / "ann" / f"step-{self.step:06d}-{cfg.kind}-{fp}"
         if (folder / "manifest.json").exists():
             idx = AnnIndex.load(folder)

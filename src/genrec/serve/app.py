@@ -87,6 +87,7 @@ class ServeConfig:
     micro_batch_policy: str = "timed"
     micro_batch_wait_ms: float = 2.0  # timed policy only
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
+    workers: int = 1  # uvicorn worker processes (serve()'s argument): > 1 refuses /admin/reload (SIGHUP the main one)
 
 
 def freeze_heap() -> None:
@@ -168,10 +169,14 @@ class Track:
 
     (Was a ``@app.middleware("http")`` -- Starlette's BaseHTTPMiddleware, which wraps every request
     in a task group and streams the response through a memory channel.) An exception that escapes
-    the app before a response started is counted as status 500, the answer the client gets."""
+    the app before a response started is counted as status 500, the answer the client gets. It wraps
+    the body limit too, so a refused body is counted (413). The endpoint label is the request's path
+    only for the app's own routes (``paths``) and "other" for any other path: a scanner's random
+    URLs must not grow the metrics without bound."""
 
-    def __init__(self, app: Any, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: Any, metrics: Metrics, paths: Callable[[], set[str]]) -> None:
+        self.app, self.metrics, self._paths_of = app, metrics, paths
+        self._paths: set[str] | None = None
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
         if scope["type"] != "http":
@@ -190,7 +195,10 @@ class Track:
             await self.app(scope, receive, send_status)
         finally:
             m.in_flight.dec()
-            m.requests.labels(endpoint=scope["path"], status=str(status)).inc()
+            if self._paths is None:
+                self._paths = self._paths_of()
+            path = scope["path"]
+            m.requests.labels(endpoint=path if path in self._paths else "other", status=str(status)).inc()
 
 
 def _too_big(limit: int, n: int) -> dict[str, Any]:
@@ -280,7 +288,7 @@ class Service:
 
     def _warm_ranker(self, eng: Engine) -> None:
         if self.ranker is not None:
-            self.ranker.warm(self._ensure_pool(eng), eng.checkpoint)
+            self.ranker.warm(self._ensure_pool(eng), eng.checkpoint, digest=eng.weights_digest)
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
@@ -343,7 +351,8 @@ class Service:
                 self.metrics.pool_occupancy.set(pool.occupancy())
                 try:
                     pool.write(lease, cache)  # the one encode's KV, shared with the ranking process
-                    return torch.from_numpy(ranker.rank(pool, lease, eng.checkpoint, vecs, sid, surface, request_ts))
+                    return torch.from_numpy(ranker.rank(pool, lease, eng.checkpoint, vecs, sid, surface, request_ts,
+                                                        digest=eng.weights_digest))
                 except StaleSlotError:
                     self.metrics.stale.inc()  # slot recycled under us: rewrite into a fresh slot
                 except RankerUnavailable as e:
@@ -387,11 +396,26 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await anyio.to_thread.run_sync(svc.start)
+        # SIGHUP's handler goes in before the bundle loads (minutes for a large model with CUDA graphs
+        # to warm): the default action would end the process. A SIGHUP during the load means "a newer
+        # checkpoint is there": one reload runs once the first load is done.
+        loaded, hup_pending = threading.Event(), threading.Event()
+
+        def on_hup() -> None:
+            if loaded.is_set():
+                threading.Thread(target=svc.reload, name="genrec-reload", daemon=True).start()
+            else:
+                hup_pending.set()
+
         loop = asyncio.get_running_loop()
         if threading.current_thread() is threading.main_thread():
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGHUP, lambda: threading.Thread(target=svc.reload, daemon=True).start())
+                loop.add_signal_handler(signal.SIGHUP, on_hup)
+        await anyio.to_thread.run_sync(svc.start)
+        loaded.set()
+        if hup_pending.is_set():
+            log.warning("SIGHUP arrived while the bundle was loading: reloading now")
+            on_hup()
         try:
             yield
         finally:
@@ -411,7 +435,8 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": "http error", "message": str(exc.detail), "fields": []},
+        fields = ["body"] if exc.status_code == 400 else []  # e.g. a body that is not UTF-8 / not parseable
+        return JSONResponse({"error": "http error", "message": str(exc.detail), "fields": fields},
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(InputError)
@@ -421,8 +446,6 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": "internal error", "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
-
-    app.add_middleware(Track, metrics=svc.metrics)
 
     def _observe(endpoint: str, timings: dict[str, float]) -> None:
         for s in STAGES:
@@ -449,7 +472,12 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     async def readyz() -> JSONResponse:
         ready = svc.holder.ready and (svc.ranker is None or svc.ranker.alive)
         ranker = None if svc.ranker is None else {"alive": svc.ranker.alive, "pid": svc.ranker.pid,
-                                                  "restarts": svc.ranker.restarts}
+                                                  "restarts": svc.ranker.restarts,
+                                                  # False from a call that timed out to the next answer; hang_after
+                                                  # timeouts in a row and the process is killed and restarted
+                                                  "responsive": svc.ranker.responsive,
+                                                  "timeouts_in_a_row": svc.ranker.timeouts_in_a_row,
+                                                  "hang_kills": svc.ranker.hang_kills}
         body: dict[str, Any] = {"ready": ready, "ranker": ranker, "last_reload_error": svc.holder.last_error,
                                 "index_version": svc.holder.current.version if svc.holder.ready else None}
         if svc.holder.ready:  # the L1 score fusion this version ranks with (genrec fusion tune / defaults)
@@ -468,10 +496,17 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
 
     @app.post("/admin/reload")
     async def reload() -> JSONResponse:
+        if cfg.workers > 1:  # this request reaches one worker; the others would keep the old version
+            return JSONResponse({"ok": False, "version": svc.holder.current.version if svc.holder.ready else None,
+                                 "error": f"this server runs {cfg.workers} worker processes and /admin/reload reaches "
+                                          f"only one of them: send SIGHUP to the main process (pid {os.getppid()}), "
+                                          "which restarts every worker on the newest checkpoint and SID version"},
+                                status_code=409)
         res = await anyio.to_thread.run_sync(svc.reload)  # not on the inference limiter: never queued behind load
         return JSONResponse(res, status_code=200 if res["ok"] else 409)
 
-    wrapped = BodyLimit(app, cfg.max_body_bytes)
+    wrapped = Track(BodyLimit(app, cfg.max_body_bytes), svc.metrics,
+                    lambda: {p for r in app.routes if isinstance(p := getattr(r, "path", None), str)})
     wrapped.service = svc  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
 
@@ -483,6 +518,11 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
 
     import uvicorn
 
+    cfg = dataclasses.replace(cfg, workers=workers)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGHUP"):
+        # until the app's own handler is in (its lifespan), a SIGHUP -- the documented reload trigger --
+        # must not end the process (the default action); with workers, uvicorn's main process takes it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if workers > 1:
         os.environ["GENREC_SERVE_CONFIG"] = json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                         for k, v in cfg.__dict__.items()})

@@ -19,12 +19,14 @@ Checkpoint weights are read through safetensors only (no pickle).
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
 from genrec.errors import ConfigError, DataError, GenrecError
@@ -49,8 +51,11 @@ class RankingFailed(GenrecError):
     """The remote ranking stage failed (ranker down / timed out / slot stale after retries)."""
 
 
-def load_model(ckpt: str | Path, device: str = "cpu") -> GenRecModel:
-    """The :class:`GenRecModel` of a training checkpoint folder, weights via safetensors (eval mode)."""
+def load_model(ckpt: str | Path, device: str = "cpu", digest: str | None = None) -> GenRecModel:
+    """The :class:`GenRecModel` of a training checkpoint folder, weights via safetensors (eval mode).
+    ``digest``: the sha256 the weights file must have (the served bundle's); bytes that differ -- the
+    file replaced since the server loaded it -- raise :class:`ConfigError` rather than pair one model's
+    cache with another's weights."""
     ckpt = Path(ckpt)
     cfg_path = ckpt / "config.json"
     if cfg_path.exists() and "model" in read_json(cfg_path):
@@ -61,7 +66,14 @@ def load_model(ckpt: str | Path, device: str = "cpu") -> GenRecModel:
             raise ConfigError(f"{ckpt}: no model config in config.json or extra.json (not a genrec checkpoint)")
         mdict = extra["model_config"]
     model = GenRecModel(ModelConfig.from_dict(mdict))
-    state = load_file(str(ckpt / "model.safetensors"), device="cpu")
+    if digest is None:
+        state = load_file(str(ckpt / "model.safetensors"), device="cpu")
+    else:
+        data = (ckpt / "model.safetensors").read_bytes()  # hashed and parsed from the same bytes
+        if (got := hashlib.sha256(data).hexdigest()) != digest:
+            raise ConfigError(f"{ckpt / 'model.safetensors'}: its weights changed since the server loaded them "
+                              f"(sha256 {got[:12]}, served {digest[:12]}); reload the server (/admin/reload or SIGHUP)")
+        state = load_bytes(data)
     own = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")} or state
     model.load_state_dict(own, strict=True)
     return model.to(device).eval()
@@ -79,13 +91,15 @@ def _input_error(e: Exception) -> InputError:
 
 
 class Engine:
-    """A loaded Recommender + popularity fallback; ``version`` = checkpoint + SID version."""
+    """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
     def __init__(self, rec: Any, popular: np.ndarray) -> None:
         self.rec = rec
         self.cfg: ModelConfig = rec.config
         self.popular = popular
         self.checkpoint: Path = rec.checkpoint
+        self.weights_digest: str | None = getattr(rec, "weights_digest", None)  # the ranking process checks it
+        self.fingerprint: str | None = getattr(rec, "fingerprint", None)
         self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
 
@@ -103,9 +117,13 @@ class Engine:
 
     @property
     def version(self) -> str:
-        """``<checkpoint>+<SID version>``, and ``+l1-a<a>-w<w>-v<v>`` when the checkpoint has stored
-        fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload swaps it in."""
+        """``<checkpoint>@<fingerprint>+<SID version>``, and ``+l1-a<a>-w<w>-v<v>`` when the checkpoint has
+        stored fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload swaps it
+        in. The fingerprint hashes the weights as loaded and the item features' manifest, so weights or
+        features replaced in place (same folder name) are a new version too."""
         ck = self.checkpoint.name if self.checkpoint is not None else "model"
+        if self.fingerprint:
+            ck += f"@{self.fingerprint}"
         v = f"{ck}+{self.sid_version}" if self.sid_version else ck
         if self.rec.fusion_path is not None:
             f = self.rec.fusion

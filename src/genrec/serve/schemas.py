@@ -28,7 +28,7 @@ MAX_CANDIDATES = 2_000
 MAX_FUSION_WEIGHT = 1_000.0
 INT64 = 2 ** 63 - 1
 
-ItemId = StrictInt
+ItemId = Annotated[StrictInt, Field(ge=-INT64, le=INT64)]  # item ids are int64 in every table
 Vocab = Optional[Union[StrictStr, StrictInt]]  # an action/surface name or its index
 
 
@@ -40,7 +40,7 @@ class _Strict(BaseModel):
 
 @with_config(ConfigDict(extra="forbid", allow_inf_nan=False))
 class HistoryItem(TypedDict):
-    item_id: Annotated[ItemId, Field(ge=-INT64, le=INT64)]
+    item_id: ItemId
     action: NotRequired[Vocab]
     surface: NotRequired[Vocab]
     ts: NotRequired[Optional[Annotated[StrictInt, Field(ge=-INT64, le=INT64)]]]
@@ -61,7 +61,7 @@ class RecommendRequest(_Strict):
     request_ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64)
     k: StrictInt = Field(default=10, ge=1, le=MAX_K)
     beam_width: StrictInt = Field(default=20, ge=1, le=MAX_BEAM)
-    diversity_lambda: float = Field(default=0.0, ge=0.0, le=MAX_LAMBDA)
+    diversity_lambda: StrictFloat = Field(default=0.0, ge=0.0, le=MAX_LAMBDA)
     sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: list(_ALL_SOURCES), min_length=1, max_length=2)
     rank: StrictBool = True
     fusion: Optional[FusionWeightsRequest] = None

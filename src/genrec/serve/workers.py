@@ -45,10 +45,12 @@ class RankerUnavailable(GenrecError):
 
 
 def ranker_main(conn: Connection, threads: int = 1) -> None:
-    """Ranking process loop. ``{"op": "rank", "id", "pool", "slot", "gen", "ckpt", "vecs", "sid",
-    "surface", "ts"}`` -> ``{"id", "ok", "logits" | "error", "stale"}``; ``{"op": "warm", "ckpt",
-    "pool"}`` loads the model and attaches the pool ahead of the first request (at start and before
-    a hot swap); ``{"op": "status"}`` -> the loaded checkpoints. Exits when the pipe closes."""
+    """Ranking process loop. ``{"op": "rank", "id", "pool", "slot", "gen", "ckpt", "digest", "vecs",
+    "sid", "surface", "ts"}`` -> ``{"id", "ok", "logits" | "error", "stale"}``; ``{"op": "warm", "ckpt",
+    "digest", "pool"}`` loads the model and attaches the pool ahead of the first request (at start and
+    before a hot swap); ``{"op": "status"}`` -> the loaded (checkpoint, digest, device) triples. Exits
+    when the pipe closes. A model is held by its weights' sha256 (``digest``, the served bundle's), not
+    by its path alone: weights replaced in place are never paired with a cache the old ones wrote."""
     import contextlib
     from collections import OrderedDict
 
@@ -62,7 +64,7 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
     torch.set_num_threads(max(1, threads))
     # the served checkpoint and the one before it: a hot swap warms the new model while requests
     # that started on the old bundle still rank on the old one
-    models: OrderedDict[tuple[str, str], tuple[Any, GraphedRanker | None]] = OrderedDict()
+    models: OrderedDict[tuple[str, str, str], tuple[Any, GraphedRanker | None]] = OrderedDict()
     bf16 = os.environ.get("GENREC_PRECISION", "float32") == "bf16"  # the server's --precision (inherited)
     pools: dict[str, KVPool] = {}
 
@@ -71,10 +73,10 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
             pools[path] = KVPool.attach(path)
         return pools[path]
 
-    def model_of(ck: str, dev: str) -> tuple[Any, GraphedRanker | None]:
-        key = (ck, dev)
+    def model_of(ck: str, digest: str | None, dev: str) -> tuple[Any, GraphedRanker | None]:
+        key = (ck, digest or "", dev)
         if key not in models:
-            m = load_model(ck, dev)
+            m = load_model(ck, dev, digest)  # refuses weights whose sha256 is not the served one
             # as the one-process ranker: replayed CUDA graphs on a GPU
             models[key] = (m, GraphedRanker(m) if graph_mode(torch.device(dev)) == "all" else None)
             while len(models) > 2:
@@ -89,6 +91,8 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
             return
         op = msg.get("op", "rank")
         if op == "ping":
+            if msg.get("delay"):
+                time.sleep(float(msg["delay"]))  # test hook: a process that answers late
             conn.send({"id": msg["id"], "ok": True, "pid": os.getpid()})
             continue
         try:
@@ -97,7 +101,7 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
                 continue
             pool = pool_of(msg["pool"])
             dev = pool.spec.device  # a CUDA pool (IPC handles): rank on that GPU; else on the CPU
-            model, grank = model_of(msg["ckpt"], dev)
+            model, grank = model_of(msg["ckpt"], msg.get("digest"), dev)
             if op == "warm":
                 conn.send({"id": msg["id"], "ok": True, "models": [list(k) for k in models]})
                 continue
@@ -124,10 +128,17 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
 
 
 class RankerClient:
-    """Owns the ranking process: sends requests, matches answers, restarts the process when it dies."""
+    """Owns the ranking process: sends requests, matches answers, restarts the process when it dies --
+    or when it stops answering: ``hang_after`` calls in a row that time out (a process stopped, stuck
+    or thrashing) and it is killed, so the supervisor restarts it. Until then each call waits out its
+    timeout; ``responsive`` is False from the first timeout to the next answer."""
 
-    def __init__(self, *, timeout_s: float = 2.0, restart_delay_s: float = 0.2, threads: int = 1) -> None:
+    def __init__(self, *, timeout_s: float = 2.0, restart_delay_s: float = 0.2, threads: int = 1,
+                 hang_after: int = 3) -> None:
         self.timeout_s = timeout_s
+        self.hang_after = max(1, hang_after)
+        self.timeouts_in_a_row = 0
+        self.hang_kills = 0
         self.restart_delay_s = restart_delay_s
         self.threads = threads
         self._ctx = mp.get_context("spawn")
@@ -166,6 +177,23 @@ class RankerClient:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def responsive(self) -> bool:
+        """Alive, and its last call did not time out."""
+        return self.alive and self.timeouts_in_a_row == 0
+
+    def _timed_out(self) -> None:
+        with self._state_lock:
+            self.timeouts_in_a_row += 1
+            proc = self._proc if self.timeouts_in_a_row >= self.hang_after else None
+            if proc is not None:
+                self.timeouts_in_a_row = 0
+                self.hang_kills += 1
+        if proc is not None and proc.is_alive():
+            log.warning("ranking process %s did not answer %d calls in a row: killing it (the supervisor restarts it)",
+                        proc.pid, self.hang_after)
+            proc.kill()  # also ends a stopped (SIGSTOP) process; the supervisor sees it exit
 
     def stop(self) -> None:
         self._stop.set()
@@ -229,11 +257,15 @@ class RankerClient:
         except (OSError, ValueError, BrokenPipeError) as e:
             self._pending.pop(rid, None)
             raise RankerUnavailable(f"cannot reach the ranking process: {e}") from e
+        wait = self.timeout_s if timeout is None else timeout
         try:
-            return fut.result(timeout=self.timeout_s if timeout is None else timeout)
+            out = fut.result(timeout=wait)
         except FutureTimeout:
             self._pending.pop(rid, None)
-            raise RankerUnavailable(f"ranking process did not answer within {self.timeout_s}s") from None
+            self._timed_out()
+            raise RankerUnavailable(f"ranking process did not answer within {wait}s") from None
+        self.timeouts_in_a_row = 0
+        return out
 
     def ping(self, timeout: float = 30.0) -> int:
         return int(self._call({"op": "ping"}, timeout)["pid"])
@@ -249,22 +281,24 @@ class RankerClient:
                     raise
                 time.sleep(0.05)
 
-    def warm(self, pool: KVPool, ckpt: Path, timeout: float = 300.0) -> list[list[str]]:
-        """Have the ranking process load ``ckpt`` (on the pool's device) and attach ``pool`` now,
-        not on its first request; returns the (checkpoint, device) pairs it holds."""
-        out = self._call({"op": "warm", "pool": str(pool.path), "ckpt": str(ckpt)}, timeout)
+    def warm(self, pool: KVPool, ckpt: Path, timeout: float = 300.0, digest: str | None = None) -> list[list[str]]:
+        """Have the ranking process load ``ckpt`` (on the pool's device; its weights must have sha256
+        ``digest`` when given) and attach ``pool`` now, not on its first request; returns the
+        (checkpoint, digest, device) triples it holds."""
+        out = self._call({"op": "warm", "pool": str(pool.path), "ckpt": str(ckpt), "digest": digest}, timeout)
         if not out["ok"]:
             raise RankerUnavailable(f"ranking process could not load {ckpt}: {out['error']}")
         return list(out["models"])
 
     def status(self, timeout: float = 10.0) -> list[list[str]]:
-        """The (checkpoint, device) pairs the ranking process holds (most recently used last)."""
+        """The (checkpoint, digest, device) triples the ranking process holds (most recently used last)."""
         return list(self._call({"op": "status"}, timeout)["models"])
 
     def rank(self, pool: KVPool, lease: Lease, ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
-             surface: int, request_ts: int | None, delay: float = 0.0) -> np.ndarray:
+             surface: int, request_ts: int | None, delay: float = 0.0, digest: str | None = None) -> np.ndarray:
         """Action logits ``[m, C]``; raises StaleSlotError (retry / re-encode) or RankerUnavailable."""
         msg = {"op": "rank", "pool": str(pool.path), "slot": lease.slot, "gen": lease.gen, "ckpt": str(ckpt),
+               "digest": digest,
                "vecs": np.ascontiguousarray(vecs, np.float32), "sid": None if sid is None else np.ascontiguousarray(sid),
                "surface": int(surface), "ts": request_ts, "delay": delay}
         out = self._call(msg)
