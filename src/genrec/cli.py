@@ -381,8 +381,10 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
 @_friendly
 def recommend(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
-    user: Optional[int] = typer.Option(None, help="Use this user's full event history from the tables."),
-    history: Optional[str] = typer.Option(None, help="Comma-separated item ids, oldest first."),
+    user: Optional[str] = typer.Option(None, help="Use this user's full event history from the tables (the "
+                                                  "source file's id when the data was prepared with --map-ids)."),
+    history: Optional[str] = typer.Option(None, help="Comma-separated item ids, oldest first (source-file ids "
+                                                     "with --map-ids)."),
     k: int = typer.Option(10, help="How many items to return."),
     beam: int = typer.Option(20, help="SID beam width."),
     lam: float = typer.Option(0.0, "--lambda", help="PinGER prefix-depth diversity penalty."),
@@ -395,12 +397,25 @@ def recommend(
 ) -> None:
     """Recommend items for a user (--user) or an ad-hoc history (--history): SID beams + ANN, ranked."""
     from genrec.errors import ConfigError
-    from genrec.retrieve.recommender import Recommender, user_history
+    from genrec.retrieve.recommender import Recommender, SourceIds, user_history
 
     if (user is None) == (history is None):
         raise ConfigError("give exactly one of --user ID or --history 'id,id,...'")
+    ids = SourceIds.of(workdir)  # --map-ids data: people type and read the source file's ids
+    unknown: list[str] = []
     if user is not None:
-        hist: list = user_history(workdir, user)
+        if ids is not None:
+            uid = ids.user(user)
+        else:
+            try:
+                uid = int(user)
+            except ValueError:
+                raise ConfigError(f"--user: expected an integer user id, got {user!r}") from None
+        hist: list = user_history(workdir, uid)
+    elif ids is not None:
+        toks = [x.strip() for x in str(history).split(",") if x.strip()]
+        unknown = [x for x in toks if x not in ids.items]
+        hist = [ids.items[x] for x in toks if x in ids.items]
     else:
         try:
             hist = [int(x) for x in str(history).split(",") if x.strip()]
@@ -415,13 +430,20 @@ def recommend(
     recs = cast(RecommendationList, rec.recommend(
         hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs, rank=False if no_rank else None,
         overretrieve=overretrieve, exclude_history=exclude_history))  # one history -> one list
+    if ids is not None:  # back to the source file's ids, for the reader
+        recs.dropped_items = [*unknown, *(ids.item_original.get(i, i) for i in recs.dropped_items)]  # type: ignore[list-item]
     if as_json:
-        _echo_json({"step": rec.step, **recs.to_dict()})
+        out = {"step": rec.step, **recs.to_dict()}
+        if ids is not None:
+            for d in out["items"]:
+                d["original_item_id"] = ids.item_original.get(d["item_id"])
+        _echo_json(out)
         return
     from genrec.retrieve.show import print_recommendations
 
     who = f"user {user}" if user is not None else "the given history"
-    print_recommendations(recs, who=who, step=rec.step)
+    print_recommendations(recs, who=who, step=rec.step,
+                          label=None if ids is None else (lambda i: f"{ids.item_original.get(i, '?')} (#{i})"))
 
 
 @app.command("eval")

@@ -115,3 +115,30 @@ def test_generic_items_csv_bad_row(tmp_path: Path) -> None:
     with pytest.raises(DataError) as ei:
         prepare_dataset("generic", tmp_path, options=IngestOptions(columns=ColumnMapping(action=None)))
     assert (ei.value.path, ei.value.line) == (str(tmp_path / "items.csv"), 3)
+
+
+def test_remapped_ids_resolve_to_the_source_files_user_and_items(tmp_path: Path) -> None:
+    """With map_ids the tables number users and items 0..n-1; `genrec recommend --user` takes the source
+    file's user id (it had taken the table's, showing another user's history) and shows source item ids."""
+    from genrec.errors import DataError as _DE
+    from genrec.pipeline import prepare
+    from genrec.retrieve.recommender import SourceIds, user_history
+
+    src = tmp_path / "src"
+    src.mkdir()
+    t = pa.table({"user_id": ["zed", "amy", "zed", "amy", "amy"], "item_id": ["B07", "A01", "A01", "C99", "B07"],
+                  "timestamp": [3, 1, 2, 5, 6]})
+    pq.write_table(t, src / "events.parquet")
+    wd = tmp_path / "wd"
+    prepare(wd, "generic", source=src, options=IngestOptions(map_ids=True, columns=ColumnMapping(action=None)))
+    ids = SourceIds.of(wd)
+    assert ids is not None and ids.users == {"zed": 0, "amy": 1}
+    amy = user_history(wd, ids.user("amy"))
+    assert [ids.item_original[h["item_id"]] for h in amy] == ["A01", "C99", "B07"]  # amy's own, in time order
+    assert {ids.items[o]: o for o in ("A01", "B07", "C99")} == ids.item_original
+    with pytest.raises(_DE, match="not in the source data"):
+        ids.user("1")  # a table id is not a source id
+    plain = tmp_path / "plain"
+    (src / "p.csv").write_text("user_id,item_id,timestamp\n1,10,4\n")
+    prepare(plain, "generic", source=src / "p.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert SourceIds.of(plain) is None

@@ -200,6 +200,8 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     assert len(out["items"]) == 3 and all(i["sources"] == ["ann"] for i in out["items"])
     r = CliRunner().invoke(app, ["recommend", str(root), "--k", "3"])
     assert r.exit_code == 2 and "exactly one of --user" in r.output
+    r = CliRunner().invoke(app, ["recommend", str(root), "--user", "u3"])  # ids not remapped: integers
+    assert r.exit_code == 2 and "expected an integer user id" in r.output
     r = CliRunner().invoke(app, ["eval", str(root), "--split", "valid", "--max-users", "8", "--beam", "4"])
     assert r.exit_code == 0, r.output
     assert "| SID beams (constrained) |" in r.output

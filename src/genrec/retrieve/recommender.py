@@ -822,6 +822,43 @@ class Recommender:
             o.timings_ms.update(extra)
         return outs if is_batch else outs[0]
 
+@dataclass
+class SourceIds:
+    """The source file's own ids of a dataset prepared with ``map_ids`` (users and items numbered
+    0..n-1 in the tables): ``users`` / ``items`` map an original id, as text, to the table's id;
+    ``item_original`` maps back. What a person types and reads is the original id."""
+
+    users: dict[str, int]
+    items: dict[str, int]
+    item_original: dict[int, Any]
+
+    @classmethod
+    def of(cls, workdir: str | Path) -> "SourceIds | None":
+        """The maps of WORKDIR's tables, or None when its ids were not remapped."""
+        import json
+
+        from genrec.pipeline import open_store
+
+        store = open_store(workdir)
+        extra = store.info().extra or {}
+        if not extra.get("map_ids"):
+            return None
+        users = {str(u): i for i, u in enumerate(extra.get("user_ids") or [])}
+        it = store.read_items()
+        back: dict[int, Any] = {}
+        for iid, attrs in zip(it.column("item_id").to_pylist(), it.column("attributes").to_pylist()):
+            orig = json.loads(attrs or "{}").get("original_id")
+            if orig is not None:
+                back[int(iid)] = orig
+        return cls(users, {str(o): i for i, o in back.items()}, back)
+
+    def user(self, original: str) -> int:
+        if str(original) not in self.users:
+            raise DataError(f"user {original!r} is not in the source data (its ids were remapped with map_ids: "
+                            f"give the id as it appears in the source file)", field="user_id")
+        return self.users[str(original)]
+
+
 def user_history(workdir: str | Path, user_id: int) -> list[dict[str, Any]]:
     """All events of ``user_id`` in WORKDIR's tables, in ``seq`` order, as history entries."""
     import pyarrow.compute as pc  # type: ignore[import-untyped]

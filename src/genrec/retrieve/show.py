@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 
-def print_recommendations(recs: Any, *, who: str, step: int | None, console: Console | None = None) -> None:
-    """Print rank, item, title, source stage(s), SID, score and the top action probabilities."""
+def print_recommendations(recs: Any, *, who: str, step: int | None, console: Console | None = None,
+                          label: Callable[[int], str] | None = None) -> None:
+    """Print rank, item, title, source stage(s), SID, score and the top action probabilities. ``label``:
+    how an item id is shown (e.g. the source file's id of remapped data); default the id itself."""
     con = console or Console()
     t = Table(title=f"genrec recommend - {who} ({recs.history_used} history items, step {step})")
     for col in ("#", "item", "title", "stage(s)", "SID", "score", "top actions"):
@@ -19,7 +22,7 @@ def print_recommendations(recs: Any, *, who: str, step: int | None, console: Con
         if r.action_probs:
             top = sorted(r.action_probs.items(), key=lambda kv: -kv[1])[:3]
             acts = " ".join(f"{a}={p:.2f}" for a, p in top)
-        t.add_row(str(i), str(r.item_id), r.title or "", "+".join(r.sources),
+        t.add_row(str(i), label(r.item_id) if label else str(r.item_id), r.title or "", "+".join(r.sources),
                   "-".join(map(str, r.sid)) if r.sid else "", f"{r.score:.4f}", acts)
     con.print(t)
     if recs.dropped_items:
