@@ -145,7 +145,7 @@ def sid_build(
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
                                 source=source, engagement_weight=engagement_weight)
     _echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
-                "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_group", "unique_rate")}})
+                "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_collision_group", "unique_rate")}})
 
 
 @sid_app.command("assign")
@@ -161,12 +161,16 @@ def sid_assign(
     from genrec.features import content as fc
     from genrec.sid.build import assign_sids, new_item_vectors, open_current
 
-    reader = fc._read_npy_vectors if vectors.suffix == ".npy" else fc._read_parquet_vectors
-    ids, vecs = reader(vectors)
+    ids, vecs = fc.read_vector_file(vectors.expanduser())
     cur = open_current(Path(workdir) / "sid")
     x = new_item_vectors(cur.path, np.asarray(vecs, dtype=np.float32), cur.quantizer.dim)
     sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
     _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes})
+    if list(sb.codebook_sizes) != list(cur.codebook_sizes):
+        typer.secho(f"warning: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}): "
+                    f"models trained on {cur.version} cannot serve {sb.version} until retrained; point "
+                    f"{Path(workdir) / 'sid' / 'CURRENT'} back to {cur.version} to keep serving them",
+                    fg=typer.colors.YELLOW, err=True)
 
 
 @sid_app.command("lookup")
@@ -270,6 +274,9 @@ def serve(
         if cuda_graphs not in ("off", "sid", "all"):
             raise typer.BadParameter(f"--cuda-graphs must be off, sid or all, got {cuda_graphs!r}")
         os.environ["GENREC_CUDA_GRAPHS"] = cuda_graphs  # likewise
+    from genrec.retrieve.recommender import find_checkpoint
+
+    find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
     from genrec.serve.app import ServeConfig
     from genrec.serve.app import serve as run_server
 

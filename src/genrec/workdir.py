@@ -193,7 +193,12 @@ class WorkDir:
         return self.root / "reports"
 
     def ensure(self) -> "WorkDir":
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file in the way, no permission, read-only disk
+            from genrec.errors import ConfigError
+
+            raise ConfigError(f"work directory {self.root}: cannot create it ({e.strerror or e})") from None
         return self
 
     def dataset_manifest(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from genrec.data.ingest import ColumnMapping, IngestOptions, prepare_dataset
-from genrec.errors import DataError, MissingDataError
+from genrec.errors import ConfigError, DataError, MissingDataError
 
 MAP = ColumnMapping(user="uid", item="iid", timestamp="ts", action="act", surface="where")
 
@@ -142,3 +142,45 @@ def test_remapped_ids_resolve_to_the_source_files_user_and_items(tmp_path: Path)
     (src / "p.csv").write_text("user_id,item_id,timestamp\n1,10,4\n")
     prepare(plain, "generic", source=src / "p.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
     assert SourceIds.of(plain) is None
+
+
+def test_bad_inputs_that_had_raised_tracebacks_are_one_line_errors(tmp_path: Path) -> None:
+    """Each of these had reached the user as a Python traceback (audit); now `genrec` prints one line
+    naming the file / row / field / option and exits 2."""
+    import gzip
+
+    from typer.testing import CliRunner
+
+    from genrec.cli import app
+
+    good = "user_id,item_id,timestamp,action\n1,10,100,click\n1,11,101,click\n2,10,102,click\n"
+    (tmp_path / "big.csv").write_text(good + "99999999999999999999,11,103,click\n")
+    (tmp_path / "e.csv.gz").write_bytes(gzip.compress(good.encode()))
+    (tmp_path / "good.csv").write_text(good)
+    pq.write_table(pa.table({"user_id": [1, 2], "item_id": [10, 11], "timestamp": [1, 2],
+                             "action": [["a"], ["b"]]}), tmp_path / "list.parquet")
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        (["generic", str(tmp_path / "w1"), "--source", str(tmp_path / "big.csv")],
+         "big.csv:5: field 'user_id': integer out of the int64 range"),
+        (["generic", str(tmp_path / "w2"), "--source", str(tmp_path / "e.csv.gz")], "decompress it first"),
+        (["generic", str(tmp_path / "w3"), "--source", str(tmp_path / "list.parquet")],
+         "field 'action': expected a column of scalar values, found type list"),
+        (["generic", str(tmp_path / "w4"), "--source", str(tmp_path / "good.csv"), "--buckets", "0"],
+         "must be a positive integer, got 0"),
+        (["generic", str(tmp_path / "afile" / "w"), "--source", str(tmp_path / "good.csv")], "cannot create it"),
+    ]
+    for args, want in cases:
+        r = CliRunner().invoke(app, ["data", "prepare", *args])
+        assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, (args, r.output)
+    with pytest.raises(ConfigError, match="dislike_max"):
+        from genrec.data.ingest.common import RatingRule
+
+        RatingRule(like_min=2, dislike_max=3)
+    r = CliRunner().invoke(app, ["sid", "assign", str(tmp_path), "--vectors", str(tmp_path / "good.csv")])
+    assert r.exit_code == 2 and "expected a .parquet or .npy file" in r.output, r.output
+    (tmp_path / "w5").mkdir()
+    r = CliRunner().invoke(app, ["serve", str(tmp_path / "w5")])
+    assert r.exit_code == 2 and "run `genrec train" in r.output, r.output
+    r = CliRunner().invoke(app, ["serve", str(tmp_path / "w5"), "--checkpoint", str(tmp_path / "nosuch")])
+    assert r.exit_code == 2 and "not a checkpoint folder" in r.output, r.output

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from genrec.data.schema import EVENTS_SCHEMA, FEEDVIEWS_SCHEMA, ITEMS_SCHEMA, Dataset, DatasetInfo
-from genrec.errors import DataError, GenrecError
+from genrec.errors import ConfigError, DataError, GenrecError
 from genrec.workdir import MANIFEST, atomic_write_json, manifest, read_json
 
 BUCKET = "bucket"
@@ -248,7 +248,7 @@ class TableStore:
         The manifest is written last; until then the previous version stays current.
         """
         if not isinstance(n_buckets, int) or n_buckets < 1:
-            raise ValueError(f"n_buckets must be a positive int, got {n_buckets!r}")
+            raise ConfigError(f"n_buckets (--buckets) must be a positive integer, got {n_buckets!r}")
         if self.manifest_path.exists() and not overwrite:
             raise GenrecError(f"{self.tables_dir} already holds tables; pass overwrite=True to replace them")
         from pyiceberg.exceptions import NamespaceAlreadyExistsError

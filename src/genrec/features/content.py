@@ -278,6 +278,17 @@ def _read_npy_vectors(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int64), vecs.astype(np.float32)
 
 
+def read_vector_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(item ids [m], vectors [m, d]) of a user-supplied vector file (see :func:`file_vectors`)."""
+    if not path.exists():
+        raise MissingDataError(f"vector file {path} does not exist")
+    if path.suffix == ".npy":
+        return _read_npy_vectors(path)
+    if path.suffix in (".parquet", ".pq") or path.is_dir():
+        return _read_parquet_vectors(path)
+    raise ConfigError(f"vector file {path}: expected a .parquet or .npy file")
+
+
 def file_vectors(path: str | Path, item_ids: np.ndarray) -> np.ndarray:
     """Read user-supplied vectors and align them to ``item_ids`` [n] -> [n, d] float32.
 
@@ -286,14 +297,7 @@ def file_vectors(path: str | Path, item_ids: np.ndarray) -> np.ndarray:
     Rows for items outside the catalogue are ignored; every catalogue item must be present.
     """
     path = Path(path).expanduser()
-    if not path.exists():
-        raise MissingDataError(f"vector file {path} does not exist")
-    if path.suffix == ".npy":
-        ids, vecs = _read_npy_vectors(path)
-    elif path.suffix in (".parquet", ".pq") or path.is_dir():
-        ids, vecs = _read_parquet_vectors(path)
-    else:
-        raise ConfigError(f"vector file {path}: expected a .parquet or .npy file")
+    ids, vecs = read_vector_file(path)
     where = path.with_name("item_ids.npy") if path.suffix == ".npy" else path
     _check_unique(ids, where=where)
     _check_finite(vecs, path)

@@ -226,19 +226,11 @@ class Recommender:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
         from genrec.pipeline import load_catalog
-        from genrec.train.checkpoint import BEST, LATEST, load_checkpoint, resolve_checkpoint
+        from genrec.train.checkpoint import load_checkpoint
         from genrec.train.objective import JointObjective, ObjectiveConfig
 
         wd = WorkDir(workdir)
-        if checkpoint is None:
-            ckpt = resolve_checkpoint(wd.checkpoints, BEST) or resolve_checkpoint(wd.checkpoints, LATEST)
-        elif str(checkpoint).upper() in (BEST, LATEST):
-            ckpt = resolve_checkpoint(wd.checkpoints, str(checkpoint).upper())
-        else:
-            ckpt = resolve_checkpoint(Path(checkpoint))
-        if ckpt is None:
-            raise ConfigError(f"no checkpoint under {wd.checkpoints} ({checkpoint or 'BEST/LATEST'}): "
-                              f"run `genrec train {wd.root}` first")
+        ckpt = find_checkpoint(wd.root, checkpoint)
         cfg_path = ckpt / "config.json"
         if not cfg_path.exists():
             cfg_path = wd.checkpoints / "config.json"
@@ -821,6 +813,27 @@ class Recommender:
         for o in outs:
             o.timings_ms.update(extra)
         return outs if is_batch else outs[0]
+
+def find_checkpoint(workdir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """The checkpoint folder a command serves or evaluates: ``checkpoint`` None = BEST if marked else LATEST;
+    "BEST" / "LATEST"; or a folder. A clear :class:`ConfigError` when there is none."""
+    from genrec.train.checkpoint import BEST, LATEST, resolve_checkpoint
+
+    wd = WorkDir(workdir)
+    if checkpoint is None or str(checkpoint).upper() in (BEST, LATEST):
+        marks = (BEST, LATEST) if checkpoint is None else (str(checkpoint).upper(),)
+        ckpt = next((c for m in marks if (c := resolve_checkpoint(wd.checkpoints, m)) is not None), None)
+        if ckpt is None:
+            raise ConfigError(f"no checkpoint under {wd.checkpoints} ({checkpoint or 'BEST/LATEST'}): "
+                              f"run `genrec train {wd.root}` first")
+        return ckpt
+    ckpt = resolve_checkpoint(Path(checkpoint))
+    if ckpt is None:
+        raise ConfigError(f"checkpoint {checkpoint}: not a checkpoint folder (one holding model.safetensors and "
+                          f"meta.json, or a checkpoints root with LATEST); or give BEST / LATEST for those under "
+                          f"{wd.checkpoints}")
+    return ckpt
+
 
 @dataclass
 class SourceIds:

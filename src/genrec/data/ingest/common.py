@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from genrec.errors import DataError
+from genrec.errors import ConfigError, DataError
 
 Kind = Literal["int", "float", "str"]
 
@@ -47,9 +47,9 @@ class RatingRule:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.like_min) and math.isfinite(self.dislike_max)):
-            raise ValueError(f"RatingRule thresholds must be finite, got {self}")
+            raise ConfigError(f"RatingRule thresholds must be finite, got {self}")
         if self.dislike_max >= self.like_min:
-            raise ValueError(
+            raise ConfigError(
                 f"RatingRule: dislike_max ({self.dislike_max}) must be < like_min ({self.like_min})"
             )
 
@@ -176,7 +176,9 @@ def _convert_py(value: str, col: Column) -> Any:
     if col.kind == "int":
         if not v or not (v.isdigit() or (v[0] in "+-" and v[1:].isdigit())):
             raise ValueError(f"not an integer: {value!r}")
-        return int(v)
+        if not -(2 ** 63) <= (n := int(v)) < 2 ** 63:
+            raise ValueError(f"integer out of the int64 range: {value!r}")
+        return n
     if col.kind == "float":
         try:
             return float(v)

@@ -62,7 +62,13 @@ def _find(folder: Path, stem: str) -> Path | None:
 
 
 def _is_csv(path: Path) -> bool:
-    return path.suffix.lower() in (".csv", ".tsv", ".txt") or path.name.lower().endswith(".csv.gz")
+    return path.suffix.lower() in (".csv", ".tsv", ".txt")
+
+
+def _not_compressed(path: Path) -> None:
+    if path.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip"):
+        raise DataError(f"a compressed file ({path.suffix}): decompress it first (e.g. `gunzip -k`); events and "
+                        "items are read from .csv / .tsv / .txt or Parquet files", path=path)
 
 
 def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
@@ -73,6 +79,10 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
     if arr.null_count:
         r = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError("empty value (null)", path=path, line=r + 1, field=col.name)
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_string(arr.type)
+            or pa.types.is_large_string(arr.type) or pa.types.is_dictionary(arr.type)
+            or pa.types.is_timestamp(arr.type) or pa.types.is_boolean(arr.type)):  # lists, structs, binary, ...
+        raise DataError(f"expected a column of scalar values, found type {arr.type}", path=path, field=col.name)
     if col.kind == "str":
         arr = pc.cast(arr, pa.string()) if not pa.types.is_dictionary(arr.type) else arr
         return arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
@@ -106,6 +116,7 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
 
 def load_columns(path: Path, columns: list[Column], delimiter: str) -> Loaded:
     """Read ``columns`` from a CSV (header line names them) or a Parquet file."""
+    _not_compressed(path)
     if _is_csv(path):
         parsed = read_delimited(path, columns, delimiter=delimiter, header=True, quoted=True)
         return Loaded(path, dict(parsed.columns), parsed.n, True, parsed)
@@ -155,6 +166,7 @@ def _locate_items_csv_error(path: Path, n_fields: int, delimiter: str) -> DataEr
 def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: dict[Any, int],
                     delimiter: str) -> ItemRows:
     """Items file -> rows; every column other than id/title/text goes into ``attributes``."""
+    _not_compressed(path)
     if _is_csv(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             head_line = f.readline()
