@@ -119,3 +119,15 @@ def test_dict_and_json_roundtrip(tmp_path) -> None:
         TrainConfig.from_dict({**d, "total_steps": "many"})
     with pytest.raises(ConfigError, match="'bf16'"):
         TrainConfig.from_dict({**d, "bf16": 1})  # JSON ints are not bools
+
+
+@pytest.mark.parametrize("override", ["model.d_model=0", "model.n_heads=-2", "model.n_layers=0", "model.d_ff=-1",
+                                      "model.item_dim=0", "model.dropout=-0.5", "model.dropout=1.0"])
+def test_model_sizes_that_mean_the_preset_default_are_refused_when_typed(override: str) -> None:
+    """0 and -1 stand for "the preset's value" inside ModelOverrides: typed by a user they had been
+    dropped without a word (model.d_model=0 trained the preset's 64)."""
+    from genrec.train.run import RunConfig
+
+    with pytest.raises(ConfigError, match=repr(override.split("=")[0])):
+        RunConfig.from_name("cpu-small", [override])
+    RunConfig.from_name("cpu-small", ["model.d_model=48", "model.dropout=0.0"])  # real values pass

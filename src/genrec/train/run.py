@@ -96,12 +96,30 @@ class RunConfig:
             raise ConfigError(f"unknown run preset {name!r}; choose one of {sorted(RUN_PRESETS)}")
         cfg = from_dict(cls, RUN_PRESETS[name])
         cfg = apply_overrides(cfg, overrides or [])
+        _check_model_overrides(overrides or [])
         if cfg.variant not in VARIANTS:
             raise ConfigError(f"config key 'variant': {cfg.variant!r} is not one of {VARIANTS}")
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+def _check_model_overrides(overrides: list[str]) -> None:
+    """``model.*`` sizes given on the command line must be positive and dropout in [0, 1): in
+    :class:`ModelOverrides` 0 (sizes) and -1 (dropout) mean "the preset's", so a typed 0 or a negative
+    value would otherwise be dropped without a word."""
+    for o in overrides:
+        key, _, raw = o.partition("=")
+        name = key.strip().removeprefix("model.")
+        if not key.strip().startswith("model.") or name not in ("d_model", "n_layers", "n_heads", "d_ff",
+                                                                "item_dim", "dropout"):
+            continue
+        v = float(raw)  # (apply_overrides has already parsed it as a number)
+        if name == "dropout" and not 0.0 <= v < 1.0:
+            raise ConfigError(f"config key 'model.dropout': must be in [0, 1), got {raw.strip()}")
+        if name != "dropout" and v <= 0:
+            raise ConfigError(f"config key '{key.strip()}': must be a positive integer, got {raw.strip()}")
 
 
 def _preset(model_preset: str, train: dict[str, Any], data: dict[str, Any], **kw: Any) -> dict[str, Any]:
