@@ -89,6 +89,8 @@ def data_prepare(
     time_col: Optional[str] = typer.Option("timestamp", help="generic: timestamp column ('' = file order)."),
     action_col: Optional[str] = typer.Option("action", help="generic: action column ('' = none)."),
     map_ids: bool = typer.Option(False, help="generic: map string ids to integers."),
+    delimiter: Optional[str] = typer.Option(None, help="generic: field delimiter of CSV files (default ',' and a "
+                                                       "tab for .tsv files; '\\t' is a tab)."),
 ) -> None:
     """Ingest DATASET into Iceberg tables (events, feedviews, items) under WORKDIR/tables."""
     from genrec.data.ingest.common import RatingRule
@@ -97,7 +99,8 @@ def data_prepare(
 
     cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None)
     opts = IngestOptions(rating_rule=RatingRule(like_min=like_min, dislike_max=dislike_max), slate_size=slate_size,
-                         download=download, columns=cols, map_ids=map_ids)
+                         download=download, columns=cols, map_ids=map_ids,
+                         **({} if delimiter is None else {"delimiter": delimiter.replace("\\t", "\t")}))
     with _working(f"ingesting {dataset} into {workdir}/tables ..."):
         m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)
     _echo_json({"tables": str(Path(workdir) / "tables"), "counts": m["counts"],

@@ -184,3 +184,21 @@ def test_bad_inputs_that_had_raised_tracebacks_are_one_line_errors(tmp_path: Pat
     assert r.exit_code == 2 and "run `genrec train" in r.output, r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path / "w5"), "--checkpoint", str(tmp_path / "nosuch")])
     assert r.exit_code == 2 and "not a checkpoint folder" in r.output, r.output
+
+
+def test_tsv_delimiter_and_header_checks(tmp_path: Path) -> None:
+    """A .tsv file is read with tabs by default; a header that does not split hints at the delimiter; a
+    column read twice in the header is refused (it had quietly used the first)."""
+    (tmp_path / "e.tsv").write_text("user_id\titem_id\ttimestamp\n1\t10\t4\n2\t10\t5\n")
+    ds = prepare_dataset("generic", tmp_path / "e.tsv", options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert ds.events.num_rows == 2
+    (tmp_path / "e.txt").write_text("user_id\titem_id\ttimestamp\n1\t10\t4\n")
+    with pytest.raises(DataError, match="is the delimiter '\\\\t'"):
+        prepare_dataset("generic", tmp_path / "e.txt", options=IngestOptions(columns=ColumnMapping(action=None)))
+    ds = prepare_dataset("generic", tmp_path / "e.txt",
+                         options=IngestOptions(delimiter="\t", columns=ColumnMapping(action=None)))
+    assert ds.events.num_rows == 1
+    (tmp_path / "d.csv").write_text("user_id,item_id,user_id,timestamp,note,note\n1,10,2,4,a,b\n")
+    with pytest.raises(DataError, match="'user_id' appears 2 times") as e:
+        prepare_dataset("generic", tmp_path / "d.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert (e.value.line, e.value.field) == (1, "user_id")

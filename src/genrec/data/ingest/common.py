@@ -285,8 +285,13 @@ def read_delimited(
         head = [h.strip() for h in head]
         for c in columns:
             if c.name not in head:
-                raise DataError(f"header lacks column {c.name!r}; header has {head}", path=path, line=1,
+                other = next((d for d in ("\t", ",", ";", "|") if d != delimiter and d in first), None)
+                hint = "" if other is None else f" (is the delimiter {other!r}? this file is read with {delimiter!r})"
+                raise DataError(f"header lacks column {c.name!r}; header has {head}{hint}", path=path, line=1,
                                 field=c.name)
+        if (dup := next((c.name for c in columns if head.count(c.name) > 1), None)) is not None:  # which one?
+            raise DataError(f"column {dup!r} appears {head.count(dup)} times in the header", path=path, line=1,
+                            field=dup)
         n_fields = len(head)
         positions = [head.index(c.name) for c in columns]
         names_for_arrow = [f"_c{i}" for i in range(n_fields)]

@@ -65,6 +65,11 @@ def _is_csv(path: Path) -> bool:
     return path.suffix.lower() in (".csv", ".tsv", ".txt")
 
 
+def _delimiter(path: Path, given: str) -> str:
+    """The default "," means a tab for a .tsv file; a delimiter someone chose is kept."""
+    return "\t" if given == "," and path.suffix.lower() == ".tsv" else given
+
+
 def _not_compressed(path: Path) -> None:
     if path.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip"):
         raise DataError(f"a compressed file ({path.suffix}): decompress it first (e.g. `gunzip -k`); events and "
@@ -256,7 +261,7 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     if m.surface is not None:
         cols.append(Column(m.surface, "str"))
     try:
-        ev = load_columns(events_path, cols, options.delimiter)
+        ev = load_columns(events_path, cols, _delimiter(events_path, options.delimiter))
     except DataError as e:
         raise _string_ids_hint(e, (m.user, m.item)) from None
 
@@ -310,7 +315,7 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
 
     if items_path is not None:
         items = read_items_file(items_path, m, map_ids=options.map_ids, item_codes=item_codes,
-                                delimiter=options.delimiter)
+                                delimiter=_delimiter(items_path, options.delimiter))
         files.append(file_record(items_path, checksum=options.checksum))
     else:
         items = ItemRows.empty()
