@@ -202,3 +202,18 @@ def test_tsv_delimiter_and_header_checks(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="'user_id' appears 2 times") as e:
         prepare_dataset("generic", tmp_path / "d.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
     assert (e.value.line, e.value.field) == (1, "user_id")
+
+
+@pytest.mark.parametrize("rows, map_ids, line, field, why", [
+    ("1,10,4,click\n1,11,5,\n", False, 3, "action", "empty value"),
+    ("1,10,4,click\n1,11,5,click \n", False, 3, "action", "whitespace"),
+    ("a,10,4,click\n,11,5,click\n", True, 3, "user_id", "empty value"),
+])
+def test_names_and_remapped_ids_must_be_non_empty_and_trimmed(tmp_path: Path, rows: str, map_ids: bool, line: int,
+                                                              field: str, why: str) -> None:
+    """An empty or untrimmed action had become an action of its own (positive by default), an empty
+    remapped user id a user of its own: now a DataError naming the line and field."""
+    (tmp_path / "e.csv").write_text("user_id,item_id,timestamp,action\n" + rows)
+    with pytest.raises(DataError, match=why) as e:
+        prepare_dataset("generic", tmp_path / "e.csv", options=IngestOptions(map_ids=map_ids))
+    assert (e.value.line, e.value.field) == (line, field)

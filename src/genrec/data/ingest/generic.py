@@ -134,6 +134,24 @@ def load_columns(path: Path, columns: list[Column], delimiter: str) -> Loaded:
     return Loaded(path, {c.name: _parquet_column(path, table, c) for c in columns}, table.num_rows, False)
 
 
+def _check_names(arr: Any, ev: "Loaded", field: str, what: str) -> None:
+    """Text values that name something (an action, a surface, a remapped id) must be non-empty and trimmed:
+    a DataError naming the first row that is not."""
+    d = arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(pa.array(arr) if not isinstance(
+        arr, (pa.Array, pa.ChunkedArray)) else arr)
+    if isinstance(d, pa.ChunkedArray):
+        d = d.combine_chunks()
+    if not (pa.types.is_string(d.dictionary.type) or pa.types.is_large_string(d.dictionary.type)):
+        return
+    values = d.dictionary.to_pylist()
+    bad = [i for i, v in enumerate(values) if not v.strip() or v != v.strip()]
+    if bad:
+        r = int(np.flatnonzero(np.isin(d.indices.to_numpy(zero_copy_only=False), bad))[0])
+        v = values[int(d.indices[r].as_py())]
+        why = "empty value" if not v.strip() else f"value {v!r} has leading or trailing whitespace"
+        raise DataError(f"{why}: {what} must be non-empty and trimmed", path=ev.path, line=ev.line(r), field=field)
+
+
 def _first_appearance_codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
     """Dense codes 0..K-1 in order of first appearance, and the originals by code. [N] -> [N]."""
     d = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
@@ -268,13 +286,16 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     user_ids: list[Any] | None = None
     item_codes: dict[Any, int] = {}
     if options.map_ids:
+        for f in (m.user, m.item):
+            _check_names(ev.columns[f], ev, f, "ids to remap")
         user, user_ids = _first_appearance_codes(ev.columns[m.user])
         item, item_orig = _first_appearance_codes(ev.columns[m.item])
         item_codes = {str(v): i for i, v in enumerate(item_orig)}
     else:
         user, item = ev.columns[m.user], ev.columns[m.item]
 
-    def vocab_codes(arr: pa.Array, fixed: list[str] | None) -> tuple[np.ndarray, list[str]]:
+    def vocab_codes(arr: pa.Array, fixed: list[str] | None, field: str = "") -> tuple[np.ndarray, list[str]]:
+        _check_names(arr, ev, field, "action and surface names")  # "" or "click " would be actions of their own
         values = arr.dictionary.to_pylist()
         names = list(fixed) if fixed is not None else sorted(set(values))
         pos = {v: i for i, v in enumerate(names)}
@@ -282,11 +303,12 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
         return remap[arr.indices.to_numpy()], names
 
     if m.action is not None:
-        action_idx, actions = vocab_codes(ev.columns[m.action], list(options.actions) if options.actions else None)
+        action_idx, actions = vocab_codes(ev.columns[m.action], list(options.actions) if options.actions else None,
+                                          m.action)
     else:
         action_idx, actions = np.zeros(ev.n, dtype=np.int16), [DEFAULT_ACTION]
     if m.surface is not None:
-        surface_idx, surfaces = vocab_codes(ev.columns[m.surface], None)
+        surface_idx, surfaces = vocab_codes(ev.columns[m.surface], None, m.surface)
     else:
         surface_idx, surfaces = np.zeros(ev.n, dtype=np.int16), [DEFAULT_SURFACE]
     if len(actions) > 31:
