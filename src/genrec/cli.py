@@ -100,7 +100,7 @@ def data_prepare(
     cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None)
     opts = IngestOptions(rating_rule=RatingRule(like_min=like_min, dislike_max=dislike_max), slate_size=slate_size,
                          download=download, columns=cols, map_ids=map_ids,
-                         **({} if delimiter is None else {"delimiter": delimiter.replace("\\t", "\t")}))
+                         delimiter=(delimiter or ",").replace("\\t", "\t"))  # "," reads .tsv files with tabs
     with _working(f"ingesting {dataset} into {workdir}/tables ..."):
         m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)
     _echo_json({"tables": str(Path(workdir) / "tables"), "counts": m["counts"],
