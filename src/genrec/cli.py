@@ -161,13 +161,17 @@ def sid_assign(
     """Give new items codes with the frozen codebook; writes a new SID version."""
     import numpy as np
 
+    from genrec.errors import DataError
     from genrec.features import content as fc
     from genrec.sid.build import assign_sids, new_item_vectors, open_current
 
     ids, vecs = fc.read_vector_file(vectors.expanduser())
     cur = open_current(Path(workdir) / "sid")
-    x = new_item_vectors(cur.path, np.asarray(vecs, dtype=np.float32), cur.quantizer.dim)
-    sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
+    try:
+        x = new_item_vectors(cur.path, np.asarray(vecs, dtype=np.float32), cur.quantizer.dim)
+        sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
+    except DataError as e:  # name the file the bad vectors came from
+        raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
     _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes})
     if list(sb.codebook_sizes) != list(cur.codebook_sizes):
         typer.secho(f"warning: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}): "

@@ -51,7 +51,8 @@ def check_vectors(x: Any, *, name: str = "vectors") -> np.ndarray:
     bad = ~np.isfinite(arr).all(axis=1)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise DataError(f"row {row} has a NaN or infinite value ({int(bad.sum())} bad rows)", field=name)
+        raise DataError(f"row {row + 1} (counting from 1) has a NaN or infinite value ({int(bad.sum())} bad rows)",
+                        field=name)
     return arr
 
 

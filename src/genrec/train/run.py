@@ -274,6 +274,10 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
 
     valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
                           catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
+    if len(valid) == 0:
+        print("[genrec.train] warning: no validation cases (no user has a validation event in this split), so "
+              "every valid/* metric below reads 0 and says nothing; early stopping and the BEST checkpoint follow "
+              "them. Give users more events, or check the split.", file=sys.stderr)
 
     trie = leaf_rows = None
     if sid_build is not None:
