@@ -78,6 +78,15 @@ def test_choose_fusion_picks_the_weighting_that_ranks_targets_first() -> None:
     assert [r["recall@1"] for r in rows] == [fusion_metrics(parts, (1, 5), *g)["recall@1"] for g in grid]
     with pytest.raises(ConfigError, match="empty"):
         choose_fusion(parts, (1, 5), [], "recall@1")
+    # the weights in use without tuning win a tie for the best (nothing measured says to change them) ...
+    kept, _ = choose_fusion(parts, (1, 5), grid, "recall@1", prefer=(0.0, 1.0, 0.5))
+    assert (kept["a"], kept["w"], kept["v"]) == (0.0, 1.0, 0.5)
+    # ... and lose to a better weighting; a tie everywhere (every weighting scores 0) keeps them too
+    lost, _ = choose_fusion(parts, (1, 5), grid, "recall@1", prefer=(1.0, 0.0, 0.0))
+    assert (lost["a"], lost["w"], lost["v"]) == (0.0, 1.0, 0.0)
+    flat = [{**p, "target_rows": np.full_like(p["target_rows"], -1)} for p in parts]
+    tie, _ = choose_fusion(flat, (1, 5), grid, "recall@1", prefer=(1.0, 0.0, 0.0))
+    assert (tie["a"], tie["w"], tie["v"]) == (1.0, 0.0, 0.0) and tie["recall@1"] == 0.0
 
 
 # ----------------------------------------------------------------------------- end to end on a trained run

@@ -210,14 +210,18 @@ def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], ac
 
 
 def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
-                  grid: Sequence[tuple[float, float, float]], metric: str = "recall@10"
+                  grid: Sequence[tuple[float, float, float]], metric: str = "recall@10",
+                  prefer: tuple[float, float, float] | None = None
                   ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Every weighting of ``grid`` scored from recorded score parts (:func:`fusion_metrics`), and
-    the best by ``metric``; ties go to the earlier (simpler) weighting. Returns (best, all rows)."""
+    the best by ``metric``; ties go to ``prefer`` (the weights in use without tuning) when it ties for
+    the best, else to the earlier (simpler) weighting. Returns (best, all rows)."""
     if not grid:
         raise ConfigError("fusion grid is empty")
     rows = [{"a": a, "w": w, "v": v, **fusion_metrics(parts, ks, a, w, v)} for a, w, v in grid]
-    return max(rows, key=lambda r: r[metric]), rows  # max keeps the first of equals
+    best = max(rows, key=lambda r: r[metric])  # max keeps the first of equals
+    kept = next((r for r in rows if (r["a"], r["w"], r["v"]) == prefer and r[metric] == best[metric]), None)
+    return kept or best, rows
 
 
 def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 50,
@@ -249,7 +253,9 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     utility = {a: 1.0 for a in rec.actions}
     l0l1_pass(rec, es, ks=ks, beam_width=beam_width, diversity_lambda=0.0, overretrieve=overretrieve,
               utility=utility, batch_size=batch_size, parts=parts)
-    best, rows = choose_fusion(parts, ks, grid or FUSION_GRID, metric)
+    d = FusionWeights()  # a tie with the untuned weights keeps them: nothing measured says to change
+    best, rows = choose_fusion(parts, ks, grid or FUSION_GRID, metric,
+                               prefer=(d.action_weight, d.retrieval_weight, d.sid_weight))
     heads = next((r for r in rows if (r["a"], r["w"], r["v"]) == (1.0, 0.0, 0.0)), None)
     chosen = FusionWeights(best["a"], best["w"], best["v"])
     out: dict[str, Any] = {
