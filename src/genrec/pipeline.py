@@ -115,6 +115,14 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
     store = TableStore(wd.tables, catalog_config())
     if store.exists():
         items = store.read_items()
+        built_from = vecs.meta.get("inputs", {}).get("items", {}).get("sha256")
+        if built_from is not None:
+            from genrec.features.build import table_fingerprint
+
+            if table_fingerprint(items, ["item_id", "text"]) != built_from:  # the data was prepared again since
+                raise ConfigError(f"{wd.features}: the item features were built from other item tables than "
+                                  f"those now in {wd.tables} (the data was prepared again since): run `genrec "
+                                  f"features build`, `genrec sid build` and `genrec train` for {wd.root} again")
         t = dict(zip(items.column("item_id").to_pylist(), items.column("title").to_pylist()))
         titles = [t.get(int(i)) for i in ids]
     return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
