@@ -217,3 +217,21 @@ def test_names_and_remapped_ids_must_be_non_empty_and_trimmed(tmp_path: Path, ro
     with pytest.raises(DataError, match=why) as e:
         prepare_dataset("generic", tmp_path / "e.csv", options=IngestOptions(map_ids=map_ids))
     assert (e.value.line, e.value.field) == (line, field)
+
+
+def test_parquet_value_errors_read_plainly(tmp_path: Path) -> None:
+    """No numpy reprs in messages; a NaN id is an empty value; a uint64 id above int64 is out of range (it had
+    wrapped to a negative number)."""
+    pq.write_table(pa.table({"user_id": [1, 2], "item_id": [1.0, float("nan")], "timestamp": [1, 2]}),
+                   tmp_path / "nan.parquet")
+    pq.write_table(pa.table({"user_id": pa.array([1, 2 ** 63 + 5], pa.uint64()), "item_id": [1, 2],
+                             "timestamp": [1, 2]}), tmp_path / "big.parquet")
+    pq.write_table(pa.table({"user_id": [-1, 2], "item_id": [1, 2], "timestamp": [1, 2]}), tmp_path / "neg.parquet")
+    opts = IngestOptions(columns=ColumnMapping(action=None))
+    for name, line, field, want in [("nan", 2, "item_id", "empty value (NaN)"),
+                                    ("big", 2, "user_id", f"out of the int64 range: {2 ** 63 + 5}"),
+                                    ("neg", 1, "user_id", "invalid value -1:")]:
+        with pytest.raises(DataError) as e:
+            prepare_dataset("generic", tmp_path / f"{name}.parquet", options=opts)
+        assert (e.value.line, e.value.field) == (line, field) and want in str(e.value), str(e.value)
+        assert "np." not in str(e.value)

@@ -93,7 +93,12 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
         return arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
     if col.kind == "int":
         if pa.types.is_integer(arr.type):
-            a = arr.to_numpy().astype(np.int64)
+            raw = arr.to_numpy()
+            if raw.dtype == np.uint64 and (big := raw > np.uint64(2 ** 63 - 1)).any():
+                r = int(np.flatnonzero(big)[0])
+                raise DataError(f"integer out of the int64 range: {int(raw[r])}", path=path, line=r + 1,
+                                field=col.name)
+            a = raw.astype(np.int64)
         elif pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
             ok = pc.match_substring_regex(arr, _INT_RE).to_numpy(zero_copy_only=False)
             if not ok.all():
@@ -105,7 +110,8 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
             bad = ~np.isfinite(f) | (f != np.round(f))
             if bad.any():
                 r = int(np.flatnonzero(bad)[0])
-                raise DataError(f"not an integer: {f[r]!r}", path=path, line=r + 1, field=col.name)
+                why = "empty value (NaN)" if np.isnan(f[r]) else f"not an integer: {f[r].item()!r}"
+                raise DataError(why, path=path, line=r + 1, field=col.name)
             a = f.astype(np.int64)
         elif pa.types.is_timestamp(arr.type):
             a = pc.cast(pc.cast(arr, pa.timestamp("s")), pa.int64()).to_numpy()
@@ -115,7 +121,8 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
         a = pc.cast(arr, pa.float64()).to_numpy()
     if col.check is not None and not (ok := col.check(a)).all():
         r = int(np.flatnonzero(~ok)[0])
-        raise DataError(f"invalid value {a[r]!r}: expected {col.check_msg}", path=path, line=r + 1, field=col.name)
+        v = a[r].item() if hasattr(a[r], "item") else a[r]
+        raise DataError(f"invalid value {v!r}: expected {col.check_msg}", path=path, line=r + 1, field=col.name)
     return a
 
 
