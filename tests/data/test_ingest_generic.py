@@ -235,3 +235,10 @@ def test_parquet_value_errors_read_plainly(tmp_path: Path) -> None:
             prepare_dataset("generic", tmp_path / f"{name}.parquet", options=opts)
         assert (e.value.line, e.value.field) == (line, field) and want in str(e.value), str(e.value)
         assert "np." not in str(e.value)
+
+
+def test_a_string_field_that_is_not_utf8_is_located(tmp_path: Path) -> None:
+    (tmp_path / "e.csv").write_bytes(b"user_id,item_id,timestamp,action\n1,10,100,click\n1,11,101,cl\xe9ck\n")
+    with pytest.raises(DataError, match="not valid UTF-8 text") as e:
+        prepare_dataset("generic", tmp_path / "e.csv")
+    assert (e.value.line, e.value.field) == (3, "action")

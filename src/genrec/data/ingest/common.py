@@ -250,6 +250,18 @@ def line_of_record(path: Path, text: str, record: int, *, delimiter: str, header
     raise IndexError(record)
 
 
+def _first_bad_utf8(path: Path, delimiter: str) -> tuple[int, int, int] | None:
+    """(1-based line, 0-based field index, the byte) of the first byte that is not UTF-8; None if all is."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+        return None
+    except UnicodeDecodeError as e:
+        start = raw.rfind(b"\n", 0, e.start) + 1
+        field = raw[start:e.start].count(delimiter.encode())
+        return raw.count(b"\n", 0, e.start) + 1, field, raw[e.start]
+
+
 def read_delimited(
     path: Path,
     columns: Sequence[Column],
@@ -311,6 +323,11 @@ def read_delimited(
         del raw
 
     def slow_fail(reason: str) -> DataError:
+        if "utf8" in reason.lower().replace("-", "") and (bad := _first_bad_utf8(path, delimiter)) is not None:
+            line, index, byte = bad  # the fallback decoding below would read the byte as Latin-1 and find no fault
+            fld = next((c.name for c, p in zip(columns, positions) if p == index), None)
+            return DataError(f"not valid UTF-8 text (byte 0x{byte:02x}); save the file as UTF-8", path=path,
+                             line=line, field=fld)
         text, _ = decode_text(path, encodings)
         err = locate_error(path, text, columns, delimiter=delimiter, header=header, quoted=quoted,
                            positions=positions, n_fields=n_fields)
