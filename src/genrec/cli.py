@@ -262,6 +262,9 @@ def serve(
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
+    admin_token: Optional[str] = typer.Option(
+        None, envvar="GENREC_ADMIN_TOKEN", help="/admin/reload then needs 'Authorization: Bearer TOKEN' (set it "
+                                                "whenever --host is not loopback)."),
 ) -> None:
     """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP).
     With --workers > 1, SIGHUP the main process: it restarts every worker on the newest version."""
@@ -290,7 +293,7 @@ def serve(
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
                       max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch,
                       micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
-                      kv_pool_device=kv_pool_device)
+                      kv_pool_device=kv_pool_device, admin_token=admin_token or None)
     run_server(cfg, host=host, port=port, workers=workers)
 
 

@@ -250,3 +250,14 @@ def test_admin_reload_with_workers_is_refused_naming_sighup(run_dir: Path) -> No
         r = httpx.post(s.url + "/admin/reload", timeout=30)
         assert r.status_code == 409 and not r.json()["ok"] and "SIGHUP" in r.json()["error"], r.text
         assert r.json()["version"] == app.service.holder.current.version
+
+
+def test_admin_reload_needs_the_token_when_one_is_set(run_dir: Path) -> None:
+    app = create_app(ServeConfig(workdir=run_dir, admin_token="s3cret"))
+    with ServerThread(app) as s:
+        assert httpx.post(s.url + "/admin/reload", timeout=30).status_code == 401
+        bad = httpx.post(s.url + "/admin/reload", headers={"Authorization": "Bearer nope"}, timeout=30)
+        assert bad.status_code == 401 and "Authorization: Bearer" in bad.json()["message"]
+        ok = httpx.post(s.url + "/admin/reload", headers={"Authorization": "Bearer s3cret"}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["ok"], ok.text
+        assert httpx.post(s.url + "/v1/recommend", json=REQ, timeout=30).status_code == 200  # requests need none

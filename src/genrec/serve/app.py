@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import hmac
 import importlib.util
 import logging
 import os
@@ -87,6 +88,9 @@ class ServeConfig:
     micro_batch_policy: str = "timed"
     micro_batch_wait_ms: float = 2.0  # timed policy only
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
+    # /admin/reload needs "Authorization: Bearer <admin_token>" when set (default: $GENREC_ADMIN_TOKEN); unset,
+    # it is open to whoever reaches the port (loopback by default)
+    admin_token: str | None = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_ADMIN_TOKEN") or None)
     workers: int = 1  # uvicorn worker processes (serve()'s argument): > 1 refuses /admin/reload (SIGHUP the main one)
 
 
@@ -495,7 +499,12 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/reload")
-    async def reload() -> JSONResponse:
+    async def reload(request: Request) -> JSONResponse:
+        if cfg.admin_token is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), f"Bearer {cfg.admin_token}".encode()):
+            return JSONResponse({"error": "unauthorized", "message": "/admin/reload needs the header "
+                                 "'Authorization: Bearer <token>' (the server's --admin-token)", "fields": []},
+                                status_code=401)
         if cfg.workers > 1:  # this request reaches one worker; the others would keep the old version
             return JSONResponse({"ok": False, "version": svc.holder.current.version if svc.holder.ready else None,
                                  "error": f"this server runs {cfg.workers} worker processes and /admin/reload reaches "
