@@ -79,7 +79,7 @@ def test_bad_inputs() -> None:
         ResidualKMeans(2, [4])
     x = _clustered(50, 4)
     x[7, 2] = np.nan
-    with pytest.raises(DataError, match="row 7"):
+    with pytest.raises(DataError, match="row 8 \\(counting from 1\\)"):
         ResidualKMeans(2, 4).fit(x)
     rq = ResidualKMeans(2, 4, niter=2).fit(_clustered(50, 4))
     with pytest.raises(DataError, match="dimension"):
