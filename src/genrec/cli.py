@@ -271,9 +271,6 @@ def serve(
     import os
     import signal
 
-    if hasattr(signal, "SIGHUP"):  # SIGHUP is the reload trigger: never the default "end the process", not
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # even while torch imports and the bundle loads
-
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
     if kv_pool_device not in ("auto", "cpu", "cuda"):
@@ -284,9 +281,17 @@ def serve(
         if cuda_graphs not in ("off", "sid", "all"):
             raise typer.BadParameter(f"--cuda-graphs must be off, sid or all, got {cuda_graphs!r}")
         os.environ["GENREC_CUDA_GRAPHS"] = cuda_graphs  # likewise
-    from genrec.retrieve.recommender import find_checkpoint
+    # SIGHUP is the reload trigger: never the default "end the process", not even while torch imports and the
+    # bundle loads (the app's own handler takes over once it runs)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
+    try:
+        from genrec.retrieve.recommender import find_checkpoint
 
-    find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
+        find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
+    except BaseException:
+        if hup is not None:
+            signal.signal(signal.SIGHUP, hup)
+        raise
     from genrec.serve.app import ServeConfig
     from genrec.serve.app import serve as run_server
 
