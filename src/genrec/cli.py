@@ -172,7 +172,12 @@ def sid_assign(
         sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
     except DataError as e:  # name the file the bad vectors came from
         raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
-    _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes})
+    got = sb.stats.get("assigned", {})
+    _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes,
+                "new_items": got.get("new"), "already_present": got.get("already_present")})
+    if got.get("already_present"):
+        typer.secho(f"note: {got['already_present']} of the {got.get('requested')} items already had codes in "
+                    f"{cur.version}; they keep them (their vectors were not used)", fg=typer.colors.YELLOW, err=True)
     if list(sb.codebook_sizes) != list(cur.codebook_sizes):
         typer.secho(f"warning: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}): "
                     f"models trained on {cur.version} cannot serve {sb.version} until retrained; point "
