@@ -144,12 +144,13 @@ def load_columns(path: Path, columns: list[Column], delimiter: str) -> Loaded:
 def _check_names(arr: Any, ev: "Loaded", field: str, what: str) -> None:
     """Text values that name something (an action, a surface, a remapped id) must be non-empty and trimmed:
     a DataError naming the first row that is not."""
-    d = arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(pa.array(arr) if not isinstance(
-        arr, (pa.Array, pa.ChunkedArray)) else arr)
+    d = arr if isinstance(arr, (pa.Array, pa.ChunkedArray)) else pa.array(arr)
     if isinstance(d, pa.ChunkedArray):
         d = d.combine_chunks()
+    if not pa.types.is_dictionary(d.type):
+        d = pc.dictionary_encode(d)
     if not (pa.types.is_string(d.dictionary.type) or pa.types.is_large_string(d.dictionary.type)):
-        return
+        return  # integer ids: nothing to trim
     values = d.dictionary.to_pylist()
     bad = [i for i, v in enumerate(values) if not v.strip() or v != v.strip()]
     if bad:
