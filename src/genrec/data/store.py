@@ -200,17 +200,13 @@ class TableStore:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def _outside(self, location: str | None) -> str | None:
-        """With the local catalogue: the directory a table's metadata ``location`` lies in when that is NOT
-        under this store's ``tables_dir`` (a copied work directory's catalogue still names the original's
-        files); else None. Remote catalogues own their locations: always None."""
+    def _elsewhere(self, location: str | None) -> bool:
+        """With the local catalogue: does a table's metadata ``location`` lie outside this store's
+        ``tables_dir`` (a copied work directory's catalogue still names the original's files)? Remote
+        catalogues own their locations: always False."""
         if self._catalog_conf is not None or not location:
-            return None
-        path = Path(location[len("file://"):] if location.startswith("file://") else location)
-        if path.is_relative_to(self.tables_dir):
-            return None
-        parts = path.parts
-        return str(Path(*parts[:parts.index("warehouse")])) if "warehouse" in parts else str(path.parent)
+            return False
+        return not Path(location.removeprefix("file://")).is_relative_to(self.tables_dir)
 
     def _purge_namespace(self, ns: str) -> None:
         """Drop every table in ``ns`` (deleting its files) and then ``ns`` itself; best effort. A table whose
@@ -219,7 +215,7 @@ class TableStore:
         with contextlib.suppress(Exception):
             for ident in self.catalog.list_tables(ns):
                 with contextlib.suppress(Exception):
-                    if self._outside(self.catalog.load_table(ident).metadata_location) is not None:
+                    if self._elsewhere(self.catalog.load_table(ident).metadata_location):
                         self.catalog.drop_table(ident)
                     else:
                         self.catalog.purge_table(ident)
@@ -330,15 +326,12 @@ class TableStore:
             m = re.search(r"'([^']*)/warehouse/", str(e))
             was = m.group(1) if m else None
             if was and Path(was) != self.tables_dir:
-                msg = self._moved(was)
+                msg = (f"the tables at {self.tables_dir} were moved or copied from {was}: Iceberg records absolute "
+                       f"paths, so their catalogue still points there. Move the work directory back, or prepare it "
+                       f"again in place (`genrec data prepare DATASET WORKDIR`)")
             else:
                 msg = f"the {name} table's files under {self.tables_dir} are missing ({e}); prepare the data again"
             raise GenrecError(msg) from e
-
-    def _moved(self, was: str) -> str:
-        return (f"the tables at {self.tables_dir} were moved or copied from {was}: Iceberg records absolute "
-                f"paths, so their catalogue still points there. Move the work directory back, or prepare it "
-                f"again in place (`genrec data prepare DATASET WORKDIR`; the files at {was} are left alone)")
 
     def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
         from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference

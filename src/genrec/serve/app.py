@@ -527,11 +527,7 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
 
     import uvicorn
 
-    cfg = dataclasses.replace(cfg, workers=workers)
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGHUP"):
-        # until the app's own handler is in (its lifespan), a SIGHUP -- the documented reload trigger --
-        # must not end the process (the default action); with workers, uvicorn's main process takes it
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    cfg = dataclasses.replace(cfg, workers=workers)  # (`genrec serve` ignores SIGHUP until the lifespan handles it)
     if workers > 1:
         os.environ["GENREC_SERVE_CONFIG"] = json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                         for k, v in cfg.__dict__.items()})

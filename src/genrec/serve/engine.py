@@ -98,8 +98,8 @@ class Engine:
         self.cfg: ModelConfig = rec.config
         self.popular = popular
         self.checkpoint: Path = rec.checkpoint
-        self.weights_digest: str | None = getattr(rec, "weights_digest", None)  # the ranking process checks it
-        self.fingerprint: str | None = getattr(rec, "fingerprint", None)
+        self.weights_digest: str | None = rec.weights_digest  # the ranking process checks it
+        self.fingerprint: str | None = rec.fingerprint
         self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
 
