@@ -158,7 +158,7 @@ def sid_assign(
     vectors: Path = typer.Option(..., help="Parquet (item_id + vector) or .npy with item_ids.npy beside it: "
                                            "content vectors of NEW items."),
 ) -> None:
-    """Give new items codes with the frozen codebook; writes a new SID version."""
+    """Give new items codes with the frozen codebook; writes a new SID version (none when no item is new)."""
     import numpy as np
 
     from genrec.errors import DataError
@@ -174,8 +174,12 @@ def sid_assign(
         raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
     got = sb.stats.get("assigned", {})
     _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes,
-                "new_items": got.get("new"), "already_present": got.get("already_present")})
-    if got.get("already_present"):
+                "new_items": got.get("new"), "already_present": got.get("already_present"),
+                "unchanged": bool(got.get("unchanged"))})
+    if got.get("unchanged"):
+        typer.secho(f"note: every one of the {got.get('requested')} items already had codes in {sb.version}: "
+                    f"no new version written", fg=typer.colors.YELLOW, err=True)
+    elif got.get("already_present"):
         typer.secho(f"note: {got['already_present']} of the {got.get('requested')} items already had codes in "
                     f"{cur.version}; they keep them (their vectors were not used)", fg=typer.colors.YELLOW, err=True)
     if list(sb.codebook_sizes) != list(cur.codebook_sizes):

@@ -29,6 +29,12 @@ def test_sid_assign_cli_reports_new_and_already_present_items(tmp_path: Path) ->
     assert "1 of the 3 items already had codes" in r.output
     sb = open_current(tmp_path / "sid")
     assert sb.version != v0 and sb.index.contains(np.array([100, 101])).all()
+    v1 = sb.version
+    r = CliRunner().invoke(app, ["sid", "assign", str(tmp_path), "--vectors", str(new / "vectors.npy")])
+    assert r.exit_code == 0, r.output  # the same items again: all known, no new version
+    out = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
+    assert out["unchanged"] and out["new_items"] == 0 and out["version"] == v1
+    assert "no new version written" in r.output and open_current(tmp_path / "sid").version == v1
     np.save(new / "vectors.npy", np.full((3, 8), np.nan, np.float32))
     r = CliRunner().invoke(app, ["sid", "assign", str(tmp_path), "--vectors", str(new / "vectors.npy")])
     assert r.exit_code == 2 and "vectors.npy" in r.output and "row 1 (counting from 1)" in r.output, r.output

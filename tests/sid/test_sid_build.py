@@ -83,9 +83,11 @@ def test_assign_sids_frozen_codebook(tmp_path) -> None:
     v1 = open_version(tmp_path, "v0001")
     np.testing.assert_array_equal(np.asarray(v1.codes), old_codes)
     assert len(v1.index) == 300 and len(b2.index) == 400
-    # assigning the same items again changes nothing
+    # assigning the same items again changes nothing and writes no version (servers would reload for nothing)
     b3 = assign_sids(tmp_path, x_req, id_req)
     np.testing.assert_array_equal(b3.index.codes_of(ids), b2.index.codes_of(ids))
+    assert b3.version == "v0002" and list_versions(tmp_path) == ["v0001", "v0002"]
+    assert b3.stats["assigned"]["unchanged"] and b3.stats["assigned"]["already_present"] == 150
 
 
 def test_injected_failure_keeps_current(tmp_path, monkeypatch) -> None:

@@ -322,6 +322,8 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
     Items already in the current version keep their codes (their vectors are ignored).
     New items get the next free disambiguation code inside their semantic prefix, so the
     last level's codebook may grow (recorded in stats). The old version is not touched.
+    When no item is new, nothing is written: the current version is returned, with
+    ``stats["assigned"]`` describing this request (a new version would only make servers reload).
     """
     root = Path(out_root)
     cur = open_current(root)
@@ -331,6 +333,11 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
         raise DataError(f"new vectors have dimension {x.shape[1]}, the codebooks {cur.quantizer.dim}",
                         field="new_vectors")
     fresh = ~cur.index.contains(ids)
+    if not fresh.any():
+        cur.stats = {**cur.stats, "assigned": {"requested": int(ids.shape[0]), "new": 0,
+                                               "already_present": int(ids.shape[0]), "reconstruction_new": [],
+                                               "final_level_grew": False, "unchanged": True}}
+        return cur
     x_new, ids_new = x[fresh], ids[fresh]
     old_codes = np.asarray(cur.codes)
     old_ids = np.asarray(cur.item_ids)
