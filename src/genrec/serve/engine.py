@@ -93,10 +93,14 @@ def _input_error(e: Exception) -> InputError:
 class Engine:
     """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
-    def __init__(self, rec: Any, popular: np.ndarray) -> None:
+    def __init__(self, rec: Any, popular: np.ndarray, pop_rank: np.ndarray | None = None) -> None:
         self.rec = rec
         self.cfg: ModelConfig = rec.config
-        self.popular = popular
+        self.popular = popular  # catalogue rows, most interacted first (the cold-start list)
+        if pop_rank is None:  # rows beyond the list share its last rank
+            pop_rank = np.full(len(rec.catalog), len(popular), dtype=np.int64)
+            pop_rank[np.asarray(popular, dtype=np.int64)] = np.arange(len(popular))
+        self.pop_rank = pop_rank  # [N] each row's place in that order (0 = most interacted)
         self.checkpoint: Path = rec.checkpoint
         self.weights_digest: str | None = rec.weights_digest  # the ranking process checks it
         self.fingerprint: str | None = rec.fingerprint
@@ -113,7 +117,10 @@ class Engine:
         ev = open_store(workdir).read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
         counts = np.bincount(rows[rows >= 0], minlength=len(rec.catalog))
-        return cls(rec, np.argsort(-counts, kind="stable")[:1000])
+        order = np.argsort(-counts, kind="stable")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return cls(rec, order[:1000], rank)
 
     @property
     def version(self) -> str:
@@ -230,11 +237,36 @@ class Engine:
         }
 
     # ------------------------------------------------------------------ rank given candidates
+    def cold_rank(self, dropped: list[int], item_ids: Sequence[int], surface: Any = None) -> dict[str, Any]:
+        """``/v1/rank`` for a history with no known item: the known candidates, most interacted first
+        (ties keep the request's order), scored ``1 / (1 + place in the popularity order)`` like the
+        cold-start list of :meth:`recommend`."""
+        rec = self.rec
+        if surface is not None:  # still a 422 when the request names a surface the model lacks
+            try:
+                rec._vocab_index(surface, rec.surfaces, "surface", "surface")
+            except (DataError, ConfigError) as e:
+                raise _input_error(e) from e
+        ids = np.asarray(list(item_ids), dtype=np.int64)
+        rows = rec.catalog.rows(ids, strict=False)
+        ok = np.flatnonzero(rows >= 0)
+        ranks = self.pop_rank[rows[ok]]
+        order = ok[np.argsort(ranks, kind="stable")]
+        items = [{"item_id": int(ids[j]), "score": 1.0 / (1.0 + float(self.pop_rank[rows[j]])), "action_probs": None}
+                 for j in order]
+        return {"items": items, "unknown_candidates": [int(i) for i in ids[rows < 0]], "dropped_items": dropped,
+                "truncated_items": 0, "cold_start": True}
+
     @torch.no_grad()
     def rank_items(self, history: Sequence[Mapping[str, Any]], item_ids: Sequence[int], surface: Any = None,
                    request_ts: int | None = None) -> dict[str, Any]:
-        """``/v1/rank``: encode once, score the known candidates over the cache (M-FALCON)."""
+        """``/v1/rank``: encode once, score the known candidates over the cache (M-FALCON). A history
+        with no known item is a cold start, as in :meth:`recommend`: the known candidates in order of
+        interactions in the training data, without action probabilities."""
         rec = self.rec
+        dropped, any_known, _ = self._known(history)
+        if not any_known:
+            return self.cold_rank(dropped, item_ids, surface)
         try:
             p = rec.parse_history(list(history), "history")
             s = rec._vocab_index(surface, rec.surfaces, "surface", "surface") if surface is not None \

@@ -103,7 +103,7 @@ class RecommendResponse(BaseModel):
 class RankedItem(BaseModel):
     item_id: int
     score: float
-    action_probs: dict[str, float]
+    action_probs: Optional[dict[str, float]]  # None on a cold start (no known history item)
 
 
 class RankResponse(BaseModel):
@@ -111,6 +111,7 @@ class RankResponse(BaseModel):
     unknown_candidates: list[int]
     dropped_items: list[int]
     truncated_items: int
+    cold_start: bool = False
     index_version: str
     timings_ms: Timings
 
