@@ -109,6 +109,45 @@ def test_before_swap_sees_the_new_engine_first_and_cannot_block_it(run_copy: Pat
     assert seen == [(holder.current.version, old.version)]
 
 
+def test_concurrent_reloads_share_builds(run_copy: Path) -> None:
+    """Eight /admin/reload-style calls at once cost at most two bundle builds (one in progress, one shared by
+    everyone who asked meanwhile), and a reload asked for after a new SID version is published still sees it."""
+    from genrec.pipeline import build_semantic_ids
+    from genrec.serve.engine import Engine
+
+    started = threading.Event()
+
+    def slow_load(*args, **kwargs):  # noqa: ANN002, ANN003 - the real loader, held open so that the calls overlap
+        started.set()
+        time.sleep(0.5)
+        return Engine.load(*args, **kwargs)
+
+    holder = BundleHolder(run_copy, loader=slow_load)
+    v0 = holder.load_initial().version
+    base = holder.builds
+    results: list[dict] = []
+
+    def call() -> None:
+        results.append(holder.reload())
+
+    first = threading.Thread(target=call)
+    first.start()
+    started.wait(30)  # the first build is running: the rest arrive during it
+    rest = [threading.Thread(target=call) for _ in range(7)]
+    for t in rest:
+        t.start()
+    for t in [first, *rest]:
+        t.join(120)
+    assert len(results) == 8 and all(r["ok"] for r in results), results
+    assert holder.builds - base == 2, holder.builds - base
+    assert sum(bool(r.get("coalesced")) for r in results) == 6
+    assert holder.current.version == v0 and not any(r["swapped"] for r in results)
+    # a call after a publish is never answered by a build that started before it asked
+    new = build_semantic_ids(run_copy)
+    res = holder.reload()
+    assert res["swapped"] and holder.current.version.endswith(new.version) and not res.get("coalesced")
+
+
 def test_failed_reload_keeps_serving(run_copy: Path) -> None:
     holder = BundleHolder(run_copy)
     v0 = holder.load_initial().version

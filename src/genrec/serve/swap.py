@@ -12,6 +12,11 @@ finds the same checkpoint + SID version keeps the current bundle.
 Non-standard: ``genrec sid build`` publishes a version by renaming a complete folder and then
 rewriting ``CURRENT`` atomically, so a build killed at any point cannot make ``reload`` see a
 partial index: it either sees the previous ``CURRENT`` or the new, complete one.
+
+Concurrent reloads are coalesced (single flight): a reload asked for while a build runs waits for
+it, then shares ONE further build with every other caller that arrived meanwhile (that build starts
+after all of them asked, so it sees whatever they meant to publish). N simultaneous
+``/admin/reload`` calls therefore cost at most two builds, not N.
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ class BundleHolder:
         self.checkpoint = checkpoint
         self.device = device
         self._loader = loader or Engine.load
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the one build in progress
+        # single flight: callers take tickets; a build started after ticket t was taken answers t
+        self._flight = threading.Condition(threading.Lock())
+        self._tickets = 0  # reload requests so far
+        self._answered = 0  # every ticket <= this has its answer in self._answer
+        self._building = False
+        self._answer: dict[str, Any] = {}
+        self.builds = 0  # bundles built by reload() (coalesced callers share one)
         self._bundle: Bundle | None = None
         self.last_error: str | None = None
         self.reloads = 0
@@ -74,8 +86,31 @@ class BundleHolder:
             return self._bundle
 
     def reload(self) -> dict[str, Any]:
-        """Build a new bundle and swap it in; on failure keep serving the old one. Blocking."""
+        """Build a new bundle and swap it in; on failure keep serving the old one. Blocking. Calls that
+        overlap a build in progress share the next one (see the module docstring)."""
+        with self._flight:
+            self._tickets += 1
+            mine = self._tickets
+            while self._building:
+                self._flight.wait()
+            if self._answered >= mine:  # a build that started after we asked has answered
+                return dict(self._answer, coalesced=True)
+            self._building = True
+            covers = self._tickets  # this build starts after every ticket taken so far
+        res: dict[str, Any] = {"ok": False, "error": "reload did not finish"}
+        try:
+            res = self._reload_once()
+        finally:
+            with self._flight:
+                self._building = False
+                self._answered = covers
+                self._answer = res
+                self._flight.notify_all()
+        return res
+
+    def _reload_once(self) -> dict[str, Any]:
         with self._lock:
+            self.builds += 1
             old = self._bundle
             t0 = time.perf_counter()
             try:
