@@ -123,7 +123,11 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
                 raise ConfigError(f"{wd.features}: the item features were built from other item tables than "
                                   f"those now in {wd.tables} (the data was prepared again since): run `genrec "
                                   f"features build`, `genrec sid build` and `genrec train` for {wd.root} again")
-        t = dict(zip(items.column("item_id").to_pylist(), items.column("title").to_pylist()))
+        # an item without a title (Taobao has none; generic files may lack the column) shows its text,
+        # the description its content vector was built from, rather than nothing
+        t = {i: title if title else (text[:80] + "..." if len(text) > 80 else text) or None
+             for i, title, text in zip(items.column("item_id").to_pylist(), items.column("title").to_pylist(),
+                                       items.column("text").to_pylist())}
         titles = [t.get(int(i)) for i in ids]
     return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
                        n_engagement=int(np.asarray(vecs.engagement).shape[1]))
