@@ -10,7 +10,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-timeout 260 python3 benchmarks/probe_vendor_dense.py --iters 20 --warmup 5 --sustain 2 2>&1 | grep -v -i 'warn' > $OUT/vendor.log
+timeout 300 python3 benchmarks/probe_vendor_dense.py --iters 20 --warmup 5 --sustain 2 ${VENDOR_EXTRA:-} 2>&1 | grep -v -i 'warn' > $OUT/vendor.log
 echo "vendor rc=${PIPESTATUS[0]}"; grep -E "^  ! " $OUT/vendor.log | head -12; tail -22 $OUT/vendor.log
 timeout 320 python3 benchmarks/bench_kernels.py --only correctness,train,ceilings --quick --all-shapes --sustain 2 \
   --iters 20 --warmup 5 2>&1 | grep -v -i 'warn' > $OUT/bench.log

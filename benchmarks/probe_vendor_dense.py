@@ -39,6 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--extra", action="store_true", help="also: forward-only rows (genrec, cuDNN) and the TIGER "
+                                                           "layout's causal attention on cuDNN and FlashAttention-2")
     ap.add_argument("--sustain", type=float, default=0.0, help="also run the item-block and best vendor rows back "
                                                                "to back this many seconds, with the SM clock")
     a = ap.parse_args()
@@ -65,10 +67,14 @@ def main() -> None:
         dd = torch.randn(B, H, S, D, device="cuda", dtype=dt)
         lengths = torch.full((B,), n, device="cuda", dtype=torch.int32)
         cfg = ItemBlockConfig.tuned(D)
-        whole_pairs = bk._visible_pairs(lengths.cpu(), n, T)
+        whole_pairs = bk._visible_pairs(lengths.cpu(), n, T) * H  # (summed over the batch, per head)
 
         def genrec_both() -> Any:
             return torch.autograd.grad(item_block_attention(*xs, lengths, T, config=cfg), xs, dd)
+
+        def genrec_fwd() -> Any:
+            with torch.no_grad():
+                return item_block_attention(*xs, lengths, T, config=cfg)
 
         # the dense part alone: [B, H*T, m, D] queries over [B, H, m, D] (GQA) or expanded K/V, causal
         qg = torch.randn(B, H * T, m, D, device="cuda", dtype=dt).requires_grad_()
@@ -88,6 +94,19 @@ def main() -> None:
                 return torch.autograd.grad(o, (qg, k, v), dg)
             return both
 
+        def sdpa_fwd(backend: Any) -> Callable[[], Any]:
+            def fwd() -> Any:
+                with torch.no_grad(), sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qg, ke, ve, is_causal=True)
+            return fwd
+
+        def tiger(backend: Any) -> Callable[[], Any]:  # the TIGER layout's causal attention over all S tokens
+            def both() -> Any:
+                with sdpa_kernel([backend]):
+                    o = F.scaled_dot_product_attention(*xs, is_causal=True)
+                return torch.autograd.grad(o, xs, dd)
+            return both
+
         bm = create_block_mask(lambda b, h, q, kv: kv <= q, None, None, m, m, device="cuda")
 
         def flex_both() -> Any:
@@ -101,6 +120,14 @@ def main() -> None:
             cands.append((f"sdpa {name}, K/V expanded", "dense part", sdpa(be, False), dense_pairs))
             cands.append((f"sdpa {name}, enable_gqa", "dense part", sdpa(be, True), dense_pairs))
         cands.append(("flex, causal block mask, gqa", "dense part", flex_both, dense_pairs))
+        if a.extra:
+            fwd_frac = 1 / 3.5  # the forward's share of fwd+bwd FLOPs (useful TFLOP/s below count fwd+bwd's)
+            cands.append(("genrec item-block (tuned), forward only", "whole", genrec_fwd, int(whole_pairs * fwd_frac)))
+            cands.append(("sdpa cudnn, K/V expanded, forward only", "dense part", sdpa_fwd(SDPBackend.CUDNN_ATTENTION),
+                          int(dense_pairs * fwd_frac)))
+            causal = B * H * S * (S + 1) // 2
+            for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash-2", SDPBackend.FLASH_ATTENTION)):
+                cands.append((f"sdpa {name} causal, TIGER layout's {S} tokens", "tiger", tiger(be), causal))
         for name, part, fn, pairs in cands:
             label = f"{shape} {name}"
             eager = bk._guard(f"{label} eager", lambda: bk._time(fn, a.warmup, a.iters))
@@ -115,7 +142,8 @@ def main() -> None:
                   f" ms  {tf or float('nan'):5.0f} TFLOP/s", flush=True)
         if a.sustain > 0:
             mine = [r for r in rows if r["shape"] == shape]
-            vend = [r for r in mine if r["part"] == "dense part" and (r["graph_ms"] or r["eager_ms"])]
+            vend = [r for r in mine if r["part"] == "dense part" and "forward" not in r["impl"]
+                    and (r["graph_ms"] or r["eager_ms"])]
             best_v = min(vend, key=lambda r: r["graph_ms"] or r["eager_ms"]) if vend else None
             for r in (mine[0], best_v):
                 if r is None or not (r["graph_ms"] or r["eager_ms"]):
@@ -133,13 +161,15 @@ def main() -> None:
         del xs, dd, qg, kd, vd, ke, ve, dg, cands
         bk._empty_cache()
 
-    print("\nshape | implementation | part | GPU time (graph) ms | eager ms | useful TFLOP/s | this ÷ genrec whole"
+    print("\nshape | implementation | part | GPU time (graph) ms | eager ms | useful TFLOP/s | this ÷ genrec (fwd+bwd, or fwd)"
           " | sustained ms @ MHz")
     for shape in ("12x64", "8x128"):
         mine = [r for r in rows if r["shape"] == shape]
-        ref = mine[0]["graph_ms"] if mine else None
+        refs = {fw: next((r["graph_ms"] for r in mine if r["impl"].startswith("genrec")
+                          and ("forward" in r["impl"]) == fw), None) for fw in (False, True)}
         for r in mine:
             t = r["graph_ms"] or r["eager_ms"]
+            ref = refs["forward" in r["impl"]]  # a forward row against genrec's forward
             ratio = f"{t / ref:.2f}x" if (t and ref) else "-"
             sus = f"{r['sustained_ms']:.3f} @ {r.get('sm_clock_mhz') or 0:.0f}" if r.get("sustained_ms") else "-"
             print(f"{shape} | {r['impl']} | {r['part']} | {r['graph_ms'] or float('nan'):.3f} | "
