@@ -496,6 +496,8 @@ def eval_cmd(
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
     no_ranking: bool = typer.Option(False, help="Skip the feedview ranking metrics."),
+    slate_negatives: int = typer.Option(8, help="Sampled impression-only candidates added to each held-out "
+                                                "ranking slate (as training's data.neg_cands)."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
 ) -> None:
     """Leave-one-out (or temporal) full-catalogue evaluation of every path + popularity; writes reports/."""
@@ -503,6 +505,7 @@ def eval_cmd(
 
     cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
                      overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
+                     slate_negatives=slate_negatives,
                      retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                      sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
                      sweep_beam=tuple(int(x) for x in _floats(sweep_beam or "", "--sweep-beam")),
@@ -524,7 +527,7 @@ def fusion_tune(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
     max_users: int = typer.Option(2000, help="Validation cases to choose on (0 = all)."),
-    beam: int = typer.Option(50, help="SID beam width inside L0."),
+    beam: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the weights)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
     metric: str = typer.Option("recall@10", help="recall@K or ndcg@K, K in 5, 10, 20."),
 ) -> None:

@@ -148,6 +148,20 @@ def test_ranking_metrics_batched_equal_one_at_a_time(run: tuple[Path, Recommende
     pos = sum(1 << rec.actions.index(a) for a in rec.positive_actions)
     assert m["hit@3"] == pytest.approx(hit_at_k_slates([q @ u for q in batched], [(s.labels & pos) > 0 for s in slates]))
     assert m["n_items"] == len(p)
+    # leave-one-out test slates are the target alone (its slate's earlier items were training candidates)
+    by_user = {r.user_id: r for r in data.records}
+    assert all(len(s.cand_rows) == 1 for s in slates)
+    assert all(len(f) <= 1 and (not f or f[0].item_ids[0] == r.target_item)
+               for r, f in zip(data.records, data.feedviews)) and len(by_user) == len(data.records)
+    # with sampled impression-only negatives: AUC still over the logged items, Hit@3 over the whole slate
+    neg, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len, negatives=8, seed=3)
+    assert all(s.n_sampled == 8 and len(s.cand_rows) == 9 and not (s.labels[1:]).any() for s in neg)
+    assert all(not set(s.cand_rows[1:].tolist()) & set(s.rows.tolist()) for s in neg)
+    m2 = ranking_metrics(rec, neg)
+    assert m2["auc"] == pytest.approx(m["auc"], nan_ok=True) and m2["n_items"] == m["n_items"]
+    assert m2["n_sampled_negatives"] == 8 * len(neg) and m2["hit@3_chance"] == pytest.approx(3 / 9)
+    again, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len, negatives=8, seed=3)
+    assert all(np.array_equal(a.cand_rows, b.cand_rows) for a, b in zip(neg, again))  # the same for every model
 
 
 def test_run_eval_writes_report_and_records_test_split(run: tuple[Path, Recommender]) -> None:
@@ -182,6 +196,12 @@ def test_run_eval_writes_report_and_records_test_split(run: tuple[Path, Recommen
     assert "valid" in t1["model_selection"]
     t2 = evaluate(root, EvalConfig(split="test", max_users=16, ranking=False), rec=rec)
     assert t2["previous_test_reports"] == [f1["json"].name]
+    # the checkpoint's provenance is stated as it is: this run has no BEST marker
+    assert t1["model_selection"].startswith("LATEST") and "nothing was selected on valid" in t1["model_selection"]
+    # a second report of the same split and step is written beside the first, never over it
+    _, f2 = run_eval(root, EvalConfig(split="test", max_users=16, ranking=False), rec=rec)
+    assert f2["json"].name == f"eval-test-step{rec.step}-2.json" and f1["json"].exists()
+    assert json.loads(f1["json"].read_text())["previous_test_reports"] == []
 
 
 def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:

@@ -284,8 +284,9 @@ class BucketJoinReader:
             truncated = hist.size > self.context_len
             hist = hist[-self.context_len:]
             h_seq = e_seq[hist]
+            t_ts = int(e_ts[k]) if not train and k < b else 0
             fvs = self._feedviews(uid, t, h_seq, truncated, int(f_first[ui]), int(f_last[ui]),
-                                  f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels)
+                                  f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels, t_ts)
             if train and hist.size == 0 and not fvs:
                 continue
             ex = UserExample(
@@ -305,35 +306,44 @@ class BucketJoinReader:
 
     def _feedviews(self, uid: int, t: int, h_seq: np.ndarray, truncated: bool, c: int, d: int,
                    f_req: np.ndarray, f_ts: np.ndarray, f_surf: np.ndarray, f_lo: np.ndarray,
-                   f_hi: np.ndarray, f_items: np.ndarray, f_labels: np.ndarray) -> list[Feedview]:
+                   f_hi: np.ndarray, f_items: np.ndarray, f_labels: np.ndarray, t_ts: int = 0) -> list[Feedview]:
+        """The user's slates for this role. Slate item j is event ``request_seq + j`` (the feedviews are
+        chunks of the events: :mod:`genrec.data.ingest.feedviews`). Train: every slate's items before
+        ``t`` (the train end). Eval: the slate holding the target, cut to its held-out part -- the target
+        and the later items -- and asked at the target (history: the case's, ``request_ts``: the
+        target's). Its earlier items were training candidates of the same request, with the same history
+        and labels: scoring them would reward memorising the training set (audit, 2026-12-03)."""
         if c == d:
             return []
         req = f_req[c:d]  # [f]
         length = f_hi[c:d] - f_lo[c:d]  # [f]
+        skip = np.zeros_like(length)
         if self.role == "train":
             keep_len = np.minimum(length, t - req)  # items of the slate inside the train part
             sel = keep_len > 0
             if truncated and h_seq.size:
                 sel &= req >= h_seq[0]
         else:
-            keep_len = length
             sel = (req <= t) & (t < req + length)
+            skip = np.where(sel, t - req, 0)  # the slate's items before the target: trained on
+            keep_len = length - skip
         idx = np.flatnonzero(sel)
         if idx.size == 0:
             return []
-        hl = np.searchsorted(h_seq, req[idx], side="left")  # history events before the request
+        asked = req[idx] + skip[idx]  # train: the slate's request; eval: the target
+        hl = np.searchsorted(h_seq, asked, side="left")  # history events before it
         coin = keep_uniform(self.seed, uid, req[idx]) if self.keep_p < 1.0 else None
         out: list[Feedview] = []
         for n, i in enumerate(idx):
-            lo = int(f_lo[c + i])
+            lo = int(f_lo[c + i]) + int(skip[i])
             hi = lo + int(keep_len[i])
             labels = f_labels[lo:hi]
             if coin is not None and not (int(np.bitwise_or.reduce(labels)) & self._pos_mask):
                 if not coin[n] < self.keep_p:
                     continue
             out.append(Feedview(
-                request_ts=int(f_ts[c + i]),
-                request_seq=int(req[i]),
+                request_ts=int(f_ts[c + i]) if not skip[i] else t_ts,
+                request_seq=int(asked[n]),
                 surface=int(f_surf[c + i]),
                 item_ids=f_items[lo:hi].astype(np.int64),
                 labels=labels.astype(np.int32),

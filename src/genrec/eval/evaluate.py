@@ -1,9 +1,10 @@
 """``genrec eval``: the offline protocol and its report (PinGER §4.1, UniPinRec §4, TIGER/SASRec metrics).
 
 One checkpoint (BEST if the trainer marked one on validation, else LATEST), one split, the full
-catalogue, history items NOT excluded (the TIGER / SASRec protocol behind the published Beauty
-numbers). Leave-one-out or temporal, whichever split the run was trained with. Paths, all in
-the same run and on the same cases:
+catalogue, history items NOT excluded (the full-ranking protocol behind TIGER's published Beauty
+numbers, where generated SIDs are never filtered; SASRec's own paper instead ranked the target among
+100 sampled items the user had not interacted with). Leave-one-out or temporal, whichever split the
+run was trained with. Paths, all in the same run and on the same cases:
 
 * ``sid``   constrained SID beams (PinGER), beam order = ranking (via
   :func:`genrec.eval.retrieval.evaluate_retrieval`);
@@ -67,6 +68,12 @@ class EvalConfig:
     checkpoint: str | None = None
     seed: int = 0
     ranking: bool = True
+    slate_negatives: int = 8
+    """Sampled impression-only candidates added to each ranking slate (as training's ``data.neg_cands``):
+    the held-out part of a leave-one-out slate is 1-2 items, too few for Hit@3 to mean anything."""
+    ranking_utility: dict[str, float] | None = None
+    """The utility Hit@3 ranks slates by; None = the Recommender's default (+1 positive actions, -1
+    negative ones), matching Hit@3's positives (not ``utility``, which is for the L0+L1 retrieval path)."""
 
     def validate(self) -> None:
         if self.split not in ("valid", "test"):
@@ -87,6 +94,8 @@ class EvalConfig:
                 raise ConfigError(f"{flag} must be a finite number >= 0, got {x}")
         if any(c < 1 for c in self.sweep_context):
             raise ConfigError("context lengths must be >= 1")
+        if self.slate_negatives < 0:
+            raise ConfigError(f"--slate-negatives must be >= 0, got {self.slate_negatives}")
 
 
 @dataclass
@@ -224,7 +233,7 @@ def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
     return kept or best, rows
 
 
-def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 50,
+def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 20,
                 overretrieve: int = 3, batch_size: int = 128, metric: str = "recall@10",
                 grid: Sequence[tuple[float, float, float]] | None = None, save: bool = True,
                 rec: Recommender | None = None) -> dict[str, Any]:
@@ -233,7 +242,9 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     validation cases recording every candidate's score parts, every weighting of ``grid`` (default
     ``FUSION_GRID``) is scored offline by :func:`fusion_metrics`, and the best by ``metric``
     (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. Utility: every action
-    weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``."""
+    weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``.
+    ``beam_width``: the SID beam inside L0, by default ``genrec eval``'s (the weights are recorded with it,
+    and an evaluation at another width says so)."""
     from genrec.retrieve.fusion import FUSION_GRID, FusionWeights
 
     t0 = time.perf_counter()
@@ -329,14 +340,17 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         from genrec.eval.ranking import collect_slates, ranking_metrics
 
         t0 = time.perf_counter()
-        slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len)
-        ranking = ranking_metrics(rec, slates, utility=cfg.utility, batch_size=cfg.batch_size)
+        slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,
+                                         negatives=cfg.slate_negatives, seed=cfg.seed)
+        ranking = ranking_metrics(rec, slates, utility=cfg.ranking_utility or rec.action_utility(),
+                                  batch_size=cfg.batch_size)
         ranking["skipped_slates"] = skipped
         timings["ranking"] = time.perf_counter() - t0
 
     sweeps = run_sweeps(rec, es, cfg, ks)
     wd = WorkDir(workdir)
     previous = sorted(p.name for p in wd.reports.glob("eval-test-*.json")) if wd.reports.exists() else []
+    notes = _report_notes(rec, cfg, wd)
     timings["total"] = time.perf_counter() - t_start
     run = rec.run_config or {}
     return {
@@ -349,14 +363,52 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                      "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
                                                                cfg.sid_weight)),
                                    "stored": None if rec.fusion_path is None else str(rec.fusion_path)}},
-        "model_selection": "checkpoint chosen on the valid split by the trainer (BEST when early stopping marked "
-                           "one, else LATEST); the test split is for one final measurement",
+        "model_selection": _model_selection(rec, cfg, wd),
+        "notes": notes,
         "previous_test_reports": previous if cfg.split == "test" else [],
         "checkpoint": str(rec.checkpoint), "step": rec.step, "variant": run.get("variant"),
         "layout": mcfg.layout, "sid_levels": mcfg.sid_levels,
         "paths": paths, "ranking": ranking, "sid_diagnostics": diag, "sweeps": sweeps,
         "timings_s": timings, "config": {k: v for k, v in asdict(cfg).items()},
     }
+
+
+def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
+    """What chose the evaluated checkpoint, in words (the BEST marker is the trainer's choice on valid)."""
+    from genrec.train.checkpoint import BEST, resolve_checkpoint
+
+    if cfg.checkpoint not in (None, "BEST", "LATEST"):
+        return f"checkpoint given on the command line ({rec.checkpoint.name if rec.checkpoint else '?'})"
+    try:
+        best = resolve_checkpoint(wd.checkpoints, BEST)
+    except Exception:  # noqa: BLE001 - a dangling marker: nothing was chosen through it
+        best = None
+    if best is not None and rec.checkpoint is not None and best.resolve() == Path(rec.checkpoint).resolve():
+        return (f"BEST ({best.name}): chosen on the valid split by the trainer's early stopping; the test split is "
+                "for one final measurement")
+    which = cfg.checkpoint or "LATEST"
+    return (f"{which} ({rec.checkpoint.name if rec.checkpoint else '?'}): the run's last checkpoint, no early "
+            "stopping marked a BEST one -- nothing was selected on valid")
+
+
+def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
+    """Caveats the numbers need beside them: L1 weights chosen on these very cases (in-sample), or at
+    another beam width than this evaluation's."""
+    from genrec.retrieve.fusion import read_fusion_meta
+
+    out: list[str] = []
+    if rec.fusion_path is None or any(x is not None for x in (cfg.action_weight, cfg.retrieval_weight,
+                                                                cfg.sid_weight)):
+        return out
+    chosen = read_fusion_meta(rec.fusion_path).get("chosen_on", {})
+    if cfg.split == "valid" and chosen.get("split") == "valid":
+        out.append(f"the L0+L1 row is in-sample: its fusion weights were chosen by `genrec fusion tune` on "
+                   f"{chosen.get('cases', '?')} validation cases of this split (compare it on test)")
+    bw = chosen.get("beam_width")
+    if bw is not None and int(bw) != cfg.beam_width:
+        out.append(f"the L0+L1 fusion weights were chosen at SID beam {bw}; this evaluation uses beam "
+                   f"{cfg.beam_width}")
+    return out
 
 
 def run_sweeps(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int]) -> dict[str, list[dict[str, Any]]]:
@@ -399,5 +451,11 @@ def run_eval(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     from genrec.eval.report import write_report
 
     report = evaluate(workdir, cfg, rec=rec)
-    files = write_report(report, WorkDir(workdir).reports, f"eval-{cfg.split}-step{report['step']}")
+    folder = WorkDir(workdir).reports
+    stem = f"eval-{cfg.split}-step{report['step']}"
+    n = 2
+    while (folder / f"{stem}.json").exists():  # an earlier report of the same step is kept, never overwritten
+        stem = f"eval-{cfg.split}-step{report['step']}-{n}"
+        n += 1
+    files = write_report(report, folder, stem)
     return report, files

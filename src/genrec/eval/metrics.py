@@ -52,7 +52,11 @@ def rank_in_list(retrieved: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def topk_metrics(ranks: np.ndarray, ks: Sequence[int] = (5, 10, 20)) -> dict[str, float]:
-    """Recall@K (= HR@K with one target), NDCG@K and MRR from 0-based ranks (-1 = not found)."""
+    """Recall@K (= HR@K with one target), NDCG@K and MRR from 0-based ranks (-1 = not found).
+
+    MRR is truncated at the largest K (a target ranked past it counts 0), so that a path ranking the
+    whole catalogue (ANN, popularity) and one returning a K-item list (SID beams, L0+L1) are measured
+    alike (audit: the untruncated column had ordered ANN above L0+L1, the truncated one the reverse)."""
     ranks = np.asarray(ranks)
     found = ranks >= 0
     out: dict[str, float] = {}
@@ -61,7 +65,8 @@ def topk_metrics(ranks: np.ndarray, ks: Sequence[int] = (5, 10, 20)) -> dict[str
         inside = found & (ranks < k)
         out[f"recall@{k}"] = float(inside.sum() / n)
         out[f"ndcg@{k}"] = float((1.0 / np.log2(ranks[inside] + 2.0)).sum() / n)
-    out["mrr"] = float((1.0 / (ranks[found] + 1.0)).sum() / n)
+    top = found & (ranks < max(ks)) if len(ks) else found
+    out["mrr"] = float((1.0 / (ranks[top] + 1.0)).sum() / n)
     out["n"] = float(len(ranks))
     return out
 
@@ -91,13 +96,14 @@ def hit_at_k_slates(scores: list[np.ndarray], labels: list[np.ndarray], k: int =
     """UniPinRec's Hit@k over slates: the share of positives that the model ranks in its top k.
 
     For each slate with at least one positive: (#positives among the k highest-scored items)
-    / min(k, #positives); averaged over such slates.
+    / min(k, #positives); averaged over such slates. Ties count against the positives (among equal
+    scores the negatives rank first), so a constant scorer scores its chance level or less.
     """
     vals = []
     for s, y in zip(scores, labels):
         y = np.asarray(y).astype(bool)
         if not y.any():
             continue
-        top = np.argsort(-np.asarray(s), kind="stable")[:k]
+        top = np.lexsort((y, -np.asarray(s, dtype=np.float64)))[:k]  # by score, then negatives first
         vals.append(y[top].sum() / min(k, int(y.sum())))
     return float(np.mean(vals)) if vals else float("nan")

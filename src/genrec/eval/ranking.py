@@ -2,16 +2,26 @@
 
 UniPinRec §4 (ranking evaluation): each slate is scored by the action heads as a decode step
 over the cached history that precedes the request (``Recommender.score_candidates`` = the
-model's ``rank``), exactly what serving does in L1. Non-standard details:
+model's ``rank``), exactly what serving does in L1. Non-standard details (none of the bundled
+datasets logs impressions; the feedviews are chunks of the interactions):
 
-* A slate's history is the user's events before the request (``Feedview.history_len``), the
-  newest ``context_len`` of them; slate items unknown to the catalogue are dropped; slates with
-  no history or no known item are skipped (counted in ``skipped``).
-* AUC per action ``c`` pools every scored slate item: score ``sigmoid(logit_c)``, label = bit
-  ``c`` of the item's label mask (NaN when one class is absent).
-* Hit@3 ranks each slate by the utility ``sum_c u_c * sigmoid(logit_c)`` (the L0+L1 utility)
-  and counts positives = items with any positive-action bit
-  (:func:`genrec.eval.metrics.hit_at_k_slates`).
+* A slate is the **held-out part** of the feedview holding the case's target -- the target and
+  the user's later slate items, none of them ever a training candidate -- asked at the target,
+  with the case's history (the newest ``context_len`` events before it): see
+  :meth:`genrec.data.join.BucketJoinReader._feedviews`. Under leave-one-out that is 1 item (test)
+  or 2 (valid); under ``data.split=temporal`` up to a whole slate.
+* To each slate, ``negatives`` catalogue items are added as impression-only candidates (label 0),
+  as training does (``data.neg_cands``): uniform over the catalogue minus the slate and the
+  case's history, drawn from a generator seeded by (user, request), so every model is scored on
+  the same slates. Slate items unknown to the catalogue are dropped; slates with no history or no
+  known item are skipped (counted in ``skipped``).
+* AUC per action ``c`` pools the **logged** slate items only (the sampled negatives carry no
+  logged action): score ``sigmoid(logit_c)``, label = bit ``c`` (NaN when one class is absent).
+* Hit@3 ranks each slate, negatives included, by the utility ``sum_c u_c * sigmoid(logit_c)``
+  (default: +1 for positive actions, -1 for negative ones: what serving ranks by) and counts
+  positives = items with a positive-action bit (:func:`genrec.eval.metrics.hit_at_k_slates`;
+  ties count against the positives). ``hit@3_chance`` is its exact expectation under a random
+  order of the same slates.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Slate:
-    """One scorable request: history rows/actions/surfaces/ts, candidate rows, label masks."""
+    """One scorable request: history rows/actions/surfaces/ts, candidate rows, label masks. The last
+    ``n_sampled`` candidates are sampled impression-only negatives (label 0), the others logged items."""
 
     rows: np.ndarray  # int64 [n]
     actions: np.ndarray  # int64 [n]
@@ -42,13 +53,44 @@ class Slate:
     labels: np.ndarray  # int64 [k] bitmask over actions
     surface: int
     request_ts: int
+    n_sampled: int = 0
+
+    @property
+    def logged(self) -> slice:
+        """The logged candidates (not the sampled negatives)."""
+        return slice(0, len(self.cand_rows) - self.n_sampled)
+
+
+def sample_negatives(n_catalog: int, exclude: np.ndarray, m: int, user_id: int, request_seq: int,
+                     seed: int = 0) -> np.ndarray:
+    """``m`` distinct catalogue rows not in ``exclude``, uniform, from a generator seeded by
+    (seed, user, request): the same rows for every model scored on this slate. Fewer when the
+    catalogue has fewer free rows."""
+    free = n_catalog - len(np.unique(exclude))
+    m = max(0, min(m, free))
+    if m == 0:
+        return np.zeros(0, np.int64)
+    g = np.random.default_rng([seed, user_id & 0xFFFFFFFFFFFFFFFF, request_seq & 0xFFFFFFFF])
+    ex = set(np.asarray(exclude, dtype=np.int64).tolist())
+    out: list[int] = []
+    seen: set[int] = set()
+    while len(out) < m:
+        for r in g.integers(0, n_catalog, 2 * m).tolist():
+            if r not in ex and r not in seen:
+                seen.add(r)
+                out.append(r)
+                if len(out) == m:
+                    break
+    return np.asarray(out, dtype=np.int64)
 
 
 def collect_slates(records: Sequence["UserExample"], feedviews: Sequence[Sequence[Any]], rec: "Recommender",
-                   *, context_len: int) -> tuple[list[Slate], int]:
-    """Slates from eval records (``feedviews[i]`` are record i's slates). Returns (slates, skipped)."""
+                   *, context_len: int, negatives: int = 0, seed: int = 0) -> tuple[list[Slate], int]:
+    """Slates from eval records (``feedviews[i]`` are record i's slates), each with ``negatives``
+    sampled impression-only candidates appended (:func:`sample_negatives`). Returns (slates, skipped)."""
     out: list[Slate] = []
     skipped = 0
+    n_cat = len(rec.catalog)
     for r, fvs in zip(records, feedviews):
         for fv in fvs:
             hl = int(fv.history_len)
@@ -63,9 +105,14 @@ def collect_slates(records: Sequence["UserExample"], feedviews: Sequence[Sequenc
             if len(sel) == 0:
                 skipped += 1
                 continue
+            logged = cand[keep]
+            neg = sample_negatives(n_cat, np.concatenate([logged, hrows[ok]]), negatives, int(r.user_id),
+                                   int(fv.request_seq), seed) if negatives else np.zeros(0, np.int64)
             out.append(Slate(hrows[sel], np.asarray(r.actions[:hl], np.int64)[sel],
                              np.asarray(r.surfaces[:hl], np.int64)[sel], np.asarray(r.timestamps[:hl], np.int64)[sel],
-                             cand[keep], np.asarray(fv.labels, np.int64)[keep], int(fv.surface), int(fv.request_ts)))
+                             np.concatenate([logged, neg]),
+                             np.concatenate([np.asarray(fv.labels, np.int64)[keep], np.zeros(len(neg), np.int64)]),
+                             int(fv.surface), int(fv.request_ts), n_sampled=len(neg)))
     return out, skipped
 
 
@@ -93,13 +140,28 @@ def score_slates(rec: "Recommender", slates: Sequence[Slate], *, batch_size: int
 
 def ranking_metrics(rec: "Recommender", slates: Sequence[Slate], *, utility: Mapping[str, float] | None = None,
                     k: int = 3, batch_size: int = 128) -> dict[str, Any]:
-    """``{"auc": {action: value}, "hit@3": value, "n_slates", "n_items"}`` over ``slates``."""
+    """``{"auc": {action: value}, "hit@3", "hit@3_chance", "n_slates", "n_items", ...}`` over
+    ``slates``; ``utility`` None: the Recommender's default (+1 positive, -1 negative actions)."""
     if rec.model.action_head is None:
         return {"auc": {}, f"hit@{k}": float("nan"), "n_slates": 0, "n_items": 0,
                 "note": f"layout {rec.config.layout!r} has no action heads"}
     probs = score_slates(rec, slates, batch_size=batch_size)
     u = rec.utility_vector(utility).cpu().numpy()
-    return slate_metrics(probs, slates, rec.actions, rec.positive_actions, u, k)
+    out = slate_metrics(probs, slates, rec.actions, rec.positive_actions, u, k)
+    out["utility"] = {a: float(x) for a, x in zip(rec.actions, u.tolist())}
+    return out
+
+
+def hit_chance(labels: Sequence[np.ndarray], k: int = 3) -> float:
+    """The expectation of :func:`genrec.eval.metrics.hit_at_k_slates` when each slate is ordered at
+    random: with P positives among n items, min(k, n) * P / n of them land in the top k on average."""
+    vals = []
+    for y in labels:
+        y = np.asarray(y).astype(bool)
+        n, pos = len(y), int(y.sum())
+        if pos:
+            vals.append(min(k, n) * pos / n / min(k, pos))
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def slate_metrics(probs: Sequence[np.ndarray], slates: Sequence[Slate], actions: Sequence[str],
@@ -108,15 +170,20 @@ def slate_metrics(probs: Sequence[np.ndarray], slates: Sequence[Slate], actions:
     ``[k_i, C]`` action probabilities; ``u``: the utility vector ``[C]``)."""
     n_act = len(actions)
     bits = 1 << np.arange(n_act)
-    if len(probs):
-        p_all = np.concatenate(list(probs))  # [M, C]
-        y_all = (np.concatenate([s.labels for s in slates])[:, None] & bits[None, :]) > 0  # [M, C]
+    if len(probs):  # AUC: the logged items only
+        p_all = np.concatenate([p[s.logged] for p, s in zip(probs, slates)])  # [M, C]
+        y_all = (np.concatenate([s.labels[s.logged] for s in slates])[:, None] & bits[None, :]) > 0  # [M, C]
     else:
         p_all = np.zeros((0, n_act))
         y_all = np.zeros((0, n_act), bool)
     pos_mask = sum(1 << list(actions).index(a) for a in positive_actions if a in actions)
-    hit = hit_at_k_slates([p @ u for p in probs], [(s.labels & pos_mask) > 0 for s in slates], k)
+    pos = [(s.labels & pos_mask) > 0 for s in slates]
+    hit = hit_at_k_slates([p @ u for p in probs], pos, k)
+    sizes = np.array([len(s.cand_rows) for s in slates])
     return {"auc": {a: auc(p_all[:, c], y_all[:, c]) for c, a in enumerate(actions)}, f"hit@{k}": hit,
-            "n_slates": len(slates), "n_items": int(len(p_all)),
+            f"hit@{k}_chance": hit_chance(pos, k), "n_slates": len(slates), "n_items": int(len(p_all)),
+            "n_sampled_negatives": int(sum(s.n_sampled for s in slates)),
+            "slate_size": {"mean": float(sizes.mean()) if len(sizes) else float("nan"),
+                           "max": int(sizes.max()) if len(sizes) else 0},
             "positive_rate": {a: float(y_all[:, c].mean()) if len(y_all) else float("nan")
                               for c, a in enumerate(actions)}}

@@ -55,7 +55,7 @@ def markdown(report: dict[str, Any]) -> str:
     """The human-readable table of one report."""
     p = report.get("protocol", {})
     ks = p.get("ks", [5, 10, 20])
-    cols = [f"Recall@{k}" for k in ks] + [f"NDCG@{k}" for k in ks] + ["MRR"]
+    cols = [f"Recall@{k}" for k in ks] + [f"NDCG@{k}" for k in ks] + [f"MRR@{max(ks)}"]
     keys = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks] + ["mrr"]
     split = report.get("split", "?")
     lines = [f"# genrec eval — {split} split, step {report.get('step')}", ""]
@@ -70,14 +70,25 @@ def markdown(report: dict[str, Any]) -> str:
               "| Path | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name, m in report.get("paths", {}).items():
         lines.append(f"| {PATH_NAMES.get(name, name)} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
+    if report.get("model_selection"):
+        lines += ["", f"Checkpoint: {report['model_selection']}."]
+    for note in report.get("notes") or []:
+        lines += ["", f"**Note:** {note}."]
     r = report.get("ranking")
     if r:
         aucs = r.get("auc", {})
-        hk = next((k for k in r if k.startswith("hit@")), "hit@3")
-        lines += ["", f"Ranking on {r.get('n_slates')} feedview slates ({r.get('n_items')} items):", "",
-                  "| " + " | ".join([f"AUC {a}" for a in aucs] + [hk.capitalize()]) + " |",
-                  "|" + "---|" * (len(aucs) + 1),
-                  "| " + " | ".join([_fmt(v) for v in aucs.values()] + [_fmt(r.get(hk))]) + " |"]
+        hk = next((k for k in r if k.startswith("hit@") and not k.endswith("_chance")), "hit@3")
+        neg = r.get("n_sampled_negatives")
+        size = (r.get("slate_size") or {}).get("mean")
+        lines += ["", f"Ranking on {r.get('n_slates')} held-out feedview slates ({r.get('n_items')} logged items"
+                  + (f", {neg} sampled impression-only negatives" if neg else "")
+                  + (f"; {size:.1f} candidates a slate" if isinstance(size, float) and not math.isnan(size) else "")
+                  + "). AUC over the logged items; Hit ranks each whole slate by the utility"
+                  + (f" {r['utility']}" if r.get("utility") else "") + ":", "",
+                  "| " + " | ".join([f"AUC {a}" for a in aucs] + [hk.capitalize(), f"{hk.capitalize()} by chance"])
+                  + " |", "|" + "---|" * (len(aucs) + 2),
+                  "| " + " | ".join([_fmt(v) for v in aucs.values()] + [_fmt(r.get(hk)), _fmt(r.get(f"{hk}_chance"))])
+                  + " |"]
     d = report.get("sid_diagnostics") or {}
     if d:
         lines += ["", "SID diagnostics:", ""] + [f"- {k}: {_fmt(v)}" for k, v in d.items()]

@@ -74,6 +74,12 @@ def save_fusion(path: str | Path, weights: FusionWeights, meta: dict[str, Any]) 
     return path
 
 
+def read_fusion_meta(path: str | Path) -> dict[str, Any]:
+    """Everything stored beside the weights (``chosen_on``, ``metric``, ...); {} when there is no file."""
+    rec = _read(Path(path))
+    return {} if rec is None else dict(rec[1])
+
+
 def load_fusion(path: str | Path) -> FusionWeights | None:
     """The weights stored at ``path``; None when there is no such file. A damaged or foreign file is
     an error that names it (never silently replaced by defaults)."""

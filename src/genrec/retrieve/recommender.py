@@ -319,10 +319,14 @@ class Recommender:
 
     # ------------------------------------------------------------------ input
     def default_utility(self) -> dict[str, float]:
-        """The utility stored with the fusion weights (``genrec fusion tune``), else +1 for the
-        dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), 0 for the rest."""
+        """The utility stored with the fusion weights (``genrec fusion tune``), else
+        :meth:`action_utility`."""
         if self.fusion_utility is not None:
             return dict(self.fusion_utility)
+        return self.action_utility()
+
+    def action_utility(self) -> dict[str, float]:
+        """+1 for the dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), 0 for the rest."""
         return {a: (1.0 if a in self.positive_actions else -1.0 if a.lower() in NEGATIVE_ACTIONS else 0.0)
                 for a in self.actions}
 
