@@ -117,13 +117,17 @@ def features_build(
     content_dim: int = typer.Option(64),
     engagement_dim: int = typer.Option(64),
     seed: int = typer.Option(0),
+    split: str = typer.Option("loo", help="The split whose TRAIN events the engagement vectors see: loo | temporal. "
+                                          "Use the data.split you will train with (genrec train refuses a mismatch)."),
 ) -> None:
     """Content vectors from item text + engagement vectors from the train split's co-interactions."""
+    from genrec.data.splits import SplitSpec
     from genrec.pipeline import build_item_features
 
+    spec = SplitSpec(kind=split)  # type: ignore[arg-type]  (refuses anything but loo / temporal, naming it)
     with _working("building content + engagement item vectors ..."):
         v = build_item_features(workdir, content=content, content_dim=content_dim, engagement_dim=engagement_dim,
-                                seed=seed)
+                                seed=seed, split=spec)
     _echo_json({"items": len(v), "content_dim": int(v.content.shape[1]),
                 "engagement_dim": int(v.engagement.shape[1]), "folder": str(Path(workdir) / "features")})
 

@@ -46,6 +46,24 @@ from genrec.workdir import WorkDir
 VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu", "frozen-ft")
 
 
+def check_features_split(wd: WorkDir, kind: str) -> None:
+    """Refuse item features whose engagement vectors saw another split's training events than the run's
+    (``data.split``): with leave-one-out features a temporal run's test targets -- events after the cut --
+    are in its item vectors (audit, 2026-12-03: 74 of 90 temporal test targets). Features without a recorded
+    split (built from a file before splits were recorded) pass."""
+    man = wd.features / "manifest.json"
+    if not man.exists():
+        return
+    from genrec.workdir import read_json
+
+    built = (read_json(man).get("inputs") or {}).get("split")
+    if built is not None and built != kind:
+        raise ConfigError(f"data.split: {wd.features}: the item features' engagement vectors were built from the "
+                          f"{built!r} split's training events, and this run trains with data.split={kind}: events the run "
+                          f"must not see (its valid/test targets) are in them. Run `genrec features build "
+                          f"{wd.root} --split {kind}` (then `genrec sid build`), or train with data.split={built}")
+
+
 @dataclass
 class DataConfig:
     context_len: int = 50
@@ -231,6 +249,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     info = store.info()
     mv, obj_cfg = variant_overrides(cfg)
     needs_sids = mv.get("layout", "pinger") in ("pinger", "tiger")
+    if cfg.data.split not in ("loo", "temporal"):
+        raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")
+    check_features_split(wd, cfg.data.split)  # before anything is loaded: the fix is a features rebuild
     catalog = load_catalog(wd.root, with_sids=needs_sids or (wd.sid / "CURRENT").exists())
     sid_build = None
     sid_sizes = None
@@ -239,8 +260,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
 
         sid_build = open_current(wd.sid)
         sid_sizes = [int(k) for k in sid_build.codebook_sizes]
-    if cfg.data.split not in ("loo", "temporal"):
-        raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")
     split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
     examples = materialise(reader, catalog)
