@@ -214,13 +214,20 @@ def train(
     preset: str = typer.Option("cpu-small", help="Run preset: quickstart, cpu-tiny, cpu-small, gpu-base."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. variant=tiger "
                                                               "train.lr=3e-4 model.d_model=128"),
-    no_resume: bool = typer.Option(False, help="Start from scratch even if checkpoints exist."),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Start from scratch: the previous run's checkpoints, "
+                                                             "logs and reports move to WORKDIR/previous-runs/."),
 ) -> None:
-    """Train the joint model (SID + dense retrieval + action heads) on WORKDIR's tables."""
+    """Train the joint model (SID + dense retrieval + action heads) on WORKDIR's prepared tables, features and
+    SIDs; resumes from the last checkpoint. Ctrl-C or SIGTERM stops after the current step with a checkpoint."""
     from genrec.train.run import RunConfig, train_run
 
     cfg = RunConfig.from_name(preset, list(overrides or []))
-    _echo_json(train_run(workdir, cfg, resume=not no_resume))
+    out = train_run(workdir, cfg, resume=not no_resume)
+    _echo_json(out)
+    if out.get("interrupted"):
+        typer.secho(f"interrupted ({out['interrupted']}) at step {out['step']}, checkpoint written: run the same "
+                    "command again to resume", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130 if out["interrupted"] == "SIGINT" else 143)
 
 
 # ----------------------------------------------------------------------------- quickstart

@@ -341,4 +341,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     return {"step": result.step, "best_step": result.best_step, "valid": final,
             "train_examples": len(examples), "valid_cases": len(valid),
             "last_loss": result.history[-1] if result.history else None,
-            "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None}
+            "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+            **({"interrupted": result.interrupted} if result.interrupted else {}),
+            **({"previous_run": str(result.archived)} if result.archived else {})}

@@ -79,6 +79,8 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)  # per step run in this process
     evals: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    interrupted: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpointed first)
+    archived: Path | None = None  # where a fresh start (resume=False) moved the previous run's files
 
 
 # ---------------------------------------------------------------------------- optimizer / schedule
@@ -197,6 +199,93 @@ def _truncate_log(path: Path, step: int) -> None:
         atomic_write_bytes(path, "".join(x + "\n" for x in keep).encode())
 
 
+RUN_FILES = ("train_log.jsonl", "eval_log.jsonl", "tb")  # the run's own files beside its checkpoints
+# run settings a resume may not change: what the model learns from would change meaning mid-run
+_RESUME_FIXED = ("run.variant", "run.data.split", "run.init_from")
+# model settings that change neither the parameters nor the function's definition (the rest are refused)
+_RESUME_FREE_MODEL = ("model.dropout", "model.attn_impl")
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose value differs between a checkpoint's config and this run's, every section
+    (``train``, ``run``, ``model``, ...) -- not only ``train`` (audit: objective, data and variant changes
+    were accepted silently). A section the checkpoint did not record is not compared."""
+    a, b = _flat(saved), _flat(now)
+    sections = {k.split(".", 1)[0] for k in a}
+    return sorted(k for k in set(a) | set(b) if k.split(".", 1)[0] in sections and a.get(k) != b.get(k)
+                  and not k.startswith("run.train."))  # (the run's train section is the ``train`` one)
+
+
+def archive_previous_run(wd: WorkDir) -> Path | None:
+    """Move a previous run's checkpoints, logs, TensorBoard events and reports into
+    ``WORKDIR/previous-runs/<time>/`` (nothing is deleted); None when there is no previous run.
+
+    A fresh start (``genrec train --no-resume``) used to write its checkpoints beside the old ones:
+    the old ``BEST`` stayed and ``recommend``/``eval``/``serve`` kept loading it, and ``keep_last``
+    pruned the new run's folders while keeping the old, higher-numbered ones (audit, 2026-12-03)."""
+    cdir = wd.checkpoints
+    has_ckpt = cdir.exists() and any((cdir / p).exists() for p in (ckpt.LATEST, ckpt.BEST)) or \
+        (cdir.exists() and any(cdir.glob("step-*")))
+    if not has_ckpt:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = wd.root / "previous-runs" / stamp
+    n = 2
+    while dest.exists():
+        dest = wd.root / "previous-runs" / f"{stamp}-{n}"
+        n += 1
+    dest.mkdir(parents=True)
+    for src in (cdir, wd.reports, *(wd.root / f for f in RUN_FILES)):
+        if src.exists():
+            src.replace(dest / src.name)  # a rename within the run directory: atomic, nothing copied
+    return dest
+
+
+class _Interrupts:
+    """SIGINT / SIGTERM during :meth:`Trainer.fit`: the first one is noted and the loop stops at the end of
+    the step in progress, after a checkpoint (preemption, Ctrl-C); a second one interrupts at once. Only the
+    main thread can take signals; elsewhere this does nothing."""
+
+    def __init__(self) -> None:
+        self.caught: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Interrupts":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.caught is not None:  # the second one: do not wait for the step
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            raise KeyboardInterrupt
+        self.caught = signal.Signals(signum).name
+        print(f"[genrec.train] {self.caught}: stopping after this step with a checkpoint (again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 class _StepModule(nn.Module):
     """Routes ``forward`` to ``training_step`` so DDP's hooks see the call."""
 
@@ -287,6 +376,13 @@ class Trainer:
         if found is None:
             return False
         saved_cfg = ckpt.load_config_dict(found)
+        changed = _config_changes(saved_cfg, self.config_dict) if saved_cfg is not None else []
+        model_keys = [k for k in changed if k.startswith("model.") and k not in _RESUME_FREE_MODEL]
+        fixed = [k for k in changed if k in _RESUME_FIXED]
+        if model_keys or fixed:
+            raise ConfigError(f"cannot resume {found}: {', '.join(model_keys + fixed)} changed since it was written "
+                              f"(the model's shape or the meaning of its training data would change mid-run); "
+                              f"keep the run's values, or start afresh with --no-resume (the old run is kept)")
         extra = ckpt.load_checkpoint(found, self.model, self.optimizer, self.scheduler,
                                      device=str(self.device))
         state = extra.pop(TRAINER_KEY, {})
@@ -303,11 +399,8 @@ class Trainer:
         self._last_saved = self.step
         for k, v in extra.items():
             self.extra.setdefault(k, v)
-        if saved_cfg is not None and self.info.is_main:
-            old = saved_cfg.get("train", {})
-            diff = sorted(k for k, v in self.config_dict["train"].items() if old.get(k) != v)
-            if diff:
-                print(f"[genrec.train] resuming {found.name} with changed config keys: {diff}", file=sys.stderr)
+        if changed and self.info.is_main:
+            print(f"[genrec.train] resuming {found.name} with changed config keys: {changed}", file=sys.stderr)
         return True
 
     # ------------------------------------------------------------------ loop
@@ -377,8 +470,15 @@ class Trainer:
     def fit(self, *, resume: bool = True) -> TrainResult:
         """Train until ``cfg.total_steps`` (or early stop / data end); returns the trajectory."""
         cfg, info = self.cfg, self.info
+        archived = None
         if resume:
             self.resume()
+        elif info.is_main:
+            archived = archive_previous_run(self.wd)
+            if archived is not None:
+                print(f"[genrec.train] starting afresh: the previous run's checkpoints, logs and reports were "
+                      f"moved to {archived}", file=sys.stderr)
+        barrier(info)
         if self.step == 0:
             seed_everything(cfg.seed + info.rank)
         log_path = self.wd.root / "train_log.jsonl"
@@ -394,7 +494,7 @@ class Trainer:
 
             writer = SummaryWriter(str(self.wd.root / "tb"))
         bar = self._progress()
-        result = TrainResult(self.step, False, self.best_step, self.best_metric)
+        result = TrainResult(self.step, False, self.best_step, self.best_metric, archived=archived)
         it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
                                         cfg.batch_size, cfg.num_workers)))
         pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
@@ -412,7 +512,9 @@ class Trainer:
         # train.compile_mode records CUDA graphs: each step's replay overwrites the last one's graph outputs,
         # so the step is marked as a new one, and its logged scalars are copied out of graph memory
         graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and self.device.type == "cuda"
+        interrupts = _Interrupts()
         try:
+            interrupts.__enter__()
             while self.step < cfg.total_steps and not spent:
                 torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
                 try:
@@ -509,7 +611,11 @@ class Trainer:
                     break
                 if last:  # total_steps, or max_minutes
                     break
+                if self._interrupted(interrupts):
+                    result.interrupted = interrupts.caught or "signal (another rank)"
+                    break
         finally:
+            interrupts.__exit__()
             if bar is not None:
                 bar.close()
             if writer is not None:
@@ -521,6 +627,19 @@ class Trainer:
             result.last_checkpoint = self.save()
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
+
+    def _interrupted(self, interrupts: _Interrupts) -> bool:
+        """Whether a signal asks the loop to stop after this step -- on every rank at the same step: with
+        several processes the flag is all-reduced at log boundaries only (one small collective there)."""
+        if self.info.world_size <= 1:
+            return interrupts.caught is not None
+        if not (self.cfg.log_every and self.step % self.cfg.log_every == 0):
+            return False
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if interrupts.caught else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
     @staticmethod
     def _drain(pending: list[Any]) -> list[dict[str, float]]:
