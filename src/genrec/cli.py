@@ -124,7 +124,7 @@ def features_build(
     from genrec.data.splits import SplitSpec
     from genrec.pipeline import build_item_features
 
-    spec = SplitSpec(kind=split)  # type: ignore[arg-type]  (refuses anything but loo / temporal, naming it)
+    spec = SplitSpec(kind=split)  # type: ignore[arg-type]  # refuses anything but loo / temporal, naming it
     with _working("building content + engagement item vectors ..."):
         v = build_item_features(workdir, content=content, content_dim=content_dim, engagement_dim=engagement_dim,
                                 seed=seed, split=spec)
