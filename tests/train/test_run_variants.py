@@ -35,6 +35,13 @@ def test_every_variant_trains(prepared, variant):  # noqa: ANN001
     res = train_run(wd, RunConfig.from_name("cpu-tiny", [f"variant={variant}", "train.total_steps=3",
                                                          "data.valid_cases=16"]), resume=False)
     assert res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]  # finite
+    if variant in ("tiger", "dense"):  # the library's defaults serve every stage the model has (audit: a TIGER
+        from genrec.retrieve.recommender import Recommender  # model refused recommend() without sources)
+
+        rec = Recommender.from_checkpoint(wd)
+        got = rec.recommend([1, 50, 172], k=4)
+        assert len(got) == 4
+        assert {s for r in got for s in r.sources} <= ({"sid"} if variant == "tiger" else {"ann"})
 
 
 def test_frozen_finetune_keeps_the_item_encoder(prepared):  # noqa: ANN001

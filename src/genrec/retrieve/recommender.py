@@ -754,7 +754,7 @@ class Recommender:
         return lens
 
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
-                  sources: Sequence[str] | None = ("sid", "ann"), rank: bool | None = True, overretrieve: int = 3,
+                  sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
                   surface: str | int | None = None, request_ts: int | None = None,
                   retrieval_weight: float | None = None, sid_weight: float | None = None,
