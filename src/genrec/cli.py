@@ -23,6 +23,8 @@ app.add_typer(sid_app, name="sid")
 app.add_typer(fusion_app, name="fusion")
 
 WORKDIR = typer.Argument(..., help="Run directory (created if missing).")
+RUNDIR = typer.Argument(..., help="Run directory made by `genrec data prepare` (and, before training, `features "
+                                   "build` and `sid build`).")
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,7 +113,7 @@ def data_prepare(
 @features_app.command("build")
 @_friendly
 def features_build(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     content: str = typer.Option("tfidf", help="tfidf | st:<sentence-transformers name or local path> | "
                                               "file:<parquet or npy of item vectors>"),
     content_dim: int = typer.Option(64),
@@ -136,7 +138,7 @@ def features_build(
 @sid_app.command("build")
 @_friendly
 def sid_build(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     levels: int = typer.Option(3, help="Semantic levels (a disambiguation level is added)."),
     codebook_size: Optional[int] = typer.Option(None, help="Codes per level (default: suits the catalogue)."),
     method: str = typer.Option("rqkmeans", help="rqkmeans | rqvae"),
@@ -158,7 +160,7 @@ def sid_build(
 @sid_app.command("assign")
 @_friendly
 def sid_assign(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     vectors: Path = typer.Option(..., help="Parquet (item_id + vector) or .npy with item_ids.npy beside it: "
                                            "content vectors of NEW items."),
 ) -> None:
@@ -195,7 +197,7 @@ def sid_assign(
 
 @sid_app.command("lookup")
 @_friendly
-def sid_lookup(workdir: Path = WORKDIR, prefix: list[int] = typer.Argument(None, help="SID prefix codes"),
+def sid_lookup(workdir: Path = RUNDIR, prefix: list[int] = typer.Argument(None, help="SID prefix codes"),
                limit: int = typer.Option(20)) -> None:
     """Items whose SID starts with PREFIX (any depth), from the current index."""
     from genrec.sid.build import open_current
@@ -210,7 +212,7 @@ def sid_lookup(workdir: Path = WORKDIR, prefix: list[int] = typer.Argument(None,
 @app.command()
 @_friendly
 def train(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     preset: str = typer.Option("cpu-small", help="Run preset: quickstart, cpu-tiny, cpu-small, gpu-base."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. variant=tiger "
                                                               "train.lr=3e-4 model.d_model=128"),
@@ -234,7 +236,7 @@ def train(
 @app.command()
 @_friendly
 def quickstart(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     dataset: str = typer.Option("movielens-100k"),
     data_dir: Optional[Path] = typer.Option(None),
     download: bool = typer.Option(False, help="Download MovieLens from GroupLens if missing."),
@@ -262,7 +264,7 @@ def _check_micro_batch(policy: str, wait_ms: float) -> None:
 @app.command()
 @_friendly
 def serve(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder or root (default WORKDIR/checkpoints)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless told otherwise)."),
     port: int = typer.Option(8000),
@@ -357,7 +359,7 @@ def bench_kernels(
 @_friendly
 def bench_train(
     ctx: typer.Context,
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     preset: str = typer.Option("cpu-small", help="Run preset the variants start from (as `genrec train`)."),
     variants: str = typer.Option("pinger,tiger", help="Comma-separated variants, each timed in turn."),
     steps: int = typer.Option(20, help="Timed optimiser steps per variant."),
@@ -382,7 +384,7 @@ def bench_train(
 @bench_app.command("serve")
 @_friendly
 def bench_serve(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     duration: float = typer.Option(60.0, help="Seconds of load."),
     concurrency: int = typer.Option(8, help="Closed-loop clients."),
     max_requests: int = typer.Option(1_000_000, help="Stop after this many requests."),

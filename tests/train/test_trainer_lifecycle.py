@@ -62,6 +62,9 @@ def test_fresh_start_moves_the_previous_run_aside(tmp_path: Path) -> None:
     # a plain resume now continues the new run, never the old one
     again = _trainer(wd, total=5).fit()
     assert [r["step"] for r in again.history] == [4, 5]
+    # a finished run asked again: says so, and names the checkpoint it stands at
+    done = _trainer(wd, total=5).fit()
+    assert done.history == [] and done.last_checkpoint is not None and done.last_checkpoint.name == "step-000005"
     # nothing to archive: a fresh start in an empty run dir moves nothing
     assert _trainer(tmp_path / "empty", total=1).fit(resume=False).archived is None
 

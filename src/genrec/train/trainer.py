@@ -504,6 +504,10 @@ class Trainer:
         t0 = t_fit = time.perf_counter()
         # a resumed run whose time budget is already spent takes no step (like one at total_steps)
         spent = self._out_of_time(t_fit)
+        if self.step >= cfg.total_steps and info.is_main:
+            print(f"[genrec.train] the run is already at step {self.step} of train.total_steps={cfg.total_steps}: "
+                  "nothing to train (raise train.total_steps to go on, or --no-resume to start afresh)",
+                  file=sys.stderr)
         if spent and info.is_main:
             print(f"[genrec.train] the run's time budget is spent ({self._elapsed / 60:.1f} of train.max_minutes="
                   f"{cfg.max_minutes:g} used at step {self.step}): no step taken; raise train.max_minutes to go on",
@@ -625,6 +629,8 @@ class Trainer:
             result.history.append(r)
         if self._last_saved != self.step:
             result.last_checkpoint = self.save()
+        elif result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
+            result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
 
