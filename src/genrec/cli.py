@@ -162,26 +162,41 @@ def sid_build(
 def sid_assign(
     workdir: Path = RUNDIR,
     vectors: Path = typer.Option(..., help="Parquet (item_id + vector) or .npy with item_ids.npy beside it: "
-                                           "content vectors of NEW items."),
+                                           "content vectors of NEW items, in the item features' content space."),
+    publish: bool = typer.Option(False, "--publish", help="Make the new version CURRENT even when its last level "
+                                                          "grew (the served models cannot read it until retrained)."),
 ) -> None:
-    """Give new items codes with the frozen codebook; writes a new SID version (none when no item is new)."""
+    """Give new items codes with the frozen codebook and add them to the served catalogue: a new SID version
+    (none when no item is new), CURRENT unless its last level grew (then `genrec sid use` after retraining)."""
     import numpy as np
 
     from genrec.errors import DataError
     from genrec.features import content as fc
+    from genrec.features.store import ItemVectors
     from genrec.sid.build import assign_sids, new_item_vectors, open_current
 
     ids, vecs = fc.read_vector_file(vectors.expanduser())
     cur = open_current(Path(workdir) / "sid")
+    vecs = np.asarray(vecs, dtype=np.float32)
+    feat_dim = int(np.asarray(ItemVectors.load(Path(workdir) / "features").content).shape[1]) \
+        if (Path(workdir) / "features" / "manifest.json").exists() else None
     try:
-        x = new_item_vectors(cur.path, np.asarray(vecs, dtype=np.float32), cur.quantizer.dim)
-        sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64))
+        x = new_item_vectors(cur.path, vecs, cur.quantizer.dim)
+        sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64),
+                         content=vecs if vecs.ndim == 2 and vecs.shape[1] == feat_dim else None,
+                         publish_if_grown=publish)
     except DataError as e:  # name the file the bad vectors came from
         raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
     got = sb.stats.get("assigned", {})
     _echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes,
                 "new_items": got.get("new"), "already_present": got.get("already_present"),
+                "added_to_catalogue": got.get("added_to_catalogue", 0), "current": bool(got.get("published", True)),
                 "unchanged": bool(got.get("unchanged"))})
+    if got.get("new") and not got.get("added_to_catalogue"):
+        why = (f"the vectors have dimension {vecs.shape[1] if vecs.ndim == 2 else '?'}, the item features' content "
+               f"{feat_dim}" if feat_dim is not None else f"{Path(workdir) / 'features'} holds no item features")
+        typer.secho(f"warning: {why}: the new items have codes but are not in the served catalogue (give their "
+                    "content vectors in the features' space to serve them)", fg=typer.colors.YELLOW, err=True)
     if got.get("unchanged"):
         typer.secho(f"note: every one of the {got.get('requested')} items already had codes in {sb.version}: "
                     f"no new version written", fg=typer.colors.YELLOW, err=True)
@@ -189,10 +204,44 @@ def sid_assign(
         typer.secho(f"note: {got['already_present']} of the {got.get('requested')} items already had codes in "
                     f"{cur.version}; they keep them (their vectors were not used)", fg=typer.colors.YELLOW, err=True)
     if list(sb.codebook_sizes) != list(cur.codebook_sizes):
+        where = (f"it is CURRENT (--publish): run `genrec sid use {workdir} {cur.version}` to serve the models "
+                 f"trained on {cur.version} again" if got.get("published") else
+                 f"CURRENT stays {cur.version}; after retraining on {sb.version}, `genrec sid use {workdir} "
+                 f"{sb.version}` publishes it")
         typer.secho(f"warning: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}): "
-                    f"models trained on {cur.version} cannot serve {sb.version} until retrained; point "
-                    f"{Path(workdir) / 'sid' / 'CURRENT'} back to {cur.version} to keep serving them",
+                    f"models trained on {cur.version} cannot serve {sb.version}; {where}",
                     fg=typer.colors.YELLOW, err=True)
+
+
+@sid_app.command("use")
+@_friendly
+def sid_use(workdir: Path = RUNDIR, version: str = typer.Argument(..., help="A complete SID version, e.g. v0002.")
+            ) -> None:
+    """Point CURRENT at an existing SID version (a server picks it up on reload / SIGHUP)."""
+    from genrec.sid.build import open_current, set_current
+
+    before = open_current(Path(workdir) / "sid").version if (Path(workdir) / "sid" / "CURRENT").exists() else None
+    sb = set_current(Path(workdir) / "sid", version)
+    _echo_json({"current": sb.version, "previous": before, "items": len(sb.item_ids),
+                "codebook_sizes": sb.codebook_sizes})
+
+
+@sid_app.command("list")
+@_friendly
+def sid_list(workdir: Path = RUNDIR) -> None:
+    """The SID versions of WORKDIR, oldest first, with CURRENT marked."""
+    from genrec.sid.build import list_versions, open_current, open_version
+
+    root = Path(workdir) / "sid"
+    cur = open_current(root).version if (root / "CURRENT").exists() else None
+    rows = []
+    for v in list_versions(root):
+        sb = open_version(root, v)
+        a = sb.stats.get("assigned") or {}
+        rows.append({"version": v, "current": v == cur, "items": len(sb.item_ids),
+                     "codebook_sizes": sb.codebook_sizes, "parent": sb.stats.get("parent_version"),
+                     "new_items": a.get("new")})
+    _echo_json({"versions": rows})
 
 
 @sid_app.command("lookup")

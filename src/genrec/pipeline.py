@@ -18,7 +18,7 @@ import torch
 from genrec.data.ingest import IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.data.store import TableStore
-from genrec.errors import ConfigError, GenrecError
+from genrec.errors import ConfigError, DataError, GenrecError
 from genrec.workdir import WorkDir, clean_stale_tmp
 
 
@@ -96,21 +96,38 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
 
 
 def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
-    """The per-item tensors the model reads: features, SID codes (current version) and titles."""
+    """The per-item tensors the model reads: features, SID codes (current version) and titles.
+
+    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features)
+    come after the featured ones, with their content vectors and an all-zero engagement block -- as the
+    items nobody engaged with when the features were built (:func:`genrec.sid.build.added_items`)."""
     from genrec.features.store import ItemVectors
     from genrec.train.batches import ItemCatalog
 
     wd = WorkDir(workdir)
     vecs = ItemVectors.load(wd.features, mmap=False)
     ids = np.asarray(vecs.item_ids, dtype=np.int64)
-    feats = torch.from_numpy(np.ascontiguousarray(vecs.concat(), dtype=np.float32))
+    feat_np = np.ascontiguousarray(vecs.concat(), dtype=np.float32)
     codes = None
     if with_sids:
-        from genrec.sid.build import open_current
+        from genrec.sid.build import ADDED_CONTENT, added_items, open_current
 
         sb = open_current(wd.sid)
+        extra = added_items(sb.path)
+        if extra is not None:
+            keep = ~np.isin(extra[0], ids)
+            a_ids, a_content = extra[0][keep], extra[1][keep]
+            dc = int(np.asarray(vecs.content).shape[1])
+            if a_content.shape[1] != dc:
+                raise DataError(f"the items `sid assign` added have content vectors of dimension "
+                                f"{a_content.shape[1]}, the item features {dc}", path=sb.path / ADDED_CONTENT)
+            de = int(np.asarray(vecs.engagement).shape[1])
+            add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
+            ids = np.concatenate([ids, a_ids])
+            feat_np = np.concatenate([feat_np, add]) if len(a_ids) else feat_np
         rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
         codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    feats = torch.from_numpy(feat_np)
     titles = None
     store = TableStore(wd.tables, catalog_config())
     if store.exists():

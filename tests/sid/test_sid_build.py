@@ -72,7 +72,7 @@ def test_assign_sids_frozen_codebook(tmp_path) -> None:
     # 50 existing (with different vectors: ignored) + 100 new items
     x_req = np.concatenate([x[300:], x[:50] + 5.0])
     id_req = np.concatenate([ids[300:], ids[:50]])
-    b2 = assign_sids(tmp_path, x_req, id_req)
+    b2 = assign_sids(tmp_path, x_req, id_req, publish_if_grown=True)
     assert b2.version == "v0002" and open_current(tmp_path).version == "v0002"
     _check_consistent(b2)
     np.testing.assert_array_equal(b2.index.codes_of(ids[:300]), old_codes)  # old items keep their codes
@@ -88,6 +88,28 @@ def test_assign_sids_frozen_codebook(tmp_path) -> None:
     np.testing.assert_array_equal(b3.index.codes_of(ids), b2.index.codes_of(ids))
     assert b3.version == "v0002" and list_versions(tmp_path) == ["v0001", "v0002"]
     assert b3.stats["assigned"]["unchanged"] and b3.stats["assigned"]["already_present"] == 150
+
+
+def test_assign_publishes_unless_the_last_level_grew_and_use_switches_back(tmp_path) -> None:
+    from genrec.sid.build import set_current
+
+    x, ids = _data(300)
+    b1 = build_sids(x[:200], ids[:200], tmp_path, levels=2, codebook_size=5, niter=5)
+    # one vector repeated: every copy lands in the same semantic prefix, so the disambiguation level must grow
+    many = np.repeat(x[:1], 12, axis=0)
+    b2 = assign_sids(tmp_path, many, np.arange(1000, 1012))
+    assert b2.codebook_sizes[-1] > b1.codebook_sizes[-1] and not b2.stats["assigned"]["published"]
+    assert open_current(tmp_path).version == "v0001" and list_versions(tmp_path) == ["v0001", "v0002"]
+    # a version that keeps the sizes is published as before
+    b3 = assign_sids(tmp_path, x[200:202], ids[200:202])
+    if b3.codebook_sizes == b1.codebook_sizes:
+        assert open_current(tmp_path).version == b3.version and b3.stats["assigned"]["published"]
+    assert set_current(tmp_path, "v0002").version == "v0002" and open_current(tmp_path).version == "v0002"
+    with pytest.raises(ConfigError, match="not a version name"):
+        set_current(tmp_path, "latest")
+    with pytest.raises(MissingDataError, match="v0099"):
+        set_current(tmp_path, "v0099")
+    assert open_current(tmp_path).version == "v0002"
 
 
 def test_injected_failure_keeps_current(tmp_path, monkeypatch) -> None:

@@ -88,7 +88,7 @@ def test_assign_codes_new_items_from_content_against_a_collaborative_build(tmp_p
     new = new_item_vectors(b1.path, c[150:], b1.quantizer.dim)
     want = sid_input_vectors(c[150:], np.zeros((50, 4), np.float32), "content+engagement", 1.5)
     np.testing.assert_array_equal(new, want)
-    b2 = assign_sids(tmp_path, new, ids[150:])
+    b2 = assign_sids(tmp_path, new, ids[150:], publish_if_grown=True)
     np.testing.assert_array_equal(b2.index.codes_of(ids[150:])[:, :2], b1.quantizer.encode(want))
     assert open_current(tmp_path).version == "v0002"
     with pytest.raises(DataError, match="content \\+ engagement"):

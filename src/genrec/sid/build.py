@@ -218,9 +218,39 @@ def load_quantizer(path: str | Path) -> ResidualKMeans | RQVAE:
     raise DataError(f"unknown quantiser kind {kind!r}", path=path, field="meta.kind")
 
 
+ADDED_IDS, ADDED_CONTENT = "added_item_ids.npy", "added_content.npy"
+
+
+def added_items(version_path: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(item ids int64[m], content vectors f32[m, dc]) of the items ``sid assign`` added to the catalogue
+    in this version and its ancestors -- items the item features do not hold -- or None."""
+    path = Path(version_path)
+    if not (path / ADDED_IDS).exists():
+        return None
+    ids = np.load(path / ADDED_IDS)
+    content = np.load(path / ADDED_CONTENT)
+    if content.ndim != 2 or content.shape[0] != ids.shape[0]:
+        raise DataError(f"added content {content.shape} does not match its item ids {ids.shape}",
+                        path=path / ADDED_CONTENT)
+    return ids.astype(np.int64), content.astype(np.float32)
+
+
+def set_current(out_root: str | Path, version: str) -> SidBuild:
+    """Point ``CURRENT`` at an existing, complete ``version`` (atomically); returns it opened."""
+    root = Path(out_root)
+    if not _VERSION_RE.match(version):
+        raise ConfigError(f"not a version name: {version!r} (expected e.g. v0002; see `genrec sid list`)")
+    with _lock(root):
+        sb = open_version(root, version)  # refuses a missing or incomplete one, naming the file
+        atomic_write_bytes(root / CURRENT, (version + "\n").encode())
+    return sb
+
+
 def _write_version(root: Path, item_ids: np.ndarray, codes: np.ndarray, sizes: list[int],
-                   quantizer: ResidualKMeans | RQVAE, stats: dict[str, Any], man: dict[str, Any]) -> str:
-    """Write a new complete version folder and point CURRENT at it; returns its name."""
+                   quantizer: ResidualKMeans | RQVAE, stats: dict[str, Any], man: dict[str, Any],
+                   added: tuple[np.ndarray, np.ndarray] | None = None, publish: bool = True) -> str:
+    """Write a new complete version folder and (``publish``) point CURRENT at it; returns its name.
+    ``added``: the catalogue items this version adds beyond the item features (ids, content vectors)."""
     with _lock(root):
         clean_stale_tmp(root)
         version = _next_version(root)
@@ -236,7 +266,11 @@ def _write_version(root: Path, item_ids: np.ndarray, codes: np.ndarray, sizes: l
             index.save(tmp / "index")
             atomic_write_json(tmp / "stats.json", stats)
             atomic_write_json(tmp / "manifest.json", {**man, "version": version})
-        atomic_write_bytes(root / CURRENT, (version + "\n").encode())
+            if added is not None and len(added[0]):
+                np.save(tmp / ADDED_IDS, added[0].astype(np.int64))
+                np.save(tmp / ADDED_CONTENT, added[1].astype(np.float32))
+        if publish:
+            atomic_write_bytes(root / CURRENT, (version + "\n").encode())
         return version
 
 
@@ -316,7 +350,8 @@ def open_current(out_root: str | Path) -> SidBuild:
 
 
 def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
-                inputs: dict[str, Any] | None = None) -> SidBuild:
+                inputs: dict[str, Any] | None = None, *, content: Any = None,
+                publish_if_grown: bool = False) -> SidBuild:
     """Code new items with the current version's frozen codebooks; write a new version.
 
     Items already in the current version keep their codes (their vectors are ignored).
@@ -324,7 +359,14 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
     last level's codebook may grow (recorded in stats). The old version is not touched.
     When no item is new, nothing is written: the current version is returned, with
     ``stats["assigned"]`` describing this request (a new version would only make servers reload).
-    """
+
+    ``content``: the new items' content vectors in the item features' space (rows as
+    ``new_item_ids``). They are kept in the version (:func:`added_items`), and
+    :func:`genrec.pipeline.load_catalog` appends them to the catalogue, engagement zero -- a new
+    item is then retrievable and rankable by the served model as soon as it has codes (PinGER §1),
+    and pointing ``CURRENT`` back drops it again. The new version becomes ``CURRENT`` unless the last
+    level grew (models trained on the old sizes cannot serve it): then it is written but not published
+    unless ``publish_if_grown`` (``genrec sid use`` publishes it after retraining)."""
     root = Path(out_root)
     cur = open_current(root)
     x = check_vectors(new_vectors, name="new_vectors")
@@ -333,6 +375,10 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
         raise DataError(f"new vectors have dimension {x.shape[1]}, the codebooks {cur.quantizer.dim}",
                         field="new_vectors")
     fresh = ~cur.index.contains(ids)
+    if content is not None:
+        content = check_vectors(content, name="new item content vectors")
+        if content.shape[0] != ids.shape[0]:
+            raise DataError(f"{content.shape[0]} content vectors for {ids.shape[0]} items", field="content")
     if not fresh.any():
         cur.stats = {**cur.stats, "assigned": {"requested": int(ids.shape[0]), "new": 0,
                                                "already_present": int(ids.shape[0]), "reconstruction_new": [],
@@ -365,8 +411,21 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
                      "already_present": int((~fresh).sum()), "reconstruction_new": recon,
                      "final_level_grew": sizes[-1] > cur.codebook_sizes[-1]},
     }
+    prev = added_items(cur.path)
+    added = prev
+    if content is not None and ids_new.size:
+        new_c = content[fresh]
+        if prev is not None and prev[1].shape[1] != new_c.shape[1]:
+            raise DataError(f"new content vectors have dimension {new_c.shape[1]}, the items added before "
+                            f"{prev[1].shape[1]}", field="content")
+        added = (ids_new, new_c) if prev is None else (np.concatenate([prev[0], ids_new]),
+                                                       np.concatenate([prev[1], new_c]))
+    grew = sizes[-1] > cur.codebook_sizes[-1]
+    publish = not grew or publish_if_grown
+    stats["assigned"]["added_to_catalogue"] = int(ids_new.shape[0]) if content is not None else 0
+    stats["assigned"]["published"] = publish
     man = manifest("sid-assign", inputs={**(inputs or {}), "parent_version": cur.version},
                    params={"frozen_codebooks": cur.version}, counts={"items": int(all_ids.shape[0]),
                                                                     "new_items": int(ids_new.shape[0])})
-    version = _write_version(root, all_ids, codes, sizes, cur.quantizer, stats, man)
+    version = _write_version(root, all_ids, codes, sizes, cur.quantizer, stats, man, added=added, publish=publish)
     return open_version(root, version)
