@@ -6,3 +6,18 @@ data flow: data -> features -> sid -> train -> eval / serve.
 """
 
 __version__ = "0.1.0"
+
+# The library API (genrec.pipeline), imported on first use so that `import genrec` stays light.
+# (not `train`/`eval`: those are subpackages, whose module attributes would shadow a function of the name)
+_API = ("prepare", "build_item_features", "build_semantic_ids", "train_model", "tune_fusion", "evaluate",
+        "recommender", "load_catalog", "open_store")
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attributes
+    if name in _API:
+        from genrec import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'genrec' has no attribute {name!r}")
+

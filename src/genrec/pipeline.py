@@ -1,8 +1,18 @@
-"""The pipeline steps as library functions (the CLI and notebooks call these).
+"""The pipeline steps as library functions (the CLI and notebooks call these; ``genrec.<name>`` too).
 
 data -> features -> sid -> train -> eval / serve, each reading and writing one run
 directory (:class:`genrec.workdir.WorkDir`). Every step records what it read in its
-manifest, so a later step can check it is looking at the versions it expects.
+manifest, so a later step can check it is looking at the versions it expects::
+
+    import genrec
+    genrec.prepare("runs/ml", "movielens-100k", data_dir="datasets")   # genrec data prepare
+    genrec.build_item_features("runs/ml")                                # genrec features build
+    genrec.build_semantic_ids("runs/ml")                                 # genrec sid build
+    genrec.train_model("runs/ml", "cpu-small", ["train.total_steps=500"])  # genrec train
+    genrec.tune_fusion("runs/ml")                                        # genrec fusion tune
+    report = genrec.evaluate("runs/ml", split="valid")                   # genrec eval
+    rec = genrec.recommender("runs/ml")                                  # recommend / serve's model
+    rec.recommend([{"item_id": 50, "action": "like"}, 172], k=10)
 """
 
 from __future__ import annotations
@@ -49,9 +59,16 @@ def open_store(workdir: str | Path) -> TableStore:
 def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = None,
             data_dir: str | Path | None = None, n_buckets: int = 16, overwrite: bool = True,
             options: IngestOptions | None = None) -> dict[str, Any]:
-    """Ingest ``dataset`` into canonical Iceberg tables under ``WORKDIR/tables``; returns the manifest."""
+    """Ingest ``dataset`` into canonical Iceberg tables under ``WORKDIR/tables``; returns the manifest.
+    (The run directory comes first, as everywhere in this module; the CLI reads ``DATASET WORKDIR``.)"""
+    from genrec.data.ingest import REGISTRY
+
+    if str(dataset) not in REGISTRY and str(workdir) in REGISTRY:
+        raise ConfigError(f"prepare(workdir, dataset): {str(workdir)!r} is a dataset name and {str(dataset)!r} is "
+                          f"not -- the arguments look swapped (the CLI's order is `genrec data prepare DATASET "
+                          f"WORKDIR`)")
+    ds = prepare_dataset(dataset, source, data_dir=data_dir, options=options)  # errors before any folder is made
     wd = WorkDir(workdir).ensure()
-    ds = prepare_dataset(dataset, source, data_dir=data_dir, options=options)
     store = TableStore(wd.tables, catalog_config())
     return store.write(ds, n_buckets=n_buckets, overwrite=overwrite)
 
@@ -148,3 +165,41 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
         titles = [t.get(int(i)) for i in ids]
     return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
                        n_engagement=int(np.asarray(vecs.engagement).shape[1]))
+
+
+def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[str] | tuple[str, ...] = (), *,
+                resume: bool = True) -> dict[str, Any]:
+    """``genrec train``: the joint model on WORKDIR's tables, features and SIDs, from a named preset and
+    ``key=value`` overrides (``variant=tiger``, ``train.lr=3e-4``, ...); returns the run's summary."""
+    from genrec.train.run import RunConfig, train_run
+
+    return train_run(workdir, RunConfig.from_name(preset, list(overrides)), resume=resume)
+
+
+def evaluate(workdir: str | Path, *, split: str = "test", write: bool = True, **options: Any) -> dict[str, Any]:
+    """``genrec eval``: every path, popularity and the ranking metrics on one split; ``options`` are
+    :class:`genrec.eval.evaluate.EvalConfig` fields (``max_users``, ``beam_width``, ...). ``write``: also
+    write the report files under ``WORKDIR/reports`` (their paths in the returned report's ``files``)."""
+    from genrec.eval.evaluate import EvalConfig, evaluate as _evaluate, run_eval
+
+    cfg = EvalConfig(split=split, **options)
+    if not write:
+        return _evaluate(workdir, cfg)
+    report, files = run_eval(workdir, cfg)
+    return {**report, "files": {k: str(v) for k, v in files.items()}}
+
+
+def tune_fusion(workdir: str | Path, **options: Any) -> dict[str, Any]:
+    """``genrec fusion tune``: the L1 score-fusion weights chosen on validation, stored for the checkpoint
+    (``options``: ``checkpoint``, ``max_users``, ``beam_width``, ``metric``, ...)."""
+    from genrec.eval.evaluate import tune_fusion as _tune
+
+    return _tune(workdir, **options)
+
+
+def recommender(workdir: str | Path, checkpoint: str | Path | None = None, *, device: str = "cpu") -> Any:
+    """The trained model with its catalogue, SIDs and ANN index, as ``genrec recommend`` and ``genrec serve``
+    load it (:class:`genrec.retrieve.recommender.Recommender`: ``recommend``, ``encode``, ``score_candidates``)."""
+    from genrec.retrieve.recommender import Recommender
+
+    return Recommender.from_checkpoint(workdir, checkpoint, device=device)
