@@ -487,13 +487,18 @@ def recommend(
     exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_of: Optional[str] = typer.Option(None, help="With --user: valid | test -- the case genrec eval scores (the "
+                                                   "events before that split's target), and where the target lands."),
 ) -> None:
     """Recommend items for a user (--user) or an ad-hoc history (--history): SID beams + ANN, ranked."""
     from genrec.errors import ConfigError
-    from genrec.retrieve.recommender import Recommender, SourceIds, user_history
+    from genrec.retrieve.recommender import Recommender, SourceIds, user_case
 
     if (user is None) == (history is None):
         raise ConfigError("give exactly one of --user ID or --history 'id,id,...'")
+    if as_of is not None and user is None:
+        raise ConfigError("--as-of goes with --user (an eval case is one user's events before a target)")
+    target = None
     ids = SourceIds.of(workdir)  # --map-ids data: people type and read the source file's ids
     unknown: list[str] = []
     if user is not None:
@@ -504,7 +509,15 @@ def recommend(
                 uid = int(user)
             except ValueError:
                 raise ConfigError(f"--user: expected an integer user id, got {user!r}") from None
-        hist: list = user_history(workdir, uid)
+        split_kind = "loo"
+        if as_of is not None:  # the split the run was trained (and is evaluated) with
+            from genrec.workdir import WorkDir, read_json
+
+            cfgp = WorkDir(workdir).checkpoints / "config.json"
+            split_kind = str(((read_json(cfgp).get("run") or {}).get("data") or {}).get("split", "loo")) \
+                if cfgp.exists() else "loo"
+        hist: list
+        hist, target = user_case(workdir, uid, as_of, split_kind)
     elif ids is not None:
         toks = [x.strip() for x in str(history).split(",") if x.strip()]
         unknown = [x for x in toks if x not in ids.items]
@@ -525,8 +538,13 @@ def recommend(
         overretrieve=overretrieve, exclude_history=exclude_history))  # one history -> one list
     if ids is not None:  # back to the source file's ids, for the reader
         recs.dropped_items = [*unknown, *(ids.item_original.get(i, i) for i in recs.dropped_items)]  # type: ignore[list-item]
+    where = None
+    if target is not None:
+        got = [r.item_id for r in recs]
+        where = {"split": as_of, **target, "rank": got.index(target["item_id"]) + 1 if target["item_id"] in got
+                 else None}
     if as_json:
-        out = {"step": rec.step, **recs.to_dict()}
+        out = {"step": rec.step, **recs.to_dict(), **({"target": where} if where else {})}
         if ids is not None:
             for d in out["items"]:
                 d["original_item_id"] = ids.item_original.get(d["item_id"])
@@ -535,8 +553,14 @@ def recommend(
     from genrec.retrieve.show import print_recommendations
 
     who = f"user {user}" if user is not None else "the given history"
+    if where is not None:
+        who += f", as of the {as_of} case"
     print_recommendations(recs, who=who, step=rec.step,
                           label=None if ids is None else (lambda i: f"{ids.item_original.get(i, '?')} (#{i})"))
+    if where is not None:
+        name = ids.item_original.get(where["item_id"], where["item_id"]) if ids is not None else where["item_id"]
+        typer.echo(f"held-out {as_of} target: item {name} ({where['action']}): "
+                   + (f"rank {where['rank']} of {k}" if where["rank"] else f"not in the top {k}"))
 
 
 @app.command("eval")

@@ -218,6 +218,29 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert len(out["items"]) == 3 and all(i["sources"] == ["ann"] for i in out["items"])
+    # --as-of: the case genrec eval scores for this user (the events before the split's target), and the target
+    root_, rec_ = run
+    data = load_eval_data(rec_, root_, EvalConfig(split="test"))
+    ci = next(i for i, e in enumerate(data.es.examples) if e.user_id == 3)
+    case = data.es.examples[ci]
+    r = CliRunner().invoke(app, ["recommend", str(root), "--user", "3", "--as-of", "test", "--k", "20", "--json",
+                                 "--no-rank", "--sources", "ann"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["target"]["item_id"] == int(rec_.catalog.item_ids[data.es.target_rows[ci]])
+    assert out["history_used"] == min(len(case.rows), rec_.context_len)
+    from genrec.retrieve.recommender import user_case
+
+    hist, tgt = user_case(root, 3, "test")
+    assert [h["item_id"] for h in hist][-rec_.context_len:] == rec_.catalog.item_ids[case.rows].tolist()
+    assert tgt is not None and tgt["item_id"] == out["target"]["item_id"]
+    rows = [x["item_id"] for x in out["items"]]
+    assert out["target"]["rank"] == (rows.index(out["target"]["item_id"]) + 1 if out["target"]["item_id"] in rows
+                                     else None)
+    r = CliRunner().invoke(app, ["recommend", str(root), "--user", "3", "--as-of", "test", "--k", "3"])
+    assert r.exit_code == 0 and "held-out test target: item" in r.output, r.output
+    r = CliRunner().invoke(app, ["recommend", str(root), "--history", "1,50", "--as-of", "test"])
+    assert r.exit_code == 2 and "--as-of goes with --user" in r.output
     r = CliRunner().invoke(app, ["recommend", str(root), "--k", "3"])
     assert r.exit_code == 2 and "exactly one of --user" in r.output
     r = CliRunner().invoke(app, ["recommend", str(root), "--user", "u3"])  # ids not remapped: integers

@@ -878,8 +878,17 @@ class SourceIds:
 
 def user_history(workdir: str | Path, user_id: int) -> list[dict[str, Any]]:
     """All events of ``user_id`` in WORKDIR's tables, in ``seq`` order, as history entries."""
+    return user_case(workdir, user_id)[0]
+
+
+def user_case(workdir: str | Path, user_id: int, role: str | None = None,
+              split_kind: str = "loo") -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``user_id``'s events as history entries, and with ``role`` ("valid" / "test") the evaluation case
+    ``genrec eval`` scores for them under ``split_kind``: the events before that split's target, and the
+    target ({item_id, action, ts, seq}). ``role`` None: every event, no target."""
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+    from genrec.data.splits import SplitSpec, compute_cutoffs
     from genrec.data.store import user_bucket
     from genrec.pipeline import open_store
 
@@ -890,9 +899,23 @@ def user_history(workdir: str | Path, user_id: int) -> list[dict[str, Any]]:
     if ev.num_rows == 0:
         raise DataError(f"user {user_id} has no events", path=WorkDir(workdir).tables, field="user_id")
     ev = ev.sort_by("seq")
-    return [{"item_id": int(i), "action": a, "surface": s, "ts": int(t)} for i, a, s, t in zip(
+    hist = [{"item_id": int(i), "action": a, "surface": s, "ts": int(t)} for i, a, s, t in zip(
         ev.column("item_id").to_pylist(), ev.column("action").to_pylist(), ev.column("surface").to_pylist(),
         ev.column("timestamp").to_pylist())]
+    if role is None:
+        return hist, None
+    if role not in ("valid", "test"):
+        raise ConfigError(f"--as-of: 'valid' or 'test', got {role!r}")
+    spec = SplitSpec(kind=split_kind)  # type: ignore[arg-type]
+    if spec.kind == "temporal":  # the cut is a quantile of every event's time, not this user's
+        spec = spec.resolve(store.read_events(columns=["timestamp"]).column("timestamp"))
+    t = int(compute_cutoffs(ev, spec).target_seq(role)[0])  # type: ignore[arg-type]
+    if t < 0:
+        raise DataError(f"user {user_id} has no {role} case under the {split_kind} split (too few events, or none "
+                        f"on both sides of the cut)", field="user_id")
+    seqs = ev.column("seq").to_pylist()
+    j = seqs.index(t)
+    return hist[:j], {**hist[j], "seq": t}
 
 
 def _dataset_vocab(wd: WorkDir, mcfg: ModelConfig) -> tuple[list[str], list[str], list[str]]:
