@@ -5,20 +5,17 @@ actions would have been served silently with the old item vectors)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from genrec.errors import ConfigError
 
 
-def test_features_from_other_tables_are_refused(tmp_path: Path, datasets_root: Path) -> None:
-    from genrec.pipeline import build_item_features, load_catalog, prepare
+def test_features_from_other_tables_are_refused(tmp_path: Path, featured: Callable[..., Path]) -> None:
+    from genrec.pipeline import load_catalog, prepare
 
-    if not (datasets_root / "movielens-100k").is_dir():
-        pytest.skip("movielens-100k not available")
-    wd = tmp_path / "wd"
-    prepare(wd, "movielens-100k", data_dir=datasets_root)
-    build_item_features(wd, content_dim=16, engagement_dim=8)
+    wd = featured("movielens-100k", "movielens-100k")
     assert len(load_catalog(wd, with_sids=False).item_ids) > 0  # same tables: loads
     src = tmp_path / "e.csv"
     src.write_text("user_id,item_id,timestamp,action\n" + "".join(f"{u},{i},{t},view\n" for t, (u, i) in

@@ -4,18 +4,13 @@ content vector came from -- instead of an empty column in ``genrec recommend`` (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-import pytest
 
+def test_items_without_titles_show_their_text(featured: Callable[..., Path]) -> None:
+    from genrec.pipeline import load_catalog, open_store
 
-def test_items_without_titles_show_their_text(tmp_path: Path, datasets_root: Path) -> None:
-    from genrec.pipeline import build_item_features, load_catalog, open_store, prepare
-
-    if not (datasets_root / "taobao-userbehavior-sample").is_dir():
-        pytest.skip("taobao sample not available")
-    wd = tmp_path / "tb"
-    prepare(wd, "taobao", data_dir=datasets_root)
-    build_item_features(wd, content_dim=16, engagement_dim=8)
+    wd = featured("taobao", "taobao-userbehavior-sample")
     items = open_store(wd).read_items()
     text = dict(zip(items.column("item_id").to_pylist(), items.column("text").to_pylist()))
     assert all(t is None for t in items.column("title").to_pylist())  # the data has none
