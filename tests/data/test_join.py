@@ -136,6 +136,8 @@ def naive_join(ds: Dataset, spec: SplitSpec, role: str, context_len: int, keep_p
             rts = f["request_ts"]
             if role != "train":  # only the held-out part (slate item j is event req + j), asked at the target
                 items, labels = items[t - req:], labels[t - req:]
+                if role == "valid" and test >= 0:  # and a valid slate stops before the test target
+                    items, labels = items[:test - t], labels[:test - t]
                 rts = next(r["timestamp"] for r in evs if r["seq"] == t) if t > req else rts
                 req = t
             hl = sum(1 for r in hist if r["seq"] < req)
@@ -304,7 +306,7 @@ def test_hand_example_history_len_and_truncation() -> None:
                              positive_only_history=True)
     assert pv.items.tolist() == [11, 13] and pv.target_item == 14
     assert [(f.request_seq, f.item_ids.tolist(), f.labels.tolist(), f.history_len) for f in pv.feedviews] == [
-        (4, [14, 15], [1, 2], 2)]
+        (4, [14], [1], 2)]  # 15 is the test target: never in a valid slate
     assert list(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=3,
                                  user_filter=lambda u: u != 9)) == []
 
@@ -370,10 +372,14 @@ def test_eval_slates_hold_no_training_candidate(lens: list[int], slate: int, spe
                                feedview_keep_no_interaction=1.0):
         for f in ex.feedviews:
             trained[ex.user_id] |= set(range(f.request_seq, f.request_seq + len(f.item_ids)))
+    tests = {ex.user_id: set(range(ex.target_seq, 10 ** 6)) for ex in
+             BucketJoinReader(store, split=spec, role="test", context_len=context_len)}
     for ex in BucketJoinReader(store, split=spec, role=role, context_len=context_len):  # type: ignore[arg-type]
         for f in ex.feedviews:
             held = set(range(f.request_seq, f.request_seq + len(f.item_ids)))
             assert f.request_seq == ex.target_seq and not held & trained[ex.user_id]
+            if role == "valid":  # the test targets (and what follows them) stay out of model selection
+                assert not held & tests.get(ex.user_id, set())
             u = user == ex.user_id
             assert f.item_ids.tolist() == item[u][f.request_seq:f.request_seq + len(f.item_ids)].tolist()
             assert f.item_ids[0] == ex.target_item and f.history_len == len(ex.items)

@@ -268,6 +268,8 @@ class BucketJoinReader:
         f_first = np.searchsorted(f_user, users, side="left")  # [U]
         f_last = np.searchsorted(f_user, users, side="right")  # [U]
         target = cut.target_seq(self.role)  # [U] (train: train_end)
+        # a valid slate stops before the test target: its later items are the test's, never model selection's
+        stop = cut.test_seq if self.role == "valid" else np.full(users.size, -1)
         train = self.role == "train"
         for ui in range(users.size):
             uid = int(users[ui])
@@ -286,7 +288,7 @@ class BucketJoinReader:
             h_seq = e_seq[hist]
             t_ts = int(e_ts[k]) if not train and k < b else 0
             fvs = self._feedviews(uid, t, h_seq, truncated, int(f_first[ui]), int(f_last[ui]),
-                                  f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels, t_ts)
+                                  f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels, t_ts, int(stop[ui]))
             if train and hist.size == 0 and not fvs:
                 continue
             ex = UserExample(
@@ -306,13 +308,16 @@ class BucketJoinReader:
 
     def _feedviews(self, uid: int, t: int, h_seq: np.ndarray, truncated: bool, c: int, d: int,
                    f_req: np.ndarray, f_ts: np.ndarray, f_surf: np.ndarray, f_lo: np.ndarray,
-                   f_hi: np.ndarray, f_items: np.ndarray, f_labels: np.ndarray, t_ts: int = 0) -> list[Feedview]:
+                   f_hi: np.ndarray, f_items: np.ndarray, f_labels: np.ndarray, t_ts: int = 0,
+                   stop: int = -1) -> list[Feedview]:
         """The user's slates for this role. Slate item j is event ``request_seq + j`` (the feedviews are
         chunks of the events: :mod:`genrec.data.ingest.feedviews`). Train: every slate's items before
         ``t`` (the train end). Eval: the slate holding the target, cut to its held-out part -- the target
-        and the later items -- and asked at the target (history: the case's, ``request_ts``: the
-        target's). Its earlier items were training candidates of the same request, with the same history
-        and labels: scoring them would reward memorising the training set (audit, 2026-12-03)."""
+        and the later items, before ``stop`` (valid: the test target, >= 0 when there is one) -- and asked at
+        the target (history: the case's, ``request_ts``: the target's). Its earlier items were training
+        candidates of the same request, with the same history and labels: scoring them would reward
+        memorising the training set (audit, 2026-12-03); a valid slate holding the test target would let
+        its label into model selection."""
         if c == d:
             return []
         req = f_req[c:d]  # [f]
@@ -327,6 +332,8 @@ class BucketJoinReader:
             sel = (req <= t) & (t < req + length)
             skip = np.where(sel, t - req, 0)  # the slate's items before the target: trained on
             keep_len = length - skip
+            if stop >= 0:
+                keep_len = np.minimum(keep_len, stop - t)
         idx = np.flatnonzero(sel)
         if idx.size == 0:
             return []
