@@ -501,6 +501,7 @@ def recommend(
     target = None
     ids = SourceIds.of(workdir)  # --map-ids data: people type and read the source file's ids
     unknown: list[str] = []
+    rec = Recommender.from_checkpoint(workdir, checkpoint)
     if user is not None:
         if ids is not None:
             uid = ids.user(user)
@@ -509,15 +510,8 @@ def recommend(
                 uid = int(user)
             except ValueError:
                 raise ConfigError(f"--user: expected an integer user id, got {user!r}") from None
-        split_kind = "loo"
-        if as_of is not None:  # the split the run was trained (and is evaluated) with
-            from genrec.workdir import WorkDir, read_json
-
-            cfgp = WorkDir(workdir).checkpoints / "config.json"
-            split_kind = str(((read_json(cfgp).get("run") or {}).get("data") or {}).get("split", "loo")) \
-                if cfgp.exists() else "loo"
         hist: list
-        hist, target = user_case(workdir, uid, as_of, split_kind)
+        hist, target = user_case(workdir, uid, as_of, rec.split_kind)
     elif ids is not None:
         toks = [x.strip() for x in str(history).split(",") if x.strip()]
         unknown = [x for x in toks if x not in ids.items]
@@ -527,7 +521,6 @@ def recommend(
             hist = [int(x) for x in str(history).split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--history: expected comma-separated integer item ids, got {history!r}") from None
-    rec = Recommender.from_checkpoint(workdir, checkpoint)
     srcs = None if sources is None else tuple(s.strip() for s in sources.split(",") if s.strip())
     from typing import cast
 

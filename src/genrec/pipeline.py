@@ -141,7 +141,7 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
             de = int(np.asarray(vecs.engagement).shape[1])
             add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
             ids = np.concatenate([ids, a_ids])
-            feat_np = np.concatenate([feat_np, add]) if len(a_ids) else feat_np
+            feat_np = np.concatenate([feat_np, add])
         rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
         codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     feats = torch.from_numpy(feat_np)

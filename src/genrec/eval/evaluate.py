@@ -116,7 +116,7 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     from genrec.pipeline import open_store
 
     store = open_store(workdir)
-    kind = str((rec.run_config.get("data") or {}).get("split", "loo"))
+    kind = rec.split_kind
     spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
     records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
     fv = {r.user_id: list(r.feedviews) for r in records}

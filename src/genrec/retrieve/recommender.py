@@ -318,6 +318,12 @@ class Recommender:
         return idx
 
     # ------------------------------------------------------------------ input
+    @property
+    def split_kind(self) -> str:
+        """The split the model was trained with (``data.split``: "loo" or "temporal"), which its
+        evaluation cases follow."""
+        return str(((self.run_config or {}).get("data") or {}).get("split", "loo"))
+
     def default_utility(self) -> dict[str, float]:
         """The utility stored with the fusion weights (``genrec fusion tune``), else
         :meth:`action_utility`."""

@@ -93,14 +93,11 @@ def _input_error(e: Exception) -> InputError:
 class Engine:
     """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
-    def __init__(self, rec: Any, popular: np.ndarray, pop_rank: np.ndarray | None = None) -> None:
+    def __init__(self, rec: Any, pop_rank: np.ndarray) -> None:
         self.rec = rec
         self.cfg: ModelConfig = rec.config
-        self.popular = popular  # catalogue rows, most interacted first (the cold-start list)
-        if pop_rank is None:  # rows beyond the list share its last rank
-            pop_rank = np.full(len(rec.catalog), len(popular), dtype=np.int64)
-            pop_rank[np.asarray(popular, dtype=np.int64)] = np.arange(len(popular))
-        self.pop_rank = pop_rank  # [N] each row's place in that order (0 = most interacted)
+        self.pop_rank = np.asarray(pop_rank, dtype=np.int64)  # [N] each row's place by interactions (0 = most)
+        self.popular = np.argsort(self.pop_rank, kind="stable")[:1000]  # the cold-start list, most interacted first
         self.checkpoint: Path = rec.checkpoint
         self.weights_digest: str | None = rec.weights_digest  # the ranking process checks it
         self.fingerprint: str | None = rec.fingerprint
@@ -120,7 +117,7 @@ class Engine:
         order = np.argsort(-counts, kind="stable")
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
-        return cls(rec, order[:1000], rank)
+        return cls(rec, rank)
 
     @property
     def version(self) -> str:
@@ -251,9 +248,9 @@ class Engine:
         rows = rec.catalog.rows(ids, strict=False)
         ok = np.flatnonzero(rows >= 0)
         ranks = self.pop_rank[rows[ok]]
-        order = ok[np.argsort(ranks, kind="stable")]
-        items = [{"item_id": int(ids[j]), "score": 1.0 / (1.0 + float(self.pop_rank[rows[j]])), "action_probs": None}
-                 for j in order]
+        by = np.argsort(ranks, kind="stable")
+        items = [{"item_id": int(ids[ok[j]]), "score": 1.0 / (1.0 + float(ranks[j])), "action_probs": None}
+                 for j in by]
         return {"items": items, "unknown_candidates": [int(i) for i in ids[rows < 0]], "dropped_items": dropped,
                 "truncated_items": 0, "cold_start": True}
 

@@ -420,8 +420,7 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
                             f"{prev[1].shape[1]}", field="content")
         added = (ids_new, new_c) if prev is None else (np.concatenate([prev[0], ids_new]),
                                                        np.concatenate([prev[1], new_c]))
-    grew = sizes[-1] > cur.codebook_sizes[-1]
-    publish = not grew or publish_if_grown
+    publish = not stats["assigned"]["final_level_grew"] or publish_if_grown
     stats["assigned"]["added_to_catalogue"] = int(ids_new.shape[0]) if content is not None else 0
     stats["assigned"]["published"] = publish
     man = manifest("sid-assign", inputs={**(inputs or {}), "parent_version": cur.version},

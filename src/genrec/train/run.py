@@ -41,7 +41,7 @@ from genrec.train.batches import BatchStream, ItemCatalog, materialise
 from genrec.train.config import (EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs,
                                  compile_mode_for_world, from_dict, to_dict)
 from genrec.train.objective import JointObjective, ObjectiveConfig
-from genrec.workdir import WorkDir
+from genrec.workdir import WorkDir, read_json
 
 VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu", "frozen-ft")
 
@@ -54,8 +54,6 @@ def check_features_split(wd: WorkDir, kind: str) -> None:
     man = wd.features / "manifest.json"
     if not man.exists():
         return
-    from genrec.workdir import read_json
-
     built = (read_json(man).get("inputs") or {}).get("split")
     if built is not None and built != kind:
         raise ConfigError(f"data.split: {wd.features}: the item features' engagement vectors were built from the "

@@ -234,9 +234,8 @@ def archive_previous_run(wd: WorkDir) -> Path | None:
     the old ``BEST`` stayed and ``recommend``/``eval``/``serve`` kept loading it, and ``keep_last``
     pruned the new run's folders while keeping the old, higher-numbered ones (audit, 2026-12-03)."""
     cdir = wd.checkpoints
-    has_ckpt = cdir.exists() and any((cdir / p).exists() for p in (ckpt.LATEST, ckpt.BEST)) or \
-        (cdir.exists() and any(cdir.glob("step-*")))
-    if not has_ckpt:
+    if not cdir.is_dir() or not (any((cdir / p).exists() for p in (ckpt.LATEST, ckpt.BEST))
+                                 or any(cdir.glob("step-*"))):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest = wd.root / "previous-runs" / stamp
