@@ -410,7 +410,8 @@ def bench_train(
     ctx: typer.Context,
     workdir: Path = RUNDIR,
     preset: str = typer.Option("cpu-small", help="Run preset the variants start from (as `genrec train`)."),
-    variants: str = typer.Option("pinger,tiger", help="Comma-separated variants, each timed in turn."),
+    variants: str = typer.Option("pinger,tiger", help="Comma-separated variants, each timed in turn; NAME+noattn "
+                                                      "is NAME's attention-free bound (attention returns V)."),
     steps: int = typer.Option(20, help="Timed optimiser steps per variant."),
     warmup: int = typer.Option(3, help="Untimed steps first (compiles included)."),
     rounds: int = typer.Option(1, help="Run the variant list this many times, in turn (an A/B in one process)."),

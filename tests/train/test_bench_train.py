@@ -76,3 +76,57 @@ def test_cli_bench_train_compares_layouts_on_real_data(prepared, tmp_path, monke
     assert "ceiling" in r.output and "tiger" in r.output
     bad = CliRunner().invoke(app, ["bench", "train", str(prepared), "--synthetic", "8by1024"])
     assert bad.exit_code != 0 and "BxN" in bad.output
+
+
+def test_no_attention_bound_drops_only_the_attention_and_restores_it() -> None:
+    """The ``+noattn`` bound: while open, a block's self-attention is its values (out = V, shape kept, gradients
+    reach the QKV projection); afterwards, and after an error inside, the backbone's attention is the model's."""
+    from genrec.bench.train import no_attention
+    from genrec.model import backbone
+
+    saved = backbone.attention
+    cfg = ModelConfig.from_name("tiny", sid_codebook_sizes=[3, 3, 3])
+    torch.manual_seed(1)
+    attn = backbone.SelfAttention(cfg)
+    x = torch.randn(2, 6, cfg.d_model, requires_grad=True)
+    b, s, d = x.shape
+    v = attn.qkv(x).view(b, s, 3, attn.h, attn.dh)[:, :, 2]  # [B, S, H, Dh]
+    with no_attention():
+        out, _, _ = attn(x, mask=None)
+        out.sum().backward()
+    torch.testing.assert_close(out, attn.out(v.reshape(b, s, d)))
+    assert x.grad is not None and attn.qkv.weight.grad is not None
+    assert attn.qkv.weight.grad[: 2 * d].abs().sum() == 0  # the q and k rows get nothing: no attention read them
+    assert attn.qkv.weight.grad[2 * d:].abs().sum() > 0
+    assert backbone.attention is saved
+    with pytest.raises(RuntimeError, match="inside"), no_attention():
+        assert backbone.attention is not saved
+        raise RuntimeError("inside")
+    assert backbone.attention is saved
+
+
+def test_cli_bench_train_attention_free_bound_row(prepared, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """`--variants pinger,tiger,pinger+noattn`: the bound row is marked, compared with the real TIGER row, and
+    carries TIGER's FLOPs over none as its ceiling; the real rows keep theirs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from genrec.bench.train import attention_free_ceiling, flop_ceiling
+    from genrec.cli import app
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    r = CliRunner().invoke(app, ["bench", "train", str(prepared), "--preset", "cpu-tiny", "--synthetic", "2x12",
+                                 "--steps", "1", "--warmup", "1", "--variants", "pinger,tiger,pinger+noattn",
+                                 "model.d_model=48", "model.n_heads=2"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "bench_train.json").read_text())
+    assert [(x["variant"], x["layout"], x["attention"]) for x in rows] == [
+        ("pinger", "pinger", "model"), ("tiger", "tiger", "model"), ("pinger+noattn", "pinger", "none (bound)")]
+    pin, tig, bound = rows
+    T, dff = pin["tokens_per_item"], pin["d_ff"]
+    assert pin["flop_ceiling_vs_tiger"] == pytest.approx(flop_ceiling(12, T, 48, dff))
+    assert bound["flop_ceiling_vs_tiger"] == pytest.approx(attention_free_ceiling(12, T, 48, dff))
+    assert bound["flop_ceiling_vs_tiger"] > pin["flop_ceiling_vs_tiger"]
+    assert bound["items_per_s_vs_tiger"] == pytest.approx(bound["items_per_s"] / tig["items_per_s"])
+    assert "share_of_ceiling" not in bound and "a bound, not a model" in r.output

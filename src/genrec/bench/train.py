@@ -10,6 +10,11 @@ go to ``$OUT/bench_train.json`` when OUT is set. ``--rounds N`` runs the variant
 alternates in one process (separate processes on a shared host measured the same code 25% apart). Each variant's
 compiled graph starts from a reset dynamo cache (else recompiles of the same forward would reach dynamo's limit
 and run eager).
+
+A variant named with the suffix ``+noattn`` (``pinger+noattn``) is a bound, not a model: every backbone attention
+call returns its values unchanged (:func:`no_attention`), so the step keeps its embeddings, projections, MLPs,
+norms, SID fusion, heads, losses and optimiser and loses only the attention's time. The TIGER step over that
+row's step is the most any attention kernel, however fast, could make that variant gain at this shape.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any, ContextManager
 
@@ -35,8 +40,10 @@ from genrec.train.config import compile_kwargs
 from genrec.train.objective import JointObjective
 from genrec.train.run import RunConfig, build_model_config, variant_overrides
 
-__all__ = ["synthetic_batch", "pinger_pairs", "flop_ceiling", "bench_variant", "run_variants", "compare", "table",
-           "main"]
+__all__ = ["synthetic_batch", "pinger_pairs", "flop_ceiling", "no_attention", "bench_variant", "run_variants", "compare",
+           "table", "main"]
+
+NO_ATTENTION = "+noattn"  # variant suffix: the attention-free bound (no_attention)
 
 
 def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions: int) -> TrainBatch:
@@ -65,6 +72,33 @@ def flop_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
     S = T * n_items
     dense = 2 * S * (4 * d * d + 2 * d * d_ff)  # QKV + output projections, the 2-matrix MLP
     return (dense + 4 * d * S * (S + 1) // 2) / (dense + 4 * d * pinger_pairs(n_items, T))
+
+
+def attention_free_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
+    """The TIGER layout's step over an attention-free one by FLOPs, at equal context (same terms as
+    :func:`flop_ceiling`, PinGER's attention counted as zero): the most any attention kernel could give."""
+    S = T * n_items
+    dense = 2 * S * (4 * d * d + 2 * d * d_ff)
+    return (dense + 4 * d * S * (S + 1) // 2) / dense
+
+
+@contextlib.contextmanager
+def no_attention() -> Iterator[None]:
+    """While it is open, every backbone self-attention returns its values ``v`` unchanged: a bound for
+    benchmarks (the step without its attention's time, every other kernel kept, autograd intact through the
+    QKV projection), never a model. Restored afterwards, also on error."""
+    from genrec.model import backbone
+
+    saved = backbone.attention
+
+    def values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return v  # [B, H, S, Dh]: the output's shape, in training (no cache) S is q's
+
+    backbone.attention = values  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        backbone.attention = saved
 
 
 def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: int, extra: list[str],
@@ -183,11 +217,13 @@ def run_variants(workdir: str, preset: str, variants: Iterable[str], steps: int,
     specs = list(variants)
     for rnd in range(rounds):
         for spec in specs:
-            name, ctx = context(spec) if context else (spec, contextlib.nullcontext())
-            with ctx:
+            bound = spec.endswith(NO_ATTENTION)
+            base = spec[: -len(NO_ATTENTION)] if bound else spec
+            name, ctx = context(base) if context else (base, contextlib.nullcontext())
+            with ctx, (no_attention() if bound else contextlib.nullcontext()):
                 r = bench_variant(workdir, preset, name, steps, warmup, overrides, profile, synthetic, trace,
                                   compile_mode)
-            rows.append({**r, "variant": spec, "round": rnd + 1})
+            rows.append({**r, "variant": spec, "round": rnd + 1, "attention": "none (bound)" if bound else "model"})
     return compare(rows, full_rows=synthetic is not None)
 
 
@@ -197,8 +233,13 @@ def compare(rows: list[dict], full_rows: bool) -> list[dict]:
     (``share_of_ceiling``) and the fraction of the gain above 1x that it reaches (``share_of_possible_gain``)."""
     for r in rows:
         same = [b for b in rows if b["round"] == r["round"]]
-        base = next((b for b in same if b["layout"] == "tiger"), same[0])
+        base = next((b for b in same if b["layout"] == "tiger" and b.get("attention") != "none (bound)"), same[0])
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
+        if r.get("attention") == "none (bound)":  # no attention at all: its FLOP figure is TIGER's over none
+            if base["layout"] == "tiger" and full_rows:
+                r["flop_ceiling_vs_tiger"] = attention_free_ceiling(r["context_items"], r["tokens_per_item"],
+                                                                    r["d_model"], r["d_ff"])
+            continue
         if r["layout"] == "pinger" and base["layout"] == "tiger" and full_rows:
             r["flop_ceiling_vs_tiger"] = flop_ceiling(r["context_items"], r["tokens_per_item"], r["d_model"], r["d_ff"])
             # the measured ratio as a fraction of the ceiling, and of the gain over 1x the ceiling allows
@@ -221,6 +262,9 @@ def table(rows: list[dict]) -> str:
     if any("flop_ceiling_vs_tiger" in r for r in rows):
         lines.append("(ceiling: what PinGER's mask allows over the TIGER layout by FLOPs at this context and width, "
                      "flop_ceiling(); share_of_ceiling and share_of_possible_gain in the JSON)")
+    if any(r.get("attention") == "none (bound)" for r in rows):
+        lines.append(f"({NO_ATTENTION}: a bound, not a model -- attention returns V; its 'vs tiger' is the most any "
+                     "attention kernel could give that variant here, its ceiling TIGER's FLOPs over none)")
     return "\n".join(lines)
 
 
@@ -230,7 +274,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", default="cpu-small")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variants", default="pinger,tiger")
+    ap.add_argument("--variants", default="pinger,tiger",
+                    help=f"comma-separated variants; a name ending in {NO_ATTENTION} is that variant's attention-free "
+                         "bound (no_attention)")
     ap.add_argument("--rounds", type=int, default=1, help="run the variant list this many times, in turn")
     ap.add_argument("--synthetic", default="", metavar="BxN",
                     help="B random full-length histories of N catalogue items per step instead of the data's")
