@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genrec.errors import ConfigError
+from genrec.errors import ConfigError, GenrecError
 from genrec.train.checkpoint import BEST, resolve_checkpoint
 from genrec.train.distributed import DistInfo
 from genrec.train.trainer import Trainer
@@ -101,3 +101,70 @@ def test_resume_refuses_model_and_data_changes_and_names_the_rest(tmp_path: Path
     err = capsys.readouterr().err
     for key in ("model.dropout", "run.data.neg_cands", "run.objective.w_sid", "train.total_steps"):
         assert key in err, err
+
+
+def _damage(path: Path, how: str) -> None:
+    """What a disk error or a torn copy leaves: a file cut short, or overwritten with other bytes."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncate" else b"\x00garbage" * 8)
+
+
+@pytest.mark.parametrize("name,how", [("model.safetensors", "truncate"), ("state.safetensors", "garbage"),
+                                      ("state.json", "truncate"), ("extra.json", "garbage"),
+                                      ("config.json", "truncate"), ("train_model.safetensors", "truncate")])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, capsys, name: str,
+                                                                    how: str) -> None:  # noqa: ANN001
+    """LATEST's checkpoint damaged after it was written (any of its files): the resume names the file, resumes from
+    the older checkpoint, trains the lost steps again exactly as the uninterrupted run did, keeps the damaged folder
+    (renamed, every byte kept) and points LATEST at what it saves next."""
+    ema = {"ema_decay": 0.9} if name == "train_model.safetensors" else {}  # the live weights exist with an average
+    full = _trainer(tmp_path / "full", **ema).fit()
+    wd = tmp_path / "run"
+    assert _trainer(wd, kill_at=9, **ema).fit().step == 10  # checkpoints at 4, 8 and the signal's 10
+    ck = wd / "checkpoints"
+    assert resolve_checkpoint(ck).name == "step-000010"
+    (ck / BEST).write_text("step-000010\n")  # as if the last evaluation had marked it
+    _damage(ck / "step-000010" / name, how)
+    damaged_bytes = (ck / "step-000010" / name).read_bytes()
+    capsys.readouterr()
+    resumed = _trainer(wd, **ema).fit()
+    err = capsys.readouterr().err
+    assert f"cannot resume from {ck / 'step-000010'}" in err and name in err
+    assert "resumed from the older step-000008" in err
+    assert [r["step"] for r in resumed.history] == list(range(9, 13))
+    for got, ref in zip(resumed.history, full.history[8:]):
+        assert got["loss"] == pytest.approx(ref["loss"], abs=1e-6), got["step"]
+    kept = ck / "step-000010.damaged"
+    assert (kept / name).read_bytes() == damaged_bytes and not (ck / "step-000010").exists()
+    assert resolve_checkpoint(ck).name == "step-000012" and not (ck / BEST).exists()
+    logged = [json.loads(x)["step"] for x in (wd / "train_log.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, 13))  # the lines past step 8 were dropped, then written once
+
+
+def test_every_checkpoint_damaged_is_a_clear_error_naming_each(tmp_path: Path) -> None:
+    wd = tmp_path / "run"
+    _trainer(wd, total=8).fit()  # checkpoints 4 and 8
+    ck = wd / "checkpoints"
+    for step in ("step-000004", "step-000008"):
+        _damage(ck / step / "model.safetensors", "truncate")
+    with pytest.raises(GenrecError, match="step-000008: .*step-000004: .*--no-resume") as e:
+        _trainer(wd, total=12).fit()
+    assert "model.safetensors" in str(e.value)
+    assert (ck / "step-000004").is_dir() and (ck / "step-000008").is_dir()  # nothing renamed or deleted
+
+
+def test_a_latest_naming_a_missing_folder_falls_back_to_the_newest_complete_one(tmp_path: Path) -> None:
+    wd = tmp_path / "run"
+    _trainer(wd, total=8).fit()
+    ck = wd / "checkpoints"
+    (ck / "LATEST").write_text("step-000010\n")  # a folder that was never written, or was removed by hand
+    assert [r["step"] for r in _trainer(wd, total=10).fit().history] == [9, 10]
+
+
+def test_a_config_change_is_still_refused_not_fallen_back_from(tmp_path: Path) -> None:
+    wd = tmp_path / "run"
+    _trainer(wd, total=8, config_extra={"model": {"d_model": 8}}).fit()
+    with pytest.raises(ConfigError, match="model.d_model"):
+        _trainer(wd, total=12, config_extra={"model": {"d_model": 16}}).fit()
+    assert sorted(p.name for p in (wd / "checkpoints").iterdir() if p.name.startswith("step-")) == \
+        ["step-000004", "step-000008"]

@@ -15,13 +15,17 @@ Non-standard: nested optimizer/scheduler state is encoded exactly (int dict keys
 inf/nan) by a tagged JSON skeleton plus a flat tensor file, so nothing is ever pickled and
 ``torch.load`` is never called. The folder is written under a temp name and renamed
 (:func:`genrec.workdir.atomic_dir`); only then is ``LATEST`` rewritten atomically, so a kill at
-any moment leaves the previous checkpoint loadable and ``LATEST`` pointing at it.
+any moment leaves the previous checkpoint loadable and ``LATEST`` pointing at it. A checkpoint
+damaged afterwards (a disk error, a torn copy) raises :class:`CheckpointError` naming the file;
+:func:`resume_candidates` lists the older ones a resume falls back to, and :func:`set_aside`
+renames a damaged folder out of the way (``step-000300.damaged``) without deleting anything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import re
 import shutil
@@ -297,26 +301,80 @@ def load_checkpoint(
     ckpt = resolve_checkpoint(path, which)
     if ckpt is None:
         raise CheckpointError(f"no checkpoint at {path} (no {which} file and no meta.json)")
-    meta = read_json(ckpt / "meta.json")
-    if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{ckpt / 'meta.json'}: unsupported checkpoint format {meta.get('format')!r}")
+    meta = _read_file(ckpt / "meta.json", read_json)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        fmt = meta.get("format") if isinstance(meta, dict) else meta
+        raise CheckpointError(f"{ckpt / 'meta.json'}: unsupported checkpoint format {fmt!r}")
     for f in ("model.safetensors", "state.safetensors", "state.json", "extra.json"):
         if not (ckpt / f).exists():
             raise CheckpointError(f"{ckpt / f} is missing: the checkpoint is incomplete")
     load_weights(_unwrap(model), ckpt / "model.safetensors", strict=strict, device=device)
-    tensors = load_file(str(ckpt / "state.safetensors"), device="cpu")
-    skeleton = read_json(ckpt / "state.json")
-    if optimizer is not None:
-        if "optimizer" not in skeleton:
-            raise CheckpointError(f"{ckpt} has no optimizer state")
-        optimizer.load_state_dict(unflatten_state(skeleton["optimizer"], tensors))
-    if scheduler is not None:
-        if "scheduler" not in skeleton:
-            raise CheckpointError(f"{ckpt} has no scheduler state")
-        scheduler.load_state_dict(unflatten_state(skeleton["scheduler"], tensors))
-    if restore_rng and "rng" in skeleton:
-        set_rng_state(unflatten_state(skeleton["rng"], tensors))
-    return dict(read_json(ckpt / "extra.json"))
+    tensors = _read_file(ckpt / "state.safetensors", lambda p: load_file(str(p), device="cpu"))
+    skeleton = _read_file(ckpt / "state.json", read_json)
+    try:
+        if optimizer is not None:
+            if "optimizer" not in skeleton:
+                raise CheckpointError(f"{ckpt} has no optimizer state")
+            optimizer.load_state_dict(unflatten_state(skeleton["optimizer"], tensors))
+        if scheduler is not None:
+            if "scheduler" not in skeleton:
+                raise CheckpointError(f"{ckpt} has no scheduler state")
+            scheduler.load_state_dict(unflatten_state(skeleton["scheduler"], tensors))
+        if restore_rng and "rng" in skeleton:
+            set_rng_state(unflatten_state(skeleton["rng"], tensors))
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # a skeleton that does not fit its tensors
+        raise CheckpointError(f"{ckpt / 'state.json'} does not match {ckpt / 'state.safetensors'} or this "
+                              f"optimizer: {type(e).__name__}: {e}") from e
+    return dict(_read_file(ckpt / "extra.json", read_json))
+
+
+def _read_file(path: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(path)``, with a torn or foreign file reported as a :class:`CheckpointError` naming it."""
+    try:
+        return read(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    except Exception as e:  # safetensors' own error type
+        if type(e).__name__ == "SafetensorError":
+            raise CheckpointError(f"{path}: cannot read safetensors ({e})") from e
+        raise
+
+
+def resume_candidates(root: str | Path) -> list[Path]:
+    """The checkpoints a resume tries, in order: ``LATEST``'s, then every older complete one, newest
+    first. A ``LATEST`` that names a missing folder is passed over (the rest are still tried)."""
+    root = Path(root)
+    try:
+        latest = resolve_checkpoint(root, LATEST)
+    except CheckpointError:
+        latest = None
+    if latest is None:
+        return [p for _, p in reversed(list_checkpoints(root))]
+    m = _STEP_RE.match(latest.name)
+    below = int(m.group(1)) if m else -1
+    return [latest] + [p for s, p in reversed(list_checkpoints(root)) if s < below]
+
+
+def set_aside(ckpt: Path, latest: Path | None = None) -> Path:
+    """Rename a damaged checkpoint folder to ``NAME.damaged`` (``.damaged-2``, ... if taken): it is no
+    longer listed, pruned, resumed or served, and nothing in it is deleted. ``LATEST`` is pointed at
+    ``latest`` when given; a ``BEST`` that named the folder is removed (the next better evaluation marks
+    one again). Returns the new path."""
+    ckpt = Path(ckpt)
+    root = ckpt.parent
+    dest = root / f"{ckpt.name}.damaged"
+    n = 2
+    while dest.exists():
+        dest, n = root / f"{ckpt.name}.damaged-{n}", n + 1
+    best = root / BEST
+    if best.exists() and best.read_text().strip() == ckpt.name:
+        best.unlink()
+    os.replace(ckpt, dest)
+    if latest is not None:
+        atomic_write_bytes(root / LATEST, (latest.name + "\n").encode())
+    return dest
 
 
 def load_train_weights(ckpt: str | Path, model: nn.Module, *, device: str | torch.device = "cpu") -> bool:
@@ -337,4 +395,4 @@ def load_config_dict(path: str | Path) -> dict[str, Any] | None:
     ckpt = resolve_checkpoint(path)
     if ckpt is None or not (ckpt / "config.json").exists():
         return None
-    return read_json(ckpt / "config.json")
+    return _read_file(ckpt / "config.json", read_json)  # type: ignore[no-any-return]

@@ -331,6 +331,8 @@ class Trainer:
         # rank 0's training seconds, as of the last _out_of_time check: this fit's clock plus the time
         # earlier fits of the run used (restored on resume), so max_minutes is the run's whole budget
         self._elapsed = self._elapsed_before = 0.0
+        self._damaged: list[Path] = []  # checkpoints a resume could not read, set aside by fit()
+        self._resumed: Path | None = None
         time_progress = self._time_progress if cfg.decay_by == "deadline" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, time_progress))
         self.factory = train_iter_factory
@@ -370,10 +372,35 @@ class Trainer:
         return path
 
     def resume(self) -> bool:
-        """Load ``LATEST`` if there is one; True when a checkpoint was loaded."""
-        found = ckpt.resolve_checkpoint(self.ckpt_dir)
-        if found is None:
+        """Load ``LATEST`` if there is one; True when a checkpoint was loaded.
+
+        A checkpoint that cannot be read (a torn or damaged file: :class:`~genrec.train.checkpoint.CheckpointError`)
+        is reported, and the next older complete one is tried, newest first; the damaged ones are set aside by
+        :meth:`fit` once every rank has resumed. A config that changed is refused, never fallen back from."""
+        candidates = ckpt.resume_candidates(self.ckpt_dir)
+        if not candidates:
+            ckpt.resolve_checkpoint(self.ckpt_dir)  # a LATEST that names a missing folder, with no other: say so
             return False
+        damaged: list[tuple[Path, ckpt.CheckpointError]] = []
+        for found in candidates:
+            try:
+                self._resume_from(found)
+            except ckpt.CheckpointError as e:
+                damaged.append((found, e))
+                if self.info.is_main:
+                    print(f"[genrec.train] cannot resume from {found}: {e}", file=sys.stderr)
+                continue
+            self._damaged, self._resumed = [p for p, _ in damaged], found
+            if damaged and self.info.is_main:
+                print(f"[genrec.train] resumed from the older {found.name} instead: the steps after it are trained "
+                      f"again (the same steps: resume is exact); the unreadable checkpoint(s) will be kept as "
+                      f"{', '.join(p.name + '.damaged' for p in self._damaged)}", file=sys.stderr)
+            return True
+        tried = "; ".join(f"{p.name}: {e}" for p, e in damaged)
+        raise ckpt.CheckpointError(f"no checkpoint under {self.ckpt_dir} can be resumed from ({tried}); start afresh "
+                                   f"with --no-resume (the checkpoints are moved to previous-runs/, not deleted)")
+
+    def _resume_from(self, found: Path) -> None:
         saved_cfg = ckpt.load_config_dict(found)
         changed = _config_changes(saved_cfg, self.config_dict) if saved_cfg is not None else []
         model_keys = [k for k in changed if k.startswith("model.") and k not in _RESUME_FREE_MODEL]
@@ -400,7 +427,6 @@ class Trainer:
             self.extra.setdefault(k, v)
         if changed and self.info.is_main:
             print(f"[genrec.train] resuming {found.name} with changed config keys: {changed}", file=sys.stderr)
-        return True
 
     # ------------------------------------------------------------------ loop
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -477,6 +503,11 @@ class Trainer:
             if archived is not None:
                 print(f"[genrec.train] starting afresh: the previous run's checkpoints, logs and reports were "
                       f"moved to {archived}", file=sys.stderr)
+        barrier(info)
+        if self._damaged and info.is_main:  # every rank has resumed: the damaged folders go out of the way
+            for p in self._damaged:
+                print(f"[genrec.train] set aside: {ckpt.set_aside(p, latest=self._resumed)}", file=sys.stderr)
+            self._damaged = []
         barrier(info)
         if self.step == 0:
             seed_everything(cfg.seed + info.rank)
