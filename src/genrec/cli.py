@@ -610,14 +610,20 @@ def fusion_tune(
     beam: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the weights)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
     metric: str = typer.Option("recall@10", help="recall@K or ndcg@K, K in 5, 10, 20."),
+    utility: Optional[str] = typer.Option(
+        None, help="The action utility the heads' term ranks by, chosen under and then served, e.g. "
+                   "'like=1,view=1,dislike=-1' (actions left out weigh 0). Default: every action 1 (the "
+                   "leave-one-out target is any interaction), so a predicted dislike counts for, not against."),
 ) -> None:
     """Choose the L1 score-fusion weights (a * heads + w * dense logit + v * log P(SID)) on the
     validation split and store them for this checkpoint: recommend, eval and serve then use them."""
     from genrec.eval.evaluate import tune_fusion
+    from genrec.retrieve.fusion import parse_utility
 
+    util = None if utility is None else parse_utility(utility)
     with _working(f"choosing the L1 fusion weights on {max_users or 'all'} validation cases ..."):
         out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam,
-                          overretrieve=overretrieve, metric=metric)
+                          overretrieve=overretrieve, metric=metric, utility=util)
     top = sorted(out["grid"], key=lambda r: -r[metric])[:8]
     typer.echo(f"| a | w | v | {metric} (valid) |\n|---|---|---|---|")
     for r in top:
@@ -627,6 +633,8 @@ def fusion_tune(
     typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g}, {metric} "
                f"{out['valid'][metric]:.4f} on {out['chosen_on']['cases']} validation cases"
                + ("" if h is None else f" (heads alone: {h[metric]:.4f})"))
+    typer.echo(f"utility: {', '.join(f'{k}={v:g}' for k, v in out['chosen_on']['utility'].items())} "
+               "(served with these weights)")
     typer.echo(f"stored: {out['path']}")
 
 

@@ -200,3 +200,59 @@ def test_file_digest_is_the_sha256_and_follows_changes(tmp_path: Path) -> None:
     p.write_bytes(b"b" * 3_000_000)  # same size: the mtime tells the change
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert file_digest(p) == hashlib.sha256(b"b" * 3_000_000).hexdigest()
+
+
+def test_parse_utility_reads_action_number_pairs_and_names_a_bad_one() -> None:
+    from genrec.retrieve.fusion import parse_utility
+
+    assert parse_utility("like=1, view=0.5,dislike=-1") == {"like": 1.0, "view": 0.5, "dislike": -1.0}
+    for bad, part in (("like", "like"), ("like=", "like="), ("=1", "=1"), ("like=x", "like=x"),
+                      ("like=nan", "like=nan"), ("like=1,,view=1", "''"), ("like=inf", "like=inf")):
+        with pytest.raises(ConfigError, match="ACTION=NUMBER") as e:
+            parse_utility(bad)
+        assert part in str(e.value)
+    with pytest.raises(ConfigError, match="twice"):
+        parse_utility("like=1,like=2")
+
+
+def test_tune_under_a_chosen_utility_stores_and_serves_it(root: Path) -> None:
+    """The operator's utility (predicted dislikes demoted) is what the heads' term ranks by while the weights are
+    chosen, is stored with them and is what every entry point then serves; an unknown action is refused first."""
+    rec0 = Recommender.from_checkpoint(root)
+    neg = next(a for a in rec0.actions if a.lower() == "dislike")
+    util = {a: (-1.0 if a == neg else 1.0) for a in rec0.actions if a != rec0.actions[0]}  # the first: left out
+    path = fusion_file(root, rec0.checkpoint, "v0001")
+    with restored(path):
+        plain = tune_fusion(root, max_users=40, beam_width=12, overretrieve=2, grid=GRID, metric="ndcg@20",
+                            save=False)
+        out = tune_fusion(root, max_users=40, beam_width=12, overretrieve=2, grid=GRID, metric="ndcg@20",
+                          utility=util)
+        want = {a: util.get(a, 0.0) for a in rec0.actions}
+        assert out["chosen_on"]["utility"] == want
+        assert json.loads(Path(out["path"]).read_text())["chosen_on"]["utility"] == want
+        assert Recommender.from_checkpoint(root).default_utility() == want
+        # the heads' term ranked by the given utility: the heads-only row scores differently from every-action-1's
+        heads = [next(r for r in o["grid"] if (r["a"], r["w"], r["v"]) == (1.0, 0.0, 0.0)) for o in (plain, out)]
+        assert heads[0]["ndcg@20"] != heads[1]["ndcg@20"]
+        # weightings without the heads do not depend on the utility
+        dense = [next(r for r in o["grid"] if (r["a"], r["w"], r["v"]) == (0.0, 1.0, 0.0)) for o in (plain, out)]
+        assert dense[0]["ndcg@20"] == dense[1]["ndcg@20"]
+        before = path.read_bytes()
+        with pytest.raises(ConfigError, match="teleport"):
+            tune_fusion(root, max_users=40, beam_width=12, grid=GRID, utility={"teleport": 1.0})
+        assert path.read_bytes() == before
+
+
+def test_cli_tune_with_a_utility(root: Path) -> None:
+    from genrec.cli import app
+
+    path = fusion_file(root, Recommender.from_checkpoint(root).checkpoint, "v0001")
+    with restored(path):
+        actions = Recommender.from_checkpoint(root).actions
+        spec = ",".join(f"{a}={-1 if a.lower() == 'dislike' else 1}" for a in actions)
+        r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam", "8",
+                                     "--utility", spec])
+        assert r.exit_code == 0, r.output
+        assert "dislike=-1" in r.output and "served with these weights" in r.output
+        r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--utility", "like=high"])
+        assert r.exit_code != 0 and "like=high" in r.output

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,13 +236,16 @@ def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
 def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 20,
                 overretrieve: int = 3, batch_size: int = 128, metric: str = "recall@10",
                 grid: Sequence[tuple[float, float, float]] | None = None, save: bool = True,
-                rec: Recommender | None = None) -> dict[str, Any]:
+                rec: Recommender | None = None, utility: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Choose the L1 fusion weights (a, w, v) on the VALIDATION split and store them for the
     checkpoint (``genrec.retrieve.fusion``): the L0 -> L1 path runs once on ``max_users``
     validation cases recording every candidate's score parts, every weighting of ``grid`` (default
     ``FUSION_GRID``) is scored offline by :func:`fusion_metrics`, and the best by ``metric``
-    (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. Utility: every action
-    weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``.
+    (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. ``utility``: the action
+    utility the heads' term ranks by, stored with the weights and served with them; None: every action
+    weighs 1 (the leave-one-out target is the next interaction of any kind), as ``genrec eval``. Give
+    e.g. ``{"like": 1, "view": 1, "dislike": -1}`` to choose the weights a service that demotes predicted
+    dislikes will run (the recall is still of the next interaction of any kind).
     ``beam_width``: the SID beam inside L0, by default ``genrec eval``'s (the weights are recorded with it,
     and an evaluation at another width says so)."""
     from genrec.retrieve.fusion import FUSION_GRID, FusionWeights
@@ -261,7 +264,11 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     if len(es) == 0:
         raise ConfigError(f"split 'valid' has no evaluation cases in {workdir}")
     parts: list[dict[str, np.ndarray]] = []
-    utility = {a: 1.0 for a in rec.actions}
+    if utility is None:
+        utility = {a: 1.0 for a in rec.actions}
+    else:
+        rec.utility_vector(utility)  # unknown action names: a ConfigError naming the model's actions
+        utility = {a: float(utility.get(a, 0.0)) for a in rec.actions}
     l0l1_pass(rec, es, ks=ks, beam_width=beam_width, diversity_lambda=0.0, overretrieve=overretrieve,
               utility=utility, batch_size=batch_size, parts=parts)
     d = FusionWeights()  # a tie with the untuned weights keeps them: nothing measured says to change

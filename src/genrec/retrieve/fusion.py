@@ -26,7 +26,8 @@ from typing import Any
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_write_json, file_digest, read_json
 
-__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_record"]
+__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_record",
+           "parse_utility"]
 
 FORMAT = "genrec.fusion/1"
 
@@ -122,3 +123,23 @@ def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:
         return FusionWeights(**w), d
     except ConfigError as e:
         raise DataError(str(e), path=path, field="weights") from e
+
+
+def parse_utility(text: str) -> dict[str, float]:
+    """``"like=1,view=0.5,dislike=-1"`` -> ``{"like": 1.0, ...}`` (actions left out weigh 0). Names are checked
+    against a model's actions where it is used (:meth:`genrec.retrieve.recommender.Recommender.utility_vector`)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        try:
+            x = float(value) if eq and name else math.nan
+        except ValueError:
+            x = math.nan
+        if not math.isfinite(x):
+            raise ConfigError(f"utility: expected ACTION=NUMBER pairs separated by commas (e.g. like=1,dislike=-1), "
+                              f"got {part!r} in {text!r}")
+        if name in out:
+            raise ConfigError(f"utility: {name!r} is given twice in {text!r}")
+        out[name] = x
+    return out
