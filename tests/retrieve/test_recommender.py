@@ -311,3 +311,31 @@ def test_warmup_runs_one_request_per_history_bucket(rec: Recommender, monkeypatc
     monkeypatch.undo()
     monkeypatch.setattr(rec, "cuda_graphs", "sid")  # the real requests (eager here), every stage
     assert rec.warmup(min_bucket=4) == [4, 8, rec.context_len]
+
+
+def test_a_damaged_checkpoint_names_its_file_and_the_runs_other_checkpoints(rec: Recommender) -> None:
+    """Serving never falls back to other weights by itself: a damaged file is an error that names it, and the
+    run's other complete checkpoints one could pass instead (here: a copy of the served one, as step 1)."""
+    import shutil
+
+    from genrec.train.checkpoint import CheckpointError
+
+    ckpt = rec.checkpoint
+    root = ckpt.parent.parent
+    weights = ckpt / "model.safetensors"
+    keep = weights.read_bytes()
+    other = ckpt.parent / "step-000001"
+    shutil.copytree(ckpt, other)
+    try:
+        weights.write_bytes(keep[: len(keep) // 3])
+        with pytest.raises(CheckpointError) as e:
+            Recommender.from_checkpoint(root)
+        msg = str(e.value)
+        assert str(weights) in msg and "step-000001" in msg and f"--checkpoint {other}" in msg
+        assert Recommender.from_checkpoint(root, str(other)).step == rec.step  # the named one serves
+        shutil.rmtree(other)
+        with pytest.raises(CheckpointError, match="no other checkpoint"):
+            Recommender.from_checkpoint(root)
+    finally:
+        weights.write_bytes(keep)
+        shutil.rmtree(other, ignore_errors=True)

@@ -226,7 +226,7 @@ class Recommender:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
         from genrec.pipeline import load_catalog
-        from genrec.train.checkpoint import load_checkpoint
+        from genrec.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
         from genrec.train.objective import JointObjective, ObjectiveConfig
 
         wd = WorkDir(workdir)
@@ -254,7 +254,13 @@ class Recommender:
         objective = JointObjective(model, catalog, ocfg, pos_idx)
         weights = ckpt / "model.safetensors"
         digest = file_digest(weights) if weights.exists() else None
-        load_checkpoint(ckpt, objective, restore_rng=False, device="cpu")
+        try:
+            load_checkpoint(ckpt, objective, restore_rng=False, device="cpu")
+        except CheckpointError as e:  # a damaged file: name it, and the run's checkpoints that could serve instead
+            others = [p for _, p in reversed(list_checkpoints(ckpt.parent)) if p != ckpt]
+            hint = (f"other checkpoints of this run, newest first: {', '.join(p.name for p in others)} "
+                    f"(e.g. --checkpoint {others[0]})") if others else "the run has no other checkpoint"
+            raise CheckpointError(f"{e}; {hint}") from e
         if digest is not None and file_digest(weights) != digest:  # (remembered per size + mtime: no re-hash)
             raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
         objective.to(device)
