@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -334,12 +334,8 @@ def _read_file(path: Path, read: Callable[[Path], Any]) -> Any:
     """``read(path)``, with a torn or foreign file reported as a :class:`CheckpointError` naming it."""
     try:
         return read(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+    except (OSError, ValueError, SafetensorError) as e:  # json.JSONDecodeError, UnicodeDecodeError: ValueErrors
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
-    except Exception as e:  # safetensors' own error type
-        if type(e).__name__ == "SafetensorError":
-            raise CheckpointError(f"{path}: cannot read safetensors ({e})") from e
-        raise
 
 
 def resume_candidates(root: str | Path) -> list[Path]:
