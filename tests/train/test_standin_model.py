@@ -118,8 +118,10 @@ def test_factory_is_resumable_and_sharded() -> None:
 
 # ---------------------------------------------------------------------------- torchrun worker
 
-def run_worker(workdir: str, steps: int, out: str, device: str = "cpu") -> None:
-    """Train the stand-in for ``steps`` on a GLOBAL batch of 16; rank 0 writes params + metrics."""
+def run_worker(workdir: str, steps: int, out: str, device: str = "cpu", *, log_every: int = 1, ckpt_every: int = 0,
+               crash_at: int | None = None, resume: bool = False) -> None:
+    """Train the stand-in for ``steps`` on a GLOBAL batch of 16; rank 0 writes params + metrics. ``crash_at``: every
+    rank raises when it fetches that batch (0-based); ``resume``: go on from the workdir's checkpoint."""
     from safetensors.torch import save_file
 
     from genrec.train.distributed import all_reduce_weighted, broadcast_object, cleanup, init_distributed
@@ -128,9 +130,10 @@ def run_worker(workdir: str, steps: int, out: str, device: str = "cpu") -> None:
     info = init_distributed(device)
     torch.manual_seed(0)
     model = TinyNextItem(dropout=0.0)
-    cfg = tiny_config(total_steps=steps, ckpt_every=0, log_every=1, batch_size=16, grad_clip=0.5, device=device)
-    trainer = Trainer(model, make_factory(make_sequences()), cfg, workdir, dist_info=info)
-    result = trainer.fit(resume=False)
+    cfg = tiny_config(total_steps=steps, ckpt_every=ckpt_every, log_every=log_every, batch_size=16, grad_clip=0.5,
+                      device=device)
+    trainer = Trainer(model, make_factory(make_sequences(), crash_at=crash_at), cfg, workdir, dist_info=info)
+    result = trainer.fit(resume=resume)
     reduced, total = all_reduce_weighted({"x": float(info.rank + 1)}, float(info.rank + 2), info)
     bcast = broadcast_object({"from": info.rank, "v": [1.5, "a"]}, info)
     if info.rank == 0:
@@ -149,6 +152,11 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--log-every", type=int, default=1)
+    ap.add_argument("--ckpt-every", type=int, default=0)
+    ap.add_argument("--crash-at", type=int, default=None)
+    ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
-    run_worker(a.workdir, a.steps, a.out, a.device)
+    run_worker(a.workdir, a.steps, a.out, a.device, log_every=a.log_every, ckpt_every=a.ckpt_every,
+               crash_at=a.crash_at, resume=a.resume)
     sys.exit(0)

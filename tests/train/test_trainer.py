@@ -63,6 +63,23 @@ def test_resume_after_crash_replays_the_same_losses(tmp_path: Path) -> None:
     assert _run(tmp_path / "b", seed_init=5)[1].fit().history == []
 
 
+def test_a_run_resumed_between_log_steps_logs_the_uninterrupted_runs_windows(tmp_path: Path) -> None:
+    """log_every 5, checkpoints every 4, a crash at step 6: the checkpoint of step 4 carries the open window (steps
+    1-4), so the resumed run's line at step 5 averages steps 1-5 as the uninterrupted run's does; every logged term
+    of every line matches (the rates are wall-clock and differ)."""
+    _run(tmp_path / "a", seed_init=0)[1].fit()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(tmp_path / "b", seed_init=0, crash_at=6)[1].fit()
+    _run(tmp_path / "b", seed_init=123)[1].fit()
+    full, resumed = ([json.loads(x) for x in (tmp_path / r / "train_log.jsonl").read_text().splitlines()]
+                     for r in ("a", "b"))
+    assert [x["step"] for x in full] == [x["step"] for x in resumed] == [5, 10, 12]
+    for f, r in zip(full, resumed):
+        for key in f:
+            if key not in ("items_per_s", "tokens_per_s"):
+                assert r[key] == pytest.approx(f[key], abs=1e-6), (f["step"], key)
+
+
 def test_eval_log_drops_records_past_the_resumed_checkpoint(tmp_path: Path) -> None:
     cfg = standin.tiny_config(total_steps=4, eval_every=2, ckpt_every=4)
     make = lambda: Trainer(standin.TinyNextItem(), standin.make_factory(standin.make_sequences()), cfg,  # noqa: E731

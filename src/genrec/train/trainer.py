@@ -333,6 +333,9 @@ class Trainer:
         self._elapsed = self._elapsed_before = 0.0
         self._damaged: list[Path] = []  # checkpoints a resume could not read, set aside by fit()
         self._resumed: Path | None = None
+        # the log window open at the last checkpoint, summed over every rank ({"sum": {term: Σ v·n}, "n": Σ n}):
+        # saved with it, so a run resumed between two log steps logs the window the uninterrupted run logs
+        self._log_window: dict[str, Any] = {}
         time_progress = self._time_progress if cfg.decay_by == "deadline" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, time_progress))
         self.factory = train_iter_factory
@@ -351,7 +354,8 @@ class Trainer:
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "best_metric": self.best_metric, "best_step": self.best_step,
                 "bad_evals": self.bad_evals, "seed": self.cfg.seed, "world_size": self.info.world_size,
-                "elapsed_s": self._elapsed, "ema_updates": self.ema.updates if self.ema is not None else 0}
+                "elapsed_s": self._elapsed, "ema_updates": self.ema.updates if self.ema is not None else 0,
+                "log_window": self._log_window}
 
     def averaged(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and serve in the model for a ``with`` block: the weight average
@@ -422,6 +426,7 @@ class Trainer:
         self.best_step = state.get("best_step")
         self.bad_evals = int(state.get("bad_evals", 0))
         self._elapsed = self._elapsed_before = float(state.get("elapsed_s", 0.0))
+        self._log_window = dict(state.get("log_window") or {})
         self._last_saved = self.step
         for k, v in extra.items():
             self.extra.setdefault(k, v)
@@ -528,9 +533,29 @@ class Trainer:
         it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
                                         cfg.batch_size, cfg.num_workers)))
         pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
-        win_sum: dict[str, float] = {}
-        win_n = 0.0
+        # the open log window: the resumed checkpoint's (global sums, held by rank 0 alone so that the all-reduce
+        # at the next log step counts them once), then this fit's steps
+        win_sum: dict[str, float] = dict(self._log_window.get("sum", {})) if info.is_main else {}
+        win_n = float(self._log_window.get("n", 0.0)) if info.is_main else 0.0
         win_items = win_tokens = 0.0
+
+        def absorb() -> None:
+            """The queued steps into the history and the open window (one host sync)."""
+            nonlocal win_n
+            for r in self._drain(pending):
+                n = r.pop("_n")
+                result.history.append(r)
+                for k, v in r.items():
+                    if k != "step":
+                        win_sum[k] = win_sum.get(k, 0.0) + v * n
+                win_n += n
+
+        def window_for_checkpoint() -> None:
+            """Every rank's open window, summed, for the checkpoint about to be written (all ranks call it)."""
+            absorb()
+            means, total = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
+                                               win_n, info)
+            self._log_window = {"sum": {k: m * total for k, m in means.items()}, "n": total} if total > 0 else {}
         t0 = t_fit = time.perf_counter()
         # a resumed run whose time budget is already spent takes no step (like one at total_steps)
         spent = self._out_of_time(t_fit)
@@ -591,14 +616,7 @@ class Trainer:
 
                 last = self.step >= cfg.total_steps or out_of_time
                 if (cfg.log_every and self.step % cfg.log_every == 0) or last:
-                    rows = self._drain(pending)
-                    for r in rows:
-                        n = r.pop("_n")
-                        result.history.append(r)
-                        for k, v in r.items():
-                            if k != "step":
-                                win_sum[k] = win_sum.get(k, 0.0) + v * n
-                        win_n += n
+                    absorb()
                     means, _ = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
                                                    win_n, info)
                     dt = max(time.perf_counter() - t0, 1e-9)
@@ -622,7 +640,8 @@ class Trainer:
                             if win_tokens:
                                 post["tok/s"] = f"{rates['tokens_per_s']:.0f}"
                             bar.set_postfix(post)
-                    win_sum, win_n, win_items, win_tokens = {}, 0.0, 0.0, 0.0
+                    win_sum.clear()
+                    win_n, win_items, win_tokens = 0.0, 0.0, 0.0
                     t0 = time.perf_counter()
 
                 stop = False
@@ -637,8 +656,10 @@ class Trainer:
                         with open(eval_log_path, "a", encoding="utf-8") as f:
                             f.write(json.dumps({"step": self.step, **metrics, "best": improved}) + "\n")
                     if improved:
+                        window_for_checkpoint()
                         result.last_checkpoint = self.save(mark_best=True)
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
+                    window_for_checkpoint()
                     result.last_checkpoint = self.save()
                 if stop:
                     result.stopped_early = True
@@ -654,12 +675,12 @@ class Trainer:
                 bar.close()
             if writer is not None:
                 writer.close()
-        for r in self._drain(pending):
-            r.pop("_n")
-            result.history.append(r)
-        if self._last_saved != self.step:
+        if self._last_saved != self.step:  # the same on every rank
+            window_for_checkpoint()
             result.last_checkpoint = self.save()
-        elif result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
+        else:
+            absorb()
+        if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
             result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
