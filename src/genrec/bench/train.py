@@ -44,6 +44,7 @@ __all__ = ["synthetic_batch", "pinger_pairs", "flop_ceiling", "no_attention", "b
            "table", "main"]
 
 NO_ATTENTION = "+noattn"  # variant suffix: the attention-free bound (no_attention)
+BOUND = "none (bound)"  # a bound row's "attention" (the others': "model")
 
 
 def synthetic_batch(step: int, batch: int, items: int, n_catalog: int, n_actions: int) -> TrainBatch:
@@ -223,7 +224,7 @@ def run_variants(workdir: str, preset: str, variants: Iterable[str], steps: int,
             with ctx, (no_attention() if bound else contextlib.nullcontext()):
                 r = bench_variant(workdir, preset, name, steps, warmup, overrides, profile, synthetic, trace,
                                   compile_mode)
-            rows.append({**r, "variant": spec, "round": rnd + 1, "attention": "none (bound)" if bound else "model"})
+            rows.append({**r, "variant": spec, "round": rnd + 1, "attention": BOUND if bound else "model"})
     return compare(rows, full_rows=synthetic is not None)
 
 
@@ -233,9 +234,9 @@ def compare(rows: list[dict], full_rows: bool) -> list[dict]:
     (``share_of_ceiling``) and the fraction of the gain above 1x that it reaches (``share_of_possible_gain``)."""
     for r in rows:
         same = [b for b in rows if b["round"] == r["round"]]
-        base = next((b for b in same if b["layout"] == "tiger" and b.get("attention") != "none (bound)"), same[0])
+        base = next((b for b in same if b["layout"] == "tiger" and b.get("attention") != BOUND), same[0])
         r["items_per_s_vs_tiger"] = r["items_per_s"] / base["items_per_s"]
-        if r.get("attention") == "none (bound)":  # no attention at all: its FLOP figure is TIGER's over none
+        if r.get("attention") == BOUND:  # no attention at all: its FLOP figure is TIGER's over none
             if base["layout"] == "tiger" and full_rows:
                 r["flop_ceiling_vs_tiger"] = attention_free_ceiling(r["context_items"], r["tokens_per_item"],
                                                                     r["d_model"], r["d_ff"])
@@ -262,7 +263,7 @@ def table(rows: list[dict]) -> str:
     if any("flop_ceiling_vs_tiger" in r for r in rows):
         lines.append("(ceiling: what PinGER's mask allows over the TIGER layout by FLOPs at this context and width, "
                      "flop_ceiling(); share_of_ceiling and share_of_possible_gain in the JSON)")
-    if any(r.get("attention") == "none (bound)" for r in rows):
+    if any(r.get("attention") == BOUND for r in rows):
         lines.append(f"({NO_ATTENTION}: a bound, not a model -- attention returns V; its 'vs tiger' is the most any "
                      "attention kernel could give that variant here, its ceiling TIGER's FLOPs over none)")
     return "\n".join(lines)

@@ -550,12 +550,13 @@ class Trainer:
                         win_sum[k] = win_sum.get(k, 0.0) + v * n
                 win_n += n
 
-        def window_for_checkpoint() -> None:
-            """Every rank's open window, summed, for the checkpoint about to be written (all ranks call it)."""
+        def checkpoint(mark_best: bool = False) -> Path | None:
+            """:meth:`save`, with every rank's open log window summed into the state it writes (all ranks call it)."""
             absorb()
             means, total = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
                                                win_n, info)
             self._log_window = {"sum": {k: m * total for k, m in means.items()}, "n": total} if total > 0 else {}
+            return self.save(mark_best=mark_best)
         t0 = t_fit = time.perf_counter()
         # a resumed run whose time budget is already spent takes no step (like one at total_steps)
         spent = self._out_of_time(t_fit)
@@ -656,11 +657,9 @@ class Trainer:
                         with open(eval_log_path, "a", encoding="utf-8") as f:
                             f.write(json.dumps({"step": self.step, **metrics, "best": improved}) + "\n")
                     if improved:
-                        window_for_checkpoint()
-                        result.last_checkpoint = self.save(mark_best=True)
+                        result.last_checkpoint = checkpoint(mark_best=True)
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
-                    window_for_checkpoint()
-                    result.last_checkpoint = self.save()
+                    result.last_checkpoint = checkpoint()
                 if stop:
                     result.stopped_early = True
                     break
@@ -676,8 +675,7 @@ class Trainer:
             if writer is not None:
                 writer.close()
         if self._last_saved != self.step:  # the same on every rank
-            window_for_checkpoint()
-            result.last_checkpoint = self.save()
+            result.last_checkpoint = checkpoint()
         else:
             absorb()
         if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
