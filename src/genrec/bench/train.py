@@ -71,15 +71,20 @@ def flop_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
     per layer and row of S = T n tokens, both layouts running the same tokens through the same matmuls, the
     backward the same multiple of each. Heads, losses, embeddings and SID fusion are left out."""
     S = T * n_items
-    dense = 2 * S * (4 * d * d + 2 * d * d_ff)  # QKV + output projections, the 2-matrix MLP
+    dense = _dense_flops(S, d, d_ff)
     return (dense + 4 * d * S * (S + 1) // 2) / (dense + 4 * d * pinger_pairs(n_items, T))
+
+
+def _dense_flops(S: int, d: int, d_ff: int) -> int:
+    """One layer's forward FLOPs outside attention for S tokens: QKV + output projections, the 2-matrix MLP."""
+    return 2 * S * (4 * d * d + 2 * d * d_ff)
 
 
 def attention_free_ceiling(n_items: int, T: int, d: int, d_ff: int) -> float:
     """The TIGER layout's step over an attention-free one by FLOPs, at equal context (same terms as
     :func:`flop_ceiling`, PinGER's attention counted as zero): the most any attention kernel could give."""
     S = T * n_items
-    dense = 2 * S * (4 * d * d + 2 * d * d_ff)
+    dense = _dense_flops(S, d, d_ff)
     return (dense + 4 * d * S * (S + 1) // 2) / dense
 
 
