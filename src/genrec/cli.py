@@ -585,7 +585,7 @@ def eval_cmd(
 
     cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
                      overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
-                     slate_negatives=slate_negatives,
+                     slate_negatives=slate_negatives, dump_recs=None if dump_recs is None else str(dump_recs),
                      retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                      sweep_lambda=_floats(sweep_lambda or "", "--sweep-lambda"),
                      sweep_beam=tuple(int(x) for x in _floats(sweep_beam or "", "--sweep-beam")),
@@ -599,6 +599,8 @@ def eval_cmd(
                     "the test split is meant to be measured once", fg=typer.colors.YELLOW, err=True)
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+    for name, path in (report.get("dumped_recs") or {}).items():
+        typer.echo(f"recs {name}: {path}")
 
 
 @fusion_app.command("tune")
@@ -643,6 +645,13 @@ def fusion_tune(
 def fusion_show(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    dump_recs: Optional[Path] = typer.Option(
+        None, help="Also write every evaluated user's ranked top-K (K = 20, the largest reported) per path as "
+                   "JSON lines {\"user\": id, \"items\": [ids]} with the source data's ids, one file per path: "
+                   "recs.jsonl -> recs.sid.jsonl, recs.ann.jsonl, recs.l0l1.jsonl, recs.popularity.jsonl "
+                   "(the paths this model has). Each reproduces the report's Recall/NDCG@K under an outside "
+                   "scorer, e.g. ../shared/yardstick/score.py (with --max-users, the users left out count as "
+                   "misses there)."),
 ) -> None:
     """The L1 fusion weights the Recommender uses for this checkpoint, and where they come from."""
     from dataclasses import asdict

@@ -18,14 +18,16 @@ from genrec.retrieve.recommender import Recommender
 KS = (5, 10, 20)
 
 
-def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
-    """A tiny trained run dir on MovieLens-100K: random item features (fast), 2-level SIDs, cpu-tiny."""
+def build_run(root: Path, datasets_root: Path, *, steps: int = 6, dataset: str = "movielens-100k",
+              source: Path | None = None) -> Path:
+    """A tiny trained run dir on MovieLens-100K (or ``dataset`` from ``source``): random item features
+    (fast), 2-level SIDs, cpu-tiny."""
     from genrec import pipeline as P
     from genrec.features.store import ItemVectors
     from genrec.train.run import RunConfig, train_run
     from genrec.workdir import WorkDir
 
-    P.prepare(root, "movielens-100k", data_dir=datasets_root)
+    P.prepare(root, dataset, source=source, data_dir=datasets_root)
     ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
     rng = np.random.default_rng(1)
     ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from genrec.errors import ConfigError
-from genrec.eval.metrics import rank_in_list, rank_of_targets, topk_metrics
+from genrec.eval.metrics import place_target, rank_in_list, rank_of_targets, topk_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.retrieve.recommender import Recommender
 from genrec.train.batches import collate
@@ -74,6 +74,9 @@ class EvalConfig:
     ranking_utility: dict[str, float] | None = None
     """The utility Hit@3 ranks slates by; None = the Recommender's default (+1 positive actions, -1
     negative ones), matching Hit@3's positives (not ``utility``, which is for the L0+L1 retrieval path)."""
+    dump_recs: str | None = None
+    """Also write every case's ranked top-max(ks) per path as JSON lines, one file per path
+    (``recs.jsonl`` -> ``recs.sid.jsonl``, ``recs.ann.jsonl``, ...; :mod:`genrec.eval.dump`)."""
 
     def validate(self) -> None:
         if self.split not in ("valid", "test"):
@@ -169,14 +172,18 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
               retrieval_weight: float | None = None, sid_weight: float | None = None,
               action_weight: float | None = None,
               parts: list[dict[str, np.ndarray]] | None = None,
-              ranks_out: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+              ranks_out: dict[str, np.ndarray] | None = None,
+              lists_out: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``;
     a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
     batch's L1 score parts are appended to it (with the batch's ``target_rows``), for
     :func:`fusion_metrics`. ``ranks_out``: when a dict, ``ranks_out["l0l1"]`` gets every case's
-    0-based rank of its target in the top ``max(ks)`` (-1: not there), for paired comparisons."""
+    0-based rank of its target in the top ``max(ks)`` (-1: not there), for paired comparisons.
+    ``lists_out``: when a dict, ``lists_out["l0l1"]`` gets every case's ranked top ``max(ks)``
+    catalogue rows (int [C, K], -1 padded), the lists the metrics are computed on."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
+    lists = np.full((len(es), kmax), -1, np.int64) if lists_out is not None else None
     src_hits = {"sid": 0, "ann": 0, "both": 0}
     for lo, mb in _batches(rec, es, batch_size, rec.context_len):
         res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
@@ -188,11 +195,15 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
             parts.append({**res.l1_parts, "target_rows": np.asarray(tgt)})
         r = rank_in_list(res.rows, tgt)
         ranks[lo:lo + len(r)] = r
+        if lists is not None:
+            lists[lo:lo + len(r), :res.rows.shape[1]] = res.rows[:, :kmax]
         for i in np.flatnonzero(r >= 0):
             bits = int(res.src[i, r[i]])
             src_hits["both" if bits == 3 else "sid" if bits == 1 else "ann"] += 1
     if ranks_out is not None:
         ranks_out["l0l1"] = ranks
+    if lists_out is not None and lists is not None:
+        lists_out["l0l1"] = lists
     out = topk_metrics(ranks, ks)
     out.update({f"hits_from_{k}": float(v) for k, v in src_hits.items()})
     return out
@@ -309,11 +320,12 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     mcfg = rec.config
     timings: dict[str, float] = {}
     paths: dict[str, dict[str, float]] = {}
+    lists: dict[str, np.ndarray] | None = {} if cfg.dump_recs else None  # --dump-recs: the ranked lists per path
     t0 = time.perf_counter()
     want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or (p == "sid" and rec.trie is not None))
     res = evaluate_retrieval(rec.objective, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                              diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
-                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows)
+                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists)
     for p in ("sid", "ann"):
         if p in res:
             paths[p] = res[p]
@@ -323,12 +335,17 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
                                   retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
-                                  action_weight=cfg.action_weight)
+                                  action_weight=cfg.action_weight, lists_out=lists)
         timings["l0l1"] = time.perf_counter() - t0
     from genrec.eval.baselines import Popularity
 
     pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
-    paths["popularity"] = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(es), es.target_rows), ks)
+    pop_ranks = rank_of_targets(lambda idx: pop.score(len(idx)), len(es), es.target_rows)
+    paths["popularity"] = topk_metrics(pop_ranks, ks)
+    if lists is not None:
+        top = np.argsort(-pop.scores, kind="stable")[:max(ks) + 1]
+        lists["popularity"] = place_target(np.broadcast_to(top, (len(es), len(top))), pop_ranks, es.target_rows,
+                                           max(ks))
 
     diag: dict[str, Any] = {"history_tokens_per_item": history_tokens_per_item(mcfg.layout, mcfg.sid_levels)}
     if rec.trie is not None:
@@ -358,6 +375,15 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     wd = WorkDir(workdir)
     previous = sorted(p.name for p in wd.reports.glob("eval-test-*.json")) if wd.reports.exists() else []
     notes = _report_notes(rec, cfg, wd)
+    dumped: dict[str, str] = {}
+    if lists is not None and cfg.dump_recs:
+        from genrec.eval.dump import gapped_cases, write_recs
+
+        dumped = write_recs(cfg.dump_recs, {p: lists[p] for p in paths if p in lists},
+                            [ex.user_id for ex in es.examples], rec.catalog.item_ids, workdir)
+        notes += [f"--dump-recs: {n} cases of path {p} have an unfilled slot before a filled one; their dumped "
+                  f"list (unfilled slots left out) ranks those items higher than the metric did"
+                  for p in dumped if (n := gapped_cases(lists[p]))]
     timings["total"] = time.perf_counter() - t_start
     run = rec.run_config or {}
     return {
@@ -377,6 +403,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         "layout": mcfg.layout, "sid_levels": mcfg.sid_levels,
         "paths": paths, "ranking": ranking, "sid_diagnostics": diag, "sweeps": sweeps,
         "timings_s": timings, "config": {k: v for k, v in asdict(cfg).items()},
+        **({"dumped_recs": dumped} if dumped else {}),
     }
 
 

@@ -51,6 +51,25 @@ def rank_in_list(retrieved: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return pos.astype(np.int64)
 
 
+def place_target(top: np.ndarray, ranks: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """Each case's ranked top-``k`` list, with its target at exactly its metric rank.
+
+    ``top``: int[c, m] rows in descending score order, ``m >= k + 1`` (or the whole catalogue),
+    ties in any order; ``ranks``: the pessimistic 0-based ranks of :func:`rank_of_targets` (every
+    item scoring >= the target ahead of it). The target is taken out and put back at its rank
+    (left out when that is >= ``k``), so the list ranks ties against the target as the metric
+    does and a scorer of the list finds the metric's rank. int[c, k], -1 padded."""
+    out = np.full((len(top), k), -1, dtype=np.int64)
+    for i in range(len(top)):
+        t, r = int(targets[i]), int(ranks[i])
+        lst = [int(x) for x in top[i] if x != t and x >= 0]
+        if 0 <= r < k:
+            lst.insert(r, t)
+        lst = lst[:k]
+        out[i, :len(lst)] = lst
+    return out
+
+
 def topk_metrics(ranks: np.ndarray, ks: Sequence[int] = (5, 10, 20)) -> dict[str, float]:
     """Recall@K (= HR@K with one target), NDCG@K and MRR from 0-based ranks (-1 = not found).
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
 from genrec.decode.trie_torch import TorchTrie
-from genrec.eval.metrics import rank_in_list, topk_metrics
+from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import ItemCatalog, TrainExample, collate, materialise
 from genrec.train.objective import JointObjective
@@ -63,10 +63,14 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None,
                        prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None,
-                       ranks_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
+                       ranks_out: dict[str, np.ndarray] | None = None,
+                       lists_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path.
     ``ranks_out``: when a dict, each evaluated path's per-case 0-based rank of the target (-1: not
     retrieved) is stored in it, for paired comparisons (:mod:`genrec.eval.significance`).
+    ``lists_out``: when a dict, each evaluated path's per-case ranked top-``max(ks)`` catalogue rows
+    (int [C, K], -1 padded) that the metrics were computed on are stored in it (``genrec eval
+    --dump-recs``); on the ANN path ties are ordered against the target, as its rank counts them.
 
     ``prefix_expansion = (leaf_start at depth L-1, final code of each leaf)`` switches the SID path
     to coarse-prefix retrieval (PinGER's index lookup at a shallower depth): beams over the
@@ -86,6 +90,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     item_vecs = obj.catalogue_vectors().float() if want_ann else None  # [N, D]
     ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in ("ann", "sid")}
     kmax = max(ks)
+    lists = {p: np.full((len(es), kmax), -1, dtype=np.int64) for p in ("ann", "sid")} if lists_out is not None else None
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None
     for lo, tb in _batches(es, batch_size, context_len, cfg.n_actions):
         tb = tb.to(dev)
@@ -96,6 +101,9 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
             s = user.float() @ item_vecs.T  # [c, N]
             ts = s.gather(1, torch.as_tensor(tgt, device=dev)[:, None])
             ranks["ann"][lo:lo + len(tgt)] = ((s >= ts).sum(1) - 1).cpu().numpy()
+            if lists is not None:  # the same scores: the list puts the target at exactly this rank
+                top = s.topk(min(kmax + 1, s.shape[1]), dim=1).indices.cpu().numpy()
+                lists["ann"][lo:lo + len(tgt)] = place_target(top, ranks["ann"][lo:lo + len(tgt)], tgt, kmax)
         if want_sid and trie is not None and leaf_t is not None:
             def step(prefix: torch.Tensor) -> torch.Tensor:
                 return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
@@ -105,25 +113,30 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                                   diversity_lambda=diversity_lambda, trie=trie, device=dev)
                 node = trie.walk(res.codes.clamp_min(0))[..., -1]  # [B, W] leaf node (-1 invalid)
                 rows = torch.where((node >= 0) & res.valid, leaf_t[node.clamp_min(0)], torch.full_like(node, -1))
-                ranks["sid"][lo:lo + len(tgt)] = rank_in_list(rows[:, :kmax].cpu().numpy(), tgt)
+                top = rows[:, :kmax].cpu().numpy()
             else:
-                ranks["sid"][lo:lo + len(tgt)] = _prefix_ranks(
-                    model, cache, step, trie, tb.batch_size, beam_width, diversity_lambda, prefix_expansion,
-                    np.asarray(leaf_rows), tgt, kmax, dev)
+                top = _prefix_lists(model, cache, step, trie, tb.batch_size, beam_width, diversity_lambda,
+                                    prefix_expansion, np.asarray(leaf_rows), kmax, dev)
+            ranks["sid"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
+            if lists is not None:
+                lists["sid"][lo:lo + len(tgt), :top.shape[1]] = top
     if want_ann:
         out["ann"] = topk_metrics(ranks["ann"], ks)
     if want_sid:
         out["sid"] = topk_metrics(ranks["sid"], ks)
     if ranks_out is not None:
         ranks_out.update({p: ranks[p] for p in out})
+    if lists_out is not None and lists is not None:
+        lists_out.update({p: lists[p] for p in out})
     model.train(was_training)
     return out
 
 
-def _prefix_ranks(model: GenRecModel, cache: object, step: object, trie: TorchTrie, b: int, beam_width: int,
+def _prefix_lists(model: GenRecModel, cache: object, step: object, trie: TorchTrie, b: int, beam_width: int,
                   diversity_lambda: float, expansion: tuple[np.ndarray, np.ndarray], leaf_rows: np.ndarray,
-                  tgt: np.ndarray, kmax: int, dev: torch.device) -> np.ndarray:
-    """Coarse-prefix SID retrieval: beams over levels 1..L-1, then the items under each prefix."""
+                  kmax: int, dev: torch.device) -> np.ndarray:
+    """Coarse-prefix SID retrieval: beams over levels 1..L-1, then the items under each prefix.
+    Returns each row's ranked catalogue rows, int [b, kmax], -1 padded."""
     cfg = model.config
     ls = cfg.sid_levels - 1
     leaf_start, leaf_code = expansion
@@ -134,7 +147,7 @@ def _prefix_ranks(model: GenRecModel, cache: object, step: object, trie: TorchTr
     node = ptrie.walk(res.codes.clamp_min(0))[..., -1].cpu().numpy()  # [B, W] depth-(L-1) node
     last = F.log_softmax(model.sid_logits_next(cache, res.codes.clamp_min(0)).float(), -1).cpu().numpy()  # type: ignore[arg-type]
     valid = res.valid.cpu().numpy()
-    out = np.full(b, -1, dtype=np.int64)
+    out = np.full((b, kmax), -1, dtype=np.int64)
     for i in range(b):
         lst: list[int] = []
         for w in range(node.shape[1]):
@@ -144,5 +157,5 @@ def _prefix_ranks(model: GenRecModel, cache: object, step: object, trie: TorchTr
             order = np.argsort(-last[i, w, leaf_code[leaves]], kind="stable")
             lst.extend(leaf_rows[leaves[order]].tolist())
         lst = lst[:kmax]
-        out[i] = lst.index(int(tgt[i])) if int(tgt[i]) in lst else -1
+        out[i, :len(lst)] = lst
     return out
