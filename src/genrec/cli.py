@@ -109,6 +109,33 @@ def data_prepare(
                 "feedview_rule": m.get("info", {}).get("feedview_rule")})
 
 
+@data_app.command("export-p5")
+@_friendly
+def data_export_p5(
+    dataset: str = typer.Argument(..., help="A dataset name (see `genrec data list`), or a run directory made by "
+                                            "`genrec data prepare` (generic data, non-default ingest options)."),
+    outdir: Path = typer.Argument(..., help="Folder to write the P5-form files into (created if missing)."),
+    source: Optional[Path] = typer.Option(None, help="Folder with the raw files (default: under --data-dir)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Root holding one folder per dataset "
+                                                       "(default $GENREC_DATA_DIR, then ~/.cache/genrec/datasets)."),
+    download: bool = typer.Option(False, help="Download missing MovieLens files from GroupLens."),
+    min_events: int = typer.Option(3, help="Leave out users with fewer interactions (leave-one-out needs 3)."),
+    overwrite: bool = typer.Option(False, help="Replace an export already in OUTDIR."),
+) -> None:
+    """Write DATASET in P5 form (sequential_data.txt + item text + README.txt) for the SASRec yardstick and
+    `genrec data prepare amazon-p5 WORKDIR --source OUTDIR`: every event is an interaction, ordered as
+    genrec's ingest orders it (timestamp, ties by source-file order); ids renumbered 1.. by source id."""
+    from genrec.data.ingest.options import IngestOptions
+    from genrec.data.p5 import export_p5
+
+    cmd = f"genrec data export-p5 {dataset} {outdir}" + (f" --source {source}" if source else "") + (
+        f" --data-dir {data_dir}" if data_dir else "") + (f" --min-events {min_events}" if min_events != 3 else "")
+    with _working(f"exporting {dataset} to {outdir} in P5 form ..."):
+        r = export_p5(dataset, outdir, source=source, data_dir=data_dir, options=IngestOptions(download=download),
+                      min_events=min_events, overwrite=overwrite, made_by=cmd)
+    _echo_json(r.to_dict())
+
+
 # ----------------------------------------------------------------------------- features
 @features_app.command("build")
 @_friendly

@@ -8,8 +8,12 @@ Items: ``item_text.jsonl.gz`` (title, categories, brand) with ASINs from ``datam
 (``id2item``) kept in ``attributes["asin"]``. ``item2attributes.json`` is ignored (its names do
 not match its ids, see the dataset's PROVENANCE.md). HTML entities (``&amp;``, ``&#39;``) are
 **unescaped** in ``title``, ``text`` and the category/brand attributes; the verbatim title is
-kept as ``attributes["title_raw"]`` where it differs. Item policy: an item in the sequences
-without a text row gets a synthesised minimal row (``attributes["synthesised"] = true``).
+kept as ``attributes["title_raw"]`` where it differs. A row's optional ``text`` string is the
+item text verbatim (what content encoders read) instead of the one built from title, brand and
+categories -- ``genrec data export-p5`` (:mod:`genrec.data.p5`) writes genrec's own item text
+there, so a dataset exported to P5 form and ingested back has the same content. Item policy:
+an item in the sequences without a text row gets a synthesised minimal row
+(``attributes["synthesised"] = true``).
 """
 
 from __future__ import annotations
@@ -133,12 +137,15 @@ def read_item_text(path: Path, id2item: dict[int, str]) -> ItemRows:
         title = _unescape(raw_title) if raw_title is not None else None
         brand = _unescape(obj.get("brand"))
         cats = _unescape(cats)
+        text = obj.get("text")
+        if text is not None and not (isinstance(text, str) and text.strip()):
+            raise DataError(f"expected a non-empty string, got {text!r}", path=path, line=line, field="text")
         attrs: dict[str, Any] = {"asin": asin, "categories": cats}
         if brand is not None:
             attrs["brand"] = brand
         if raw_title is not None and raw_title != title:
             attrs["title_raw"] = raw_title
-        rows.add(iid, title, amazon_text(title, brand, cats, asin, iid), attrs)
+        rows.add(iid, title, text if text is not None else amazon_text(title, brand, cats, asin, iid), attrs)
         ids.append(iid)
         lines.append(line)
     check_unique_ids(ids, lines, path=path, field="item_id")
