@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install genrec with its test extras into it.
 # Torch is pinned to 2.13.0 here because this build machine serves that CPU wheel from
-# local disk; the package itself accepts any torch >= 2.13.
+# local disk; the package itself accepts any torch >= 2.11 (the GPU image has 2.11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

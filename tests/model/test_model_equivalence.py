@@ -53,6 +53,9 @@ CONFIGS = [
     dict(sid_fusion=True, target_condition=True),
     dict(sid_fusion=False, target_condition=True, sid_levels=2, sid_codebook_sizes=[5, 7]),
     dict(sid_fusion=True, target_condition=True, sid_levels=4, sid_codebook_sizes=[6, 5, 4, 3], norm="layernorm"),
+    # SASRec's recipe knobs: positions counted back from the next item, a linear or no user tower
+    dict(sid_fusion=True, target_condition=False, positions="end", pos_init_std=0.02, user_head="linear"),
+    dict(sid_fusion=True, target_condition=True, positions="end", user_head="identity", item_dim=32, input_dropout=0.5),
 ]
 
 
@@ -70,9 +73,10 @@ def test_pinger_serving_layout_equals_training_layout(seed: int, over: dict) -> 
         torch.testing.assert_close(serve.user_vecs[valid], train.user_vecs[valid], **TOL)
         torch.testing.assert_close(serve.action_logits[valid], train.action_logits[valid], **TOL)
         assert train.hidden.shape[1] == n * cfg.sid_levels and serve.hidden.shape[1] == n
-        # next-SID logits through the serving path (KV cache of dense tokens only + beam decode)
+        # next-SID logits through the serving path (KV cache of dense tokens only + beam decode); with
+        # positions counted from the end a shorter history moves every position, so only the whole one is served
         checked = 0
-        for m in range(1, n):
+        for m in (range(1, n) if cfg.positions == "start" else ()):
             rows = [b for b, ln in enumerate(lengths) if ln > m]
             if not rows:
                 continue
@@ -86,7 +90,7 @@ def test_pinger_serving_layout_equals_training_layout(seed: int, over: dict) -> 
                 got = model.sid_logits_next(cache, prefix, ts, ta)[:, 0]  # [B, K_{d+1}]
                 torch.testing.assert_close(got[rows], train.sid_logits[d][rows, m], **TOL)
                 checked += len(rows)
-        assert checked > 0
+        assert checked > 0 or cfg.positions == "end"
         # the next item after the whole history (request target)
         cache, user, _ = model.encode_history(batch, batch.request_surface, batch.request_action)
         torch.testing.assert_close(user, train.next_user_vec, **TOL)
@@ -94,6 +98,33 @@ def test_pinger_serving_layout_equals_training_layout(seed: int, over: dict) -> 
                                      batch.request_surface, batch.request_action)
         for w in range(3):
             torch.testing.assert_close(lvl1[:, w], train.next_sid_logits, **TOL)
+        # deeper levels of the item after the whole history: the training layout with that item appended
+        # (counting positions back from it, as a training row that ends on its target does)
+        nxt = batch.sid_codes[:, 0, :]  # [B, L] any codes will do
+        train2 = model(_append_item(batch, nxt))
+        rows = torch.arange(len(lengths))
+        for d in range(1, cfg.sid_levels):
+            got = model.sid_logits_next(cache, nxt[:, None, :d], batch.request_surface, batch.request_action)[:, 0]
+            torch.testing.assert_close(got, train2.sid_logits[d][rows, torch.tensor(lengths)], **TOL)
+
+
+def _append_item(batch: ModelBatch, codes: torch.Tensor) -> ModelBatch:
+    """``batch`` (no candidates) with one more item after each row's history, whose SID codes are ``codes``
+    ``[B, L]`` and target the request's surface and action (its other inputs, copied from item 0, reach no
+    SID logit of that item), and
+    ``pos_lengths`` = the old lengths: the appended item sits where serving's next item does."""
+    b, n = batch.actions.shape
+    L = batch.lengths
+    def put(t: torch.Tensor | None, v: torch.Tensor | None = None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        out = torch.cat([t, t[:, :1]], 1).clone()  # [B, n+1, ...]
+        out[torch.arange(b), L] = t[:, 0] if v is None else v
+        return out
+    return ModelBatch(actions=put(batch.actions), surfaces=put(batch.surfaces, batch.request_surface),
+                      lengths=L + 1, sid_codes=put(batch.sid_codes, codes), item_feats=put(batch.item_feats),
+                      item_vecs=put(batch.item_vecs), action_mask=put(batch.action_mask),
+                      target_actions=put(batch.target_actions, batch.request_action), pos_lengths=L)
 
 
 def test_equivalence_check_is_sensitive() -> None:
@@ -144,9 +175,10 @@ def test_prefill_plus_decode_equals_full_forward(layout: str) -> None:
             torch.testing.assert_close(got[real], full[real], **TOL)
 
 
+@pytest.mark.parametrize("positions", ["start", "end"])
 @pytest.mark.parametrize("layout", ["pinger", "dense", "hstu"])
-def test_rank_and_user_vector_from_cache_equal_forward(layout: str) -> None:
-    model = make_model(4, layout=layout, target_condition=True, sid_fusion=layout != "hstu")
+def test_rank_and_user_vector_from_cache_equal_forward(layout: str, positions: str) -> None:
+    model = make_model(4, layout=layout, target_condition=True, sid_fusion=layout != "hstu", positions=positions)
     batch = make_batch(model.config, [6, 3, 1], 6, 4, 4)
     with torch.no_grad():
         out = model(batch)

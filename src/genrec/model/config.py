@@ -49,6 +49,21 @@ class ModelConfig:
     item_hidden: int = 128
     time_buckets: int = 0  # >0: add a log2-bucketed time-gap embedding to dense tokens
     item_id_vocab: int = 0  # >0: a learned per-item-id vector added to the content MLP (see ItemEncoder)
+    # False: no content MLP, the item vector is the learned ID vector alone (SASRec's item tower; needs
+    # item_id_vocab > 0, and items without an ID vector -- cold ones -- get a zero vector)
+    item_content: bool = True
+    # dropout on the summed input tokens (item + position) in training, as SASRec applies to its embeddings
+    input_dropout: float = 0.0
+    # item position ids: "start" counts items from the oldest in the context (0, 1, ...); "end" counts
+    # back from the next item (which always gets max_items), SASRec's left-padded positions: the newest
+    # history item has the same position id whatever the history's length
+    positions: str = "start"
+    # std of the position embedding's init (nn.Embedding's default is 1.0: position noise that drowns the
+    # unit-norm item vectors at the first layer; SASRec inits at 0.02)
+    pos_init_std: float = 1.0
+    # user tower on the last hidden state: "mlp" (Linear-GELU-Linear), "linear", or "identity" (the
+    # final-norm hidden itself, SASRec's; needs item_dim == d_model); the result is L2-normalised
+    user_head: str = "mlp"
 
     def __post_init__(self) -> None:
         self.sid_codebook_sizes = [int(k) for k in self.sid_codebook_sizes]
@@ -72,6 +87,18 @@ class ModelConfig:
             raise bad("item_id_vocab", "must be an integer >= 0 (0 = content-only item vectors)")
         if not 0.0 <= self.dropout < 1.0:
             raise bad("dropout", "must lie in [0, 1)")
+        if not 0.0 <= self.input_dropout < 1.0:
+            raise bad("input_dropout", "must lie in [0, 1)")
+        if not self.item_content and self.item_id_vocab < 1:
+            raise bad("item_content", "an item tower without content needs item ID vectors (item_id_vocab > 0)")
+        if self.positions not in ("start", "end"):
+            raise bad("positions", "must be 'start' or 'end'")
+        if not self.pos_init_std > 0:
+            raise bad("pos_init_std", "must be > 0")
+        if self.user_head not in ("mlp", "linear", "identity"):
+            raise bad("user_head", "must be 'mlp', 'linear' or 'identity'")
+        if self.user_head == "identity" and self.item_dim != self.d_model:
+            raise bad("user_head", f"'identity' needs item_dim == d_model (item_dim={self.item_dim}, d_model={self.d_model})")
         if self.layout not in LAYOUTS:
             raise bad("layout", f"must be one of {LAYOUTS}")
         if self.attn_impl not in ATTN_IMPLS:

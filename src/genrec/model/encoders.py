@@ -33,9 +33,12 @@ class ItemEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.feat_dim = cfg.item_feat_dim
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.item_feat_dim, cfg.item_hidden), nn.GELU(), nn.Linear(cfg.item_hidden, cfg.item_dim)
-        )
+        self.item_dim = cfg.item_dim
+        self.mlp: nn.Sequential | None = None
+        if cfg.item_content:
+            self.mlp = nn.Sequential(
+                nn.Linear(cfg.item_feat_dim, cfg.item_hidden), nn.GELU(), nn.Linear(cfg.item_hidden, cfg.item_dim)
+            )
         self.id_emb: nn.Embedding | None = None
         if cfg.item_id_vocab > 0:
             self.id_emb = nn.Embedding(cfg.item_id_vocab, cfg.item_dim)
@@ -64,7 +67,7 @@ class ItemEncoder(nn.Module):
     def forward(self, feats: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         if feats.shape[-1] != self.feat_dim:
             raise ValueError(f"item_feats: last dim must be item_feat_dim={self.feat_dim}, got {tuple(feats.shape)}")
-        v = self.mlp(feats.float())
+        v = self.mlp(feats.float()) if self.mlp is not None else feats.new_zeros((*feats.shape[:-1], self.item_dim))
         if self.id_emb is not None and item_ids is not None:
             if item_ids.shape != feats.shape[:-1]:
                 raise ValueError(f"item_ids: shape {tuple(item_ids.shape)} != item_feats {tuple(feats.shape[:-1])}")
@@ -176,16 +179,28 @@ class TimeGapEmbedding(nn.Module):
 
 
 class ItemPositionEmbedding(nn.Module):
-    """Learned embedding of the item index (shared by all tokens of an item); ``max_items + 1`` ids."""
+    """Learned embedding of the item index (shared by all tokens of an item); ``max_items + 1`` ids.
+
+    ``positions="end"`` looks an item index ``pos`` of a history of ``lengths`` items up at
+    ``max_items - lengths + pos``: the next item (``pos == lengths``: candidates, beam tokens) is always
+    ``max_items`` and the newest history item ``max_items - 1`` (SASRec's left-padded positions). The
+    attention predicate still reads the plain item index; only the embedding lookup moves.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.max_items = cfg.max_items
+        self.from_end = cfg.positions == "end"
         self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)
+        nn.init.normal_(self.emb.weight, std=cfg.pos_init_std)
 
-    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, pos: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``pos`` ``[B, ...]`` item indices, ``lengths`` ``[B]`` history lengths -> ``[B, ..., D]``."""
         if checks_on() and pos.numel() and int(pos.max()) > self.max_items:
             raise ValueError(f"history too long: item position {int(pos.max())} > max_items={self.max_items}")
+        if self.from_end:
+            shift = (self.max_items - lengths).view(-1, *([1] * (pos.dim() - 1)))  # [B, 1, ...]
+            pos = (pos + shift).clamp(max=self.max_items)  # padding items (pos >= lengths) are zeroed by callers
         return self.emb(pos.clamp(min=0))
 
 

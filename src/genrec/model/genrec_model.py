@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from genrec.errors import ConfigError
 from genrec.kernels.attention import gpu_fast_path
@@ -76,6 +77,11 @@ class ModelBatch:
     request_ts: torch.Tensor | None = None
     item_ids: torch.Tensor | None = None  # [B, n] item ids, for the encoder's ID vectors (with item_feats)
     cand_ids: torch.Tensor | None = None  # [B, k] (with cand_feats)
+    # positions="end": the item index that gets position id max_items, per row [B] (default ``lengths``:
+    # the item after the history, where candidates and beam tokens sit). A training row whose last item
+    # is only a target passes ``lengths - 1``, so the item predicting it sits where serving's newest
+    # history item does (SASRec trains on s[:-1] -> s[1:]).
+    pos_lengths: torch.Tensor | None = None
 
     @property
     def n_items(self) -> int:
@@ -199,7 +205,8 @@ class GenRecModel(nn.Module):
         return x
 
     def _cand_tokens(self, cand_vecs: torch.Tensor, cand_sid: torch.Tensor | None, cand_surface: torch.Tensor | None,
-                     lengths: torch.Tensor, gap: torch.Tensor | None = None) -> torch.Tensor:
+                     lengths: torch.Tensor, gap: torch.Tensor | None = None,
+                     pos_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Candidate tokens ``[B, k, D]``: action [MASK], position ``lengths[b]``, time gap ``gap`` ``[B]``."""
         b, k = cand_vecs.shape[:2]
         if cand_surface is None:
@@ -208,7 +215,7 @@ class GenRecModel(nn.Module):
         acts = torch.full((b, k), self.config.mask_action, dtype=torch.int64, device=cand_vecs.device)
         gaps = None if gap is None else gap[:, None].expand(b, k)
         x = self.dense_tokens(cand_vecs, acts, surf, cand_sid, gaps)
-        return x + self.position(lengths)[:, None, :]
+        return x + self.position(lengths, lengths if pos_lengths is None else pos_lengths)[:, None, :]
 
     def _time_gaps(self, batch: ModelBatch, lengths: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """-> (history gaps ``[B, n]`` (item 0: 0), candidate gap ``[B]`` or None)."""
@@ -223,6 +230,10 @@ class GenRecModel(nn.Module):
         if batch.request_ts is not None:
             cand_gap = batch.request_ts - _gather_rows(ts[..., None], (lengths - 1).clamp(min=0))[:, 0]
         return gaps, cand_gap
+
+    @staticmethod
+    def _pos_lengths(batch: ModelBatch, lengths: torch.Tensor) -> torch.Tensor:
+        return lengths if batch.pos_lengths is None else batch.pos_lengths.to(lengths.device)
 
     def _check_batch(self, batch: ModelBatch) -> None:
         b, n = batch.actions.shape
@@ -271,7 +282,9 @@ class GenRecModel(nn.Module):
             else:
                 slots.append(sid_tok[:, :, kind - 1])  # type: ignore[index]
         x = torch.stack(slots, 2).reshape(b, n * lay.tokens_per_item, -1)  # [B, n*T, D]
-        x = x + self.position(lay.meta.pos[:, : x.shape[1]])
+        x = x + self.position(lay.meta.pos[:, : x.shape[1]], self._pos_lengths(batch, lay.lengths))
+        if self.config.input_dropout > 0 and self.training:
+            x = F.dropout(x, self.config.input_dropout)
         x = x * (lay.meta.kind[:, : x.shape[1], None] != PAD)
         return x, lay, vecs, surf
 
@@ -302,7 +315,8 @@ class GenRecModel(nn.Module):
             _, cand_gap = self._time_gaps(batch, lay.lengths)
             if self.time_gap is not None and cand_gap is None:
                 raise ValueError("batch.request_ts: required for candidates when time_buckets > 0")
-            cand = self._cand_tokens(cand_vecs, batch.cand_sid_codes, batch.cand_surface, lay.lengths, cand_gap)
+            cand = self._cand_tokens(cand_vecs, batch.cand_sid_codes, batch.cand_surface, lay.lengths, cand_gap,
+                                     self._pos_lengths(batch, lay.lengths))
             x = torch.cat([x, cand], 1)
         h = self.backbone(x, lay.meta, cfg.layout, n_cand=k)  # [B, S, D]
         b, n = batch.actions.shape
@@ -391,7 +405,7 @@ class GenRecModel(nn.Module):
             return self.sid_heads(h1, 1)[:, None, :].expand(b, w, -1)
         pos = cache.lengths.repeat_interleave(w)  # [B*W]
         x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1)  # type: ignore[misc]  # [B*W, d, D]
-        x = x + self.position(pos)[:, None, :]
+        x = x + self.position(pos, pos)[:, None, :]
         h = self.backbone.decode(x, self._beam_meta(cache, w, d), cache.expand(w), append=False)  # [B*W, d, D]: the cache copied per beam
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)
@@ -466,7 +480,7 @@ class GenRecModel(nn.Module):
             return self.sid_heads(h1, 1)[:, None, :].expand(b, w, -1)
         pos = ctx.lengths.repeat_interleave(w)  # [B*W]
         x = self.sid_emb(prefix_codes.reshape(b * w, d), first_level=1)  # type: ignore[misc]  # [B*W, d, D]
-        x = x + self.position(pos)[:, None, :]
+        x = x + self.position(pos, pos)[:, None, :]
         h = self.backbone.decode_planned(x, ctx.k, ctx.v, ctx.hist_len, w)  # [B*W, d, D]
         h_last = self._cond(h[:, -1].view(b, w, -1), ts, ta)
         return self.sid_heads(h_last, d + 1)

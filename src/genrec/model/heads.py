@@ -34,11 +34,14 @@ class SidHeads(nn.Module):
 
 
 class UserHead(nn.Module):
-    """MLP(hidden) -> L2-normalised user vector ``[..., item_dim]`` (scored by dot with item vectors)."""
+    """MLP (or Linear, or identity: ``config.user_head``) of the hidden state -> L2-normalised user vector
+    ``[..., item_dim]`` (scored by dot with item vectors)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.mlp = _mlp(cfg.d_model, cfg.d_model, cfg.item_dim)
+        self.mlp: nn.Module = {"mlp": lambda: _mlp(cfg.d_model, cfg.d_model, cfg.item_dim),
+                               "linear": lambda: nn.Linear(cfg.d_model, cfg.item_dim),
+                               "identity": nn.Identity}[cfg.user_head]()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.mlp(h), dim=-1)

@@ -155,6 +155,12 @@ class JointObjective(nn.Module):
         cfg, mcfg = self.cfg, self.model.config
         n_items = self.check_batch(b)
         mb, valid = self.model_batch(b, mask_actions=cfg.w_action > 0 and mcfg.layout != "tiger")
+        if mcfg.positions == "end":
+            # a training row without a slate ends on its last target: positions count back from that item, so
+            # the item predicting it sits where serving's newest history item does (SASRec: s[:-1] -> s[1:]);
+            # a row cut at a feedview keeps serving's positions (its candidates sit where serving's do)
+            slate = b.cand_valid.any(1) if b.cand_valid is not None else torch.zeros_like(b.lengths, dtype=torch.bool)
+            mb.pos_lengths = torch.where(slate, b.lengths, (b.lengths - 1).clamp(min=1))
         with trusted_inputs():  # checked above in one sync; codes and ids come from the catalogue
             out = self.model(mb)
         positive = self.pos_action[b.actions] & valid  # [B, n]

@@ -93,6 +93,12 @@ class ModelOverrides:
     # a learned vector per item id seen in training, added to the content MLP (SASRec's ID
     # embedding); items without one (cold, added later) keep their content vector
     id_embedding: bool = False
+    # the fields below pass through to ModelConfig unchanged (see its comments); None = the preset's
+    item_content: bool | None = None  # false: ID vectors only (needs id_embedding=true)
+    input_dropout: float | None = None
+    positions: str | None = None  # start | end
+    pos_init_std: float | None = None
+    user_head: str | None = None  # mlp | linear | identity
 
 
 @dataclass
@@ -211,6 +217,9 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
             kw[name] = getattr(o, name)
     if o.dropout >= 0:
         kw["dropout"] = o.dropout
+    for name in ("item_content", "input_dropout", "positions", "pos_init_std", "user_head"):
+        if getattr(o, name) is not None:
+            kw[name] = getattr(o, name)
     if sid_sizes is not None:
         kw["sid_levels"] = len(sid_sizes)
         kw["sid_codebook_sizes"] = list(sid_sizes)

@@ -1,0 +1,216 @@
+"""The quality ladder: the plain SASRec recipe up to genrec's joint model, one change per rung, same run.
+
+    python benchmarks/quality_ladder.py WORKDIR --ladder configs/ladder-beauty.json \
+        [--p5 DATA_DIR --yardstick ../shared/yardstick/sasrec.py] [--parallel 16] [--threads 1]
+
+WORKDIR holds prepared tables, features and SIDs. Every rung of the ladder file trains in its own run
+directory ``WORKDIR-ladder/<name>`` (tables/features/sid linked), all at once on the one device, with
+the ladder's common overrides, periodic validation and the trainer's BEST checkpoint (chosen on
+validation). With ``--p5`` the independent plain SASRec (``../shared/yardstick/sasrec.py``) trains
+beside them on the same data, in the same call. Then every rung's BEST checkpoint is scored on all
+validation users and all test users (full catalogue, history items not excluded): Recall/NDCG@10 of
+its ANN path and, when it has SID heads, its SID path (beam ``--sid-beam``), with a paired bootstrap
+interval against the rung it names as ``against`` (default: its ``base``, else the rung before), same
+users, same path. A rung's ``base`` names an earlier rung whose overrides it extends by its own.
+
+Prints Markdown tables; everything to ``$OUT/ladder.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _link_parts(base: Path, d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for part in ("tables", "features", "sid"):
+        if (base / part).exists() and not (d / part).exists():
+            (d / part).symlink_to((base / part).resolve())
+
+
+def resolve(ladder: dict[str, Any]) -> None:
+    """A rung's ``base`` names an earlier rung whose overrides come first (one change per rung)."""
+    by = {}
+    for r in ladder["rungs"]:
+        base = r.get("base")
+        if base is not None and base not in by:
+            raise SystemExit(f"rung {r['name']!r}: base {base!r} is not an earlier rung")
+        r["overrides"] = [*(by[base]["overrides"] if base else []), *r.get("overrides", [])]
+        by[r["name"]] = r
+
+
+def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str, float]:
+    """Train every rung (``--parallel`` at a time) and the yardstick; returns seconds per rung."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    todo = [r for r in ladder["rungs"] if not (a.only and r["name"] not in a.only)]
+    procs: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
+    took: dict[str, float] = {}
+    yard = None
+    if a.p5:
+        out = root / "yardstick.jsonl"
+        out.unlink(missing_ok=True)
+        yard = subprocess.Popen([sys.executable, a.yardstick, a.p5, "--loss", "ce", "--out", str(out)],
+                                stdout=open(root / "yardstick.log", "wb"), stderr=subprocess.STDOUT, env=env)
+    while todo or procs:
+        while todo and len(procs) < a.parallel:
+            r = todo.pop(0)
+            d = root / r["name"]
+            _link_parts(base, d)
+            cmd = [sys.executable, "-m", "genrec.cli", "train", str(d), "--preset", ladder.get("preset", "gpu-base"),
+                   "--no-resume", *ladder.get("common", []), *a.set, *r["overrides"]]
+            (d / "command.txt").write_text(" ".join(cmd[2:]) + "\n")
+            procs[r["name"]] = (subprocess.Popen(cmd, stdout=open(d / "train.log", "wb"), stderr=subprocess.STDOUT,
+                                                 env=env), time.perf_counter())
+        time.sleep(2)
+        for name, (p, t0) in list(procs.items()):
+            if p.poll() is not None:
+                took[name] = time.perf_counter() - t0
+                status = "ok" if p.returncode == 0 else f"FAILED rc {p.returncode}"
+                print(f"trained {name}: {status} in {took[name]:.0f}s", flush=True)
+                if p.returncode != 0:
+                    print((root / name / "train.log").read_text()[-3000:], flush=True)
+                del procs[name]
+    if yard is not None:
+        yard.wait()
+        print(f"yardstick: rc {yard.returncode}", flush=True)
+    return took
+
+
+def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from genrec.eval.evaluate import EvalConfig, load_eval_data
+    from genrec.eval.metrics import topk_metrics
+    from genrec.eval.retrieval import evaluate_retrieval
+    from genrec.eval.significance import paired_topk
+    from genrec.retrieve.recommender import Recommender
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ks = (5, 10, 20)
+    ranks: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # rung -> split -> path -> per-user rank
+    rows: list[dict[str, Any]] = []
+    cases: dict[str, np.ndarray] = {}
+    for r in ladder["rungs"]:
+        d = root / r["name"]
+        if not (d / "checkpoints").exists():
+            print(f"{r['name']}: no checkpoints, skipped", flush=True)
+            continue
+        rec = Recommender.from_checkpoint(d, None, device=dev)
+        row: dict[str, Any] = {"rung": r["name"], "change": r.get("change", ""), "step": rec.step}
+        ranks[r["name"]] = {}
+        for split in ("valid", "test"):
+            es = load_eval_data(rec, d, EvalConfig(split=split, max_users=0)).es
+            tgt = np.asarray(es.target_rows)
+            if split in cases and not np.array_equal(cases[split], tgt):
+                raise SystemExit(f"{d}: its {split} cases differ from the other rungs' (other tables?)")
+            cases[split] = tgt
+            ro: dict[str, np.ndarray] = {}
+            with torch.no_grad():
+                evaluate_retrieval(rec.objective, es, paths=("ann", "sid"), beam_width=a.sid_beam, ks=ks,
+                                   context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
+                                   batch_size=256, ranks_out=ro)
+            ranks[r["name"]][split] = ro
+            for path, rk in ro.items():
+                for m, v in topk_metrics(rk, ks).items():
+                    row[f"{split}/{path}/{m}"] = v
+        rows.append(row)
+        print(f"scored {r['name']}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()
+                                                  if k.endswith(("recall@10", "ndcg@10"))), flush=True)
+        del rec
+    # paired intervals against the named (or previous) rung, same split and path
+    names = [r["rung"] for r in rows]
+    against = {r["name"]: r.get("against", r.get("base")) for r in ladder["rungs"]}
+    for i, row in enumerate(rows):
+        ref = against.get(row["rung"]) or (names[i - 1] if i else None)
+        if ref is None or ref not in ranks:
+            continue
+        row["against"] = ref
+        for split in ("valid", "test"):
+            for path in ranks[row["rung"]][split]:
+                if path not in ranks[ref][split]:
+                    continue
+                for metric in ("recall@10", "ndcg@10"):
+                    d = paired_topk({"a": ranks[row["rung"]][split][path], "b": ranks[ref][split][path]}, metric,
+                                    n_boot=a.n_boot)[("a", "b")]
+                    row[f"{split}/{path}/{metric}/diff"] = [d.observed, d.low, d.high]
+    return {"rows": rows, "cases": {s: len(c) for s, c in cases.items()}}
+
+
+def yardstick_result(root: Path) -> dict[str, Any] | None:
+    p = root / "yardstick.jsonl"
+    if not p.exists():
+        return None
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
+    out = []
+    if yard:
+        out.append(f"plain SASRec (yardstick, same call, {yard.get('seconds', 0):.0f} s): valid R@10 "
+                   f"{yard['valid']['R@10']:.4f} N@10 {yard['valid']['N@10']:.4f}; test R@10 {yard['test']['R@10']:.4f} "
+                   f"N@10 {yard['test']['N@10']:.4f}\n")
+    out.append("| rung | change | path | valid R@10 | valid N@10 | test R@10 | test N@10 | test R@10 ÷ plain | "
+               "Δ test R@10 vs rung before [95%] | Δ test N@10 [95%] |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for row in res["rows"]:
+        for path in ("ann", "sid"):
+            if f"test/{path}/recall@10" not in row:
+                continue
+            ratio = f"{row[f'test/{path}/recall@10'] / yard['test']['R@10']:.3f}" if yard else "-"
+
+            def diff(metric: str) -> str:
+                d = row.get(f"test/{path}/{metric}/diff")
+                if not d:
+                    return "-"
+                mark = " **decided**" if d[1] > 0 or d[2] < 0 else ""
+                return f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]{mark}"
+
+            out.append(f"| {row['rung']} | {row['change']} | {path} | {row[f'valid/{path}/recall@10']:.4f} | "
+                       f"{row[f'valid/{path}/ndcg@10']:.4f} | {row[f'test/{path}/recall@10']:.4f} | "
+                       f"{row[f'test/{path}/ndcg@10']:.4f} | {ratio} | {diff('recall@10')} | {diff('ndcg@10')} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workdir", type=Path)
+    ap.add_argument("--ladder", type=Path, required=True)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per training process")
+    ap.add_argument("--p5", help="P5-form data directory: also train the plain SASRec yardstick on it, same call")
+    ap.add_argument("--yardstick", default=str(Path(__file__).resolve().parents[2] / "shared/yardstick/sasrec.py"))
+    ap.add_argument("--sid-beam", type=int, default=100)
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--only", nargs="*", default=[], help="train only these rungs (score all that have checkpoints)")
+    ap.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every rung (e.g. a time cap)")
+    ap.add_argument("--score-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    a = ap.parse_args()
+    ladder = json.loads(a.ladder.read_text())
+    resolve(ladder)
+    root = a.workdir.parent / f"{a.workdir.name}-ladder"
+    root.mkdir(parents=True, exist_ok=True)
+    took = {} if a.score_only else train_all(a.workdir, root, ladder, a)
+    res = score(root, ladder, a)
+    res["train_seconds"] = took
+    yard = yardstick_result(root)
+    res["yardstick"] = yard
+    res["ladder"] = ladder
+    print("\n" + table(res, yard), flush=True)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "ladder.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
