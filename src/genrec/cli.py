@@ -153,12 +153,22 @@ def features_build(
     from genrec.data.splits import SplitSpec
     from genrec.pipeline import build_item_features
 
+    import warnings
+
+    from genrec.features.text_quality import DegenerateTextWarning, features_warning
+
     spec = SplitSpec(kind=split)  # type: ignore[arg-type]  # refuses anything but loo / temporal, naming it
-    with _working("building content + engagement item vectors ..."):
+    with _working("building content + engagement item vectors ..."), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateTextWarning)  # said below, in the command's words
         v = build_item_features(workdir, content=content, content_dim=content_dim, engagement_dim=engagement_dim,
                                 seed=seed, split=spec)
+    q = v.meta.get("text_quality") or {}
     _echo_json({"items": len(v), "content_dim": int(v.content.shape[1]),
-                "engagement_dim": int(v.engagement.shape[1]), "folder": str(Path(workdir) / "features")})
+                "engagement_dim": int(v.engagement.shape[1]), "folder": str(Path(workdir) / "features"),
+                "text_quality": {k: q.get(k) for k in ("coverage", "distinct_ratio", "duplicate_share", "degenerate")}})
+    msg = features_warning(q)
+    if msg is not None:
+        typer.secho(f"warning: {msg}", fg=typer.colors.YELLOW, err=True)
 
 
 # ----------------------------------------------------------------------------- sid
@@ -170,17 +180,24 @@ def sid_build(
     codebook_size: Optional[int] = typer.Option(None, help="Codes per level (default: suits the catalogue)."),
     method: str = typer.Option("rqkmeans", help="rqkmeans | rqvae"),
     seed: int = typer.Option(0),
-    source: str = typer.Option("content", help="What is quantised: content (PinGER) or content+engagement "
-                                               "(collaborative SIDs: co-engaged items share prefixes)."),
+    source: Optional[str] = typer.Option(
+        None, help="What is quantised: content (PinGER), content+engagement (collaborative SIDs: co-engaged items "
+                   "share prefixes) or engagement (the engagement vectors alone). Default: content, or engagement "
+                   "when `genrec features build` found the item text degenerate (its manifest's text_quality)."),
     engagement_weight: float = typer.Option(1.0, help="content+engagement: the engagement block's weight."),
 ) -> None:
     """Quantise item vectors into a new SID version (codes, trie, index, stats)."""
     from genrec.pipeline import build_semantic_ids
+    from genrec.sid.build import choose_sid_source, features_text_quality
 
+    choice = choose_sid_source(features_text_quality(Path(workdir) / "features"), source)
+    if choice.message is not None:
+        typer.secho(choice.message, fg=typer.colors.RED if choice.loud else typer.colors.YELLOW, err=True)
     with _working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
-                                source=source, engagement_weight=engagement_weight)
+                                source=choice.source, engagement_weight=engagement_weight)
     _echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
+                "source": choice.source,
                 "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_collision_group", "unique_rate")}})
 
 

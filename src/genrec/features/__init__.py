@@ -9,6 +9,7 @@ from genrec.features.build import build_features
 from genrec.features.content import content_vectors, file_vectors, parse_spec, tfidf_vectors
 from genrec.features.engagement import cooccurrence, engagement_vectors, ppmi, svd_embed
 from genrec.features.store import ItemVectors
+from genrec.features.text_quality import measure_text
 
 __all__ = [
     "ItemVectors",
@@ -17,6 +18,7 @@ __all__ = [
     "cooccurrence",
     "engagement_vectors",
     "file_vectors",
+    "measure_text",
     "parse_spec",
     "ppmi",
     "svd_embed",

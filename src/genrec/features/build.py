@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 from genrec.features.content import catalogue_ids, content_vectors, parse_spec
 from genrec.features.engagement import engagement_vectors
 from genrec.features.store import ItemVectors
+from genrec.features.text_quality import DegenerateTextWarning, features_warning, measure_text
 
 
 def table_fingerprint(table: pa.Table, columns: Sequence[str]) -> str:
@@ -44,10 +46,13 @@ def build_features(items: pa.Table, train_events: pa.Table, out_dir: str | Path,
 
     ``train_events`` must hold the training split only. ``content_dim`` is an upper bound
     (``None`` keeps an encoder's or a file's native width); ``inputs`` adds caller
-    provenance (e.g. the tables' manifest path) to the manifest.
+    provenance (e.g. the tables' manifest path) to the manifest. The manifest's ``text_quality``
+    says whether the item text is worth content vectors (:func:`genrec.features.text_quality.measure_text`);
+    when it is degenerate (and the content comes from text) a :class:`DegenerateTextWarning` is issued.
     """
-    parse_spec(content)  # fail on a bad spec before any work
+    kind, _ = parse_spec(content)  # fail on a bad spec before any work
     ids = catalogue_ids(items)  # [n]
+    quality = {**measure_text(items), "content_from_text": kind != "file"}
     t0 = time.perf_counter()
     cvec = content_vectors(items, content, dim=content_dim, seed=seed)  # [n, dc]
     t1 = time.perf_counter()
@@ -65,7 +70,11 @@ def build_features(items: pa.Table, train_events: pa.Table, out_dir: str | Path,
                    "window": window, "min_count": min_count, "smoothing": smoothing,
                    "actions": list(actions) if actions is not None else None, "seed": seed},
         "seconds": {"content": round(t1 - t0, 3), "engagement": round(t2 - t1, 3)},
+        "text_quality": quality,
     }
     vecs = ItemVectors(item_ids=ids, content=cvec, engagement=evec, meta=meta)
     vecs.save(out_dir)
+    msg = features_warning(quality)
+    if msg is not None:
+        warnings.warn(msg, DegenerateTextWarning, stacklevel=2)
     return vecs

@@ -5,7 +5,8 @@ On disk (a WorkDir's ``features/`` folder)::
     item_ids.npy      int64 [n]
     content.npy       float32 [n, dc]
     engagement.npy    float32 [n, de]
-    manifest.json     kind "features": inputs, params, counts, versions, sha256 of each file
+    manifest.json     kind "features": inputs, params, counts, versions, sha256 of each file,
+                      text_quality (coverage / distinct ratio / verdict of the item text)
 
 Plain ``.npy`` rather than safetensors so :meth:`ItemVectors.load` can memory-map the
 matrices (safetensors' numpy loader copies). The folder is written through
@@ -52,7 +53,8 @@ class ItemVectors:
     content: np.ndarray  # float32 [n, dc]
     engagement: np.ndarray  # float32 [n, de]
     meta: dict[str, Any] = field(default_factory=dict)
-    """Provenance: ``inputs`` and ``params`` go to the manifest as is; anything else under ``extra``."""
+    """Provenance: ``inputs``, ``params`` and ``text_quality`` go to the manifest as is; anything else under
+    ``extra``."""
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.item_ids)
@@ -114,9 +116,10 @@ class ItemVectors:
             sums = {}
             for key, name in FILES.items():
                 sums[name] = _write_array(tmp / name, getattr(self, key))
-            extra = {k: v for k, v in self.meta.items() if k not in ("inputs", "params", "manifest")}
+            extra = {k: v for k, v in self.meta.items() if k not in ("inputs", "params", "manifest", "text_quality")}
+            top = {"text_quality": self.meta["text_quality"]} if self.meta.get("text_quality") is not None else {}
             body = manifest(KIND, inputs=self.meta.get("inputs", {}), params=self.meta.get("params", {}),
-                            counts=self.counts(), files=sums, extra=extra)
+                            counts=self.counts(), files=sums, extra=extra, **top)
             atomic_write_json(tmp / MANIFEST, body)
         return folder
 
@@ -142,7 +145,7 @@ class ItemVectors:
                 raise DataError(f"checksum mismatch for {name}", path=p)
             arrays[key] = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
         meta = {"inputs": body.get("inputs", {}), "params": body.get("params", {}), **body.get("extra", {}),
-                "manifest": body}
+                "text_quality": body.get("text_quality"), "manifest": body}
         out = cls(item_ids=np.asarray(arrays["item_ids"]), content=arrays["content"],
                   engagement=arrays["engagement"], meta=meta)
         counts = body.get("counts", {})

@@ -15,7 +15,9 @@ kill at any point leaves ``CURRENT`` naming the previous complete version. A loc
 (``.lock``, fcntl) keeps two builders from picking the same version number.
 :func:`assign_sids` codes new items with the FROZEN codebooks of the current version.
 ``method="rqvae"`` swaps the quantiser for :class:`genrec.sid.rqvae.RQVAE`; the rest is
-the same.
+the same. What is quantised (:func:`sid_input_vectors`): content vectors by default, engagement
+vectors when ``genrec features build`` found the item text degenerate (:func:`choose_sid_source`);
+each version's stats.json says which, and why, under ``source``.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ from genrec.sid.index import SidIndex, level_bits
 from genrec.sid.rqkmeans import ResidualKMeans, check_vectors
 from genrec.sid.rqvae import RQVAE
 from genrec.sid.trie import SidTrie
-from genrec.workdir import atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, manifest, read_json
+from genrec.workdir import (MANIFEST, atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, manifest,
+                            read_json)
 
 __all__ = ["SidBuild", "build_sids", "assign_sids", "open_current", "open_version", "default_codebook",
-           "code_stats", "list_versions", "load_quantizer", "prune_versions"]
+           "code_stats", "list_versions", "load_quantizer", "prune_versions", "choose_sid_source",
+           "features_text_quality"]
 
 CURRENT = "CURRENT"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
@@ -71,7 +75,9 @@ class SidBuild:
         return len(self.codebook_sizes)
 
 
-SID_SOURCES = ("content", "content+engagement")
+SID_SOURCES = ("content", "content+engagement", "engagement")
+_SOURCE_VECTORS = {"content": "the content vectors", "content+engagement": "content beside engagement vectors",
+                   "engagement": "the engagement vectors"}
 
 
 def sid_input_vectors(content: Any, engagement: Any | None, source: str = "content",
@@ -83,10 +89,16 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     beside ``engagement_weight`` times the L2-normalised engagement vector, so items that are
     engaged with together tend to share SID prefixes. An all-zero engagement row (an item nobody
     engaged with yet) leaves that block zero, which is how ``sid assign`` codes new items against
-    such a codebook.
+    such a codebook. ``"engagement"``: the engagement vectors as they are -- the default of ``genrec
+    sid build`` when the item text is degenerate (:func:`choose_sid_source`); items nobody engaged
+    with share the all-zero vector and are told apart only by the disambiguation level.
     """
     if source not in SID_SOURCES:
         raise ConfigError(f"SID source must be one of {', '.join(SID_SOURCES)}, got {source!r}")
+    if source == "engagement":
+        if engagement is None:
+            raise ConfigError("SID source 'engagement' needs the engagement vectors")
+        return check_vectors(engagement, name="engagement vectors")
     c = check_vectors(content, name="content vectors")
     if source == "content":
         return c
@@ -106,6 +118,76 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
 
 
+def features_text_quality(features_dir: str | Path) -> dict[str, Any] | None:
+    """The ``text_quality`` that ``genrec features build`` recorded in ``features_dir``'s manifest
+    (None: no manifest, or features built before the check)."""
+    path = Path(features_dir) / MANIFEST
+    if not path.exists():
+        return None
+    q = read_json(path).get("text_quality")
+    return q if isinstance(q, dict) else None
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    """What a SID build quantises (``source``, one of SID_SOURCES) and what to tell the user about it."""
+
+    source: str
+    message: str | None = None
+    """A line for stderr ('note: ...' or 'warning: ...'), or None when there is nothing to say."""
+    loud: bool = False
+    """The message is a warning (explicit content SIDs on degenerate text), not a note."""
+
+
+def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None = None) -> SourceChoice:
+    """``genrec sid build``'s ``--source``: ``requested`` when given (a warning when it quantises content
+    vectors built from degenerate item text), else ``"content"`` -- or ``"engagement"`` when the features
+    manifest's ``text_quality`` (:func:`features_text_quality`) says the item text is degenerate.
+    Features built before the text check, or from a vector file, keep the ``"content"`` default."""
+    from genrec.features.text_quality import describe, is_degenerate
+
+    if requested is not None and requested not in SID_SOURCES:
+        raise ConfigError(f"--source must be one of {', '.join(SID_SOURCES)}, got {requested!r}")
+    bad = is_degenerate(text_quality)
+    numbers = describe(text_quality) if bad and text_quality is not None else ""
+    if requested is None:
+        if not bad:
+            return SourceChoice("content")
+        return SourceChoice("engagement", f"note: the item text is degenerate ({numbers}), so the SIDs quantise the "
+                                          f"engagement vectors (the default --source on such text); pass "
+                                          f"`--source content` to quantise the content vectors anyway.")
+    if bad and requested != "engagement":
+        harm = "these SIDs are largely noise" if requested == "content" else "half of what is quantised is noise"
+        return SourceChoice(requested, f"warning: --source {requested} on degenerate item text ({numbers}): the "
+                                       f"content vectors carry little or no meaning, so {harm}. Leave --source out "
+                                       f"(or pass `--source engagement`) to quantise the engagement vectors.",
+                            loud=True)
+    return SourceChoice(requested)
+
+
+def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The ``source`` entry of a build's stats.json: what was quantised and why, from the build's ``inputs``
+    (``source``, and ``features``: the item features folder, whose manifest holds the text check)."""
+    from genrec.features.text_quality import describe, is_degenerate
+
+    source = str(inputs.get("source", "content"))
+    q = features_text_quality(inputs["features"]) if inputs.get("features") else None
+    out: dict[str, Any] = {"used": source, "vectors": _SOURCE_VECTORS.get(source, source)}
+    if q is None:
+        out["item_text"] = "not checked"
+        return out
+    bad = is_degenerate(q)
+    out["item_text"] = "degenerate" if bad else ("usable" if q.get("content_from_text", True) else "not used")
+    out["text_quality"] = {k: q.get(k) for k in ("coverage", "distinct_ratio", "duplicate_share", "reasons")}
+    if bad and source == "engagement":
+        out["why"] = (f"the item text is degenerate ({describe(q)}): the engagement vectors, the default --source "
+                      f"on such text")
+    elif bad:
+        out["warning"] = (f"--source {source} on degenerate item text ({describe(q)}): content SIDs are largely "
+                          f"noise; the default here is --source engagement")
+    return out
+
+
 def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int) -> np.ndarray:
     """What ``sid assign`` quantises for NEW items (content vectors only) under the build recipe of
     the version at ``version_path``: the content vectors themselves, or for a collaborative
@@ -113,6 +195,11 @@ def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int)
     a new item has no engagement yet, as the items nobody engaged with at build time."""
     inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
     source = inputs.get("source", "content")
+    if source == "engagement":
+        raise ConfigError(f"SID version {Path(version_path).name} quantised the engagement vectors (`genrec sid build "
+                          f"--source engagement`, the default on degenerate item text): a new item has no engagement "
+                          f"yet, so `genrec sid assign` cannot code it from content vectors. Rebuild the features and "
+                          f"the SIDs (`genrec features build`, `genrec sid build`) once its events are in the tables.")
     c = check_vectors(content, name="new item content vectors")
     if source == "content":
         return c
@@ -284,7 +371,8 @@ def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int
     of the n_p items sharing a prefix, at most ceil(capacity * n_p / K) take the same next
     code (None = plain nearest centroid); see :func:`genrec.sid.rqkmeans.balanced_assign`.
     Writes ``out_root/v000k`` atomically, then points ``out_root/CURRENT`` at it, and
-    returns the opened build.
+    returns the opened build. ``inputs`` go to the manifest; their ``source`` and ``features`` also
+    make the stats' ``source`` entry (:func:`source_stats`).
     """
     t0 = time.perf_counter()
     x = check_vectors(vectors, name="vectors")
@@ -302,13 +390,15 @@ def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int
     sizes = rq.codebook_sizes + [dis.final_size]
     level_bits(sizes)  # fail before writing anything if the codes do not pack
     t_fit = time.perf_counter() - t0
+    src = source_stats(inputs or {})
     stats = {
         "n_items": int(x.shape[0]), "dim": int(x.shape[1]), "method": method, "levels": levels,
         "codebook_sizes": sizes, "collision_rate": dis.collision_rate, "max_collision_group": dis.max_group,
         "unique_rate": float(1.0 - collision_rate(dis.codes)),
         "codebook_use": code_stats(dis.codes, sizes), "prefixes": prefix_stats(dis.codes),
-        "reconstruction": rq.level_errors(x, sem), "warnings": rq.stats.get("warnings", []),
-        "fit_seconds": t_fit,
+        "reconstruction": rq.level_errors(x, sem),
+        "warnings": rq.stats.get("warnings", []) + ([src["warning"]] if "warning" in src else []),
+        "fit_seconds": t_fit, "source": src,
     }
     man = manifest("sid", inputs=inputs or {}, params={"levels": levels, "codebook_size": k, "method": method,
                                                         "seed": seed, "niter": niter,
