@@ -104,7 +104,11 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
         if not (d / "checkpoints").exists():
             print(f"{r['name']}: no checkpoints, skipped", flush=True)
             continue
-        rec = Recommender.from_checkpoint(d, None, device=dev)
+        try:
+            rec = Recommender.from_checkpoint(d, None, device=dev)
+        except Exception as e:  # a rung that failed to train: say so, score the others
+            print(f"{r['name']}: not scored ({e})", flush=True)
+            continue
         row: dict[str, Any] = {"rung": r["name"], "change": r.get("change", ""), "step": rec.step}
         ranks[r["name"]] = {}
         for split in ("valid", "test"):

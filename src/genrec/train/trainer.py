@@ -595,7 +595,7 @@ class Trainer:
                 n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
                 count_weighted_loss(loss, n_items, info).backward()
                 grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                             if cfg.grad_clip > 0 else torch.zeros(()))
+                             if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
                 self.optimizer.step()
                 if self.ema is not None:
                     self.ema.update()
