@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# One device call: the quality ladder (benchmarks/quality_ladder.py) on Amazon Beauty, all rungs at once on
-# the one GPU beside the plain SASRec yardstick. Carry .whl and .gpudata (amazon-beauty-2014 and
-# yardstick/sasrec.py copied from ../shared). LADDER, PARALLEL and extra SET overrides from the environment.
+# One device call: quality ladders (benchmarks/quality_ladder.py), each dataset's rungs at once on the one GPU
+# beside the plain SASRec yardstick trained on the same sequences; several datasets run side by side.
+# Carry .whl and .gpudata: amazon-beauty-2014 and yardstick/*.py copied from ../shared, and P5 exports of
+# MovieLens (`genrec data export-p5 movielens-100k .gpudata/p5-ml100k`, likewise p5-mlsmall).
+#   RUNS="beauty:configs/ladder-beauty.json ml100k:configs/ladder-ml.json" bash benchmarks/gpu_ladder.sh
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-DATA=${DATA:-amazon-beauty-2014}; WD=runs/${DATA}
-python3 -m genrec.cli data prepare $DATA $WD >/dev/null && python3 -m genrec.cli features build $WD >/dev/null \
-  && python3 -m genrec.cli sid build $WD --codebook-size ${CODEBOOK:-64} >/dev/null || exit 1
-timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $WD --ladder ${LADDER:-configs/ladder-beauty.json} \
-  --parallel ${PARALLEL:-14} --p5 .gpudata/${P5:-$DATA} --yardstick .gpudata/yardstick/sasrec.py ${SET:+--set $SET} 2>&1 \
-  | grep -v "Warn\|warn"
+one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
+  local name=$1 ladder=$2 wd=runs/$1 p5 prep
+  case $name in
+    beauty) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
+    ml100k) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
+    mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
+  esac
+  { python3 -m genrec.cli data prepare $prep && python3 -m genrec.cli features build $wd \
+      && python3 -m genrec.cli sid build $wd $cb; } > /tmp/$name.prep.log 2>&1 || { tail -5 /tmp/$name.prep.log; return 1; }
+  timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
+    --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
+}
+for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec%%:*} ${spec#*:} & done
+wait
+for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do echo "== ${spec%%:*}"; grep -v "^trained\|^scored" $OUT/${spec%%:*}.log; done
