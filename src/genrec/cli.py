@@ -623,6 +623,13 @@ def eval_cmd(
     slate_negatives: int = typer.Option(8, help="Sampled impression-only candidates added to each held-out "
                                                 "ranking slate (as training's data.neg_cands)."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    dump_recs: Optional[Path] = typer.Option(
+        None, help="Also write every evaluated user's ranked top-K (K = 20, the largest reported) per path as "
+                   "JSON lines {\"user\": id, \"items\": [ids]} with the source data's ids, one file per path: "
+                   "recs.jsonl -> recs.sid.jsonl, recs.ann.jsonl, recs.l0l1.jsonl, recs.popularity.jsonl "
+                   "(the paths this model has). Each reproduces the report's Recall/NDCG@K under an outside "
+                   "scorer, e.g. ../shared/yardstick/score.py (with --max-users, the users left out count as "
+                   "misses there)."),
 ) -> None:
     """Leave-one-out (or temporal) full-catalogue evaluation of every path + popularity; writes reports/."""
     from genrec.eval.evaluate import EvalConfig, run_eval
@@ -689,13 +696,6 @@ def fusion_tune(
 def fusion_show(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
-    dump_recs: Optional[Path] = typer.Option(
-        None, help="Also write every evaluated user's ranked top-K (K = 20, the largest reported) per path as "
-                   "JSON lines {\"user\": id, \"items\": [ids]} with the source data's ids, one file per path: "
-                   "recs.jsonl -> recs.sid.jsonl, recs.ann.jsonl, recs.l0l1.jsonl, recs.popularity.jsonl "
-                   "(the paths this model has). Each reproduces the report's Recall/NDCG@K under an outside "
-                   "scorer, e.g. ../shared/yardstick/score.py (with --max-users, the users left out count as "
-                   "misses there)."),
 ) -> None:
     """The L1 fusion weights the Recommender uses for this checkpoint, and where they come from."""
     from dataclasses import asdict
