@@ -173,6 +173,21 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                                          early_stopping=EarlyStoppingConfig(metric="valid/ann/recall@10",
                                                                             mode="max", patience=3)),
                         dict(context_len=50, valid_cases=0)),
+    # Amazon- and MovieLens-sized sequences, the joint model (SID + next-item + action losses) on the plain SASRec
+    # recipe's training (../shared/yardstick/sasrec.py: ID vectors tied in and out, d 64, 2 blocks of 1 head,
+    # dropout .5 on the inputs too, positions counted from the end, Adam 1e-3 constant) plus a content MLP beside the
+    # ID vectors and a weight average; chosen on validation by the ladders in configs/ladder-*.json (frozen as
+    # configs/seq-small.json). Any device; ~5.5 minutes of training.
+    "seq-small": dict(
+        variant="pinger", model_preset="gpu-base",
+        model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=64, item_dim=64, dropout=0.5, input_dropout=0.5,
+                   id_embedding=True, item_content=True, positions="end", pos_init_std=0.02, user_head="identity"),
+        objective=dict(item_loss="full", w_sid=4.0, w_item=1.0, w_action=0.2),
+        data=dict(context_len=50, valid_cases=5000, eval_beam=20),
+        train=dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), decay="constant", warmup_steps=0, grad_clip=0.0,
+                   ema_decay=0.999, batch_size=256, bf16=True, device="auto", total_steps=200000, max_minutes=5.5,
+                   eval_every=200, log_every=200, ckpt_every=1000, keep_last=2, compile=False,
+                   early_stopping=EarlyStoppingConfig(metric="valid/sid/recall@10", mode="max", patience=8))),
 }
 
 
@@ -186,6 +201,7 @@ def variant_overrides(cfg: RunConfig) -> tuple[dict[str, Any], ObjectiveConfig]:
         obj = dataclasses.replace(obj, w_item=0.0, w_action=0.0)
     elif v == "sasrec":
         m["layout"] = "dense"
+        m["sid_fusion"] = False  # the plain recipe has no SIDs (the variant kept SID fusion before 2026-12-04)
         obj = dataclasses.replace(obj, w_sid=0.0, w_action=0.0, item_loss="full")
     elif v == "dense":
         m["layout"] = "dense"
