@@ -188,16 +188,12 @@ def sid_build(
 ) -> None:
     """Quantise item vectors into a new SID version (codes, trie, index, stats)."""
     from genrec.pipeline import build_semantic_ids
-    from genrec.sid.build import choose_sid_source, features_text_quality
 
-    choice = choose_sid_source(features_text_quality(Path(workdir) / "features"), source)
-    if choice.message is not None:
-        typer.secho(choice.message, fg=typer.colors.RED if choice.loud else typer.colors.YELLOW, err=True)
     with _working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
-                                source=choice.source, engagement_weight=engagement_weight)
+                                source=source, engagement_weight=engagement_weight)  # says on stderr what it chose
     _echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
-                "source": choice.source,
+                "source": sb.stats.get("source", {}).get("used"),
                 "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_collision_group", "unique_rate")}})
 
 

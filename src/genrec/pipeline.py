@@ -17,6 +17,8 @@ manifest, so a later step can check it is looking at the versions it expects::
 
 from __future__ import annotations
 
+import sys
+
 import json
 import os
 from pathlib import Path
@@ -94,15 +96,21 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
 
 
 def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
-                       method: str = "rqkmeans", seed: int = 0, source: str = "content",
+                       method: str = "rqkmeans", seed: int = 0, source: str | None = None,
                        engagement_weight: float = 1.0) -> Any:
     """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
-    vectors (``source="content"``, PinGER's choice) or content beside engagement (collaborative
-    SIDs, see :func:`genrec.sid.build.sid_input_vectors`)."""
+    vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
+    SIDs, see :func:`genrec.sid.build.sid_input_vectors`) or engagement alone. ``None``: content, or
+    engagement when ``features build`` found the item text degenerate (said on stderr;
+    :func:`genrec.sid.build.choose_sid_source`)."""
     from genrec.features.store import ItemVectors
-    from genrec.sid.build import build_sids, sid_input_vectors
+    from genrec.sid.build import build_sids, choose_sid_source, features_text_quality, sid_input_vectors
 
     wd = WorkDir(workdir)
+    choice = choose_sid_source(features_text_quality(wd.features), source)
+    if choice.message is not None:
+        print(choice.message, file=sys.stderr)
+    source = choice.source
     vecs = ItemVectors.load(wd.features)
     x = sid_input_vectors(np.asarray(vecs.content), np.asarray(vecs.engagement), source, engagement_weight)
     inputs: dict[str, Any] = {"features": str(wd.features), "source": source}

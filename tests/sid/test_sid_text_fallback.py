@@ -84,6 +84,16 @@ def test_default_sid_source_on_blank_text_is_engagement(titleless: tuple[Path, s
     assert not np.array_equal(codes[:, :-1], codes_c[:, :-1])
 
 
+def test_library_call_falls_back_like_the_cli(titleless: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`genrec.build_semantic_ids` (what the quickstart calls) chooses the source as `genrec sid build` does."""
+    from genrec import pipeline
+
+    wd, _ = titleless
+    sb = pipeline.build_semantic_ids(wd)
+    assert sb.stats["source"]["used"] == "engagement"
+    assert "item text is degenerate" in capsys.readouterr().err
+
+
 def test_engagement_source_quantises_the_engagement_vectors(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     c, e = rng.standard_normal((50, 6)).astype(np.float32), rng.standard_normal((50, 4)).astype(np.float32)
