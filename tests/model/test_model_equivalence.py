@@ -56,6 +56,7 @@ CONFIGS = [
     # SASRec's recipe knobs: positions counted back from the next item, a linear or no user tower
     dict(sid_fusion=True, target_condition=False, positions="end", pos_init_std=0.02, user_head="linear"),
     dict(sid_fusion=True, target_condition=True, positions="end", user_head="identity", item_dim=32, input_dropout=0.5),
+    dict(sid_fusion=True, target_condition=False, normalize=False),  # raw dot-product vectors
 ]
 
 
@@ -125,6 +126,17 @@ def _append_item(batch: ModelBatch, codes: torch.Tensor) -> ModelBatch:
                       lengths=L + 1, sid_codes=put(batch.sid_codes, codes), item_feats=put(batch.item_feats),
                       item_vecs=put(batch.item_vecs), action_mask=put(batch.action_mask),
                       target_actions=put(batch.target_actions, batch.request_action), pos_lengths=L)
+
+
+def test_normalize_off_gives_raw_vectors() -> None:
+    """normalize=False: the item and user vectors are not unit vectors (dot-product scoring), normalize=True they are."""
+    for norm in (True, False):
+        model = make_model(7, normalize=norm)
+        batch = make_batch(model.config, [5, 3], 5, 0, 7)
+        with torch.no_grad():
+            out = model(batch)
+            lens = torch.cat([out.item_vecs[out.item_valid].norm(dim=-1), out.user_vecs[out.item_valid].norm(dim=-1)])
+        assert torch.allclose(lens, torch.ones_like(lens), atol=1e-5) == norm
 
 
 def test_equivalence_check_is_sensitive() -> None:

@@ -64,6 +64,10 @@ class ModelConfig:
     # user tower on the last hidden state: "mlp" (Linear-GELU-Linear), "linear", or "identity" (the
     # final-norm hidden itself, SASRec's; needs item_dim == d_model); the result is L2-normalised
     user_head: str = "mlp"
+    # True: item and user vectors are L2-normalised (cosine scores over the objective's temperature: PinRec);
+    # False: raw vectors scored by their dot product (SASRec's; set objective.temperature=1): an item's norm
+    # can then carry its popularity and a user vector's norm its confidence
+    normalize: bool = True
 
     def __post_init__(self) -> None:
         self.sid_codebook_sizes = [int(k) for k in self.sid_codebook_sizes]

@@ -34,6 +34,7 @@ class ItemEncoder(nn.Module):
         super().__init__()
         self.feat_dim = cfg.item_feat_dim
         self.item_dim = cfg.item_dim
+        self.normalize = cfg.normalize
         self.mlp: nn.Sequential | None = None
         if cfg.item_content:
             self.mlp = nn.Sequential(
@@ -73,7 +74,7 @@ class ItemEncoder(nn.Module):
                 raise ValueError(f"item_ids: shape {tuple(item_ids.shape)} != item_feats {tuple(feats.shape[:-1])}")
             s = self.slots(item_ids)
             v = v + self.id_emb(s.clamp(min=0)) * (s >= 0).unsqueeze(-1).to(v.dtype)
-        return F.normalize(v, dim=-1)
+        return F.normalize(v, dim=-1) if self.normalize else v
 
 
 def apply_action_mask(actions: torch.Tensor, mask: torch.Tensor | None, mask_class: int) -> torch.Tensor:

@@ -34,17 +34,19 @@ class SidHeads(nn.Module):
 
 
 class UserHead(nn.Module):
-    """MLP (or Linear, or identity: ``config.user_head``) of the hidden state -> L2-normalised user vector
-    ``[..., item_dim]`` (scored by dot with item vectors)."""
+    """MLP (or Linear, or identity: ``config.user_head``) of the hidden state -> user vector ``[..., item_dim]``,
+    L2-normalised unless ``config.normalize`` is off (scored by dot with item vectors)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.mlp: nn.Module = {"mlp": lambda: _mlp(cfg.d_model, cfg.d_model, cfg.item_dim),
                                "linear": lambda: nn.Linear(cfg.d_model, cfg.item_dim),
                                "identity": nn.Identity}[cfg.user_head]()
+        self.normalize = cfg.normalize
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.mlp(h), dim=-1)
+        u = self.mlp(h)
+        return F.normalize(u, dim=-1) if self.normalize else u
 
 
 class ActionHead(nn.Module):
