@@ -1,6 +1,11 @@
-# Source on the lent GPU machine (its image has torch/triton but not faiss/pyiceberg):
-# installs the carried wheels from .whl into /tmp/site and puts genrec's src on the path.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+# Sourced on the lent GPU machine by gpu.sh and gpu_ladder.sh (its image has torch/triton but not faiss/pyiceberg):
+# installs the carried wheels from .whl into /tmp/site and puts genrec's src on the path. Without .whl (the kernel
+# benchmarks and probes need none of them) it says so and goes on.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+else
+  echo "gpu_env: no .whl carried: faiss, pyiceberg and the serving packages are not installed"
+fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 GENREC_DATA_DIR=$PWD/.gpudata
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -14,7 +19,7 @@ train_serve_model() {
     train.compile=false train.total_steps=30 train.eval_every=0 train.ckpt_every=0 train.progress=off train.tensorboard=false \
     data.valid_cases=200 > /tmp/serve_train.log 2>&1 || tail -5 /tmp/serve_train.log
 }
-# The full training step benchmark as the step scripts call it: BT, the SID-loss-only step of equal-context
+# The full training step benchmark as docs/RESULTS.md calls it: BT, the SID-loss-only step of equal-context
 # comparisons (COMMON), the d 768 width (D768), and bench_step NAME TIMEOUT ARGS... (output under $OUT/NAME).
 BT="python3 benchmarks/bench_train.py --preset gpu-base"
 COMMON="model.dropout=0.0 model.attn_impl=triton objective.w_item=0 objective.w_action=0"
@@ -24,10 +29,12 @@ bench_step() {
   echo "== $name"; mkdir -p $OUT/$name
   OUT=$OUT/$name timeout $t $BT "$@" 2>&1 | grep -v "Warn\|warn" | tail -12
 }
-# The step benchmarks' workdir, built here from MovieLens 100K in .gpudata (carry it and .whl): sets WD. A
+# The step benchmarks' workdir, built here from MovieLens 100K in .gpudata (carry it and .whl): sets WD.
+# step_workdir [LEVELS]: SIDs of LEVELS residual levels (3 by default: 4 tokens per item; 4: the issue's 5). A
 # workdir's Iceberg catalogue records absolute paths, so a copied one does not open.
 step_workdir() {
-  WD=runs/step-ml100k
+  local levels=${1:-3}
+  WD=runs/step-ml100k-l$levels
   timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
-p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=3)" 2>&1 | tail -2
+p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=$levels)" 2>&1 | tail -2
 }

@@ -7,12 +7,12 @@ Usage:
 
 Why: every 64-row query block of ``item_block_sm90``'s forward streams all earlier dense K/V tiles of
 its head through a ring of its own -- 1.79 GB from L2 into the SMs at B 8 x 1,024 items, 8 x 128
-(``benchmarks/gpu_ncu_l2.sh``). Here one program holds two neighbouring query blocks of a head, each
-in its own consumer warp group (the default partition and a 4-warp worker), and a 1-warp producer
-fills one ring that both read: a tile is refilled once both consumers have released it (an "empty"
-barrier per consumer and slot). The two consumers run the forward's loop of ``_sm90_fwd_kernel``
-(asynchronous S and P V, softmax overlapped with the previous P V) independently, so their
-exponentials and matmuls interleave without any explicit ping-pong.
+(Nsight Compute, issue 5's seventeenth session: docs/log/BENCHMARKS-2026-12-04.md). Here one program holds
+two neighbouring query blocks of a head, each in its own consumer warp group (the default partition and
+a 4-warp worker), and a 1-warp producer fills one ring that both read: a tile is refilled once both
+consumers have released it (an "empty" barrier per consumer and slot). The two consumers run the
+forward's loop of ``_sm90_fwd_kernel`` (asynchronous S and P V, softmax overlapped with the previous
+P V) independently, so their exponentials and matmuls interleave without any explicit ping-pong.
 
 Checks the output and lse against the fp32 reference on fresh random inputs (NaN-filled outputs, all
 rows written), then times it against the production forward (``launch_fwd_sm90``, tuned tiles) at

@@ -1,6 +1,6 @@
 """Tune on validation, then score the test split once: genrec against its baselines, same run.
 
-    python benchmarks/tune_quality.py WORKDIR --grid benchmarks/grids/beauty.json [--parallel 8]
+    python benchmarks/tune_quality.py WORKDIR --grid configs/grids/beauty.json [--parallel 8]
 
 WORKDIR holds prepared tables, features and SIDs. The grid names configurations, each with a
 family (``sasrec`` / ``genrec`` / ``tiger`` ...), the validation metric that selects within the
