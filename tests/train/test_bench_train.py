@@ -40,7 +40,7 @@ def test_fusion_paths_compute_one_function_and_restore_the_class(benchmark_scrip
 
 def test_flop_ceiling_counts_the_masks_pairs(benchmark_script) -> None:
     """The ceiling column: PinGER's pairs in closed form against the rule mask itself, and the ceiling against
-    the hand-worked figures in BENCHMARKS.md (d 768, d_ff 3,072; 1.30x / 1.92x / 2.41x at 1,024 / 4,096 /
+    the hand-worked figures in docs/RESULTS.md (d 768, d_ff 3,072; 1.30x / 1.92x / 2.41x at 1,024 / 4,096 /
     8,192 items of 4 tokens, 1.40x at 1,024 items of 5)."""
     from genrec.bench import train as bench
     from genrec.kernels.reference import item_block_mask
