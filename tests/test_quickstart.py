@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from rich.console import Console
 
 from genrec.quickstart import run_quickstart
 from genrec.retrieve.recommender import Recommender
 
 
-def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path, datasets_root: Path) -> None:
+def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path, datasets_root: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage runs; the summary's rows are all measured on one set of reporting users, disjoint from the
+    tuning users the fusion weights were chosen on (issue 38: L0+L1 was scored on its own 500 tuning users,
+    beside rows on 300 sampled users and popularity on all 943)."""
     if not (datasets_root / "movielens-100k").is_dir():
-        import pytest
-
         pytest.skip("movielens-100k not available")
-    con = Console(file=open(tmp_path / "out.txt", "w"), width=140)
-    out = run_quickstart(tmp_path / "run", data_dir=datasets_root, steps=8, fusion_users=120, console=con)
+    import genrec.eval.evaluate as ev
+    import genrec.eval.retrieval as rt
+
+    given: dict[str, list[list[int]]] = {}  # per function, the users of each call's cases
+
+    def spy(mod: Any, name: str) -> None:
+        real = getattr(mod, name)
+
+        def wrapped(*a: Any, **kw: Any) -> Any:
+            es = kw["eval_set"] if name == "tune_fusion" else a[1]
+            given.setdefault(name, []).append([int(ex.user_id) for ex in es.examples])
+            return real(*a, **kw)
+
+        monkeypatch.setattr(mod, name, wrapped)
+
+    spy(ev, "tune_fusion")
+    spy(ev, "l0l1_pass")  # tune_fusion's pass, then the L0+L1 row's
+    spy(rt, "evaluate_retrieval")  # the trainer's validation, then the ann and sid rows'
+    con = Console(file=open(tmp_path / "out.txt", "w"), width=160)
+    out = run_quickstart(tmp_path / "run", data_dir=datasets_root, steps=8, fusion_users=120, report_users=100,
+                         console=con)
     con.file.close()
     text = (tmp_path / "out.txt").read_text()
     for stage in ("data prepare movielens-100k", "features:", "sid build", "train 8 steps", "fusion tune:",
@@ -26,3 +49,15 @@ def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path
     rec = Recommender.from_checkpoint(tmp_path / "run")
     assert rec.fusion_path is not None and str(rec.fusion_path) == out["fusion"]["path"]
     assert len(out["recommendations"]["items"]) == 10
+
+    users = out["users"]
+    tuning, reporting = users["tuning"], users["reporting"]
+    assert len(set(tuning)) == 120 and len(set(reporting)) == 100 and not set(tuning) & set(reporting)
+    assert users["validation"] == 943  # MovieLens-100K: every user has a validation case
+    assert given["tune_fusion"] == [tuning]  # the fusion weights were chosen on exactly these users
+    assert given["l0l1_pass"] == [tuning, reporting]
+    assert given["evaluate_retrieval"][-1] == reporting
+    assert set(out["report"]) == {"genrec ann", "genrec sid", "genrec L0+L1", "popularity"}
+    assert {m["n"] for m in out["report"].values()} == {100.0}  # every row on the same 100 users
+    assert out["popularity"] == out["report"]["popularity"]
+    assert "943, split once (seed 0): 120 tuning users" in text and "100 other users report every row" in text

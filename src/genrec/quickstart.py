@@ -4,27 +4,64 @@ prepare (Iceberg tables) -> features (content + engagement) -> SIDs (codes, trie
 -> train (quickstart preset, a few minutes on 2 CPU cores) -> the L1 fusion weights chosen on
 validation users -> validation metrics beside the popularity baseline -> recommendations for one
 user from one history encode.
+
+The validation users are split once, at random with a fixed seed, into tuning users (the fusion
+weights are chosen on them) and reporting users: every row of the summary (ANN, SID, L0+L1,
+popularity) is measured on the same reporting users, none of whom the weights were chosen on.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from genrec.eval.retrieval import EvalSet
+
+
+def split_users(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -> tuple[EvalSet, EvalSet]:
+    """The cases of ``es`` (one per user) split once, at random with ``seed``: ``n_tune`` users to choose
+    weights on, and of the others ``n_report`` at random (0: all of them) to report on -- disjoint."""
+    from genrec.errors import ConfigError
+    from genrec.eval.retrieval import EvalSet
+
+    n = len(es)
+    if not 0 < n_tune < n:
+        raise ConfigError(f"fusion_users must lie in [1, {n - 1}]: the other validation users of the {n} report "
+                          f"the metrics, got {n_tune}")
+    if n_report < 0:
+        raise ConfigError(f"report_users must be >= 0 (0: every validation user not tuned on), got {n_report}")
+    perm = np.random.default_rng(seed).permutation(n)
+    tune, rest = perm[:n_tune], perm[n_tune:]
+    if n_report:
+        rest = rest[:n_report]
+
+    def part(idx: np.ndarray) -> EvalSet:
+        idx = np.sort(idx)
+        return EvalSet([es.examples[i] for i in idx], np.asarray(es.target_rows)[idx])
+
+    return part(tune), part(rest)
+
 
 def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data_dir: str | Path | None = None,
-                   download: bool = False, steps: int = 0, fusion_users: int = 500,
-                   console: Console | None = None) -> dict[str, Any]:
+                   download: bool = False, steps: int = 0, fusion_users: int = 500, report_users: int = 0,
+                   split_seed: int = 0, console: Console | None = None) -> dict[str, Any]:
+    """The whole pipeline and its summary. ``fusion_users`` validation users choose the L1 fusion weights;
+    every summary row is measured on the other validation users (``report_users`` of them at random; 0: all);
+    the split is drawn once, with ``split_seed``."""
     from genrec import pipeline
     from genrec.data.ingest.options import IngestOptions
-    from genrec.data.splits import SplitSpec, eval_cases, train_events
     from genrec.eval.baselines import Popularity
+    from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
     from genrec.eval.metrics import rank_of_targets, topk_metrics
+    from genrec.eval.retrieval import evaluate_retrieval
+    from genrec.retrieve.recommender import RecommendationList, Recommender, user_history
+    from genrec.retrieve.show import print_recommendations
     from genrec.train.run import RunConfig, train_run
 
     con = console or Console()
@@ -56,49 +93,58 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     res = train_run(wd, cfg, resume=False)
     step(f"train {res['step']} steps ({cfg.variant}, preset quickstart)", t)
 
-    from genrec.eval.evaluate import tune_fusion
-
-    t = time.perf_counter()
-    with con.status("choosing the L1 score-fusion weights on validation users ..."):
-        fusion = tune_fusion(wd, max_users=fusion_users, beam_width=20)
-    c = fusion["chosen"]
-    step(f"fusion tune: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} on "
-         f"{fusion['chosen_on']['cases']} validation users (stored for this checkpoint)", t)
-
-    # popularity on the same validation cases (same split)
-    store = pipeline.open_store(wd)
-    events = store.read_events()
-    spec = SplitSpec(kind="loo")
-    cases = eval_cases(events, spec, "valid")
-    cat_ids = np.asarray(vecs.item_ids)
-    pop = Popularity(cat_ids, train_events(events, spec).column("item_id").to_numpy())
-    tgt_rows = vecs.index_of(cases.target_item)  # rows in catalogue order, like the popularity scores
-    pop_m = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(cases), tgt_rows), (5, 10, 20))
-
-    table = Table(title=f"validation (leave-one-out, full catalogue, {res['valid_cases']} users sampled)")
-    for c in ("path", "Recall@10", "NDCG@10", "Recall@20"):
-        table.add_column(c)
-    for p in ("ann", "sid"):
-        v = res["valid"]
-        if f"valid/{p}/recall@10" in v:
-            table.add_row(f"genrec {p}", f"{v[f'valid/{p}/recall@10']:.4f}", f"{v[f'valid/{p}/ndcg@10']:.4f}",
-                          f"{v[f'valid/{p}/recall@20']:.4f}")
-    fv = fusion["valid"]
-    table.add_row(f"genrec L0+L1 (weights chosen on these {fusion['chosen_on']['cases']} users)",
-                  f"{fv['recall@10']:.4f}", f"{fv['ndcg@10']:.4f}", f"{fv['recall@20']:.4f}")
-    table.add_row("popularity (all valid users)", f"{pop_m['recall@10']:.4f}", f"{pop_m['ndcg@10']:.4f}",
-                  f"{pop_m['recall@20']:.4f}")
-    con.print(table)
-
-    from genrec.retrieve.recommender import RecommendationList, Recommender, user_history
-    from genrec.retrieve.show import print_recommendations
-
     t = time.perf_counter()
     rec = Recommender.from_checkpoint(wd)
-    user = int(events.column("user_id")[0].as_py())
+    data = load_eval_data(rec, wd, EvalConfig(split="valid", max_users=0))  # every validation case
+    tune_es, report_es = split_users(data.es, fusion_users, report_users, split_seed)
+    tuning = [int(ex.user_id) for ex in tune_es.examples]
+    reporting = [int(ex.user_id) for ex in report_es.examples]
+    step(f"validation users: {len(data.es)}, split once (seed {split_seed}): {len(tuning)} tuning users choose "
+         f"the fusion weights, {len(reporting)} other users report every row", t)
+
+    t = time.perf_counter()
+    with con.status("choosing the L1 score-fusion weights on the tuning users ..."):
+        fusion = tune_fusion(wd, rec=rec, eval_set=tune_es, beam_width=20)
+    c = fusion["chosen"]
+    step(f"fusion tune: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} on "
+         f"{fusion['chosen_on']['cases']} tuning users (stored for this checkpoint)", t)
+
+    # every row on the same reporting users (same split, same cases), none of whom the weights were chosen on
+    t = time.perf_counter()
+    ks = (5, 10, 20)
+    rows: dict[str, dict[str, float]] = {}
+    with con.status(f"measuring every path on the {len(reporting)} reporting users ..."):
+        paths = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None)
+                      or (p == "sid" and rec.trie is not None))
+        if paths:
+            ret = evaluate_retrieval(rec.objective, report_es, paths=paths, ks=ks, beam_width=20,
+                                     context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)
+            rows.update({f"genrec {p}": ret[p] for p in paths if p in ret})
+        rows["genrec L0+L1"] = l0l1_pass(rec, report_es, ks=ks, beam_width=20, diversity_lambda=0.0,
+                                         overretrieve=int(fusion["chosen_on"]["overretrieve"]),
+                                         utility=fusion["chosen_on"]["utility"], action_weight=c["action_weight"],
+                                         retrieval_weight=c["retrieval_weight"], sid_weight=c["sid_weight"])
+        pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
+        pop_m = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(report_es), report_es.target_rows),
+                             ks)
+        rows["popularity"] = pop_m
+    step(f"validation metrics on the {len(reporting)} reporting users", t)
+
+    table = Table(title=f"validation (leave-one-out, full catalogue): every row on the same {len(reporting)} "
+                        f"reporting users; the fusion weights were chosen on {len(tuning)} other users")
+    for col in ("path", "users", "Recall@10", "NDCG@10", "Recall@20"):
+        table.add_column(col)
+    for name, m in rows.items():
+        table.add_row(name, f"{int(m['n'])}", f"{m['recall@10']:.4f}", f"{m['ndcg@10']:.4f}", f"{m['recall@20']:.4f}")
+    con.print(table)
+
+    t = time.perf_counter()
+    user = int(pipeline.open_store(wd).read_events(columns=["user_id"]).column("user_id")[0].as_py())
     recs = cast(RecommendationList, rec.recommend(user_history(wd, user), k=10))  # one history -> one list
     print_recommendations(recs, who=f"user {user}", step=rec.step, console=con)
     step(f"recommend for user {user} (one history encode: SID beams + ANN -> L1 ranking)", t)
     timings["total"] = round(time.perf_counter() - t0, 1)
     con.print(f"[bold]quickstart done in {timings['total']} s[/bold] — run dir: {wd}")
-    return {"timings": timings, "train": res, "popularity": pop_m, "fusion": fusion, "recommendations": recs.to_dict()}
+    return {"timings": timings, "train": res, "popularity": pop_m, "fusion": fusion, "recommendations": recs.to_dict(),
+            "users": {"split_seed": split_seed, "validation": len(data.es), "tuning": tuning, "reporting": reporting},
+            "report": rows}

@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
@@ -29,14 +29,24 @@ needs_triton = pytest.mark.skipif(
 DEVICE = "cpu" if _INTERPRETED or not torch.cuda.is_available() else "cuda"
 
 
+# bf16 results against the fp32 reference fed the very same (bf16) inputs: both sides compute in fp32 (the
+# kernel loads bf16 and accumulates in fp32, the reference runs on .float() copies), so the only bf16 error is
+# the final rounding of each result, and the two roundings of one fp32 value differ by at most one bf16 ulp:
+# 2^-7 (0.78%) of the value, hence of the largest value. (Triton's CPU interpreter rounds fp32 -> bf16
+# toward zero -- a full ulp; compiled kernels round to nearest, half of it.) The rest of 1% is for the
+# fp32 sums' order (atomics, the online softmax), ~1e-6 of the largest value.
+BF16_TOL = 1e-2
+assert BF16_TOL > 2 ** -7
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """fp32: elementwise within 2e-5; bf16: max error within 1% of the reference's largest value
-    (sums over many items of bf16-rounded terms drift in absolute, not relative, terms)."""
+    """fp32: elementwise within 2e-5; bf16: max error within BF16_TOL of the reference's largest value
+    (one bf16 ulp of the largest value bounds the rounding of every element, small ones included)."""
     if dtype == torch.float32:
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m: f"{what}: {m}")
     else:
         err = float((a.detach().float() - b.detach().float()).abs().max() / b.detach().float().abs().max().clamp_min(1e-6))
-        assert err <= 1e-2, f"{what}: max error {err:.2e} of the largest value"
+        assert err <= BF16_TOL, f"{what}: max error {err:.2e} of the largest value"
 
 
 def _inputs(n: int, heads: int, dh: int, levels: int, n_rows: int, dtype: torch.dtype, seed: int):
@@ -56,10 +66,12 @@ def _both(q, kv_rows, rows, kv_dense, heads, keep, p):
 
 
 @needs_triton
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, derandomize=True)  # the same cases every run: CI never goes red at random
 @given(n=st.integers(1, 40), heads=st.integers(1, 3), dh=st.sampled_from([8, 16]), levels=st.integers(1, 5),
        n_rows=st.integers(1, 24), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        p=st.sampled_from([0.0, 0.3]), seed=st.integers(0, 2**16))
+# issue 38: dq 1.31e-2 of the largest value when the reference got the fp32 dO the kernel never saw
+@example(n=12, heads=1, dh=8, levels=2, n_rows=18, dtype=torch.bfloat16, p=0.3, seed=10862)
 def test_kernels_match_torch_twin_fwd_bwd(n, heads, dh, levels, n_rows, dtype, p, seed) -> None:
     (q, kv_rows, kv_dense), rows = _inputs(n, heads, dh, levels, n_rows, dtype, seed)
     torch.manual_seed(seed)
@@ -67,9 +79,11 @@ def test_kernels_match_torch_twin_fwd_bwd(n, heads, dh, levels, n_rows, dtype, p
     out, ref = _both(q, kv_rows, rows, kv_dense, heads, keep, p)
     assert out.dtype == dtype and out.shape == q.shape
     _close(out, ref, dtype, "out")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
-    got = torch.autograd.grad(out, (q, kv_rows, kv_dense), do.to(dtype))
-    want = torch.autograd.grad(ref, (q, kv_rows, kv_dense), do)
+    # the upstream gradient in the kernel's dtype, and the reference fed that same tensor (in fp32): a
+    # reference given the unrounded one measured dO's bf16 rounding, not the kernel
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE, dtype)
+    got = torch.autograd.grad(out, (q, kv_rows, kv_dense), do)
+    want = torch.autograd.grad(ref, (q, kv_rows, kv_dense), do.float())
     for name, a, b in zip(("q", "kv_rows", "kv_dense"), got, want):
         assert a.dtype == dtype, name
         _close(a, b, dtype, f"d{name}")

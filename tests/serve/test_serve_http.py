@@ -103,6 +103,33 @@ def test_long_history_keeps_newest(server: ServerThread, client: httpx.Client) -
     assert [x["score"] for x in c["items"]] != [x["score"] for x in a["items"]]  # the oldest were cut, not newest
 
 
+def test_exclude_history_drops_the_whole_history(server: ServerThread, client: httpx.Client, run_dir: Path) -> None:
+    """Issue 38: ``exclude_history`` on /v1/recommend (default false) leaves out every item of the given
+    history -- MovieLens user 1's 272, not only the newest context window the model reads -- and still
+    answers k items, as the Recommender does; the micro-batched path too."""
+    from genrec.retrieve.recommender import user_history
+    from genrec.serve.schemas import RecommendRequest
+
+    eng = server.service.holder.current.engine
+    h = [{"item_id": e["item_id"], "action": e["action"], "ts": e["ts"]} for e in user_history(run_dir, 1)]
+    seen = {e["item_id"] for e in h}
+    assert len(seen) > eng.context_len
+    field = RecommendRequest.model_fields["exclude_history"]
+    assert field.default is False and "history" in (field.description or "")
+    for params in ({"k": 10}, {"k": 10, "sources": ["sid"], "rank": False}):
+        r = client.post("/v1/recommend", json={"history": h, "exclude_history": True, **params})
+        assert r.status_code == 200, r.text
+        got = [x["item_id"] for x in r.json()["items"]]
+        assert len(got) == 10 and not set(got) & seen, (params, sorted(set(got) & seen))
+        assert got == [x.item_id for x in eng.rec.recommend(h, exclude_history=True, **params)]
+    short = h[-5:]
+    many = eng.recommend_many([h, short], k=10, beam_width=20, diversity_lambda=0.0, sources=["sid", "ann"],
+                              rank=True, exclude_history=True)
+    assert not {x["item_id"] for x in many[0]["items"]} & seen
+    assert not {x["item_id"] for x in many[1]["items"]} & {e["item_id"] for e in short}
+    assert client.post("/v1/recommend", json={"history": h, "exclude_history": "yes"}).status_code == 422
+
+
 def test_cold_start_answers(client: httpx.Client) -> None:
     for h in ([], hist([99999991, 99999992])):
         r = client.post("/v1/recommend", json={"history": h, "k": 3})

@@ -247,7 +247,8 @@ def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
 def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 20,
                 overretrieve: int = 3, batch_size: int = 128, metric: str = "recall@10",
                 grid: Sequence[tuple[float, float, float]] | None = None, save: bool = True,
-                rec: Recommender | None = None, utility: Mapping[str, float] | None = None) -> dict[str, Any]:
+                rec: Recommender | None = None, utility: Mapping[str, float] | None = None,
+                eval_set: EvalSet | None = None) -> dict[str, Any]:
     """Choose the L1 fusion weights (a, w, v) on the VALIDATION split and store them for the
     checkpoint (``genrec.retrieve.fusion``): the L0 -> L1 path runs once on ``max_users``
     validation cases recording every candidate's score parts, every weighting of ``grid`` (default
@@ -258,7 +259,8 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     e.g. ``{"like": 1, "view": 1, "dislike": -1}`` to choose the weights a service that demotes predicted
     dislikes will run (the recall is still of the next interaction of any kind).
     ``beam_width``: the SID beam inside L0, by default ``genrec eval``'s (the weights are recorded with it,
-    and an evaluation at another width says so)."""
+    and an evaluation at another width says so). ``eval_set``: the validation cases to choose on, instead of
+    ``max_users`` sampled ones (e.g. one part of the validation users, the other kept for reporting)."""
     from genrec.retrieve.fusion import FUSION_GRID, FusionWeights
 
     t0 = time.perf_counter()
@@ -271,7 +273,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     cfg = EvalConfig(split="valid", max_users=max_users, beam_width=beam_width, overretrieve=overretrieve,
                      batch_size=batch_size)
     cfg.validate()
-    es = load_eval_data(rec, workdir, cfg).es
+    es = eval_set if eval_set is not None else load_eval_data(rec, workdir, cfg).es
     if len(es) == 0:
         raise ConfigError(f"split 'valid' has no evaluation cases in {workdir}")
     parts: list[dict[str, np.ndarray]] = []

@@ -450,10 +450,12 @@ class Recommender:
                             f"(e.g. {dropped[:5]})", field=where)
         sel = np.flatnonzero(known)
         truncated = max(0, len(sel) - self.context_len)
+        seen = np.unique(rows[sel])  # every known item given, the truncated-away ones too (exclude_history)
         sel = sel[truncated:]
         return {"rows": rows[sel], "actions": np.asarray(acts, dtype=np.int64)[sel],
                 "surfaces": np.asarray(surfs, dtype=np.int64)[sel],
-                "ts": np.asarray(ts, dtype=np.int64)[sel], "dropped": dropped, "truncated": truncated}
+                "ts": np.asarray(ts, dtype=np.int64)[sel], "dropped": dropped, "truncated": truncated,
+                "seen_rows": seen}
 
     def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
         """Right-padded ModelBatch of parsed histories (item vectors from the table the index holds)."""
@@ -632,13 +634,20 @@ class Recommender:
         t["encode"] = _ms(t0)
         b = mb.actions.shape[0]
         kr = k * overretrieve
+        # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
         extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
         beams = None
         sid_rows = np.full((b, 0), -1, np.int64)
         sid_lp = np.zeros((b, 0), np.float32)
         if "sid" in srcs:
             t0 = time.perf_counter()
-            beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            width = beam_width
+            if extra and "ann" not in srcs:
+                # the beams are the only candidates: an excluded item empties at most one beam (one SID
+                # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
+                # graphed beam searches capture a few widths, not one per history length
+                width = 1 << (beam_width + extra - 1).bit_length()
+            beams = self.decode_sids(cache, width, diversity_lambda)
             sid_rows, sid_lp = self.beam_rows(beams, kr + extra)
             t["sid"] = _ms(t0)
         ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
@@ -777,7 +786,9 @@ class Recommender:
         no ANN or ranking stage; a dense-only one no SID stage). ``surface`` is the request surface
         (default: the last history item's); ``request_ts`` the request time (default: the last
         history item's timestamp). ``action_weight`` / ``retrieval_weight`` / ``sid_weight``: the L1
-        score fusion (see :meth:`_run_batch`; None: :attr:`fusion`'s)."""
+        score fusion (see :meth:`_run_batch`; None: :attr:`fusion`'s). ``exclude_history``: return
+        none of the items in ``history`` -- every one given, also those older than the newest
+        ``context_len`` the model reads (the stages over-retrieve by that many, so ``k`` remain)."""
         t_wall = time.perf_counter()
         is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
         hs = list(history) if is_batch else [history]
@@ -795,7 +806,8 @@ class Recommender:
         rts = None
         if request_ts is not None:
             rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
-        excl = [p["rows"] for p in parsed] if exclude_history else None
+        # the whole given history, not only the newest context_len items the model reads
+        excl = [p["seen_rows"] for p in parsed] if exclude_history else None
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                              rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,

@@ -319,11 +319,13 @@ class Service:
         hist = req.history  # plain dicts (HistoryItem is a TypedDict)
         fusion = None if req.fusion is None else req.fusion.model_dump()
         kw: dict[str, Any] = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda,
-                                  sources=req.sources, surface=req.surface, request_ts=req.request_ts, fusion=fusion)
+                                  sources=req.sources, surface=req.surface, request_ts=req.request_ts, fusion=fusion,
+                                  exclude_history=req.exclude_history)
         degraded = False
         if self.batcher is not None and not (self.cfg.two_process and req.rank):
             key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
-                   req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())))
+                   req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
+                   req.exclude_history)
             out = self.batcher.submit(key, hist, lambda hs: eng.recommend_many(hs, rank=req.rank, **kw))
         elif not (self.cfg.two_process and req.rank):
             out = eng.recommend(hist, rank=req.rank, **kw)  # type: ignore[arg-type]

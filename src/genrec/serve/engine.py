@@ -165,11 +165,12 @@ class Engine:
 
     def recommend(self, history: Sequence[Mapping[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
                   sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
-                  remote_rank: RemoteRank | None = None, fusion: Mapping[str, float | None] | None = None
-                  ) -> dict[str, Any]:
+                  remote_rank: RemoteRank | None = None, fusion: Mapping[str, float | None] | None = None,
+                  exclude_history: bool = False) -> dict[str, Any]:
         """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``). ``fusion``: the
         request's L1 weights (``action_weight`` / ``retrieval_weight`` / ``sid_weight``; None or a
-        missing key: the served checkpoint's)."""
+        missing key: the served checkpoint's). ``exclude_history``: none of the history's items back
+        (the whole history given, as :meth:`Recommender.recommend`)."""
         dropped, any_known, history = self._known(history)
         if not any_known:
             return self.cold_start(dropped, k)
@@ -191,15 +192,15 @@ class Engine:
         try:
             res = rec.recommend(list(history), k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                                 sources=list(sources), rank=rank, surface=surface, request_ts=request_ts,
-                                **_fusion_kw(fusion))
+                                exclude_history=exclude_history, **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
         return self._format(res)
 
     def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
-                       request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None
-                       ) -> list[dict[str, Any]]:
+                       request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
+                       exclude_history: bool = False) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm = []
@@ -215,7 +216,8 @@ class Engine:
             try:
                 res = self.rec.recommend([list(p) for p in plain], k=k, beam_width=beam_width,
                                          diversity_lambda=diversity_lambda, sources=list(sources), rank=rank,
-                                         surface=surface, request_ts=request_ts, **_fusion_kw(fusion))
+                                         surface=surface, request_ts=request_ts, exclude_history=exclude_history,
+                                         **_fusion_kw(fusion))
             except (DataError, ConfigError) as e:
                 raise _input_error(e) from e
             for i, r in zip(warm, res):

@@ -65,6 +65,12 @@ class RecommendRequest(_Strict):
     sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: list(_ALL_SOURCES), min_length=1, max_length=2)
     rank: StrictBool = True
     fusion: Optional[FusionWeightsRequest] = None
+    exclude_history: StrictBool = Field(
+        default=False,
+        description="Unseen items only: return none of the items in `history` -- every one given, also those "
+                    "older than the newest context window the model reads (retrieval over-fetches by as many, so "
+                    "`k` items still come back while the catalogue has them). Default false: items already in the "
+                    "history may be recommended again.")
 
 
 class RankRequest(_Strict):
