@@ -43,7 +43,7 @@ class ItemEncoder(nn.Module):
         self.id_emb: nn.Embedding | None = None
         if cfg.item_id_vocab > 0:
             self.id_emb = nn.Embedding(cfg.item_id_vocab, cfg.item_dim)
-            nn.init.normal_(self.id_emb.weight, std=0.02)
+            nn.init.normal_(self.id_emb.weight, std=cfg.id_init_std)
             self.register_buffer("id_keys", torch.full((cfg.item_id_vocab,), torch.iinfo(torch.int64).max))
 
     def set_id_keys(self, item_ids: torch.Tensor) -> None:
@@ -192,8 +192,9 @@ class ItemPositionEmbedding(nn.Module):
         super().__init__()
         self.max_items = cfg.max_items
         self.from_end = cfg.positions == "end"
-        self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)
-        nn.init.normal_(self.emb.weight, std=cfg.pos_init_std)
+        self.emb = nn.Embedding(cfg.max_items + 1, cfg.d_model)  # N(0, 1) init
+        if cfg.pos_init_std != 1.0:  # (drawn only then: the default keeps the random stream of earlier versions)
+            nn.init.normal_(self.emb.weight, std=cfg.pos_init_std)
 
     def forward(self, pos: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``pos`` ``[B, ...]`` item indices, ``lengths`` ``[B]`` history lengths -> ``[B, ..., D]``."""
