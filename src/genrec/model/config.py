@@ -68,6 +68,9 @@ class ModelConfig:
     # False: raw vectors scored by their dot product (SASRec's; set objective.temperature=1): an item's norm
     # can then carry its popularity and a user vector's norm its confidence
     normalize: bool = True
+    # std of the item ID vectors' init. With normalize on, only their direction counts and Adam's step is fixed in
+    # size, so a small init turns each step into a large rotation (a high effective learning rate)
+    id_init_std: float = 0.02
 
     def __post_init__(self) -> None:
         self.sid_codebook_sizes = [int(k) for k in self.sid_codebook_sizes]
@@ -97,6 +100,8 @@ class ModelConfig:
             raise bad("item_content", "an item tower without content needs item ID vectors (item_id_vocab > 0)")
         if self.positions not in ("start", "end"):
             raise bad("positions", "must be 'start' or 'end'")
+        if not self.id_init_std > 0:
+            raise bad("id_init_std", "must be > 0")
         if not self.pos_init_std > 0:
             raise bad("pos_init_std", "must be > 0")
         if self.user_head not in ("mlp", "linear", "identity"):

@@ -101,6 +101,7 @@ class ModelOverrides:
     user_head: str | None = None  # mlp | linear | identity
     norm: str | None = None  # rmsnorm | layernorm
     normalize: bool | None = None  # false: raw dot-product scores (set objective.temperature=1)
+    id_init_std: float | None = None
 
 
 @dataclass
@@ -235,7 +236,7 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
             kw[name] = getattr(o, name)
     if o.dropout >= 0:
         kw["dropout"] = o.dropout
-    for name in ("item_content", "input_dropout", "positions", "pos_init_std", "user_head", "norm", "normalize"):
+    for name in ("item_content", "input_dropout", "positions", "pos_init_std", "user_head", "norm", "normalize", "id_init_std"):
         if getattr(o, name) is not None:
             kw[name] = getattr(o, name)
     if sid_sizes is not None:
