@@ -100,7 +100,7 @@ def test_many_blocks_long_row() -> None:
 def test_default_config_fp32_at_model_head_dims(D: int) -> None:
     # item_block_attention with no configuration, fp32, at the head dims models use. On an H200 the
     # uncapped default tiles needed 321 KB of shared memory at head dim 128 and failed to launch; here
-    # (the interpreter in CI, the GPU under gpu_tests.sh) the capped ones must also compute the right thing.
+    # (the interpreter in CI, the GPU under `bash benchmarks/gpu.sh python3 -m pytest -m gpu`) the capped ones must also compute the right thing.
     T, n_items = 5, 13
     q, k, v, do = _inputs(1, 1, n_items, T, D, torch.float32, seed=5 + D)
     lengths = torch.tensor([n_items - 2], dtype=torch.int32, device=DEVICE)

@@ -222,9 +222,9 @@ def compiled_varlen_steps(compile_kwargs: dict) -> list[tuple[float, float]]:
 def test_compiled_training_on_variable_length_batches_on_gpu() -> None:
     """``genrec train``'s compile options on batches of changing length: every step runs and matches
     eager. (These shapes did not reproduce torch 2.11's mixed-order-reduction failure: on the H200 the
-    plain compile passed them too. The failure needs gpu-base on Amazon Beauty: reproduced by
-    ``benchmarks/gpu_compile_mode_beauty.sh``, which failed before the options and passed after, and
-    tested by ``test_gpu_base_trains_compiled_on_amazon_beauty`` in test_run_variants.py.)"""
+    plain compile passed them too. The failure needs gpu-base on Amazon Beauty: tested by
+    ``test_gpu_base_trains_compiled_on_amazon_beauty`` in test_run_variants.py, which failed before the
+    options and passed after.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from genrec.train.config import compile_kwargs

@@ -2,7 +2,7 @@
 clock-event ("throttle") reasons with ``nvidia-smi`` while a workload runs.
 
 An H200 at its 700 W limit lowers its SM clock by different amounts for different kernels (1.47 to
-1.73 GHz under the training-attention workloads, twenty-first session), so two timings taken minutes
+1.73 GHz under the training-attention workloads), so two timings taken minutes
 apart, or one kernel against another, can differ by the clock as much as by the code. The
 benchmarks print the clock beside each sustained timing.
 

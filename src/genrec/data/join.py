@@ -316,7 +316,7 @@ class BucketJoinReader:
         and the later items, before ``stop`` (valid: the test target, >= 0 when there is one) -- and asked at
         the target (history: the case's, ``request_ts``: the target's). Its earlier items were training
         candidates of the same request, with the same history and labels: scoring them would reward
-        memorising the training set (audit, 2026-12-03); a valid slate holding the test target would let
+        memorising the training set; a valid slate holding the test target would let
         its label into model selection."""
         if c == d:
             return []

@@ -381,8 +381,7 @@ def cascade_attention(
 
 
 # Under torch.compile, inductor compiled the cascade kernel itself when it met the Triton launch, and
-# failed in its compile worker on the H200 (twenty-fourth session: rank() under torch.compile, with and
-# without CUDA graphs). As an op with a shape-only fake, the compiled graph calls the launcher instead,
+# failed in its compile worker on the H200 (rank() under torch.compile, with and without CUDA graphs). As an op with a shape-only fake, the compiled graph calls the launcher instead,
 # as it does for the item-block and SID-fusion kernels. Its range check stays off: under compile the
 # callers' inputs are trusted (genrec.validation.checks_on), and a capture (mode="reduce-overhead") must
 # not sync.

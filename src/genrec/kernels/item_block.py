@@ -144,17 +144,13 @@ class ItemBlockConfig:
     @classmethod
     @functools.lru_cache(maxsize=None)  # frozen, and validating its ~30 fields costs ~30 us a call
     def tuned(cls, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> ItemBlockConfig:
-        """The configuration the model uses: the best of ``benchmarks/sweep_item_block.py`` on an
-        H200 (2026-11-30, bf16, B 8 x 1,024 items x 5 tokens) for head dim 64 (12 heads: fwd+bwd
-        1.04 ms GPU time / 1.50 ms eager vs 1.84 / 2.19 for the defaults; 0.99-1.00 ms since the
-        two-comparison mask of 2026-12-01) and 128 (8 heads: 1.49 / 1.83 vs 3.61 / 3.88; 1.35 ms
-        since); other head dims take the head-dim-64 one. On a Hopper GPU at head dim 128 the Gluon
-        kernels (forward, dq, dense dk/dv) replace their Triton twins: fwd+bwd 0.924 against 1.297 ms
-        GPU time (``benchmarks/gpu_sm90.sh``, 2026-12-01, seventeenth session, with registers for dq's
-        and dense dk/dv's loop operands; 1.010 against 1.279 ms in the sixteenth); at head dim 64 too
-        (0.910 against 0.993 ms, with 3-stage rings and operands in registers). The dense dk/dv grid
-        runs heads-first (``kv_lpt``: its tail of idle SMs went from 20% to 3%); the forward and dq
-        keep each head's blocks together, which was faster for them.
+        """The configuration the model uses: the best of ``benchmarks/sweep_item_block.py`` on an H200
+        (bf16, B 8 x 1,024 items x 5 tokens) for head dims 64 and 128; other head dims take the head-dim-64
+        one. On a Hopper GPU at head dims 64 and 128 the Gluon kernels (forward, dq, dense dk/dv;
+        :mod:`genrec.kernels.item_block_sm90`) replace their Triton twins, with 3-stage rings and loop
+        operands in registers (the tuples' 5th element). The dense dk/dv grid runs heads-first (``kv_lpt``:
+        fewer idle SMs in its tail); the forward and dq keep each head's blocks together. Re-measure with
+        ``genrec bench kernels --only train`` (figures: docs/RESULTS.md).
 
         ``dtype``: the tiles were tuned for 2-byte inputs. Rows wider than 256 bytes (fp32 at head dim
         128) would need more shared memory than an H100/H200 program may have (dq 320 KB, dense dk/dv
@@ -163,19 +159,12 @@ class ItemBlockConfig:
         ``tests/kernels/test_inspect_item_block_cpu.py``); not tuned for speed."""
         fused = dict(num_stages=3, split_tail=True, fuse_delta=True, fuse_sid_kv=True, kv_lpt=True)
         if head_dim >= 128:
-            # dq with Q in registers, dense dk/dv with K in registers (seventeenth session,
-            # benchmarks/gpu_sweep128.sh and probe_timeline.py: dq 0.98-0.99x, dense dk/dv 0.96-0.98x
-            # the time): at head dim 128 the loop's operands read from shared memory otherwise use
-            # all of its bandwidth (the 32-query tiles' K Q^T reads a 2 KB A tile per 64 K FLOP).
-            # dO in registers too was 1% faster still under Triton 3.6, but under 3.9 ptxas runs out
-            # of registers for the pipelined dq loop and serializes its matmuls (C7512).
-            # Since dense dk/dv's loop was split by mask (eighteenth session), K in registers spills
-            # in its loops under Triton 3.9's ptxas (10 words loaded per diagonal tile, 4 per plain one)
-            # and only a little under 3.6's (1 per plain tile), where it measured 0.984x the time of
-            # the unsplit kernel against 1.025x with K in shared memory (benchmarks/ab_sm90.py): so
-            # K in registers under 3.6, in shared memory under newer Triton. Timed under 3.9 on an H200
-            # (twentieth session, benchmarks/ab_triton.py): dense dk/dv 0.3667 ms with K in shared memory,
-            # 0.3670 in registers; the three kernels under 3.9 take 1.02x their time under 3.6.
+            # dq with Q in registers and dense dk/dv with K in registers: at head dim 128 the loop's operands
+            # read from shared memory would use all of its bandwidth (the 32-query tiles' K Q^T reads a 2 KB
+            # A tile per 64 K FLOP). dO in registers too does not fit Triton >= 3.9's register budget for the
+            # pipelined dq loop (ptxas serializes its matmuls, C7512). Dense dk/dv's K in registers spills
+            # under Triton >= 3.7's ptxas in its mask-split loops, so it is held in shared memory there
+            # (the same time under 3.9 either way).
             sm90: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2), sm90_dq=(64, 64, 4, 2, 1),
                                                     sm90_dense_kv=(64, 32, 4, 3, int(_TRITON < (3, 7))))
             cfg = cls(num_warps=4, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3,
@@ -184,10 +173,9 @@ class ItemBlockConfig:
             if head_dim * dtype.itemsize > 256:
                 cfg = cfg.replace(dq_block_m=64, dq_warps=4, dq_stages=2, kv_block_i=64, kv_warps=4, kv_stages=2)
             return cfg._fp32(dtype)
-        # head dim 64: the Gluon kernels too since the sixteenth session (fwd+bwd 0.965 against 1.051 ms
-        # GPU time, benchmarks/probe_sm90.py; Q (forward, dq) and K (dense dk/dv) held in registers:
-        # the 5th tuple element); each Gluon launch costs more host time than a Triton one, which an
-        # eager call alone can feel.
+        # head dim 64: the Gluon kernels too, Q (forward, dq) and K (dense dk/dv) held in registers (the 5th
+        # tuple element); each Gluon launch costs more host time than a Triton one, which an eager call
+        # alone can feel.
         sm90_64: dict[str, tuple[int, ...]] = dict(sm90_fwd=(64, 64, 4, 2, 1), sm90_dq=(64, 64, 4, 3, 1),
                                                    sm90_dense_kv=(64, 64, 4, 3, 1))
         return cls(num_warps=4, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
@@ -700,8 +688,8 @@ def default_config(dtype: torch.dtype, block_m: int = 64, block_n: int = 64,
     tiles (``block_m`` / ``block_n`` / ``num_warps`` as given), made to fit one program's shared memory
     for 4-byte inputs as :meth:`ItemBlockConfig.tuned` is (:meth:`ItemBlockConfig._fp32`: key steps of at
     most 32, at most 2 stages). Without that, fp32 at head dim 128 wanted 321 KB of shared memory for
-    dense dk/dv, against the 227 KB an H200 program may have, and failed to launch (found by
-    ``genrec bench kernels``' correctness checks, 2026-12-02)."""
+    dense dk/dv, against the 227 KB an H200 program may have, and failed to launch (``genrec bench
+    kernels``' correctness checks launch it)."""
     return ItemBlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps)._fp32(dtype)
 
 

@@ -386,7 +386,7 @@ if HAVE_GLUON:
         # the previous tile's Q / dO are consumed: its slot takes tile i - 1 + STAGES. No branch in
         # this step (predicates here; MASK is a constant): ptxas waits for outstanding loads ahead of
         # a branch it cannot prove uniform, which made every tile wait for the lse / delta it had just
-        # prefetched (28% of the kernel's stall samples until 2026-12-01).
+        # prefetched (28% of the kernel's stall samples with a branch here).
         prev = (i + STAGES - 1) % STAGES
         nxt = i - 1 + STAGES
         go = (i > 0) & (nxt < n_q)

@@ -232,7 +232,7 @@ def archive_previous_run(wd: WorkDir) -> Path | None:
 
     A fresh start (``genrec train --no-resume``) used to write its checkpoints beside the old ones:
     the old ``BEST`` stayed and ``recommend``/``eval``/``serve`` kept loading it, and ``keep_last``
-    pruned the new run's folders while keeping the old, higher-numbered ones (audit, 2026-12-03)."""
+    pruned the new run's folders while keeping the old, higher-numbered ones."""
     cdir = wd.checkpoints
     if not cdir.is_dir() or not (any((cdir / p).exists() for p in (ckpt.LATEST, ckpt.BEST))
                                  or any(cdir.glob("step-*"))):
@@ -283,6 +283,64 @@ class _Interrupts:
 
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _clock(seconds: float) -> str:
+    """``95`` -> ``1m35s``; ``3725`` -> ``1h02m``."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class _ProgressLines:
+    """Plain progress lines on stderr, for output that is not a terminal (a log file, a pipe): the tqdm bar
+    draws nothing useful there. A line at a log step once ``every_s`` seconds have passed since the last one
+    (so: every ``log_every`` steps or every ``every_s`` seconds, whichever is rarer) and at the last step,
+    plus one per evaluation; each line is flushed."""
+
+    def __init__(self, total: int, start: int, every_s: float, metric: str) -> None:
+        self.total, self.start, self.every_s, self.metric = total, start, every_s, metric
+        self.t0 = self.t_last = time.perf_counter()
+        self.last_eval: tuple[str, float, int] | None = None
+
+    @staticmethod
+    def say(msg: str) -> None:
+        print(f"[genrec.train] {msg}", file=sys.stderr, flush=True)
+
+    def begin(self, log_every: int) -> None:
+        every = f"every {log_every} steps (train.log_every)" if log_every else "at the end"
+        rarer = f", at most once per {self.every_s:g} s (train.progress_every_s)" if self.every_s > 0 else ""
+        self.say(f"training from step {self.start} to {self.total}: a progress line {every}{rarer}; "
+                 f"train.progress=off for none")
+
+    def step(self, step: int, loss: float, items_per_s: float, *, last: bool) -> None:
+        now = time.perf_counter()
+        if not last and now - self.t_last < self.every_s:
+            return
+        self.t_last = now
+        elapsed = now - self.t0
+        done = step - self.start
+        parts = [f"step {step}/{self.total} ({100.0 * step / max(1, self.total):.0f}%)", f"elapsed {_clock(elapsed)}"]
+        if done > 0 and step < self.total:
+            parts.append(f"eta {_clock(elapsed / done * (self.total - step))}")
+        parts += [f"loss {loss:.4f}", f"items/s {items_per_s:.0f}"]
+        if self.last_eval is not None:
+            k, v, at = self.last_eval
+            parts.append(f"{k} {v:.4f} (step {at})")
+        self.say("  ".join(parts))
+
+    def evaluated(self, step: int, metrics: Mapping[str, float], improved: bool) -> None:
+        if not metrics:
+            return
+        keys = sorted(metrics)
+        key = (self.metric if self.metric in metrics else
+               next((k for k in keys if k.endswith("recall@10")), keys[0]))
+        self.last_eval = (key, float(metrics[key]), step)
+        self.say(f"step {step}/{self.total} validation: {key} {metrics[key]:.4f}" + ("  (best so far)" if improved
+                                                                                   else ""))
 
 
 class _StepModule(nn.Module):
@@ -439,13 +497,17 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _progress(self) -> Any:
-        show = {"on": True, "off": False, "auto": sys.stderr.isatty()}[self.cfg.progress] and self.info.is_main
-        if not show:
-            return None
+    def _progress(self) -> tuple[Any, _ProgressLines | None]:
+        """(a tqdm bar, plain progress lines): the bar on a terminal (or with progress="on"), the lines when
+        stderr is not a terminal and progress="auto", neither with "off"; rank 0 only."""
+        if self.cfg.progress == "off" or not self.info.is_main:
+            return None, None
+        if self.cfg.progress == "auto" and not sys.stderr.isatty():
+            return None, _ProgressLines(self.cfg.total_steps, self.step, self.cfg.progress_every_s,
+                                        self.cfg.early_stopping.metric)
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.cfg.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
+        return tqdm(total=self.cfg.total_steps, initial=self.step, desc="train", dynamic_ncols=True), None
 
     def evaluate(self) -> dict[str, float]:
         """Run ``eval_fn`` on rank 0 (no grad, eval mode); every rank gets the same metrics."""
@@ -528,7 +590,7 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
 
             writer = SummaryWriter(str(self.wd.root / "tb"))
-        bar = self._progress()
+        bar, lines = self._progress()
         result = TrainResult(self.step, False, self.best_step, self.best_metric, archived=archived)
         it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
                                         cfg.batch_size, cfg.num_workers)))
@@ -568,6 +630,8 @@ class Trainer:
             print(f"[genrec.train] the run's time budget is spent ({self._elapsed / 60:.1f} of train.max_minutes="
                   f"{cfg.max_minutes:g} used at step {self.step}): no step taken; raise train.max_minutes to go on",
                   file=sys.stderr)
+        if lines is not None and self.step < cfg.total_steps and not spent:
+            lines.begin(cfg.log_every)
         self.model.train()
         # train.compile_mode records CUDA graphs: each step's replay overwrites the last one's graph outputs,
         # so the step is marked as a new one, and its logged scalars are copied out of graph memory
@@ -641,6 +705,8 @@ class Trainer:
                             if win_tokens:
                                 post["tok/s"] = f"{rates['tokens_per_s']:.0f}"
                             bar.set_postfix(post)
+                        if lines is not None:
+                            lines.step(self.step, means.get("loss", float("nan")), rates["items_per_s"], last=last)
                     win_sum.clear()
                     win_n, win_items, win_tokens = 0.0, 0.0, 0.0
                     t0 = time.perf_counter()
@@ -653,6 +719,8 @@ class Trainer:
                         for k, v in metrics.items():
                             writer.add_scalar(f"eval/{k}", v, self.step)
                     improved, stop = self._early_stop_update(metrics)
+                    if lines is not None:
+                        lines.evaluated(self.step, metrics, improved)
                     if info.is_main:
                         with open(eval_log_path, "a", encoding="utf-8") as f:
                             f.write(json.dumps({"step": self.step, **metrics, "best": improved}) + "\n")
