@@ -37,6 +37,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _missing_data(report: pytest.TestReport) -> bool:
+    """A test skipped because the datasets folder (or one dataset in it) is absent."""
+    reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return "datasets not found" in reason or " not found at " in reason
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly what was not checked for want of data: a clone without ../shared/datasets still passes."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _missing_data(r)]
+    if not skipped:
+        return
+    files = sorted({r.nodeid.split("::")[0] for r in skipped})
+    tr = terminalreporter
+    tr.section("NOT CHECKED: datasets missing", sep="!", red=True, bold=True)
+    tr.write_line(f"{len(skipped)} tests did not run because the datasets are not at {os.environ['GENREC_DATA_DIR']} "
+                  f"(set GENREC_DATA_DIR, or put ../shared/datasets beside the checkout). Files:")
+    for f in files:
+        tr.write_line(f"  {f} ({sum(r.nodeid.startswith(f + '::') for r in skipped)})")
+
+
 @pytest.fixture(scope="session")
 def datasets_root() -> Path:
     root = Path(os.environ["GENREC_DATA_DIR"])
