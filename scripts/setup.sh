@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install genrec with its test extras into it.
+# Create .venv (if missing) and install genrec into it: `bash scripts/setup.sh` for the main job, `bash
+# scripts/setup.sh test` with the test extras (triton, sentence-transformers, mypy, hypothesis: ~3 GB more).
 # Torch is pinned to 2.13.0 here because this build machine serves that CPU wheel from
 # local disk; the package itself accepts any torch >= 2.11 (the GPU image has 2.11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+EXTRAS=${1:-}
+say() { echo "[setup] $*" >&2; }
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==${GENREC_TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q -e ".[test]"
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  say "installing torch ${GENREC_TORCH_VERSION:-2.13.0} (CPU build) ..."
+  .venv/bin/python -m pip install -q "torch==${GENREC_TORCH_VERSION:-2.13.0}"
+fi
+say "installing genrec${EXTRAS:+ with the [$EXTRAS] extras} and its dependencies ..."
+.venv/bin/python -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
+say "ready: .venv/bin/genrec"
