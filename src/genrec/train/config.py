@@ -65,7 +65,12 @@ class TrainConfig:
     keep_last: int = 3
     num_workers: int = 0
     tensorboard: bool = True
+    # "auto": a tqdm bar when stderr is a terminal, else plain progress lines on stderr (a log file gets them);
+    # "on": the bar always; "off": neither
     progress: Literal["auto", "on", "off"] = "auto"
+    # plain progress lines (progress="auto", stderr not a terminal): at a log step (log_every) once this many
+    # seconds have passed since the last line, whichever is rarer, and at the last step; 0 = every log step
+    progress_every_s: float = 30.0
     find_unused_parameters: bool = False
     # torch.compile the model's training forward (fuses the elementwise work between the matmuls and
     # attention kernels; an eager step is host-bound at small widths). Compiles once per batch shape.
@@ -182,6 +187,7 @@ def validate(cfg: TrainConfig) -> None:
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     need(cfg.keep_last >= 1, "keep_last", "must be >= 1")
     need(cfg.max_minutes >= 0, "max_minutes", "must be >= 0 (0 = no time limit)")
+    need(cfg.progress_every_s >= 0, "progress_every_s", "must be >= 0 (0 = a line at every log step)")
     need(cfg.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {'|'.join(COMPILE_MODES)}")
     need(cfg.decay_by in ("steps", "deadline"), "decay_by", "must be steps|deadline")
     need(cfg.decay_by != "deadline" or cfg.max_minutes > 0, "max_minutes",
