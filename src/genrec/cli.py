@@ -90,7 +90,21 @@ def data_prepare(
     item_col: str = typer.Option("item_id", help="generic: item column."),
     time_col: Optional[str] = typer.Option("timestamp", help="generic: timestamp column ('' = file order)."),
     action_col: Optional[str] = typer.Option("action", help="generic: action column ('' = none)."),
-    map_ids: bool = typer.Option(False, help="generic: map string ids to integers."),
+    surface_col: Optional[str] = typer.Option(None, help="generic: surface column (where the event happened: home, "
+                                                         "search, ...; default: none, one surface 'default')."),
+    time_format: str = typer.Option("auto", help="generic: how --time-col is written: auto (epoch seconds or "
+                                                 "milliseconds by magnitude, else ISO 8601), iso (zone-less values "
+                                                 "are UTC), epoch-s, epoch-ms, or a strptime pattern such as "
+                                                 "'%d/%m/%Y %H:%M'. Parquet timestamp and date columns are read by "
+                                                 "type. Stored as epoch seconds."),
+    map_ids: Optional[bool] = typer.Option(None, "--map-ids/--no-map-ids", show_default=False,
+                                           help="generic: number user and item ids 0..n-1 (recommend then takes "
+                                                "and shows the source's ids). Default: when an id is not an "
+                                                "integer; --map-ids: always; --no-map-ids: never (refuse them)."),
+    items: Optional[Path] = typer.Option(None, help="generic: items file (CSV/Parquet: item_id, optional title and "
+                                                    "text, other columns kept as attributes; without a text column "
+                                                    "the title and attributes are the text content vectors read). "
+                                                    "Default: items.csv|parquet beside the events."),
     delimiter: Optional[str] = typer.Option(None, help="generic: field delimiter of CSV files (default ',' and a "
                                                        "tab for .tsv files; '\\t' is a tab)."),
 ) -> None:
@@ -99,14 +113,20 @@ def data_prepare(
     from genrec.data.ingest.options import ColumnMapping, IngestOptions
     from genrec.pipeline import prepare
 
-    cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None)
+    cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None,
+                         surface=surface_col or None)
     opts = IngestOptions(rating_rule=RatingRule(like_min=like_min, dislike_max=dislike_max), slate_size=slate_size,
-                         download=download, columns=cols, map_ids=map_ids,
+                         download=download, columns=cols, map_ids=map_ids, time_format=time_format,
+                         items_path=str(items) if items is not None else None,
                          delimiter=(delimiter or ",").replace("\\t", "\t"))  # "," reads .tsv files with tabs
     with _working(f"ingesting {dataset} into {workdir}/tables ..."):
         m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)
+    info = m.get("info", {})
+    for note in (info.get("extra") or {}).get("notes") or []:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
     _echo_json({"tables": str(Path(workdir) / "tables"), "counts": m["counts"],
-                "feedview_rule": m.get("info", {}).get("feedview_rule")})
+                "feedview_rule": info.get("feedview_rule"),
+                **({"time_rule": info["time_rule"]} if info.get("time_rule") else {})})
 
 
 @data_app.command("export-p5")

@@ -52,17 +52,25 @@ def test_csv_events_and_items_file(tmp_path: Path) -> None:
     assert items[0]["text"] == "Red, shoe. color: red"
 
 
-def test_string_ids_rejected_without_map_ids(tmp_path: Path) -> None:
+def test_string_ids_refused_with_no_map_ids_in_cli_words(tmp_path: Path) -> None:
+    """map_ids=False (--no-map-ids) refuses a string id naming file, line and field, in the CLI's words (it had
+    said `map_ids=True`, a keyword argument, to a person at the command line); by default they are mapped."""
     (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,4\nbob,11,2\n")
+    no_map = IngestOptions(map_ids=False, columns=ColumnMapping(action=None))
     with pytest.raises(DataError) as ei:
-        prepare_dataset("generic", tmp_path / "events.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
+        prepare_dataset("generic", tmp_path / "events.csv", options=no_map)
     e = ei.value
-    assert (e.line, e.field) == (3, "user_id") and "map_ids=True" in str(e)
+    assert (e.path, e.line, e.field) == (str(tmp_path / "events.csv"), 3, "user_id") and "--no-map-ids" in str(e)
+    assert "map_ids=" not in str(e)
     t = pa.table({"user_id": ["a", "b"], "item_id": [1, 2], "timestamp": [1, 2]})
     pq.write_table(t, tmp_path / "e.parquet")
     with pytest.raises(DataError) as ei:
-        prepare_dataset("generic", tmp_path / "e.parquet", options=IngestOptions(columns=ColumnMapping(action=None)))
-    assert (ei.value.line, ei.value.field) == (1, "user_id") and "map_ids=True" in str(ei.value)
+        prepare_dataset("generic", tmp_path / "e.parquet", options=no_map)
+    assert (ei.value.line, ei.value.field) == (1, "user_id") and "--no-map-ids" in str(ei.value)
+    assert "map_ids=" not in str(ei.value)
+    ds = prepare_dataset("generic", tmp_path / "events.csv", options=IngestOptions(columns=ColumnMapping(action=None)))
+    assert ds.info.extra["map_ids"] is True and ds.info.extra["user_ids"] == ["1", "bob"]
+    assert any("'bob' (line 3) is not an integer" in n for n in ds.info.extra["notes"])
 
 
 def test_map_ids_keeps_originals(tmp_path: Path) -> None:
@@ -173,7 +181,7 @@ def test_bad_inputs_that_had_raised_tracebacks_are_one_line_errors(tmp_path: Pat
     for args, want in cases:
         r = CliRunner().invoke(app, ["data", "prepare", *args])
         assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, (args, r.output)
-    with pytest.raises(ConfigError, match="dislike_max"):
+    with pytest.raises(ConfigError, match="--dislike-max .* must be below --like-min"):
         from genrec.data.ingest.common import RatingRule
 
         RatingRule(like_min=2, dislike_max=3)

@@ -68,7 +68,7 @@ def test_rating_rule_configurable(tmp_path: Path) -> None:
 def test_rating_rule_values() -> None:
     r = np.array([0.5, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0])
     assert RatingRule().apply(r).tolist() == [2, 2, 2, 0, 0, 0, 1, 1, 1]
-    with pytest.raises(ValueError, match="dislike_max"):
+    with pytest.raises(ValueError, match="--dislike-max"):
         RatingRule(like_min=3.0, dislike_max=3.0)
 
 

@@ -71,6 +71,9 @@ class DatasetInfo:
     action_rule: str = ""
     has_timestamps: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    time_rule: str = ""
+    """How the source's timestamps became ``events.timestamp`` (int64 epoch seconds, UTC): the format read,
+    the zone assumed, the unit. Empty for datasets whose files hold epoch seconds as they are."""
 
     def action_index(self) -> dict[str, int]:
         return {a: i for i, a in enumerate(self.actions)}

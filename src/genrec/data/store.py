@@ -244,7 +244,7 @@ class TableStore:
         The manifest is written last; until then the previous version stays current.
         """
         if not isinstance(n_buckets, int) or n_buckets < 1:
-            raise ConfigError(f"n_buckets (--buckets) must be a positive integer, got {n_buckets!r}")
+            raise ConfigError(f"--buckets: must be a positive integer, got {n_buckets!r}")
         if self.manifest_path.exists() and not overwrite:
             raise GenrecError(f"{self.tables_dir} already holds tables; pass overwrite=True to replace them")
         from pyiceberg.exceptions import NamespaceAlreadyExistsError

@@ -107,13 +107,13 @@ def prepare_dataset(
     options = options or IngestOptions()
     if source is None:
         if spec.folder is None:
-            raise ConfigError(f"dataset {name!r} has no default folder: pass source= (a folder or file)")
+            raise ConfigError(f"dataset {name!r} has no default folder: give --source (a folder or file)")
         folder = data_root(data_dir) / spec.folder
         if not folder.exists() and not options.download:
             raise MissingDataError(
-                f"{name}: folder {folder} does not exist. Put the raw files there, pass source=, set "
+                f"{name}: folder {folder} does not exist. Put the raw files there, give --source, set "
                 f"GENREC_DATA_DIR / --data-dir to the folder that holds {spec.folder}/"
-                + (", or use download=True (MovieLens only)" if name.startswith("movielens") else "")
+                + (", or add --download (MovieLens only)" if name.startswith("movielens") else "")
             )
     else:
         folder = Path(source).expanduser()

@@ -28,7 +28,9 @@ import pyarrow.csv as pacsv
 
 from genrec.errors import ConfigError, DataError
 
-Kind = Literal["int", "float", "str"]
+Kind = Literal["int", "float", "str", "text"]
+"""``str``: a dictionary-encoded string column (names: actions, surfaces); ``text``: plain strings, for
+columns of mostly distinct values that a later step parses (timestamps, ids)."""
 
 # A delimiter of more than one character (MovieLens ``::``) is rewritten to this byte for
 # Arrow, which only splits on single characters; the file must not contain it already.
@@ -47,10 +49,11 @@ class RatingRule:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.like_min) and math.isfinite(self.dislike_max)):
-            raise ConfigError(f"RatingRule thresholds must be finite, got {self}")
+            raise ConfigError(f"--like-min and --dislike-max must be finite numbers, got {self.like_min} and "
+                              f"{self.dislike_max}")
         if self.dislike_max >= self.like_min:
             raise ConfigError(
-                f"RatingRule: dislike_max ({self.dislike_max}) must be < like_min ({self.like_min})"
+                f"--dislike-max ({self.dislike_max:g}) must be below --like-min ({self.like_min:g})"
             )
 
     def apply(self, rating: np.ndarray) -> np.ndarray:
@@ -152,7 +155,8 @@ class Parsed:
 
 
 def _arrow_type(kind: Kind) -> pa.DataType:
-    return {"int": pa.int64(), "float": pa.float64(), "str": pa.dictionary(pa.int32(), pa.string())}[kind]
+    return {"int": pa.int64(), "float": pa.float64(), "str": pa.dictionary(pa.int32(), pa.string()),
+            "text": pa.string()}[kind]
 
 
 def _records_py(path: Path, text: str, delimiter: str, quoted: bool) -> Iterator[tuple[int, list[str]]]:
@@ -232,7 +236,7 @@ def locate_error(
             except ValueError as e:
                 return DataError(str(e), path=path, line=line, field=col.name)
             if col.check is not None:
-                dtype = {"int": np.int64, "float": np.float64, "str": object}[col.kind]
+                dtype = {"int": np.int64, "float": np.float64, "str": object, "text": object}[col.kind]
                 if not bool(col.check(np.asarray([v], dtype=dtype))[0]):
                     return DataError(f"invalid value {fields[pos]!r}: expected {col.check_msg}",
                                      path=path, line=line, field=col.name)
@@ -361,7 +365,12 @@ def read_delimited(
         col = table.column(c.name)
         if col.null_count:
             raise slow_fail(f"empty values in column {c.name!r}")
-        if c.kind == "str":
+        if c.kind == "text":
+            arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+            if c.check is not None and not c.check(arr.to_numpy(zero_copy_only=False)).all():
+                raise slow_fail(f"invalid value in column {c.name!r}")
+            out[c.name] = arr
+        elif c.kind == "str":
             arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
             if c.check is not None:
                 dic = arr.dictionary.to_numpy(zero_copy_only=False)

@@ -6,11 +6,22 @@ beside the events). Without it, items are synthesised from the events (policy: o
 item, ``title = None``). With it, an event whose item has no row is a DataError naming the
 events line (CSV) or row (Parquet, 1-based; reported in the ``line`` slot).
 
-Ids must be integers: string ids are rejected (the message says so) unless
-``map_ids=True``, which numbers users and items 0..n-1 in order of first appearance in the
-events file (items only in the items file come after) and keeps the original item id in
-``items.attributes["original_id"]`` and the original user id in
-``DatasetInfo.extra["user_ids"]`` (original ids listed by new id).
+Ids: integer ids are kept. A user or item id column with a value that is not an integer
+(``u196``, ``B07``) is mapped (``IngestOptions.map_ids=None``, the default; a note says so):
+users and items are numbered 0..n-1 in order of first appearance in the events file (items
+only in the items file come after), the original item id kept in
+``items.attributes["original_id"]`` and the original user id in ``DatasetInfo.extra["user_ids"]``
+(original ids listed by new id), so ``genrec recommend`` takes and shows the source's ids.
+``map_ids=True`` (``--map-ids``) maps integer ids too; ``map_ids=False`` (``--no-map-ids``)
+refuses a non-integer id with a DataError naming its line.
+
+Timestamps: see :mod:`.timestamps` (ISO 8601 text, epoch seconds or milliseconds, a strptime
+pattern, Arrow timestamps and dates; all stored as epoch seconds, the rule in
+``DatasetInfo.time_rule``). Errors name the file, the 1-based line and the field, and speak
+the CLI's words (``--map-ids``, ``--time-format``).
+
+Notes for the person (ids mapped, timestamps without a zone read as UTC) are listed in
+``DatasetInfo.extra["notes"]``; ``genrec data prepare`` prints them.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import pyarrow.parquet as pq
 from genrec.data.ingest.build import ItemRows, build_dataset
 from genrec.data.ingest.common import Column, file_record, int_col, read_delimited, record_line
 from genrec.data.ingest.options import ColumnMapping, IngestOptions
+from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 from genrec.data.schema import Dataset, DatasetInfo
 from genrec.errors import DataError, MissingDataError
 
@@ -76,18 +88,27 @@ def _not_compressed(path: Path) -> None:
                         "items are read from .csv / .tsv / .txt or Parquet files", path=path)
 
 
-def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
-    """Validate one Parquet column like the CSV reader does; errors name the 1-based row."""
-    if col.name not in table.column_names:
-        raise DataError(f"column missing; the file has {table.column_names}", path=path, field=col.name)
-    arr = table.column(col.name).combine_chunks()
+def _parquet_array(path: Path, table: pa.Table, name: str) -> pa.Array:
+    """One Parquet column as an Arrow array, present, without nulls, of scalars; errors name the 1-based row."""
+    if name not in table.column_names:
+        raise DataError(f"column missing; the file has {table.column_names}", path=path, field=name)
+    arr = table.column(name).combine_chunks()
     if arr.null_count:
         r = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise DataError("empty value (null)", path=path, line=r + 1, field=col.name)
+        raise DataError("empty value (null)", path=path, line=r + 1, field=name)
     if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_string(arr.type)
             or pa.types.is_large_string(arr.type) or pa.types.is_dictionary(arr.type)
-            or pa.types.is_timestamp(arr.type) or pa.types.is_boolean(arr.type)):  # lists, structs, binary, ...
-        raise DataError(f"expected a column of scalar values, found type {arr.type}", path=path, field=col.name)
+            or pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type)
+            or pa.types.is_boolean(arr.type)):  # lists, structs, binary, ...
+        raise DataError(f"expected a column of scalar values, found type {arr.type}", path=path, field=name)
+    return arr
+
+
+def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
+    """Validate one Parquet column like the CSV reader does; errors name the 1-based row."""
+    arr = _parquet_array(path, table, col.name)
+    if col.kind == "text":
+        return pc.cast(arr, pa.string())
     if col.kind == "str":
         arr = pc.cast(arr, pa.string()) if not pa.types.is_dictionary(arr.type) else arr
         return arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
@@ -126,19 +147,27 @@ def _parquet_column(path: Path, table: pa.Table, col: Column) -> Any:
     return a
 
 
-def load_columns(path: Path, columns: list[Column], delimiter: str) -> Loaded:
-    """Read ``columns`` from a CSV (header line names them) or a Parquet file."""
+def load_columns(path: Path, columns: list[Column], delimiter: str, raw: tuple[str, ...] = ()) -> Loaded:
+    """Read ``columns`` from a CSV (header line names them) or a Parquet file. Columns named in ``raw``
+    come back from Parquet as Arrow arrays of the file's own type (timestamps, dates, ...), checked only
+    for presence, nulls and scalar values; from a CSV they are read by their ``Column`` spec."""
     _not_compressed(path)
     if _is_csv(path):
         parsed = read_delimited(path, columns, delimiter=delimiter, header=True, quoted=True)
         return Loaded(path, dict(parsed.columns), parsed.n, True, parsed)
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"not a readable Parquet file: {e}", path=path) from None
+    table = _read_parquet(path)
     if table.num_rows == 0:
         raise DataError("file has no rows", path=path, line=1, field=columns[0].name)
-    return Loaded(path, {c.name: _parquet_column(path, table, c) for c in columns}, table.num_rows, False)
+    return Loaded(path, {c.name: _parquet_array(path, table, c.name) if c.name in raw else
+                         _parquet_column(path, table, c) for c in columns}, table.num_rows, False)
+
+
+def _read_parquet(path: Path, schema_only: bool = False) -> Any:
+    try:
+        return pq.read_schema(path) if schema_only else pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"not a readable Parquet file (events and items are read from .csv / .tsv / .txt or "
+                        f"Parquet files): {e}", path=path) from None
 
 
 def _check_names(arr: Any, ev: "Loaded", field: str, what: str) -> None:
@@ -172,10 +201,67 @@ def _first_appearance_codes(values: pa.Array) -> tuple[np.ndarray, list[Any]]:
     return rank[idx], originals
 
 
-def _string_ids_hint(e: DataError, id_fields: tuple[str, ...]) -> DataError:
-    if e.field in id_fields and e.reason.startswith("not an integer"):
-        return DataError(e.reason + " (string ids need map_ids=True)", path=e.path, line=e.line, field=e.field)
+NO_MAP_HINT = "(--no-map-ids refuses ids that are not integers; without it they are numbered 0..n-1)"
+INT_HINT = "(--map-ids reads ids as text and numbers them 0..n-1)"
+
+
+def _ids_hint(e: DataError, id_fields: tuple[str, ...], hint: str) -> DataError:
+    """An id that is not an integer (or not one that fits): the message says which flag changes that."""
+    if e.field in id_fields and (e.reason.startswith(("not an integer", "integer out of"))
+                                 or "non-negative integer" in e.reason):
+        return DataError(f"{e.reason} {hint}", path=e.path, line=e.line, field=e.field)
     return e
+
+
+def _plain_text(arr: Any) -> pa.Array:
+    d = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    return d if pa.types.is_string(d.type) else pc.cast(d, pa.string())
+
+
+def _text_ids(arr: Any, ev: "Loaded", field: str) -> np.ndarray | None:
+    """Text ids -> int64 [N] when every value is an integer, else None (they need mapping). Integers read as
+    such (a Parquet integer column) come back as they are.
+
+    An empty value is an error either way; an integer beyond int64 or below 0 is an error naming its line.
+    """
+    if not isinstance(arr, (pa.Array, pa.ChunkedArray)):
+        return np.asarray(arr, dtype=np.int64)
+    t = pc.utf8_trim_whitespace(_plain_text(arr))  # [N]
+    if (empty := pc.equal(t, "").to_numpy(zero_copy_only=False)).any():
+        r = int(np.flatnonzero(empty)[0])
+        raise DataError("empty value: expected an id", path=ev.path, line=ev.line(r), field=field)
+    if not pc.all(pc.match_substring_regex(t, _INT_RE)).as_py():
+        return None
+    try:
+        ints = pc.cast(t, pa.int64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        r = next(i for i, v in enumerate(t.to_pylist()) if not -(2 ** 63) <= int(v) < 2 ** 63)
+        raise DataError(f"integer out of the int64 range: {t[r].as_py()!r} {INT_HINT}", path=ev.path,
+                        line=ev.line(r), field=field) from None
+    if (neg := ints < 0).any():
+        r = int(np.flatnonzero(neg)[0])
+        raise DataError(f"invalid value {int(ints[r])}: expected a non-negative integer {INT_HINT}", path=ev.path,
+                        line=ev.line(r), field=field)
+    return ints
+
+
+def _first_non_integer(arr: Any) -> tuple[int, str] | None:
+    """(row, value) of the first text id that is not an integer; None for an integer column."""
+    if not isinstance(arr, (pa.Array, pa.ChunkedArray)):
+        return None
+    t = _plain_text(arr)
+    ok = pc.match_substring_regex(t, _INT_RE).to_numpy(zero_copy_only=False)
+    if ok.all():
+        return None
+    r = int(np.flatnonzero(~ok)[0])
+    return r, str(t[r].as_py())
+
+
+def _as_text(arr: Any) -> pa.Array:
+    """Ids as a dictionary of their text: what mapping numbers (an integer column's ids as decimals)."""
+    if isinstance(arr, (pa.Array, pa.ChunkedArray)):
+        return arr
+    return pc.dictionary_encode(pc.cast(pa.array(np.asarray(arr, dtype=np.int64)), pa.string()))
 
 
 def _locate_items_csv_error(path: Path, n_fields: int, delimiter: str) -> DataError | None:
@@ -195,7 +281,7 @@ def _locate_items_csv_error(path: Path, n_fields: int, delimiter: str) -> DataEr
 
 
 def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: dict[Any, int],
-                    delimiter: str) -> ItemRows:
+                    delimiter: str, hint: str = NO_MAP_HINT) -> ItemRows:
     """Items file -> rows; every column other than id/title/text goes into ``attributes``."""
     _not_compressed(path)
     if _is_csv(path):
@@ -214,7 +300,7 @@ def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: 
             raise _locate_items_csv_error(path, len(head), delimiter) or DataError(f"could not parse: {e}",
                                                                                   path=path) from None
     else:
-        table = pq.read_table(path)
+        table = _read_parquet(path)
     if m.item not in table.column_names:
         raise DataError(f"column missing; the file has {table.column_names}", path=path, line=1, field=m.item)
     loaded = Loaded(path, {}, table.num_rows, _is_csv(path))
@@ -245,8 +331,7 @@ def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: 
             if isinstance(raw, float) and raw.is_integer():
                 s = str(int(raw))
             if not (s.isdigit() or (s[:1] in "+-" and s[1:].isdigit())):
-                raise DataError(f"not an integer: {raw!r} (string ids need map_ids=True)", path=path,
-                                line=loaded.line(r), field=m.item)
+                raise DataError(f"not an integer: {raw!r} {hint}", path=path, line=loaded.line(r), field=m.item)
             iid = int(s)
         title = titles[r] if titles[r] not in ("", None) else None
         text = texts[r] or ". ".join([title or f"item {raw}"] + [f"{k}: {v}" for k, v in attrs.items()
@@ -270,14 +355,24 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     source = Path(source)
     events_path = source if source.is_file() else _find(source, "events")
     if events_path is None:
-        raise MissingDataError(f"generic: no events.parquet or events.csv in {source}; pass the events file itself "
-                               f"as source, or put it there")
-    if options.map_ids:
-        cols = [Column(m.user, "str"), Column(m.item, "str")]
-    else:
+        raise MissingDataError(f"generic: no events.parquet or events.csv in {source}; give the events file itself "
+                               f"as --source, or put it there")
+    is_csv = _is_csv(events_path)
+    if options.map_ids is False:
         cols = [int_col(m.user), int_col(m.item)]
+    elif options.map_ids or is_csv:
+        cols = [Column(m.user, "text"), Column(m.item, "text")]
+    else:  # auto, Parquet: a column of numbers is read as integers, one of text as text
+        _not_compressed(events_path)
+        schema = _read_parquet(events_path, schema_only=True)
+
+        def spec(f: str) -> Column:
+            typ = schema.field(f).type if f in schema.names else pa.string()
+            return int_col(f) if pa.types.is_integer(typ) or pa.types.is_floating(typ) else Column(f, "text")
+
+        cols = [spec(m.user), spec(m.item)]
     if m.timestamp is not None:
-        cols.append(Column(m.timestamp, "int"))
+        cols.append(Column(m.timestamp, "text"))  # text from a CSV; the file's own type from Parquet
     if m.action is not None:
         if options.actions is not None:
             vocab = list(options.actions)
@@ -286,21 +381,39 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
             cols.append(Column(m.action, "str"))
     if m.surface is not None:
         cols.append(Column(m.surface, "str"))
+    hint = NO_MAP_HINT if options.map_ids is False else INT_HINT
     try:
-        ev = load_columns(events_path, cols, _delimiter(events_path, options.delimiter))
+        ev = load_columns(events_path, cols, _delimiter(events_path, options.delimiter),
+                          raw=(m.timestamp,) if m.timestamp is not None else ())
     except DataError as e:
-        raise _string_ids_hint(e, (m.user, m.item)) from None
+        raise _ids_hint(e, (m.user, m.item), hint) from None
 
+    notes: list[str] = []
+    map_ids = bool(options.map_ids)
+    user = item = None
+    if options.map_ids is None:  # auto: integers stay, text ids are mapped
+        user, item = _text_ids(ev.columns[m.user], ev, m.user), _text_ids(ev.columns[m.item], ev, m.item)
+        if user is None or item is None:
+            f = m.user if user is None else m.item
+            r, v = _first_non_integer(ev.columns[f]) or (0, "")
+            map_ids = True
+            notes.append(f"ids mapped: {f} {v!r} (line {ev.line(r)}) is not an integer, so users and items are "
+                         f"numbered 0..n-1 in order of first appearance; `genrec recommend` takes and shows the "
+                         f"source's ids (--no-map-ids refuses such ids instead)")
+    elif not map_ids:
+        user, item = ev.columns[m.user], ev.columns[m.item]
     user_ids: list[Any] | None = None
     item_codes: dict[Any, int] = {}
-    if options.map_ids:
+    if map_ids:
         for f in (m.user, m.item):
-            _check_names(ev.columns[f], ev, f, "ids to remap")
-        user, user_ids = _first_appearance_codes(ev.columns[m.user])
-        item, item_orig = _first_appearance_codes(ev.columns[m.item])
+            _check_names(_as_text(ev.columns[f]), ev, f, "ids to remap")
+        user, user_ids = _first_appearance_codes(_as_text(ev.columns[m.user]))
+        item, item_orig = _first_appearance_codes(_as_text(ev.columns[m.item]))
         item_codes = {str(v): i for i, v in enumerate(item_orig)}
-    else:
-        user, item = ev.columns[m.user], ev.columns[m.item]
+    id_rule = ("as given (integers)" if not map_ids else
+               "mapped: users and items numbered 0..n-1 in order of first appearance in the events file (items only "
+               "in the items file after them); original ids in extra.user_ids and items.attributes.original_id"
+               + (" (--map-ids)" if options.map_ids else " (auto: a non-integer id)"))
 
     def vocab_codes(arr: pa.Array, fixed: list[str] | None, field: str = "") -> tuple[np.ndarray, list[str]]:
         _check_names(arr, ev, field, "action and surface names")  # "" or "click " would be actions of their own
@@ -328,7 +441,13 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
             raise DataError(f"positive action {a!r} is not in the action vocabulary {actions}", path=events_path,
                             field=m.action)
     has_ts = m.timestamp is not None
-    timestamp = ev.columns[m.timestamp] if m.timestamp is not None else np.arange(ev.n, dtype=np.int64)
+    if m.timestamp is not None:
+        tp = to_epoch_seconds(ev.columns[m.timestamp], options.time_format, Where(events_path, m.timestamp, ev.line))
+        timestamp, notes = tp.seconds, notes + tp.notes
+        time_rule = f"{tp.rule}; stored as int64 epoch seconds (UTC)"
+    else:
+        timestamp = np.arange(ev.n, dtype=np.int64)
+        time_rule = "no timestamp column: timestamp = position in the events file (file order is time)"
 
     files = [file_record(events_path, checksum=options.checksum)]
     items_path = Path(options.items_path) if options.items_path else _find(events_path.parent, "items")
@@ -339,13 +458,15 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     def synthesise(i: int) -> tuple[str | None, str, dict[str, Any]]:
         orig = inv.get(i, i)
         attrs: dict[str, Any] = {"synthesised": True}
-        if options.map_ids:
+        if map_ids:
             attrs["original_id"] = orig
         return None, f"item {orig}", attrs
 
     if items_path is not None:
-        items = read_items_file(items_path, m, map_ids=options.map_ids, item_codes=item_codes,
-                                delimiter=_delimiter(items_path, options.delimiter))
+        items_hint = hint if options.map_ids is False else (
+            "(the events file's ids are integers, so the items file's must be too; --map-ids reads both as text)")
+        items = read_items_file(items_path, m, map_ids=map_ids, item_codes=item_codes,
+                                delimiter=_delimiter(items_path, options.delimiter), hint=items_hint)
         files.append(file_record(items_path, checksum=options.checksum))
     else:
         items = ItemRows.empty()
@@ -365,8 +486,9 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
         action_rule=f"actions as given in column {m.action!r}" if m.action else
         f"no action column: every event is {DEFAULT_ACTION!r}",
         has_timestamps=has_ts,
-        extra={"columns": options.columns.__dict__, "map_ids": options.map_ids,
+        extra={"columns": options.columns.__dict__, "map_ids": map_ids, "id_rule": id_rule, "notes": notes,
                **({"user_ids": user_ids} if user_ids is not None else {})},
+        time_rule=time_rule,
     )
     return build_dataset(
         info,

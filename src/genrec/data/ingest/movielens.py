@@ -226,7 +226,7 @@ def missing_message(variant: Variant, folder: Path, missing: list[str]) -> str:
     files = ", ".join(missing)
     return (
         f"{variant.name}: {files} not found in {folder}. Put GroupLens's file(s) there "
-        f"(e.g. {folder / missing[0]}), or ingest with download=True (CLI: --download) to fetch "
+        f"(e.g. {folder / missing[0]}), or run `genrec data prepare` with --download to fetch "
         f"{url_for(variant.zip_name)} from GroupLens and unpack it into {folder}."
     )
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from genrec.data.ingest.common import RatingRule
 from genrec.data.ingest.feedviews import DEFAULT_SLATE_SIZE
+from genrec.data.ingest.timestamps import check_time_format
 from genrec.errors import ConfigError
 
 
@@ -23,6 +24,7 @@ class ColumnMapping:
     timestamp: str | None = "timestamp"
     action: str | None = "action"
     surface: str | None = None
+    """Where the event happened (home, search, ...): ``--surface-col``."""
     title: str = "title"
     """Items file: title column (optional in the file)."""
     text: str = "text"
@@ -41,8 +43,13 @@ class IngestOptions:
     """Record the sha256 of every file read in ``Dataset.source``."""
     columns: ColumnMapping = field(default_factory=ColumnMapping)
     """generic: column names."""
-    map_ids: bool = False
-    """generic: map string user/item ids to ints (original item id kept in items.attributes)."""
+    map_ids: bool | None = None
+    """generic: number user/item ids 0..n-1 (originals kept: items.attributes, extra.user_ids). None (default):
+    when an id is not an integer; True (``--map-ids``): always; False (``--no-map-ids``): never (a non-integer
+    id is a DataError)."""
+    time_format: str = "auto"
+    """generic: how the timestamp column is written: auto | iso | epoch-s | epoch-ms | a strptime pattern
+    (``--time-format``; see :mod:`genrec.data.ingest.timestamps`). Stored as epoch seconds either way."""
     actions: tuple[str, ...] | None = None
     """generic: the action vocabulary in bit order (default: sorted distinct values)."""
     positive_actions: tuple[str, ...] | None = None
@@ -54,11 +61,15 @@ class IngestOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.slate_size, int) or self.slate_size < 1:
-            raise ConfigError(f"slate_size: must be a positive integer, got {self.slate_size!r}")
+            raise ConfigError(f"--slate-size: must be a positive integer, got {self.slate_size!r}")
         if not isinstance(self.rating_rule, RatingRule):
             raise ConfigError(f"rating_rule: expected a RatingRule, got {type(self.rating_rule).__name__}")
         if not self.delimiter:
-            raise ConfigError("delimiter: must not be empty")
+            raise ConfigError("--delimiter: must not be empty")
+        if self.map_ids not in (None, True, False):
+            raise ConfigError(f"map_ids (--map-ids / --no-map-ids): expected True, False or None (numbered when an "
+                              f"id is not an integer), got {self.map_ids!r}")
+        check_time_format(self.time_format)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
