@@ -163,9 +163,12 @@ def features_build(
     workdir: Path = RUNDIR,
     content: str = typer.Option("tfidf", help="tfidf | st:<sentence-transformers name or local path> | "
                                               "file:<parquet or npy of item vectors>"),
-    content_dim: int = typer.Option(64),
-    engagement_dim: int = typer.Option(64),
-    seed: int = typer.Option(0),
+    content_dim: int = typer.Option(64, help="Most dimensions of the content vectors: tfidf keeps up to this many "
+                                              "SVD components; st: / file: vectors wider than this are projected "
+                                              "onto their top principal directions."),
+    engagement_dim: int = typer.Option(64, help="Dimensions of the engagement vectors (an SVD of the train "
+                                                 "split's item co-interaction PPMI matrix)."),
+    seed: int = typer.Option(0, help="Seed of the randomized SVDs (same seed and data, same vectors)."),
     split: str = typer.Option("loo", help="The split whose TRAIN events the engagement vectors see: loo | temporal. "
                                           "Use the data.split you will train with (genrec train refuses a mismatch)."),
 ) -> None:
@@ -199,7 +202,7 @@ def sid_build(
     levels: int = typer.Option(3, help="Semantic levels (a disambiguation level is added)."),
     codebook_size: Optional[int] = typer.Option(None, help="Codes per level (default: suits the catalogue)."),
     method: str = typer.Option("rqkmeans", help="rqkmeans | rqvae"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Random seed of the quantiser (same seed and vectors, same codes)."),
     source: Optional[str] = typer.Option(
         None, help="What is quantised: content (PinGER), content+engagement (collaborative SIDs: co-engaged items "
                    "share prefixes) or engagement (the engagement vectors alone). Default: content, or engagement "
@@ -307,7 +310,8 @@ def sid_list(workdir: Path = RUNDIR) -> None:
 @sid_app.command("lookup")
 @_friendly
 def sid_lookup(workdir: Path = RUNDIR, prefix: list[int] = typer.Argument(None, help="SID prefix codes"),
-               limit: int = typer.Option(20)) -> None:
+               limit: int = typer.Option(20, help="Print at most this many item ids (`n` counts them all).")
+               ) -> None:
     """Items whose SID starts with PREFIX (any depth), from the current index."""
     from genrec.sid.build import open_current
 
@@ -324,15 +328,40 @@ def train(
     workdir: Path = RUNDIR,
     preset: str = typer.Option("cpu-small", help="Run preset: quickstart, cpu-tiny, cpu-small, gpu-base."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. variant=tiger "
-                                                              "train.lr=3e-4 model.d_model=128"),
+                                                              "train.lr=3e-4 model.d_model=128; "
+                                                              "--show-config lists every key."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Start from scratch: the previous run's checkpoints, "
                                                              "logs and reports move to WORKDIR/previous-runs/."),
+    show_config: bool = typer.Option(False, "--show-config", help="Print every override key with its value under "
+                                                                  "--preset and the given overrides, one key=value "
+                                                                  "a line, and exit without training (model sizes "
+                                                                  "0 and model.dropout -1 stand for the model "
+                                                                  "preset's)."),
 ) -> None:
     """Train the joint model (SID + dense retrieval + action heads) on WORKDIR's prepared tables, features and
-    SIDs; resumes from the last checkpoint. Ctrl-C or SIGTERM stops after the current step with a checkpoint."""
+    SIDs; resumes from the last checkpoint. Ctrl-C or SIGTERM stops after the current step with a checkpoint.
+
+    Override keys: `genrec train WORKDIR --preset P --show-config` lists them all with the preset's values;
+    they are the fields of RunConfig (genrec/train/run.py: variant, model.*, data.*, objective.* from
+    genrec/train/objective.py) and TrainConfig (genrec/train/config.py: train.*), documented there.
+    Progress: a bar on a terminal, plain lines on stderr otherwise (train.progress, train.progress_every_s)."""
     from genrec.train.run import RunConfig, train_run
 
     cfg = RunConfig.from_name(preset, list(overrides or []))
+    if show_config:
+        from genrec.train.config import to_dict
+
+        def lines(d: dict[str, Any], prefix: str = "") -> list[str]:
+            out = []
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    out += lines(v, f"{prefix}{k}.")
+                else:
+                    out.append(f"{prefix}{k}={v if isinstance(v, str) else json.dumps(v)}")
+            return out
+
+        typer.echo("\n".join(lines(to_dict(cfg))))
+        return
     out = train_run(workdir, cfg, resume=not no_resume)
     _echo_json(out)
     if out.get("interrupted"):
@@ -346,8 +375,9 @@ def train(
 @_friendly
 def quickstart(
     workdir: Path = RUNDIR,
-    dataset: str = typer.Option("movielens-100k"),
-    data_dir: Optional[Path] = typer.Option(None),
+    dataset: str = typer.Option("movielens-100k", help="The dataset to run on (see `genrec data list`)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Root holding one folder per dataset "
+                                                       "(default $GENREC_DATA_DIR, then ~/.cache/genrec/datasets)."),
     download: bool = typer.Option(False, help="Download MovieLens from GroupLens if missing."),
     steps: int = typer.Option(0, help="Training steps (0 = the quickstart preset's)."),
 ) -> None:
@@ -376,15 +406,23 @@ def serve(
     workdir: Path = RUNDIR,
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder or root (default WORKDIR/checkpoints)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless told otherwise)."),
-    port: int = typer.Option(8000),
+    port: int = typer.Option(8000, help="TCP port to listen on."),
     workers: int = typer.Option(1, help="uvicorn worker processes (each loads its own bundle)."),
     two_process: bool = typer.Option(False, help="Ranking in a separate process over a shared KV pool."),
-    threads: int = typer.Option(2, help="Inference threads per server process."),
+    threads: Optional[int] = typer.Option(
+        None, help="Requests that run inference at once, per server process. Default from the machine: "
+                   "min(4, cores) (one at a time stalled the 2-core CPU box under load; past 4 they queue on the "
+                   "GIL)."),
+    torch_threads: Optional[int] = typer.Option(
+        None, help="torch's intra-op threads per server process. Default from the machine: on a CPU, cores // "
+                   "(--threads x --workers), at least 1, so concurrent forwards use each core once (2-core box, "
+                   "1-4 clients: 75-106 QPS, against 41-83 with torch's own thread per core); on CUDA, torch's "
+                   "default."),
     max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
     pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
     kv_pool_device: str = typer.Option(
         "auto", help="Two-process KV pool: auto (the server's device), cpu (shared memory) or cuda (CUDA IPC)."),
-    device: str = typer.Option("cpu"),
+    device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or cuda:N."),
     micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
     micro_batch_policy: str = typer.Option(
         "timed", help="With --micro-batch > 1: busy (requests queued while a batch runs form the next batch, no "
@@ -396,14 +434,23 @@ def serve(
     admin_token: Optional[str] = typer.Option(
         None, envvar="GENREC_ADMIN_TOKEN", help="/admin/reload then needs 'Authorization: Bearer TOKEN' (set it "
                                                 "whenever --host is not loopback)."),
+    access_log: bool = typer.Option(False, help="uvicorn's access log: one line per request on stdout. Off by "
+                                                "default (the start-up lines on stderr still come); /metrics "
+                                                "counts requests either way."),
 ) -> None:
     """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP).
-    With --workers > 1, SIGHUP the main process: it restarts every worker on the newest version."""
+    With --workers > 1, SIGHUP the main process: it restarts every worker on the newest version.
+    On stderr it says the URL it listens on, the checkpoint and index_version it loaded, the device, and
+    when it is ready."""
     import os
     import signal
 
     if precision not in ("float32", "bf16"):
         raise typer.BadParameter(f"--precision must be float32 or bf16, got {precision!r}")
+    if threads is not None and threads < 1:
+        raise typer.BadParameter(f"--threads must be >= 1, got {threads}")
+    if torch_threads is not None and torch_threads < 1:
+        raise typer.BadParameter(f"--torch-threads must be >= 1, got {torch_threads}")
     if kv_pool_device not in ("auto", "cpu", "cuda"):
         raise typer.BadParameter(f"--kv-pool-device must be auto, cpu or cuda, got {kv_pool_device!r}")
     _check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
@@ -423,14 +470,18 @@ def serve(
         if hup is not None:
             signal.signal(signal.SIGHUP, hup)
         raise
-    from genrec.serve.app import ServeConfig
+    from genrec.serve.app import ServeConfig, default_threads, default_torch_threads
     from genrec.serve.app import serve as run_server
 
+    threads = default_threads(device) if threads is None else threads
+    if torch_threads is None:
+        torch_threads = default_torch_threads(device, threads, workers)
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
-                      max_body_bytes=max_body_bytes, threads=threads, pool_slots=pool_slots, micro_batch=micro_batch,
-                      micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
-                      kv_pool_device=kv_pool_device, admin_token=admin_token or None)
-    run_server(cfg, host=host, port=port, workers=workers)
+                      max_body_bytes=max_body_bytes, threads=threads, torch_threads=torch_threads,
+                      pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
+                      micro_batch_wait_ms=micro_batch_wait_ms, kv_pool_device=kv_pool_device,
+                      admin_token=admin_token or None, announce=True)
+    run_server(cfg, host=host, port=port, workers=workers, access_log=access_log)
 
 
 @bench_app.command("kernels")
@@ -499,24 +550,32 @@ def bench_serve(
     concurrency: int = typer.Option(8, help="Closed-loop clients."),
     max_requests: int = typer.Option(1_000_000, help="Stop after this many requests."),
     url: Optional[str] = typer.Option(None, help="Target a running loopback server (default: start one)."),
-    history_len: int = typer.Option(50),
-    beam_width: int = typer.Option(20),
-    k: int = typer.Option(10),
-    rank: bool = typer.Option(True),
-    two_process: bool = typer.Option(False),
+    history_len: int = typer.Option(50, help="Items in each request's history (sampled from real users)."),
+    beam_width: int = typer.Option(20, help="SID beam width asked for in each request."),
+    k: int = typer.Option(10, help="Items asked for in each request."),
+    rank: bool = typer.Option(True, help="Ask for the L1 ranking (--no-rank: retrieval only)."),
+    two_process: bool = typer.Option(False, help="Start the server with ranking in a second process "
+                                                  "(`genrec serve --two-process`); not with --url."),
     micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
     micro_batch_policy: str = typer.Option("timed", help="Server-side micro-batch policy: timed or busy."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait (ms)."),
     client: str = typer.Option("raw", help="Load-generator client: raw (lean HTTP/1.1 on asyncio streams) or httpx."),
+    threads: Optional[int] = typer.Option(None, help="The started server's --threads (default: `genrec serve`'s, "
+                                                     "from the machine); not with --url."),
+    torch_threads: Optional[int] = typer.Option(None, help="The started server's --torch-threads (default: `genrec "
+                                                           "serve`'s, from the machine); not with --url."),
 ) -> None:
     """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors."""
     from genrec.serve.loadgen import bench_serve as run_bench
 
     _check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
+    if url is not None and (threads is not None or torch_threads is not None):
+        raise typer.BadParameter("--threads / --torch-threads set up the server bench serve starts: not with --url")
     res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,
                     history_len=history_len, beam_width=beam_width, k=k, rank=rank, two_process=two_process,
                     micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
-                    micro_batch_wait_ms=micro_batch_wait_ms, client=client)
+                    micro_batch_wait_ms=micro_batch_wait_ms, client=client, threads=threads,
+                    torch_threads=torch_threads)
     typer.echo(res.table())
     _echo_json(res.summary())
 
@@ -729,8 +788,8 @@ def cold_start(
     base: Path = typer.Argument(..., help="A run dir with prepared tables (the full data)."),
     out: Path = typer.Argument(..., help="Where to build the cold-start run."),
     frac: float = typer.Option(0.05, help="Share of the catalogue withheld from training."),
-    seed: int = typer.Option(0),
-    preset: str = typer.Option("quickstart"),
+    seed: int = typer.Option(0, help="Random seed choosing the withheld items."),
+    preset: str = typer.Option("quickstart", help="Run preset of the training (as `genrec train --preset`)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value training overrides"),
 ) -> None:
     """Cold-start items: withhold some from training, code them with the frozen SID codebook, score them.

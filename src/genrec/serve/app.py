@@ -37,6 +37,8 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
+import sys
 import tempfile
 import threading
 import time
@@ -48,6 +50,7 @@ from typing import Any
 import anyio
 import numpy as np
 import torch
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -67,6 +70,32 @@ log = logging.getLogger("genrec.serve")
 STAGES = ("encode", "sid", "ann", "rank", "total")
 
 
+def default_threads(device: str = "cpu") -> int:
+    """How many requests run inference at once when ``--threads`` is not given: ``min(4, os.cpu_count())``.
+
+    Not 1 where there are 2 cores or more: on the 2-core CPU box one request thread (with torch's 2
+    intra-op threads) stalled under other load, 1-25 QPS; a few request threads also keep a GPU fed while
+    others do their host work. Beyond 4 they only queue on the GIL. The threads inside each forward are
+    :func:`default_torch_threads`'s."""
+    return min(4, max(1, os.cpu_count() or 1))
+
+
+def default_torch_threads(device: str = "cpu", threads: int | None = None, workers: int = 1) -> int:
+    """torch's intra-op threads in a serving process when ``--torch-threads`` is not given; 0 = leave torch's
+    default (a thread per core).
+
+    CPU: ``os.cpu_count() // (threads * workers)``, at least 1, so that the forwards running side by side
+    together use each core once instead of each spreading over every core. Measured on the 2-core CPU box
+    (quickstart model, loopback, closed-loop clients, issue 38): 2 request threads x 1 torch thread gave
+    75-106 QPS at 1 to 4 clients; the earlier 2 x 2 (torch's default) 41-46 QPS at 1 client and 75-83 at
+    2 and 4. Re-measure: ``genrec bench serve RUN --duration 20 --concurrency 2`` against the same with
+    ``--torch-threads 2`` (and ``--client httpx``). CUDA: 0, the forward runs on the GPU."""
+    if str(device).startswith("cuda"):
+        return 0
+    t = default_threads(device) if threads is None else max(1, threads)
+    return max(1, max(1, os.cpu_count() or 1) // (t * max(1, workers)))
+
+
 @dataclass
 class ServeConfig:
     workdir: Path
@@ -74,7 +103,10 @@ class ServeConfig:
     device: str = "cpu"
     two_process: bool = False
     max_body_bytes: int = 1 << 20
-    threads: int = 2
+    threads: int = 0  # requests running inference at once; 0 = default_threads(device)
+    # torch.set_num_threads in the serving process (serve(), app_from_env), 0 = leave torch's; the CLI's
+    # default is default_torch_threads(device, threads, workers)
+    torch_threads: int = 0
     pool_slots: int = 16
     # two-process K/V pool: "cpu" = shared memory, the ranking process ranks on the CPU; "cuda" = the
     # pool on the server's GPU, shared through CUDA IPC handles, ranked there; "auto" = the server's device
@@ -92,6 +124,10 @@ class ServeConfig:
     # it is open to whoever reaches the port (loopback by default)
     admin_token: str | None = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_ADMIN_TOKEN") or None)
     workers: int = 1  # uvicorn worker processes (serve()'s argument): > 1 refuses /admin/reload (SIGHUP the main one)
+    # print start-up lines on stderr (what was loaded, on which device, when it is ready): `genrec serve` does;
+    # serve() sets the URL it listens on here, for the lines of --workers > 1 (each worker says when it is ready)
+    announce: bool = False
+    url: str | None = None
 
 
 def freeze_heap() -> None:
@@ -251,6 +287,10 @@ class Service:
             raise ConfigError("kv_pool_device 'cuda' needs the server on a GPU (--device cuda)")
         on_gpu = str(cfg.device).startswith("cuda")
         self.pool_on_gpu = cfg.kv_pool_device == "cuda" or (cfg.kv_pool_device == "auto" and on_gpu)
+        if cfg.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0 = from the machine), got {cfg.threads}")
+        if cfg.threads == 0:
+            cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
         self.cfg = cfg
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
         self.metrics = Metrics()
@@ -419,6 +459,8 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
                 loop.add_signal_handler(signal.SIGHUP, on_hup)
         await anyio.to_thread.run_sync(svc.start)
         loaded.set()
+        if cfg.announce:
+            _announce_loaded(svc)
         if hup_pending.is_set():
             log.warning("SIGHUP arrived while the bundle was loading: reloading now")
             on_hup()
@@ -522,21 +564,92 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     return wrapped  # type: ignore[return-value]
 
 
+def _say(msg: str) -> None:
+    print(f"genrec serve: {msg}", file=sys.stderr, flush=True)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _announce_loaded(svc: Service) -> None:
+    """The start-up line once the bundle is loaded: the checkpoint, the served index_version, the device."""
+    b = svc.holder.current
+    rec = b.engine.rec
+    tt = torch.get_num_threads()
+    what = (f"loaded checkpoint {b.engine.checkpoint} (step {getattr(rec, 'step', '?')}), index_version "
+            f"{b.version}, device {getattr(rec, 'device', svc.cfg.device)}, {svc.cfg.threads} request "
+            f"thread{'' if svc.cfg.threads == 1 else 's'} x {tt} torch thread{'' if tt == 1 else 's'}"
+            + (", ranking in a second process" if svc.cfg.two_process else ""))
+    if svc.cfg.workers > 1:  # uvicorn's main process holds the socket already: this worker serves from now on
+        _say(f"worker {os.getpid()} {what}; ready on {svc.cfg.url}")
+    else:
+        _say(what)
+
+
+def uvicorn_log_config(access_log: bool) -> dict[str, Any]:
+    """uvicorn's logging: its own messages from WARNING up (on stderr); with ``access_log`` one line per
+    request on stdout (uvicorn's access log, at INFO: a plain ``log_level="warning"`` would hide it)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    conf = copy.deepcopy(LOGGING_CONFIG)
+    conf["loggers"]["uvicorn"]["level"] = "WARNING"
+    conf["loggers"]["uvicorn.error"]["level"] = "WARNING"
+    conf["loggers"]["uvicorn.access"]["level"] = "INFO" if access_log else "WARNING"
+    return conf
+
+
 def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          log_level: str = "warning") -> None:
-    """Run uvicorn (``workers > 1``: independent processes, each with its own bundle)."""
+          access_log: bool = False) -> None:
+    """Run uvicorn (``workers > 1``: independent processes, each with its own bundle). With ``cfg.announce``
+    it says on stderr where it listens, what it loaded and when it is ready."""
     import json
 
-    import uvicorn
-
-    cfg = dataclasses.replace(cfg, workers=workers)  # (`genrec serve` ignores SIGHUP until the lifespan handles it)
+    url = _url(host, port)
+    # (`genrec serve` ignores SIGHUP until the lifespan handles it)
+    cfg = dataclasses.replace(cfg, workers=workers, url=url)
+    if cfg.torch_threads > 0:  # (each worker process sets its own, in app_from_env)
+        torch.set_num_threads(cfg.torch_threads)
+    log_kw: dict[str, Any] = {"log_level": None, "log_config": uvicorn_log_config(access_log),
+                              "access_log": access_log}
+    if cfg.announce:
+        _say(f"starting on {url}: loading {cfg.checkpoint or Path(cfg.workdir) / 'checkpoints'} on {cfg.device}"
+             + (f" in {workers} worker processes" if workers > 1 else "")
+             + f" (access log {'on, to stdout' if access_log else 'off'}) ...")
     if workers > 1:
         os.environ["GENREC_SERVE_CONFIG"] = json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                         for k, v in cfg.__dict__.items()})
         uvicorn.run("genrec.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    log_level=log_level, **uvicorn_impl())
-    else:
-        uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, **uvicorn_impl())
+                    **log_kw, **uvicorn_impl())
+        return
+    app = create_app(cfg)
+    server = _AnnouncingServer(uvicorn.Config(app, host=host, port=port, **log_kw, **uvicorn_impl()),
+                               service=app.service if cfg.announce else None)  # type: ignore[attr-defined]
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        sys.exit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that says "ready" with the URL it listens on once its socket is bound (after the
+    lifespan loaded the bundle): from that moment requests are answered."""
+
+    def __init__(self, config: uvicorn.Config, service: Service | None) -> None:
+        super().__init__(config)
+        self.service = service  # None: say nothing
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.service is None or self.should_exit or not self.service.holder.ready:
+            return
+        bound = [sock.getsockname() for srv in getattr(self, "servers", []) for sock in (srv.sockets or [])]
+        where = ", ".join(_url(str(a[0]), int(a[1])) for a in bound if isinstance(a, tuple)) or \
+            _url(self.config.host, self.config.port)
+        _say(f"ready on {where}, serving index_version {self.service.holder.current.version} "
+             "(POST /v1/recommend, GET /readyz; Ctrl-C stops)")
 
 
 def app_from_env() -> FastAPI:
@@ -547,5 +660,8 @@ def app_from_env() -> FastAPI:
     for k in ("workdir", "checkpoint", "pool_dir"):
         if d.get(k) is not None:
             d[k] = Path(d[k])
-    return create_app(ServeConfig(**d))
+    cfg = ServeConfig(**d)
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    return create_app(cfg)
 

@@ -330,15 +330,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(workdir: str | Path, *, two_process: bool = False, threads: int = 2, micro_batch: int = 1,
+def start_server(workdir: str | Path, *, two_process: bool = False, threads: int | None = None, micro_batch: int = 1,
                  ready_timeout: float = 180.0, device: str = "cpu", micro_batch_policy: str = "timed",
-                 micro_batch_wait_ms: float = 2.0, kv_pool_device: str = "auto") -> tuple[subprocess.Popen, str]:
-    """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200."""
+                 micro_batch_wait_ms: float = 2.0, kv_pool_device: str = "auto",
+                 torch_threads: int | None = None) -> tuple[subprocess.Popen, str]:
+    """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
+    ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
+    the machine)."""
     import httpx
 
     port = _free_port()
     cmd = [sys.executable, "-m", "genrec.cli", "serve", str(workdir), "--host", "127.0.0.1", "--port", str(port),
-           "--threads", str(threads), "--micro-batch", str(micro_batch),
+           *(["--threads", str(threads)] if threads is not None else []),
+           *(["--torch-threads", str(torch_threads)] if torch_threads is not None else []), "--micro-batch", str(micro_batch),
            "--micro-batch-policy", micro_batch_policy, "--micro-batch-wait-ms", str(micro_batch_wait_ms),
            "--device", device] + (["--two-process", "--kv-pool-device", kv_pool_device] if two_process else [])
     proc = subprocess.Popen(cmd, env=dict(os.environ))
@@ -362,8 +366,10 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
                 rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
                 micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0,
-                kv_pool_device: str = "auto") -> BenchResult:
-    """Start (or target) a local server, drive it, stop it; returns the result."""
+                kv_pool_device: str = "auto", threads: int | None = None,
+                torch_threads: int | None = None) -> BenchResult:
+    """Start (or target) a local server, drive it, stop it; returns the result. ``threads`` /
+    ``torch_threads``: the started server's ``--threads`` / ``--torch-threads`` (None: its defaults)."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     hist = sample_histories(workdir, 512, history_len, seed, exact=exact_history)
@@ -371,7 +377,7 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
     if url is None:
         proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
                                  micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
-                                 kv_pool_device=kv_pool_device)
+                                 kv_pool_device=kv_pool_device, threads=threads, torch_threads=torch_threads)
     try:
         return run_client(run_load(url, hist, duration=duration, concurrency=concurrency, max_requests=max_requests,
                                     body={"k": k, "beam_width": beam_width, "rank": rank}, client=client))
