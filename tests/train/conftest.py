@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,17 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> P
     pipeline.build_item_features(wd, content_dim=16, engagement_dim=8)
     pipeline.build_semantic_ids(wd, levels=2)
     return wd
+
+
+@pytest.fixture
+def fork(prepared: Path) -> Callable[[str], Path]:
+    """``fork(name)``: a run directory beside the prepared one, sharing its tables, features and SIDs (links)."""
+    def make(name: str) -> Path:
+        d = prepared.parent / f"{prepared.name}-{name}"
+        d.mkdir(exist_ok=True)
+        for part in ("tables", "features", "sid"):
+            if not (d / part).exists():
+                (d / part).symlink_to(prepared / part)
+        return d
+
+    return make

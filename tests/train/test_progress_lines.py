@@ -4,6 +4,7 @@ prints plain progress lines there (train.progress=auto), and none with train.pro
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,22 +16,13 @@ STEP_LINE = re.compile(r"^\[genrec\.train\] step (\d+)/(\d+) \(\d+%\)  elapsed \
                        re.M)
 
 
-def _fork(base: Path, name: str) -> Path:
-    d = base.parent / f"{base.name}-{name}"
-    d.mkdir(exist_ok=True)
-    for part in ("tables", "features", "sid"):
-        if not (d / part).exists():
-            (d / part).symlink_to(base / part)
-    return d
-
-
 def _train(wd: Path, *over: str) -> None:
     train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=8", "train.log_every=4", "train.eval_every=4",
                                                    "data.valid_cases=16", *over]), resume=False)
 
 
-def test_a_run_logging_to_a_file_prints_progress_lines(prepared: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _train(_fork(prepared, "progress-auto"), "train.progress=auto", "train.progress_every_s=0")
+def test_a_run_logging_to_a_file_prints_progress_lines(fork: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _train(fork("progress-auto"), "train.progress=auto", "train.progress_every_s=0")
     err = capsys.readouterr().err  # captured: not a terminal, as a log file or a pipe
     steps = [(int(a), int(b)) for a, b in STEP_LINE.findall(err)]
     assert steps == [(4, 8), (8, 8)], err
@@ -41,8 +33,8 @@ def test_a_run_logging_to_a_file_prints_progress_lines(prepared: Path, capsys: p
     assert "\r" not in err  # lines, not a redrawn bar
 
 
-def test_progress_off_prints_no_progress_line(prepared: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _train(_fork(prepared, "progress-off"), "train.progress=off", "train.progress_every_s=0")
+def test_progress_off_prints_no_progress_line(fork: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _train(fork("progress-off"), "train.progress=off", "train.progress_every_s=0")
     err = capsys.readouterr().err
     assert not STEP_LINE.search(err) and "validation:" not in err and "training from step" not in err, err
 

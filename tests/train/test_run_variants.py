@@ -15,23 +15,14 @@ from genrec.train.checkpoint import resolve_checkpoint
 from genrec.train.run import RunConfig, train_run
 
 
-def _fork(base, name):  # noqa: ANN001, ANN202
-    d = base.parent / f"{base.name}-{name}"
-    d.mkdir(exist_ok=True)
-    for part in ("tables", "features", "sid"):
-        if not (d / part).exists():
-            (d / part).symlink_to(base / part)
-    return d
-
-
 def _weights(run_dir):  # noqa: ANN001, ANN202
     ck = resolve_checkpoint(run_dir / "checkpoints")
     return dict(load_file(str(ck / "model.safetensors")))
 
 
 @pytest.mark.parametrize("variant", ["tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu"])
-def test_every_variant_trains(prepared, variant):  # noqa: ANN001
-    wd = _fork(prepared, variant)
+def test_every_variant_trains(fork, variant):  # noqa: ANN001
+    wd = fork(variant)
     res = train_run(wd, RunConfig.from_name("cpu-tiny", [f"variant={variant}", "train.total_steps=3",
                                                          "data.valid_cases=16"]), resume=False)
     assert res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]  # finite
@@ -44,13 +35,13 @@ def test_every_variant_trains(prepared, variant):  # noqa: ANN001
         assert {s for r in got for s in r.sources} <= ({"sid"} if variant == "tiger" else {"ann"})
 
 
-def test_frozen_finetune_keeps_the_item_encoder(prepared):  # noqa: ANN001
-    base = _fork(prepared, "retrieval")
+def test_frozen_finetune_keeps_the_item_encoder(fork):  # noqa: ANN001
+    base = fork("retrieval")
     train_run(base, RunConfig.from_name("cpu-tiny", ["variant=dense", "objective.w_action=0",
                                                      "train.total_steps=4", "data.valid_cases=16"]), resume=False)
     with pytest.raises(ConfigError, match="init_from"):
-        train_run(_fork(prepared, "ft-bad"), RunConfig.from_name("cpu-tiny", ["variant=frozen-ft"]), resume=False)
-    ft = _fork(prepared, "ft")
+        train_run(fork("ft-bad"), RunConfig.from_name("cpu-tiny", ["variant=frozen-ft"]), resume=False)
+    ft = fork("ft")
     train_run(ft, RunConfig.from_name("cpu-tiny", ["variant=frozen-ft", f"init_from={base / 'checkpoints'}",
                                                    "train.total_steps=4",
                                                    "data.valid_cases=16"]), resume=False)
@@ -63,13 +54,13 @@ def test_frozen_finetune_keeps_the_item_encoder(prepared):  # noqa: ANN001
     assert moved  # the backbone and heads did train
 
 
-def test_real_model_resume_reproduces_the_uninterrupted_run(prepared):  # noqa: ANN001
+def test_real_model_resume_reproduces_the_uninterrupted_run(fork):  # noqa: ANN001
     """genrec's own model + objective (sketch state, MAM masks, sampled negatives, dropout):
     4 steps, stop, resume to 8 == 8 steps straight, to float tolerance."""
     # constant LR after warm-up: the schedule follows total_steps, which the "crashed" run sets to 4
     over = ["train.total_steps=8", "train.ckpt_every=4", "data.valid_cases=16", "train.decay=constant"]
-    straight = train_run(_fork(prepared, "straight"), RunConfig.from_name("cpu-tiny", over), resume=False)
-    wd = _fork(prepared, "resumed")
+    straight = train_run(fork("straight"), RunConfig.from_name("cpu-tiny", over), resume=False)
+    wd = fork("resumed")
     train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=4", "train.ckpt_every=4",
                                                    "data.valid_cases=16", "train.decay=constant"]), resume=False)
     resumed = train_run(wd, RunConfig.from_name("cpu-tiny", over), resume=True)
@@ -79,7 +70,7 @@ def test_real_model_resume_reproduces_the_uninterrupted_run(prepared):  # noqa: 
         assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (key, a[key], b[key])
 
 
-def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
+def test_id_embedding_run_serves_the_trained_vectors(fork):  # noqa: ANN001
     """``model.id_embedding=true``: the checkpoint carries the id keys (the items the training
     split shows); serving rebuilds the same catalogue vectors, and items the training split never
     showed have their content vector only."""
@@ -88,7 +79,7 @@ def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
 
     from genrec.retrieve.recommender import Recommender
 
-    wd = _fork(prepared, "ids")
+    wd = fork("ids")
     train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=sasrec", "model.id_embedding=true",
                                                    "train.total_steps=4", "data.valid_cases=16"]), resume=False)
     rec = Recommender.from_checkpoint(wd, "LATEST")
@@ -107,7 +98,7 @@ def test_id_embedding_run_serves_the_trained_vectors(prepared):  # noqa: ANN001
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, capsys, mode):  # noqa: ANN001
+def test_compiled_training_run_checkpoints_plain_weights(fork, monkeypatch, capsys, mode):  # noqa: ANN001
     """``train.compile=true`` through ``train_run``: the compiled model trains, evaluates and
     checkpoints; the weights load into a plain (uncompiled) model with the same keys; ``train.compile_mode``
     reaches torch.compile. Dynamo + AOTAutograd without code generation (``aot_eager``) keeps it fast on a
@@ -123,7 +114,7 @@ def test_compiled_training_run_checkpoints_plain_weights(prepared, monkeypatch, 
 
     monkeypatch.setattr(GenRecModel, "compile", spy)
     torch._dynamo.reset()
-    wd = _fork(prepared, f"compiled-{mode}")
+    wd = fork(f"compiled-{mode}")
     res = train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=pinger", "train.compile=true", "train.total_steps=3",
                                                         "data.valid_cases=16", f"train.compile_mode={mode}"]),
                     resume=False)
@@ -142,7 +133,7 @@ def test_unknown_compile_mode_is_refused_by_name() -> None:
     assert RunConfig.from_name("gpu-base", ["train.compile_mode=default"]).train.compile_mode == "default"
 
 
-def test_gpu_base_records_cuda_graphs_and_compile_false_still_turns_compiling_off(prepared, monkeypatch, capsys):  # noqa: ANN001
+def test_gpu_base_records_cuda_graphs_and_compile_false_still_turns_compiling_off(fork, monkeypatch, capsys):  # noqa: ANN001
     """gpu-base compiles with CUDA graphs by default; ``train.compile=false`` alone runs it eager (its
     mode then has nothing to apply to, and the run says so) -- no second override needed."""
     from genrec.model.genrec_model import GenRecModel
@@ -152,13 +143,13 @@ def test_gpu_base_records_cuda_graphs_and_compile_false_still_turns_compiling_of
     assert cfg.train.compile is False
     calls = []
     monkeypatch.setattr(GenRecModel, "compile", lambda self, *a, **k: calls.append(k))
-    res = train_run(_fork(prepared, "idle-mode"), cfg, resume=False)
+    res = train_run(fork("idle-mode"), cfg, resume=False)
     assert res["step"] == 2 and calls == []
     assert "train.compile_mode=reduce-overhead is not used: train.compile=false" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
-def test_cuda_graph_compile_mode_trains_like_the_default_mode(prepared):  # noqa: ANN001
+def test_cuda_graph_compile_mode_trains_like_the_default_mode(fork):  # noqa: ANN001
     """``train.compile_mode=reduce-overhead`` on the GPU: the trainer marks each step for the recorded CUDA graphs
     and copies its logged scalars out of graph memory. The run must log the same losses, step by step, as the
     same run compiled without graphs (same kernels, same seed), and finish its evaluation and checkpoint."""
@@ -169,7 +160,7 @@ def test_cuda_graph_compile_mode_trains_like_the_default_mode(prepared):  # noqa
     logs = {}
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
-        wd = _fork(prepared, f"gpu-{mode}")
+        wd = fork(f"gpu-{mode}")
         res = train_run(wd, RunConfig.from_name("cpu-tiny", [
             "variant=pinger", "train.device=cuda", "train.bf16=true", "train.compile=true", f"train.compile_mode={mode}",
             "train.total_steps=8", "train.log_every=1", "data.valid_cases=16"]), resume=False)
@@ -188,12 +179,12 @@ def test_missing_cuda_fails_before_reading_data(tmp_path):  # noqa: ANN001
         train_run(tmp_path / "absent", RunConfig.from_name("cpu-tiny", ["train.device=cuda"]))
 
 
-def test_weight_average_is_what_the_run_evaluates_and_serves(prepared):  # noqa: ANN001
+def test_weight_average_is_what_the_run_evaluates_and_serves(fork):  # noqa: ANN001
     """train.ema_decay: the run's final validation is of the averaged weights (the ones the checkpoint
     serves), the same numbers as the trainer's own last evaluation, and the live weights sit beside them."""
     import json
 
-    wd = _fork(prepared, "ema")
+    wd = fork("ema")
     res = train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=6", "train.ema_decay=0.9",
                                                          "data.valid_cases=64"]), resume=False)
     last = json.loads((wd / "eval_log.jsonl").read_text().splitlines()[-1])
