@@ -14,39 +14,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
-
-if TYPE_CHECKING:
-    from genrec.eval.retrieval import EvalSet
-
-
-def split_users(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -> tuple[EvalSet, EvalSet]:
-    """The cases of ``es`` (one per user) split once, at random with ``seed``: ``n_tune`` users to choose
-    weights on, and of the others ``n_report`` at random (0: all of them) to report on -- disjoint."""
-    from genrec.errors import ConfigError
-    from genrec.eval.retrieval import EvalSet
-
-    n = len(es)
-    if not 0 < n_tune < n:
-        raise ConfigError(f"fusion_users must lie in [1, {n - 1}]: the other validation users of the {n} report "
-                          f"the metrics, got {n_tune}")
-    if n_report < 0:
-        raise ConfigError(f"report_users must be >= 0 (0: every validation user not tuned on), got {n_report}")
-    perm = np.random.default_rng(seed).permutation(n)
-    tune, rest = perm[:n_tune], perm[n_tune:]
-    if n_report:
-        rest = rest[:n_report]
-
-    def part(idx: np.ndarray) -> EvalSet:
-        idx = np.sort(idx)
-        return EvalSet([es.examples[i] for i in idx], np.asarray(es.target_rows)[idx])
-
-    return part(tune), part(rest)
-
 
 def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data_dir: str | Path | None = None,
                    download: bool = False, steps: int = 0, fusion_users: int = 500, report_users: int = 0,
@@ -58,8 +29,8 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     from genrec.data.ingest.options import IngestOptions
     from genrec.eval.baselines import Popularity
     from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
-    from genrec.eval.metrics import rank_of_targets, topk_metrics
-    from genrec.eval.retrieval import evaluate_retrieval
+    from genrec.eval.metrics import topk_metrics
+    from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
     from genrec.retrieve.recommender import RecommendationList, Recommender, user_history
     from genrec.retrieve.show import print_recommendations
     from genrec.train.run import RunConfig, train_run
@@ -96,7 +67,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     t = time.perf_counter()
     rec = Recommender.from_checkpoint(wd)
     data = load_eval_data(rec, wd, EvalConfig(split="valid", max_users=0))  # every validation case
-    tune_es, report_es = split_users(data.es, fusion_users, report_users, split_seed)
+    tune_es, report_es = split_eval_set(data.es, fusion_users, report_users, split_seed)
     tuning = [int(ex.user_id) for ex in tune_es.examples]
     reporting = [int(ex.user_id) for ex in report_es.examples]
     step(f"validation users: {len(data.es)}, split once (seed {split_seed}): {len(tuning)} tuning users choose "
@@ -125,8 +96,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
                                          utility=fusion["chosen_on"]["utility"], action_weight=c["action_weight"],
                                          retrieval_weight=c["retrieval_weight"], sid_weight=c["sid_weight"])
         pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
-        pop_m = topk_metrics(rank_of_targets(lambda idx: pop.score(len(idx)), len(report_es), report_es.target_rows),
-                             ks)
+        pop_m = topk_metrics(pop.target_ranks(report_es.target_rows), ks)
         rows["popularity"] = pop_m
     step(f"validation metrics on the {len(reporting)} reporting users", t)
 

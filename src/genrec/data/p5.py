@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import textwrap
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -51,6 +50,7 @@ from genrec.data.ingest.amazon import DATAMAPS, ITEM_TEXT, SEQUENCES
 from genrec.data.ingest.options import IngestOptions
 from genrec.data.schema import Dataset
 from genrec.errors import ConfigError, DataError
+from genrec.workdir import atomic_write_bytes
 
 README = "README.txt"
 FILES = (SEQUENCES, DATAMAPS, ITEM_TEXT, README)
@@ -81,12 +81,6 @@ class P5Export:
 
 def _gzip(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=9, mtime=0)  # mtime 0: same input, same bytes
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _categories(attrs: dict[str, Any]) -> list[list[str]]:
@@ -184,10 +178,10 @@ def write_p5(ds: Dataset, outdir: str | Path, *, min_events: int = 3, overwrite:
         users_with_tied_targets=int(tied.sum()),
     )
     out.mkdir(parents=True, exist_ok=True)
-    _write(out / SEQUENCES, "".join(lines).encode("utf-8"))
-    _write(out / DATAMAPS, _gzip(json.dumps(datamaps, ensure_ascii=False).encode("utf-8")))
-    _write(out / ITEM_TEXT, _gzip("".join(item_lines).encode("utf-8")))
-    _write(out / README, readme(ds, result, made_by=made_by).encode("utf-8"))
+    atomic_write_bytes(out / SEQUENCES, "".join(lines).encode("utf-8"))
+    atomic_write_bytes(out / DATAMAPS, _gzip(json.dumps(datamaps, ensure_ascii=False).encode("utf-8")))
+    atomic_write_bytes(out / ITEM_TEXT, _gzip("".join(item_lines).encode("utf-8")))
+    atomic_write_bytes(out / README, readme(ds, result, made_by=made_by).encode("utf-8"))
     return result
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from genrec.eval.metrics import rank_of_targets
+
 
 class Popularity:
     """Score every catalogue row by its training-split interaction count."""
@@ -25,6 +27,11 @@ class Popularity:
     def score(self, n_cases: int) -> np.ndarray:
         """[n_cases, N] scores (the same row for every case)."""
         return np.broadcast_to(self.scores, (n_cases, len(self.scores)))
+
+    def target_ranks(self, target_rows: np.ndarray) -> np.ndarray:
+        """Each case's 0-based rank of its target catalogue row (the metrics' ranks)."""
+        rows = np.asarray(target_rows)
+        return rank_of_targets(lambda idx: self.score(len(idx)), len(rows), rows)
 
     def topk(self, k: int) -> np.ndarray:
         return self.catalogue_ids[np.argsort(-self.scores, kind="stable")[:k]]

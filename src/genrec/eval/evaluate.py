@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from genrec.errors import ConfigError
-from genrec.eval.metrics import place_target, rank_in_list, rank_of_targets, topk_metrics
+from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.retrieve.recommender import Recommender
 from genrec.train.batches import collate
@@ -342,7 +342,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     from genrec.eval.baselines import Popularity
 
     pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
-    pop_ranks = rank_of_targets(lambda idx: pop.score(len(idx)), len(es), es.target_rows)
+    pop_ranks = pop.target_ranks(es.target_rows)
     paths["popularity"] = topk_metrics(pop_ranks, ks)
     if lists is not None:
         top = np.argsort(-pop.scores, kind="stable")[:max(ks) + 1]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
 from genrec.decode.trie_torch import TorchTrie
+from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import ItemCatalog, TrainExample, collate, materialise
@@ -35,6 +36,25 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.examples)
+
+    def subset(self, idx: np.ndarray) -> "EvalSet":
+        """The cases at ``idx``, in their original order."""
+        idx = np.sort(np.asarray(idx))
+        return EvalSet([self.examples[i] for i in idx], np.asarray(self.target_rows)[idx])
+
+
+def split_eval_set(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -> tuple[EvalSet, EvalSet]:
+    """The cases of ``es`` (one per user) split once, at random with ``seed``: ``n_tune`` users to choose
+    weights on, and of the others ``n_report`` at random (0: all of them) to report on -- disjoint."""
+    n = len(es)
+    if not 0 < n_tune < n:
+        raise ConfigError(f"fusion_users must lie in [1, {n - 1}]: the other validation users of the {n} report "
+                          f"the metrics, got {n_tune}")
+    if n_report < 0:
+        raise ConfigError(f"report_users must be >= 0 (0: every validation user not tuned on), got {n_report}")
+    perm = np.random.default_rng(seed).permutation(n)
+    rest = perm[n_tune:]
+    return es.subset(perm[:n_tune]), es.subset(rest[:n_report] if n_report else rest)
 
 
 def make_eval_set(records: Sequence[UserExample], catalog: ItemCatalog, *, max_cases: int = 0,

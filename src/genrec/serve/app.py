@@ -610,8 +610,6 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
     url = _url(host, port)
     # (`genrec serve` ignores SIGHUP until the lifespan handles it)
     cfg = dataclasses.replace(cfg, workers=workers, url=url)
-    if cfg.torch_threads > 0:  # (each worker process sets its own, in app_from_env)
-        torch.set_num_threads(cfg.torch_threads)
     log_kw: dict[str, Any] = {"log_level": None, "log_config": uvicorn_log_config(access_log),
                               "access_log": access_log}
     if cfg.announce:
@@ -624,7 +622,7 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
         uvicorn.run("genrec.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     **log_kw, **uvicorn_impl())
         return
-    app = create_app(cfg)
+    app = _process_app(cfg)
     server = _AnnouncingServer(uvicorn.Config(app, host=host, port=port, **log_kw, **uvicorn_impl()),
                                service=app.service if cfg.announce else None)  # type: ignore[attr-defined]
     with contextlib.suppress(KeyboardInterrupt):
@@ -660,7 +658,12 @@ def app_from_env() -> FastAPI:
     for k in ("workdir", "checkpoint", "pool_dir"):
         if d.get(k) is not None:
             d[k] = Path(d[k])
-    cfg = ServeConfig(**d)
+    return _process_app(ServeConfig(**d))
+
+
+def _process_app(cfg: ServeConfig) -> FastAPI:
+    """The app of one server process (``serve``'s, or each ``--workers`` process's): torch's threads set for
+    the process first (``cfg.torch_threads``; 0 leaves torch's default)."""
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     return create_app(cfg)

@@ -135,8 +135,11 @@ class SourceChoice:
     source: str
     message: str | None = None
     """A line for stderr ('note: ...' or 'warning: ...'), or None when there is nothing to say."""
-    loud: bool = False
-    """The message is a warning (explicit content SIDs on degenerate text), not a note."""
+
+    @property
+    def loud(self) -> bool:
+        """The message is a warning (explicit content SIDs on degenerate text), not a note."""
+        return self.message is not None and self.message.startswith("warning:")
 
 
 def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None = None) -> SourceChoice:
@@ -160,8 +163,7 @@ def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None
         harm = "these SIDs are largely noise" if requested == "content" else "half of what is quantised is noise"
         return SourceChoice(requested, f"warning: --source {requested} on degenerate item text ({numbers}): the "
                                        f"content vectors carry little or no meaning, so {harm}. Leave --source out "
-                                       f"(or pass `--source engagement`) to quantise the engagement vectors.",
-                            loud=True)
+                                       f"(or pass `--source engagement`) to quantise the engagement vectors.")
     return SourceChoice(requested)
 
 

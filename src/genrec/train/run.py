@@ -179,7 +179,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # recipe's training (../shared/yardstick/sasrec.py: ID vectors tied in and out, d 64, 2 blocks of 1 head,
     # dropout .5 on the inputs too, positions counted from the end, Adam 1e-3 constant) plus a content MLP beside the
     # ID vectors and a weight average; chosen on validation by the ladders in configs/ladder-*.json (frozen as
-    # configs/seq-small.json). Any device; ~5.5 minutes of training.
+    # configs/seq-small.json). ~5.5 minutes of training, sized for one GPU (a 2-core CPU gets through ~60 steps).
     "seq-small": dict(
         variant="pinger", model_preset="gpu-base",
         model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=64, item_dim=64, dropout=0.5, input_dropout=0.5,
