@@ -73,7 +73,8 @@ class Block(nn.Module):
         super().__init__()
         self.n1, self.n2 = make_norm(cfg), make_norm(cfg)
         self.attn = SelfAttention(cfg)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        inner: list[nn.Module] = [nn.Dropout(cfg.ffn_dropout)] if cfg.ffn_dropout > 0 else []
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), *inner, nn.Linear(cfg.d_ff, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(

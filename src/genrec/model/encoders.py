@@ -104,6 +104,8 @@ class DenseInputEncoder(nn.Module):
         self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
         self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
         self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
+        if cfg.surface_init_std != 1.0:  # (drawn only then: the default keeps the random stream of earlier versions)
+            nn.init.normal_(self.surface.weight, std=cfg.surface_init_std)
 
     def forward(self, item_vec: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
         _check_range(actions, self.n_classes, "actions")
