@@ -57,7 +57,7 @@ def _echo_json(obj: Any) -> None:
 @app.command()
 def version() -> None:
     """Print the genrec version."""
-    from genrec import __version__
+    from genrec._version import __version__
 
     typer.echo(__version__)
 

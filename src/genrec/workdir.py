@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from genrec._version import __version__
+from genrec.errors import ConfigError, GenrecError
+
 MANIFEST = "manifest.json"
 
 
@@ -140,8 +143,6 @@ def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     import importlib.metadata as md
 
-    from genrec import __version__
-
     out["genrec"] = __version__
     for pkg in ("torch", "numpy", "pyarrow", "pyiceberg", "faiss-cpu", "scikit-learn"):
         with contextlib.suppress(md.PackageNotFoundError):
@@ -196,15 +197,11 @@ class WorkDir:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # a file in the way, no permission, read-only disk
-            from genrec.errors import ConfigError
-
             raise ConfigError(f"work directory {self.root}: cannot create it ({e.strerror or e})") from None
         return self
 
     def dataset_manifest(self) -> dict[str, Any]:
         p = self.tables / MANIFEST
         if not p.exists():
-            from genrec.errors import GenrecError
-
             raise GenrecError(f"{self.root} has no prepared data ({p} missing): run `genrec data prepare` first")
         return read_json(p)

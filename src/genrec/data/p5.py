@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from genrec._version import __version__
+from genrec.data.ingest import REGISTRY, prepare_dataset
 from genrec.data.ingest.amazon import DATAMAPS, ITEM_TEXT, SEQUENCES
 from genrec.data.ingest.options import IngestOptions
 from genrec.data.schema import Dataset
@@ -191,8 +193,6 @@ def _fill(text: str, indent: int) -> str:
 
 def readme(ds: Dataset, r: P5Export, *, made_by: str = "") -> str:
     """The PROVENANCE-style README.txt of an export."""
-    from genrec import __version__
-
     src = ds.source or {}
     files = "\n".join(
         f"    {f.get('path')}  {f.get('bytes')} bytes" + (f"  sha256 {f['sha256']}" if f.get("sha256") else "")
@@ -252,8 +252,6 @@ def export_p5(dataset: str | Path, outdir: str | Path, *, source: str | Path | N
               overwrite: bool = False, made_by: str = "") -> P5Export:
     """Export ``dataset`` -- a name genrec can ingest, or a run directory made by ``genrec data prepare``
     (for generic data or non-default ingest options) -- as a P5-form directory ``outdir``."""
-    from genrec.data.ingest import REGISTRY, prepare_dataset
-
     name = str(dataset)
     if name in REGISTRY:
         ds = prepare_dataset(name, source, data_dir=data_dir, options=options)
