@@ -206,7 +206,7 @@ def main() -> None:
     from genrec.eval.evaluate import history_tokens_per_item, l0l1_pass
     from genrec.eval.metrics import rank_of_targets, topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
-    from genrec.pipeline import load_catalog, open_store
+    from genrec.catalog import load_catalog, open_store
     from genrec.retrieve.recommender import Recommender
 
     store = open_store(base)

@@ -18,44 +18,20 @@ manifest, so a later step can check it is looking at the versions it expects::
 from __future__ import annotations
 
 import sys
-
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from genrec.catalog import load_catalog, open_store
 from genrec.data.ingest import IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
-from genrec.data.store import TableStore
-from genrec.errors import ConfigError, DataError, GenrecError
+from genrec.data.store import TableStore, catalog_config
+from genrec.errors import ConfigError
 from genrec.workdir import WorkDir, clean_stale_tmp
 
-
-def catalog_config() -> dict[str, Any] | None:
-    """Iceberg catalog settings: ``$GENREC_ICEBERG_CATALOG`` as JSON (e.g. ``{"type": "rest",
-    "uri": "https://..."}``, passed to ``pyiceberg.catalog.load_catalog``); unset = the embedded
-    SQLite catalog + local warehouse under ``WORKDIR/tables``."""
-    raw = os.environ.get("GENREC_ICEBERG_CATALOG")
-    if not raw:
-        return None
-    try:
-        cfg = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"GENREC_ICEBERG_CATALOG is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError("GENREC_ICEBERG_CATALOG must be a JSON object")
-    return cfg
-
-
-def open_store(workdir: str | Path) -> TableStore:
-    wd = WorkDir(workdir)
-    store = TableStore(wd.tables, catalog_config())
-    if not store.exists():
-        raise GenrecError(f"{wd.root} has no prepared tables: run `genrec data prepare DATASET {wd.root}` first")
-    return store
+__all__ = ["build_item_features", "build_semantic_ids", "default_split", "evaluate", "load_catalog", "open_store",
+           "prepare", "recommender", "train_model", "tune_fusion"]
 
 
 def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = None,
@@ -118,61 +94,6 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
         inputs["engagement_weight"] = float(engagement_weight)
     return build_sids(x, np.asarray(vecs.item_ids), wd.sid, levels=levels,
                       codebook_size=codebook_size, method=method, seed=seed, inputs=inputs)
-
-
-def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> Any:
-    """The per-item tensors the model reads: features, SID codes (current version) and titles.
-
-    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features)
-    come after the featured ones, with their content vectors and an all-zero engagement block -- as the
-    items nobody engaged with when the features were built (:func:`genrec.sid.build.added_items`)."""
-    from genrec.features.store import ItemVectors
-    from genrec.train.batches import ItemCatalog
-
-    wd = WorkDir(workdir)
-    vecs = ItemVectors.load(wd.features, mmap=False)
-    ids = np.asarray(vecs.item_ids, dtype=np.int64)
-    feat_np = np.ascontiguousarray(vecs.concat(), dtype=np.float32)
-    codes = None
-    if with_sids:
-        from genrec.sid.build import ADDED_CONTENT, added_items, open_current
-
-        sb = open_current(wd.sid)
-        extra = added_items(sb.path)
-        if extra is not None:
-            keep = ~np.isin(extra[0], ids)
-            a_ids, a_content = extra[0][keep], extra[1][keep]
-            dc = int(np.asarray(vecs.content).shape[1])
-            if a_content.shape[1] != dc:
-                raise DataError(f"the items `sid assign` added have content vectors of dimension "
-                                f"{a_content.shape[1]}, the item features {dc}", path=sb.path / ADDED_CONTENT)
-            de = int(np.asarray(vecs.engagement).shape[1])
-            add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
-            ids = np.concatenate([ids, a_ids])
-            feat_np = np.concatenate([feat_np, add])
-        rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
-        codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-    feats = torch.from_numpy(feat_np)
-    titles = None
-    store = TableStore(wd.tables, catalog_config())
-    if store.exists():
-        items = store.read_items()
-        built_from = vecs.meta.get("inputs", {}).get("items", {}).get("sha256")
-        if built_from is not None:
-            from genrec.features.build import table_fingerprint
-
-            if table_fingerprint(items, ["item_id", "text"]) != built_from:  # the data was prepared again since
-                raise ConfigError(f"{wd.features}: the item features were built from other item tables than "
-                                  f"those now in {wd.tables} (the data was prepared again since): run `genrec "
-                                  f"features build`, `genrec sid build` and `genrec train` for {wd.root} again")
-        # an item without a title (Taobao has none; generic files may lack the column) shows its text,
-        # the description its content vector was built from, rather than nothing
-        t = {i: title if title else (text[:80] + "..." if len(text) > 80 else text) or None
-             for i, title, text in zip(items.column("item_id").to_pylist(), items.column("title").to_pylist(),
-                                       items.column("text").to_pylist())}
-        titles = [t.get(int(i)) for i in ids]
-    return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
-                       n_engagement=int(np.asarray(vecs.engagement).shape[1]))
 
 
 def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[str] | tuple[str, ...] = (), *,

@@ -85,7 +85,7 @@ def test_ml100k_export_matches_u_data(ml100k_p5: Path, datasets_root: Path) -> N
 
 
 def test_round_trip_loo_targets_are_last_two(ml100k_p5: Path, ml100k_round_trip: Path, datasets_root: Path) -> None:
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     lines = _lines(ml100k_p5)
     store = open_store(ml100k_round_trip)
@@ -108,7 +108,7 @@ def test_round_trip_loo_targets_are_last_two(ml100k_p5: Path, ml100k_round_trip:
 
 
 def test_round_trip_titles_and_text(ml100k_round_trip: Path, datasets_root: Path) -> None:
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     items = {r["item_id"]: r for r in open_store(ml100k_round_trip).read_items().to_pylist()}
     assert len(items) == 1682

@@ -150,7 +150,7 @@ def test_dates_strptime_patterns_and_the_rule_in_the_manifest(tmp_path: Path) ->
     m = json.loads((wd / "tables" / "manifest.json").read_text())
     assert "strptime pattern '%d/%m/%Y %H:%M %z'" in m["info"]["time_rule"]
     assert "epoch seconds" in m["info"]["time_rule"]
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     assert open_store(wd).read_events().column("timestamp").to_pylist() == [881250900, 881250900]
     with pytest.raises(ConfigError, match="--time-format"):

@@ -262,7 +262,7 @@ def test_catalog_config_from_environment(monkeypatch, tmp_path):
     import pytest as _pt
 
     from genrec.errors import ConfigError as _CE
-    from genrec.pipeline import catalog_config
+    from genrec.data.store import catalog_config
 
     monkeypatch.delenv("GENREC_ICEBERG_CATALOG", raising=False)
     assert catalog_config() is None

@@ -8,7 +8,7 @@ from typing import Callable
 
 
 def test_items_without_titles_show_their_text(featured: Callable[..., Path]) -> None:
-    from genrec.pipeline import load_catalog, open_store
+    from genrec.catalog import load_catalog, open_store
 
     wd = featured("taobao", "taobao-userbehavior-sample")
     items = open_store(wd).read_items()

@@ -329,7 +329,7 @@ def test_exact_length_histories_are_real_pieces(run_dir):  # noqa: ANN001
     contiguous pieces of real users' sequences (each history ends with one user's newest items)."""
     import numpy as np
 
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
     from genrec.serve.loadgen import sample_histories
 
     hs = sample_histories(run_dir, 20, 700, seed=3, exact=True)

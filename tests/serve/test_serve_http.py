@@ -210,7 +210,7 @@ def test_body_limit_413_and_still_serving(client: httpx.Client) -> None:
 def test_rank_cold_start_orders_by_popularity(server: ServerThread, client: httpx.Client) -> None:
     """/v1/rank with no known history item answers as /v1/recommend does (a cold start, not a 422): the known
     candidates, most interacted first in the run's events, without action probabilities."""
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     eng = server.service.holder.current.engine
     ev = open_store(server.service.cfg.workdir) \

@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genrec.catalog import ItemCatalog
 from genrec.data.join import Feedview, UserExample
-from genrec.train.batches import BatchStream, ItemCatalog, materialise
+from genrec.train.batches import BatchStream, materialise
 
 
 def _catalog(n: int = 1000) -> ItemCatalog:

@@ -5,7 +5,7 @@ import torch
 
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
-from genrec.train.batches import ItemCatalog
+from genrec.catalog import ItemCatalog
 from genrec.train.objective import JointObjective, ObjectiveConfig
 
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from genrec.catalog import ItemCatalog
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
-from genrec.train.batches import ItemCatalog, TrainBatch
+from genrec.train.batches import TrainBatch
 from genrec.train.objective import JointObjective, ObjectiveConfig
 
 KS = [8, 6, 5]

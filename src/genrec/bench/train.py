@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile as torch_profile
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
 from genrec.model.genrec_model import GenRecModel
-from genrec.pipeline import load_catalog, open_store
+from genrec.catalog import load_catalog, open_store
 from genrec.train.batches import BatchStream, TrainBatch, materialise
 from genrec.train.config import compile_kwargs
 from genrec.train.objective import JointObjective

@@ -51,6 +51,7 @@ from genrec.data.ingest import REGISTRY, prepare_dataset
 from genrec.data.ingest.amazon import DATAMAPS, ITEM_TEXT, SEQUENCES
 from genrec.data.ingest.options import IngestOptions
 from genrec.data.schema import Dataset
+from genrec.data.store import open_store
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_write_bytes
 
@@ -258,8 +259,6 @@ def export_p5(dataset: str | Path, outdir: str | Path, *, source: str | Path | N
     elif Path(name).expanduser().is_dir():
         if source is not None:
             raise ConfigError("--source applies to a dataset name, not to a prepared run directory")
-        from genrec.pipeline import open_store
-
         ds = open_store(Path(name).expanduser()).read()
     else:
         raise ConfigError(f"export-p5: {name!r} is neither a dataset name ({', '.join(REGISTRY)}) nor a run "

@@ -27,6 +27,8 @@ What is non-standard here:
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +40,7 @@ import pyarrow.compute as pc
 
 from genrec.data.schema import EVENTS_SCHEMA, FEEDVIEWS_SCHEMA, ITEMS_SCHEMA, Dataset, DatasetInfo
 from genrec.errors import ConfigError, DataError, GenrecError
-from genrec.workdir import MANIFEST, atomic_write_json, manifest, read_json
+from genrec.workdir import MANIFEST, WorkDir, atomic_write_json, manifest, read_json
 
 BUCKET = "bucket"
 TABLES = ("events", "feedviews", "items")
@@ -382,3 +384,29 @@ class TableStore:
         m = self.manifest()
         return Dataset(self.info(), self.read_events(), self.read_items(), self.read_feedviews(),
                        source=dict(m.get("inputs", {})))
+
+
+def catalog_config() -> dict[str, Any] | None:
+    """Iceberg catalog settings: ``$GENREC_ICEBERG_CATALOG`` as JSON (e.g. ``{"type": "rest",
+    "uri": "https://..."}``, passed to ``pyiceberg.catalog.load_catalog``); unset = the embedded
+    SQLite catalog + local warehouse under ``WORKDIR/tables``."""
+    raw = os.environ.get("GENREC_ICEBERG_CATALOG")
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"GENREC_ICEBERG_CATALOG is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("GENREC_ICEBERG_CATALOG must be a JSON object")
+    return cfg
+
+
+def open_store(workdir: str | Path) -> TableStore:
+    """The tables of run directory ``workdir`` (``WORKDIR/tables``, under :func:`catalog_config`'s catalog);
+    a :class:`GenrecError` naming the command to run when they were never prepared."""
+    wd = WorkDir(workdir)
+    store = TableStore(wd.tables, catalog_config())
+    if not store.exists():
+        raise GenrecError(f"{wd.root} has no prepared tables: run `genrec data prepare DATASET {wd.root}` first")
+    return store

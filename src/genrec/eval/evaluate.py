@@ -116,7 +116,7 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     """Read the split's cases from WORKDIR's tables (the split protocol the run was trained with)."""
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec, train_events
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     store = open_store(workdir)
     kind = rec.split_kind

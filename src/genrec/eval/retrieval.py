@@ -19,13 +19,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.model.genrec_model import GenRecModel
-from genrec.train.batches import ItemCatalog, TrainExample, collate, materialise
+from genrec.train.batches import TrainExample, collate, materialise
 from genrec.train.objective import JointObjective
 
 

@@ -57,7 +57,7 @@ from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.kv_cache import KVCache
 from genrec.retrieve.ann import AnnConfig, AnnIndex
-from genrec.train.batches import ItemCatalog
+from genrec.catalog import ItemCatalog
 from genrec.workdir import WorkDir, file_digest, read_json
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ class Recommender:
         (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
-        from genrec.pipeline import load_catalog
+        from genrec.catalog import load_catalog
         from genrec.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
         from genrec.train.objective import JointObjective, ObjectiveConfig
 
@@ -878,7 +878,7 @@ class SourceIds:
         """The maps of WORKDIR's tables, or None when its ids were not remapped."""
         import json
 
-        from genrec.pipeline import open_store
+        from genrec.catalog import open_store
 
         store = open_store(workdir)
         extra = store.info().extra or {}
@@ -914,7 +914,7 @@ def user_case(workdir: str | Path, user_id: int, role: str | None = None,
 
     from genrec.data.splits import SplitSpec, compute_cutoffs
     from genrec.data.store import user_bucket
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     store = open_store(workdir)
     bucket = int(user_bucket(np.array([user_id], dtype=np.int64), store.n_buckets)[0])

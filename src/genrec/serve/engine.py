@@ -106,7 +106,7 @@ class Engine:
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
-        from genrec.pipeline import open_store
+        from genrec.catalog import open_store
         from genrec.retrieve.recommender import Recommender
 
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)

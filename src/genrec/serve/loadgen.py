@@ -79,7 +79,7 @@ def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 
     at the front with other random users' sequences (real item ids, real transitions inside each
     piece) when it is shorter; for latency at a fixed history length on short-sequence data.
     """
-    from genrec.pipeline import open_store
+    from genrec.catalog import open_store
 
     ev = open_store(workdir).read_events(columns=["user_id", "item_id", "timestamp"])
     u = ev.column("user_id").to_numpy()

@@ -22,42 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.errors import DataError
-
-
-@dataclass
-class ItemCatalog:
-    """Everything per item the model reads, aligned by row: ids, features, SID codes."""
-
-    item_ids: np.ndarray  # int64 [N], sorted ascending
-    feats: torch.Tensor  # float32 [N, F]: [content ‖ engagement]
-    codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
-    titles: list[str | None] | None = None
-    n_engagement: int = 0  # the last n_engagement feature columns are the engagement vector
-
-    def __post_init__(self) -> None:
-        if not np.all(self.item_ids[1:] > self.item_ids[:-1]):
-            order = np.argsort(self.item_ids)
-            self.item_ids = self.item_ids[order]
-            t = torch.from_numpy(order)
-            self.feats = self.feats[t]
-            self.codes = None if self.codes is None else self.codes[t]
-            if self.titles is not None:
-                self.titles = [self.titles[i] for i in order]
-
-    def __len__(self) -> int:
-        return len(self.item_ids)
-
-    def rows(self, ids: np.ndarray, *, strict: bool = True) -> np.ndarray:
-        """Row of each item id; unknown ids raise (strict) or map to -1."""
-        ids = np.asarray(ids, dtype=np.int64)
-        r = np.searchsorted(self.item_ids, ids)
-        r = np.clip(r, 0, len(self.item_ids) - 1)
-        ok = self.item_ids[r] == ids
-        if strict and not ok.all():
-            raise DataError(f"unknown item id {int(ids[~ok][0])} (not in the item catalogue)", field="item_id")
-        return np.where(ok, r, -1)
 
 
 @dataclass

@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genrec.catalog import ItemCatalog
 from genrec.errors import ConfigError
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.losses import action_loss, sampled_softmax_loss
 from genrec.model.sketch import CountMinSketch
-from genrec.train.batches import ItemCatalog, TrainBatch
+from genrec.train.batches import TrainBatch
 from genrec.validation import trusted_inputs
 
 

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from genrec.catalog import ItemCatalog
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
 from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
-from genrec.train.batches import BatchStream, ItemCatalog, materialise
+from genrec.train.batches import BatchStream, materialise
 from genrec.train.config import (EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs,
                                  compile_mode_for_world, from_dict, to_dict)
 from genrec.train.objective import JointObjective, ObjectiveConfig
@@ -265,7 +266,7 @@ def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
 def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
     """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
-    from genrec.pipeline import load_catalog, open_store
+    from genrec.catalog import load_catalog, open_store
     from genrec.train.distributed import launched_world_size, pick_device
     from genrec.train.trainer import Trainer
 

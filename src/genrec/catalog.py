@@ -1,0 +1,106 @@
+"""The item catalogue: what training, inference, evaluation and serving share about a run's items.
+
+:class:`ItemCatalog` holds every per-item tensor the model reads, aligned by row (ids, features, SID
+codes, titles); :func:`load_catalog` builds it from a run directory's item features and current SID
+version; :func:`open_store` opens the run's tables (defined beside :class:`genrec.data.store.TableStore`,
+which ``genrec.data`` itself needs, and exported here with the rest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genrec.data.store import TableStore, catalog_config, open_store
+from genrec.errors import ConfigError, DataError
+from genrec.features.build import table_fingerprint
+from genrec.features.store import ItemVectors
+from genrec.sid.build import ADDED_CONTENT, added_items, open_current
+from genrec.workdir import WorkDir
+
+__all__ = ["ItemCatalog", "load_catalog", "open_store"]
+
+
+@dataclass
+class ItemCatalog:
+    """Everything per item the model reads, aligned by row: ids, features, SID codes."""
+
+    item_ids: np.ndarray  # int64 [N], sorted ascending
+    feats: torch.Tensor  # float32 [N, F]: [content ‖ engagement]
+    codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
+    titles: list[str | None] | None = None
+    n_engagement: int = 0  # the last n_engagement feature columns are the engagement vector
+
+    def __post_init__(self) -> None:
+        if not np.all(self.item_ids[1:] > self.item_ids[:-1]):
+            order = np.argsort(self.item_ids)
+            self.item_ids = self.item_ids[order]
+            t = torch.from_numpy(order)
+            self.feats = self.feats[t]
+            self.codes = None if self.codes is None else self.codes[t]
+            if self.titles is not None:
+                self.titles = [self.titles[i] for i in order]
+
+    def __len__(self) -> int:
+        return len(self.item_ids)
+
+    def rows(self, ids: np.ndarray, *, strict: bool = True) -> np.ndarray:
+        """Row of each item id; unknown ids raise (strict) or map to -1."""
+        ids = np.asarray(ids, dtype=np.int64)
+        r = np.searchsorted(self.item_ids, ids)
+        r = np.clip(r, 0, len(self.item_ids) - 1)
+        ok = self.item_ids[r] == ids
+        if strict and not ok.all():
+            raise DataError(f"unknown item id {int(ids[~ok][0])} (not in the item catalogue)", field="item_id")
+        return np.where(ok, r, -1)
+
+
+def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
+    """The per-item tensors the model reads: features, SID codes (current version) and titles.
+
+    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features)
+    come after the featured ones, with their content vectors and an all-zero engagement block -- as the
+    items nobody engaged with when the features were built (:func:`genrec.sid.build.added_items`)."""
+    wd = WorkDir(workdir)
+    vecs = ItemVectors.load(wd.features, mmap=False)
+    ids = np.asarray(vecs.item_ids, dtype=np.int64)
+    feat_np = np.ascontiguousarray(vecs.concat(), dtype=np.float32)
+    codes = None
+    if with_sids:
+        sb = open_current(wd.sid)
+        extra = added_items(sb.path)
+        if extra is not None:
+            keep = ~np.isin(extra[0], ids)
+            a_ids, a_content = extra[0][keep], extra[1][keep]
+            dc = int(np.asarray(vecs.content).shape[1])
+            if a_content.shape[1] != dc:
+                raise DataError(f"the items `sid assign` added have content vectors of dimension "
+                                f"{a_content.shape[1]}, the item features {dc}", path=sb.path / ADDED_CONTENT)
+            de = int(np.asarray(vecs.engagement).shape[1])
+            add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
+            ids = np.concatenate([ids, a_ids])
+            feat_np = np.concatenate([feat_np, add])
+        rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
+        codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    feats = torch.from_numpy(feat_np)
+    titles = None
+    store = TableStore(wd.tables, catalog_config())
+    if store.exists():
+        items = store.read_items()
+        built_from = vecs.meta.get("inputs", {}).get("items", {}).get("sha256")
+        if built_from is not None:
+            if table_fingerprint(items, ["item_id", "text"]) != built_from:  # the data was prepared again since
+                raise ConfigError(f"{wd.features}: the item features were built from other item tables than "
+                                  f"those now in {wd.tables} (the data was prepared again since): run `genrec "
+                                  f"features build`, `genrec sid build` and `genrec train` for {wd.root} again")
+        # an item without a title (Taobao has none; generic files may lack the column) shows its text,
+        # the description its content vector was built from, rather than nothing
+        t = {i: title if title else (text[:80] + "..." if len(text) > 80 else text) or None
+             for i, title, text in zip(items.column("item_id").to_pylist(), items.column("title").to_pylist(),
+                                       items.column("text").to_pylist())}
+        titles = [t.get(int(i)) for i in ids]
+    return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
+                       n_engagement=int(np.asarray(vecs.engagement).shape[1]))
