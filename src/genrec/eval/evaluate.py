@@ -39,6 +39,7 @@ import torch
 from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.model.checkpoint_io import BEST, resolve_checkpoint
 from genrec.retrieve.recommender import Recommender
 from genrec.train.batches import collate
 from genrec.workdir import WorkDir
@@ -411,8 +412,6 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
 
 def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
     """What chose the evaluated checkpoint, in words (the BEST marker is the trainer's choice on valid)."""
-    from genrec.train.checkpoint import BEST, resolve_checkpoint
-
     if cfg.checkpoint not in (None, "BEST", "LATEST"):
         return f"checkpoint given on the command line ({rec.checkpoint.name if rec.checkpoint else '?'})"
     try:

@@ -19,6 +19,10 @@ any moment leaves the previous checkpoint loadable and ``LATEST`` pointing at it
 damaged afterwards (a disk error, a torn copy) raises :class:`CheckpointError` naming the file;
 :func:`resume_candidates` lists the older ones a resume falls back to, and :func:`set_aside`
 renames a damaged folder out of the way (``step-000300.damaged``) without deleting anything.
+
+This module is the training side: writing, pruning, resuming. Reading a checkpoint's served weights
+-- what inference needs -- is :mod:`genrec.model.checkpoint_io`, whose names this module uses and
+re-exports (``CheckpointError``, ``LATEST``, ``BEST``, ``resolve_checkpoint``, ...).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,22 +38,30 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from genrec.errors import GenrecError
+from genrec.model.checkpoint_io import (
+    BEST,
+    FORMAT_VERSION,
+    LATEST,
+    STEP_RE,
+    CheckpointError,
+    list_checkpoints,
+    load_config_dict,
+    load_weights,
+    open_checkpoint,
+    read_file,
+    read_pointer,
+    resolve_checkpoint,
+)
 from genrec.workdir import atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, read_json
 
-FORMAT_VERSION = 1
 TRAIN_WEIGHTS = "train_model.safetensors"
-LATEST = "LATEST"
-BEST = "BEST"
-_STEP_RE = re.compile(r"^step-(\d+)$")
 
-
-class CheckpointError(GenrecError):
-    """A checkpoint is missing, incomplete, or does not fit the model/optimizer."""
+__all__ = ["BEST", "LATEST", "TRAIN_WEIGHTS", "CheckpointError", "checkpoint_step", "list_checkpoints",
+           "load_checkpoint", "load_config_dict", "load_train_weights", "load_weights", "resolve_checkpoint",
+           "resume_candidates", "save_checkpoint", "save_weights", "set_aside"]
 
 
 def step_dirname(step: int) -> str:
@@ -153,36 +164,6 @@ def save_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, str]
     save_file(tensors, str(path), metadata=meta)
 
 
-def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True,
-                 device: str | torch.device = "cpu") -> None:
-    """Inverse of :func:`save_weights` (copies into the model's existing parameters)."""
-    path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-        state = load_file(str(path), device=str(device))
-    except Exception as e:  # a torn or foreign file
-        raise CheckpointError(f"{path}: cannot read safetensors weights: {e}") from e
-    for alias, canonical in json.loads(meta.get("aliases", "{}")).items():
-        state[alias] = state[canonical]
-    try:
-        model.load_state_dict(state, strict=strict)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path} does not fit {type(model).__name__}: {e}") from e
-
-
-def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every complete checkpoint under ``root``, by step."""
-    root = Path(root)
-    out = []
-    if root.is_dir():
-        for p in root.iterdir():
-            m = _STEP_RE.match(p.name)
-            if m and p.is_dir() and (p / "meta.json").exists():
-                out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -239,43 +220,15 @@ def save_checkpoint(
     return root / name
 
 
-def _read_pointer(root: Path, which: str) -> Path | None:
-    p = root / which
-    if not p.exists():
-        return None
-    name = p.read_text().strip()
-    if not _STEP_RE.match(name):
-        raise CheckpointError(f"{p}: does not name a checkpoint folder: {name!r}")
-    return root / name
-
-
 def _prune(root: Path, keep_last: int) -> None:
     keep = {p for _, p in list_checkpoints(root)[-keep_last:]}
     for which in (LATEST, BEST):
-        ptr = _read_pointer(root, which)
+        ptr = read_pointer(root, which)
         if ptr is not None:
             keep.add(ptr)
     for _, p in list_checkpoints(root):
         if p not in keep:
             shutil.rmtree(p, ignore_errors=True)
-
-
-def resolve_checkpoint(path: str | Path, which: str = LATEST) -> Path | None:
-    """The checkpoint folder for ``path``: a checkpoint itself, or a root holding ``LATEST``/``BEST``.
-
-    Returns None when ``path`` is a root with no checkpoint yet; raises when the pointer is dangling.
-    """
-    path = Path(path)
-    if (path / "meta.json").exists():
-        return path
-    if not path.exists():
-        return None
-    ptr = _read_pointer(path, which)
-    if ptr is None:
-        return None
-    if not (ptr / "meta.json").exists():
-        raise CheckpointError(f"{path / which} points at {ptr.name}, which is missing or incomplete")
-    return ptr
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -297,20 +250,13 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
     """Load weights (and optimizer/scheduler/RNG state when given) from a checkpoint folder or a
-    root's ``LATEST``/``BEST``; returns the saved ``extra`` dict."""
-    ckpt = resolve_checkpoint(path, which)
-    if ckpt is None:
-        raise CheckpointError(f"no checkpoint at {path} (no {which} file and no meta.json)")
-    meta = _read_file(ckpt / "meta.json", read_json)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        fmt = meta.get("format") if isinstance(meta, dict) else meta
-        raise CheckpointError(f"{ckpt / 'meta.json'}: unsupported checkpoint format {fmt!r}")
-    for f in ("model.safetensors", "state.safetensors", "state.json", "extra.json"):
-        if not (ckpt / f).exists():
-            raise CheckpointError(f"{ckpt / f} is missing: the checkpoint is incomplete")
+    root's ``LATEST``/``BEST``; returns the saved ``extra`` dict. The weights load under the names they
+    were saved with (the training objective's: resume, ``init_from``); a bare model for inference loads
+    through :func:`genrec.model.checkpoint_io.load_checkpoint`."""
+    ckpt = open_checkpoint(path, which)
     load_weights(_unwrap(model), ckpt / "model.safetensors", strict=strict, device=device)
-    tensors = _read_file(ckpt / "state.safetensors", lambda p: load_file(str(p), device="cpu"))
-    skeleton = _read_file(ckpt / "state.json", read_json)
+    tensors = read_file(ckpt / "state.safetensors", lambda p: load_file(str(p), device="cpu"))
+    skeleton = read_file(ckpt / "state.json", read_json)
     try:
         if optimizer is not None:
             if "optimizer" not in skeleton:
@@ -327,15 +273,7 @@ def load_checkpoint(
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # a skeleton that does not fit its tensors
         raise CheckpointError(f"{ckpt / 'state.json'} does not match {ckpt / 'state.safetensors'} or this "
                               f"optimizer: {type(e).__name__}: {e}") from e
-    return dict(_read_file(ckpt / "extra.json", read_json))
-
-
-def _read_file(path: Path, read: Callable[[Path], Any]) -> Any:
-    """``read(path)``, with a torn or foreign file reported as a :class:`CheckpointError` naming it."""
-    try:
-        return read(path)
-    except (OSError, ValueError, SafetensorError) as e:  # json.JSONDecodeError, UnicodeDecodeError: ValueErrors
-        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    return dict(read_file(ckpt / "extra.json", read_json))
 
 
 def resume_candidates(root: str | Path) -> list[Path]:
@@ -348,7 +286,7 @@ def resume_candidates(root: str | Path) -> list[Path]:
         latest = None
     if latest is None:
         return [p for _, p in reversed(list_checkpoints(root))]
-    m = _STEP_RE.match(latest.name)
+    m = STEP_RE.match(latest.name)
     below = int(m.group(1)) if m else -1
     return [latest] + [p for s, p in reversed(list_checkpoints(root)) if s < below]
 
@@ -384,11 +322,3 @@ def load_train_weights(ckpt: str | Path, model: nn.Module, *, device: str | torc
         return False
     load_weights(_unwrap(model), path, device=device)
     return True
-
-
-def load_config_dict(path: str | Path) -> dict[str, Any] | None:
-    """The ``config.json`` saved with a checkpoint (None if it was saved without one)."""
-    ckpt = resolve_checkpoint(path)
-    if ckpt is None or not (ckpt / "config.json").exists():
-        return None
-    return _read_file(ckpt / "config.json", read_json)  # type: ignore[no-any-return]

@@ -39,6 +39,7 @@ from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import BatchStream, materialise
+from genrec.train.checkpoint import load_checkpoint
 from genrec.train.config import (EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs,
                                  compile_mode_for_world, from_dict, to_dict)
 from genrec.train.objective import JointObjective, ObjectiveConfig
@@ -252,8 +253,6 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
 def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
     """``init_from``: load model weights (and the frequency sketch) from another run's checkpoint;
     ``freeze_item_encoder`` (implied by ``frozen-ft``): the item encoder gets no updates."""
-    from genrec.train.checkpoint import load_checkpoint
-
     if cfg.variant == "frozen-ft" and not cfg.init_from:
         raise ConfigError("variant 'frozen-ft' needs init_from=<retrieval run's checkpoints folder>")
     if cfg.init_from:
