@@ -17,7 +17,7 @@ import os
 import numpy as np
 import torch
 
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.recommender import Recommender
 from genrec.serve.loadgen import sample_histories
 
 

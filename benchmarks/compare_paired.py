@@ -25,7 +25,7 @@ from genrec.eval.evaluate import EvalConfig, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.eval.significance import paired_topk
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.recommender import Recommender
 
 
 def main() -> None:

@@ -92,7 +92,7 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
     from genrec.eval.metrics import topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval
     from genrec.eval.significance import paired_topk
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ks = (5, 10, 20)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genrec.retrieve.fusion import FUSION_GRID  # the grid `genrec fusion tune` uses
+from genrec.infer.fusion import FUSION_GRID  # the grid `genrec fusion tune` uses
 
 
 def _link_parts(base: Path, d: Path) -> None:
@@ -83,7 +83,7 @@ def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], c
     weights) -- one recorded L0+L1 pass per configuration, re-weighted offline over FUSION_GRID."""
     from genrec.eval.evaluate import choose_fusion, l0l1_pass
     from genrec.eval.retrieval import evaluate_retrieval
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     sid_beam: dict[str, int] = {}
     beams = [int(x) for x in a.sid_beams.split(",") if x.strip()]
@@ -207,7 +207,7 @@ def main() -> None:
     from genrec.eval.metrics import rank_of_targets, topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
     from genrec.catalog import load_catalog, open_store
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     store = open_store(base)
     catalog = load_catalog(base)
@@ -261,7 +261,7 @@ def main() -> None:
         ch = fusion["chosen"]
         rec = Recommender.from_checkpoint(root / ch["config"], "BEST", device=dev)
         # store the choice for that checkpoint, as `genrec fusion tune` would: serving it then uses it
-        from genrec.retrieve.fusion import FusionWeights
+        from genrec.infer.fusion import FusionWeights
 
         rec.store_fusion(FusionWeights(ch["a"], ch["w"], ch["v"]), {x: 1.0 for x in rec.actions},
                          {"metric": "recall@10", "valid": {k: v for k, v in ch.items() if k not in ("config", "a", "w", "v")},

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from genrec.quickstart import run_quickstart
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.recommender import Recommender
 
 
 def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path, datasets_root: Path,

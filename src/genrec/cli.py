@@ -463,7 +463,7 @@ def serve(
     # bundle loads (the app's own handler takes over once it runs)
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
     try:
-        from genrec.retrieve.recommender import find_checkpoint
+        from genrec.infer.recommender import find_checkpoint
 
         find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
     except BaseException:
@@ -612,7 +612,7 @@ def recommend(
 ) -> None:
     """Recommend items for a user (--user) or an ad-hoc history (--history): SID beams + ANN, ranked."""
     from genrec.errors import ConfigError
-    from genrec.retrieve.recommender import Recommender, SourceIds, user_case
+    from genrec.infer.recommender import Recommender, SourceIds, user_case
 
     if (user is None) == (history is None):
         raise ConfigError("give exactly one of --user ID or --history 'id,id,...'")
@@ -644,7 +644,7 @@ def recommend(
     srcs = None if sources is None else tuple(s.strip() for s in sources.split(",") if s.strip())
     from typing import cast
 
-    from genrec.retrieve.recommender import RecommendationList
+    from genrec.infer.recommender import RecommendationList
 
     recs = cast(RecommendationList, rec.recommend(
         hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs, rank=False if no_rank else None,
@@ -663,7 +663,7 @@ def recommend(
                 d["original_item_id"] = ids.item_original.get(d["item_id"])
         _echo_json(out)
         return
-    from genrec.retrieve.show import print_recommendations
+    from genrec.infer.show import print_recommendations
 
     who = f"user {user}" if user is not None else "the given history"
     if where is not None:
@@ -746,7 +746,7 @@ def fusion_tune(
     """Choose the L1 score-fusion weights (a * heads + w * dense logit + v * log P(SID)) on the
     validation split and store them for this checkpoint: recommend, eval and serve then use them."""
     from genrec.eval.evaluate import tune_fusion
-    from genrec.retrieve.fusion import parse_utility
+    from genrec.infer.fusion import parse_utility
 
     util = None if utility is None else parse_utility(utility)
     with _working(f"choosing the L1 fusion weights on {max_users or 'all'} validation cases ..."):
@@ -775,7 +775,7 @@ def fusion_show(
     """The L1 fusion weights the Recommender uses for this checkpoint, and where they come from."""
     from dataclasses import asdict
 
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     rec = Recommender.from_checkpoint(workdir, checkpoint)
     _echo_json({"checkpoint": str(rec.checkpoint), "step": rec.step, "weights": asdict(rec.fusion),

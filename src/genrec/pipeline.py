@@ -128,7 +128,7 @@ def tune_fusion(workdir: str | Path, **options: Any) -> dict[str, Any]:
 
 def recommender(workdir: str | Path, checkpoint: str | Path | None = None, *, device: str = "cpu") -> Any:
     """The trained model with its catalogue, SIDs and ANN index, as ``genrec recommend`` and ``genrec serve``
-    load it (:class:`genrec.retrieve.recommender.Recommender`: ``recommend``, ``encode``, ``score_candidates``)."""
-    from genrec.retrieve.recommender import Recommender
+    load it (:class:`genrec.infer.recommender.Recommender`: ``recommend``, ``encode``, ``score_candidates``)."""
+    from genrec.infer.recommender import Recommender
 
     return Recommender.from_checkpoint(workdir, checkpoint, device=device)

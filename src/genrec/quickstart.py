@@ -31,8 +31,8 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
     from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
     from genrec.eval.metrics import topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
-    from genrec.retrieve.recommender import RecommendationList, Recommender, user_history
-    from genrec.retrieve.show import print_recommendations
+    from genrec.infer.recommender import RecommendationList, Recommender, user_history
+    from genrec.infer.show import print_recommendations
     from genrec.train.run import RunConfig, train_run
 
     con = console or Console()

@@ -130,7 +130,7 @@ def test_remapped_ids_resolve_to_the_source_files_user_and_items(tmp_path: Path)
     file's user id (it had taken the table's, showing another user's history) and shows source item ids."""
     from genrec.errors import DataError as _DE
     from genrec.pipeline import prepare
-    from genrec.retrieve.recommender import SourceIds, user_history
+    from genrec.infer.recommender import SourceIds, user_history
 
     src = tmp_path / "src"
     src.mkdir()

@@ -13,7 +13,7 @@ from genrec.eval.evaluate import EvalConfig, evaluate, fusion_metrics, l0l1_pass
 from genrec.eval.metrics import auc, hit_at_k_slates, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, score_slates
 from genrec.eval.retrieval import evaluate_retrieval
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.recommender import Recommender
 
 KS = (5, 10, 20)
 
@@ -231,7 +231,7 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     out = json.loads(r.output)
     assert out["target"]["item_id"] == int(rec_.catalog.item_ids[data.es.target_rows[ci]])
     assert out["history_used"] == min(len(case.rows), rec_.context_len)
-    from genrec.retrieve.recommender import user_case
+    from genrec.infer.recommender import user_case
 
     hist, tgt = user_case(root, 3, "test")
     assert [h["item_id"] for h in hist][-rec_.context_len:] == rec_.catalog.item_ids[case.rows].tolist()

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from genrec.errors import ConfigError, DataError
 from genrec.eval.evaluate import EvalConfig, choose_fusion, evaluate, fusion_metrics, tune_fusion
-from genrec.retrieve.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion
+from genrec.infer.recommender import Recommender
 
 from .test_evaluate import build_run
 
@@ -203,7 +203,7 @@ def test_file_digest_is_the_sha256_and_follows_changes(tmp_path: Path) -> None:
 
 
 def test_parse_utility_reads_action_number_pairs_and_names_a_bad_one() -> None:
-    from genrec.retrieve.fusion import parse_utility
+    from genrec.infer.fusion import parse_utility
 
     assert parse_utility("like=1, view=0.5,dislike=-1") == {"like": 1.0, "view": 0.5, "dislike": -1.0}
     for bad, part in (("like", "like"), ("like=", "like="), ("=1", "=1"), ("like=x", "like=x"),

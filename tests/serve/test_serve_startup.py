@@ -117,7 +117,7 @@ def test_default_threads_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_serve_and_service_take_the_machine_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrec.retrieve.recommender as recommender
+    import genrec.infer.recommender as recommender
     import genrec.serve.app as appmod
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)

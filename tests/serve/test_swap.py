@@ -74,7 +74,7 @@ def test_inflight_bundle_survives_swap(run_copy: Path) -> None:
 def test_reload_picks_up_new_fusion_weights(run_copy: Path) -> None:
     """`genrec fusion tune` on the served checkpoint, then a reload: the new weights are a new
     version, swapped in; the served ranking then equals the Recommender's with those weights."""
-    from genrec.retrieve.fusion import FusionWeights, fusion_file, save_fusion
+    from genrec.infer.fusion import FusionWeights, fusion_file, save_fusion
 
     holder = BundleHolder(run_copy)
     b0 = holder.load_initial()

@@ -27,7 +27,7 @@ def test_every_variant_trains(fork, variant):  # noqa: ANN001
                                                          "data.valid_cases=16"]), resume=False)
     assert res["step"] == 3 and res["last_loss"]["loss"] == res["last_loss"]["loss"]  # finite
     if variant in ("tiger", "dense"):  # the library's defaults serve every stage the model has (audit: a TIGER
-        from genrec.retrieve.recommender import Recommender  # model refused recommend() without sources)
+        from genrec.infer.recommender import Recommender  # model refused recommend() without sources)
 
         rec = Recommender.from_checkpoint(wd)
         got = rec.recommend([1, 50, 172], k=4)
@@ -77,7 +77,7 @@ def test_id_embedding_run_serves_the_trained_vectors(fork):  # noqa: ANN001
     import numpy as np
     import torch.nn.functional as F
 
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     wd = fork("ids")
     train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=sasrec", "model.id_embedding=true",

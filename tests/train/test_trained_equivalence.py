@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from genrec import pipeline
-from genrec.retrieve.recommender import Recommender, user_history
+from genrec.infer.recommender import Recommender, user_history
 from genrec.train.run import RunConfig, train_run
 
 TOL = dict(atol=1e-5, rtol=0.0)

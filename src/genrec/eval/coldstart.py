@@ -89,7 +89,7 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
     cold_rows = set(catalog.rows(cold).tolist())
     pick = [i for i, r in enumerate(es_all.target_rows.tolist()) if r in cold_rows]
     es = EvalSet([es_all.examples[i] for i in pick], es_all.target_rows[pick])
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     rec = Recommender.from_checkpoint(wd.root)
     sb = open_current(wd.sid)

@@ -55,7 +55,7 @@ def write_recs(base: str | Path, lists: Mapping[str, np.ndarray], user_ids: Sequ
                workdir: str | Path) -> dict[str, str]:
     """Write one file per path (:func:`recs_file`) atomically; returns {path: file}. ``user_ids``: the
     tables' id of each case, in the order of ``lists``' rows; WORKDIR says whether ids were remapped."""
-    from genrec.retrieve.recommender import SourceIds
+    from genrec.infer.recommender import SourceIds
 
     src = SourceIds.of(workdir)
     users: list[Any] = [int(u) for u in user_ids]

@@ -40,7 +40,7 @@ from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.model.checkpoint_io import BEST, resolve_checkpoint
-from genrec.retrieve.recommender import Recommender
+from genrec.infer.recommender import Recommender
 from genrec.train.batches import collate
 from genrec.workdir import WorkDir
 
@@ -251,7 +251,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
                 rec: Recommender | None = None, utility: Mapping[str, float] | None = None,
                 eval_set: EvalSet | None = None) -> dict[str, Any]:
     """Choose the L1 fusion weights (a, w, v) on the VALIDATION split and store them for the
-    checkpoint (``genrec.retrieve.fusion``): the L0 -> L1 path runs once on ``max_users``
+    checkpoint (``genrec.infer.fusion``): the L0 -> L1 path runs once on ``max_users``
     validation cases recording every candidate's score parts, every weighting of ``grid`` (default
     ``FUSION_GRID``) is scored offline by :func:`fusion_metrics`, and the best by ``metric``
     (ties: the earlier, simpler weighting) is written to ``WORKDIR/fusion/``. ``utility``: the action
@@ -262,7 +262,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     ``beam_width``: the SID beam inside L0, by default ``genrec eval``'s (the weights are recorded with it,
     and an evaluation at another width says so). ``eval_set``: the validation cases to choose on, instead of
     ``max_users`` sampled ones (e.g. one part of the validation users, the other kept for reporting)."""
-    from genrec.retrieve.fusion import FUSION_GRID, FusionWeights
+    from genrec.infer.fusion import FUSION_GRID, FusionWeights
 
     t0 = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, checkpoint)
@@ -429,7 +429,7 @@ def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
 def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
     """Caveats the numbers need beside them: L1 weights chosen on these very cases (in-sample), or at
     another beam width than this evaluation's."""
-    from genrec.retrieve.fusion import read_fusion_meta
+    from genrec.infer.fusion import read_fusion_meta
 
     out: list[str] = []
     if rec.fusion_path is None or any(x is not None for x in (cfg.action_weight, cfg.retrieval_weight,

@@ -37,7 +37,7 @@ from genrec.eval.metrics import auc, hit_at_k_slates
 
 if TYPE_CHECKING:
     from genrec.data.join import UserExample
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The serving engine: :class:`genrec.retrieve.recommender.Recommender` behind the service (issue 6 item 2).
+"""The serving engine: :class:`genrec.infer.recommender.Recommender` behind the service (issue 6 item 2).
 
 The Recommender does ONE history prefill, then SID beams (over the cache) + ANN (user vector) and
 L1 ranking on the same cache (UniPinRec §3.3, PinGER decoding). This adapter adds what the
@@ -107,7 +107,7 @@ class Engine:
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
         from genrec.catalog import open_store
-        from genrec.retrieve.recommender import Recommender
+        from genrec.infer.recommender import Recommender
 
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
         rec.warmup()  # CUDA graphs of the common shapes captured before the bundle is served (no-op on CPU)

@@ -10,7 +10,7 @@ import torch
 
 from genrec.errors import ConfigError, DataError
 from genrec.model.genrec_model import ModelBatch
-from genrec.retrieve.recommender import Recommender, user_history
+from genrec.infer.recommender import Recommender, user_history
 
 
 def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
@@ -306,7 +306,7 @@ def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: p
     """The "all" graph mode's encode and ranking paths (bucketed histories and candidates), run
     eagerly on the CPU over the same static buffers, give the plain recommendations."""
     from genrec.model.graphs import GraphedEncoder, GraphedRanker
-    from genrec.retrieve.recommender import graph_mode
+    from genrec.infer.recommender import graph_mode
 
     h2 = [3, 4]
     want = [rec.recommend(h, k=8, beam_width=8) for h in (HIST, h2)] + [rec.recommend([HIST, h2], k=8, beam_width=8)]

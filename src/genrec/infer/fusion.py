@@ -127,7 +127,7 @@ def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:
 
 def parse_utility(text: str) -> dict[str, float]:
     """``"like=1,view=0.5,dislike=-1"`` -> ``{"like": 1.0, ...}`` (actions left out weigh 0). Names are checked
-    against a model's actions where it is used (:meth:`genrec.retrieve.recommender.Recommender.utility_vector`)."""
+    against a model's actions where it is used (:meth:`genrec.infer.recommender.Recommender.utility_vector`)."""
     out: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
         name, eq, value = part.partition("=")

@@ -49,14 +49,14 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
-from genrec.retrieve.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
+from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.kv_cache import KVCache
-from genrec.retrieve.ann import AnnConfig, AnnIndex
+from genrec.infer.ann import AnnConfig, AnnIndex
 from genrec.catalog import ItemCatalog
 from genrec.workdir import WorkDir, file_digest, read_json
 

@@ -55,7 +55,7 @@ def _spare_copies(run: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_assigned_items_are_served_and_sid_use_takes_them_back(run: Path, tmp_path: Path) -> None:
-    from genrec.retrieve.recommender import Recommender
+    from genrec.infer.recommender import Recommender
 
     base = Recommender.from_checkpoint(run)
     v0 = base.sid_version

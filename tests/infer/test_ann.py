@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from genrec.errors import DataError
-from genrec.retrieve.ann import AnnConfig, AnnIndex
+from genrec.infer.ann import AnnConfig, AnnIndex
 
 
 def _unit(rng, n, d):

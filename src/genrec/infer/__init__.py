@@ -1,0 +1,7 @@
+"""Inference on a trained run: the :class:`~genrec.infer.recommender.Recommender` (one history encode ->
+SID beams + ANN -> L1 ranking on the same cache), the Faiss ANN index over item vectors and the L1
+score-fusion weights stored per checkpoint.
+
+Kept apart from ``genrec.serve`` so offline evaluation and the HTTP service use the same
+retrieval code without either importing the other.
+"""
