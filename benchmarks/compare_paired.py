@@ -53,7 +53,7 @@ def main() -> None:
         elif not np.array_equal(targets, np.asarray(es.target_rows)):
             raise SystemExit(f"{run}: its {a.split} cases differ from {a.runs[0]}'s (other tables or sampling?)")
         ro: dict[str, np.ndarray] = {}
-        evaluate_retrieval(rec.objective, es, paths=tuple(a.paths.split(",")), beam_width=a.beam,
+        evaluate_retrieval(rec.catalog_model, es, paths=tuple(a.paths.split(",")), beam_width=a.beam,
                            context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows, ranks_out=ro)
         ranks[name] = ro
         print(f"{name}: step {rec.step}, {len(es)} cases, paths {sorted(ro)}", flush=True)

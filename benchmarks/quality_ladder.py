@@ -119,7 +119,7 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             cases[split] = tgt
             ro: dict[str, np.ndarray] = {}
             with torch.no_grad():
-                evaluate_retrieval(rec.objective, es, paths=("ann", "sid"), beam_width=a.sid_beam, ks=ks,
+                evaluate_retrieval(rec.catalog_model, es, paths=("ann", "sid"), beam_width=a.sid_beam, ks=ks,
                                    context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
                                    batch_size=256, ranks_out=ro)
             ranks[r["name"]][split] = ro

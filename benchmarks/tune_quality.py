@@ -91,7 +91,7 @@ def choose_on_validation(a: argparse.Namespace, configs: list[dict[str, Any]], c
         rec = Recommender.from_checkpoint(root / chosen[fam]["name"], "BEST", device=dev)
         scores = {}
         for bw in beams:
-            m = evaluate_retrieval(rec.objective, valid_set, paths=("sid",), beam_width=bw, context_len=rec.context_len,
+            m = evaluate_retrieval(rec.catalog_model, valid_set, paths=("sid",), beam_width=bw, context_len=rec.context_len,
                                    trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)["sid"]
             scores[bw] = m["recall@10"]
             print(f"valid SID beam {bw} ({fam}): R@10 {m['recall@10']:.4f}", flush=True)
@@ -233,10 +233,10 @@ def main() -> None:
         ctx = rec.context_len
         paths = ("ann",) if fam in sid_beam else ("ann", "sid")  # (the SID path then runs below at its beam)
         ro: dict[str, np.ndarray] = {}
-        res = evaluate_retrieval(rec.objective, test_set, paths=paths, beam_width=a.beam, context_len=ctx,
+        res = evaluate_retrieval(rec.catalog_model, test_set, paths=paths, beam_width=a.beam, context_len=ctx,
                                  trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks, ranks_out=ro)
         if fam in sid_beam and rec.trie is not None:  # the SID path at the beam chosen on validation
-            res["sid"] = evaluate_retrieval(rec.objective, test_set, paths=("sid",), beam_width=sid_beam[fam],
+            res["sid"] = evaluate_retrieval(rec.catalog_model, test_set, paths=("sid",), beam_width=sid_beam[fam],
                                             context_len=ctx, trie=rec.trie, leaf_rows=rec.leaf_rows,
                                             batch_size=256, ks=ks, ranks_out=ro)["sid"]
             res["sid"]["beam"] = sid_beam[fam]
@@ -250,7 +250,7 @@ def main() -> None:
             for c in (1, 2, 3, 5, 8, 12, 20, 50):
                 if c > ctx:
                     continue
-                m = evaluate_retrieval(rec.objective, valid_set, paths=("sid",), beam_width=a.beam, context_len=c,
+                m = evaluate_retrieval(rec.catalog_model, valid_set, paths=("sid",), beam_width=a.beam, context_len=c,
                                        trie=rec.trie, leaf_rows=rec.leaf_rows, batch_size=256, ks=ks)["sid"]
                 pts.append({"context_items": c, "serving_tokens": c * tpi, "recall@10": m["recall@10"],
                             "ndcg@10": m["ndcg@10"]})

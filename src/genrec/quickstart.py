@@ -88,7 +88,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
         paths = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None)
                       or (p == "sid" and rec.trie is not None))
         if paths:
-            ret = evaluate_retrieval(rec.objective, report_es, paths=paths, ks=ks, beam_width=20,
+            ret = evaluate_retrieval(rec.catalog_model, report_es, paths=paths, ks=ks, beam_width=20,
                                      context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)
             rows.update({f"genrec {p}": ret[p] for p in paths if p in ret})
         rows["genrec L0+L1"] = l0l1_pass(rec, report_es, ks=ks, beam_width=20, diversity_lambda=0.0,

@@ -73,7 +73,7 @@ def test_l0l1_and_ann_paths_equal_per_case_twins(run: tuple[Path, Recommender]) 
         assert got[key] == pytest.approx(v, abs=1e-9), key
     np.testing.assert_array_equal(l0l1_ranks["l0l1"], ranks)  # per case, for paired comparisons
     ro: dict[str, np.ndarray] = {}
-    ann = evaluate_retrieval(rec.objective, es, paths=("ann",), ks=KS, context_len=rec.context_len,
+    ann = evaluate_retrieval(rec.catalog_model, es, paths=("ann",), ks=KS, context_len=rec.context_len,
                              ranks_out=ro)["ann"]
     np.testing.assert_array_equal(ro["ann"], ann_ranks)  # the per-case ranks, for paired comparisons
     for key, v in topk_metrics(np.array(ann_ranks), KS).items():
@@ -116,7 +116,7 @@ def test_sid_pass_matches_evaluate_retrieval_and_diagnostics(run: tuple[Path, Re
     es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=48)).es
     for lam in (0.0, 1.5):
         mine = sid_pass(rec, es, beam_width=10, diversity_lambda=lam, ks=KS, batch_size=16)
-        ref = evaluate_retrieval(rec.objective, es, paths=("sid",), ks=KS, beam_width=10, diversity_lambda=lam,
+        ref = evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=KS, beam_width=10, diversity_lambda=lam,
                                  context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)["sid"]
         for key in ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr"):
             assert mine[key] == pytest.approx(ref[key], abs=1e-9), (lam, key)

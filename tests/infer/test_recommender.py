@@ -47,8 +47,8 @@ def _forward_probs(rec: Recommender, history: list, cand_ids: list[int]) -> np.n
     mb = rec.model_batch([parsed])
     rows = torch.from_numpy(rec.catalog.rows(np.asarray(cand_ids)))[None]  # [1, M]
     full = ModelBatch(actions=mb.actions, surfaces=mb.surfaces, lengths=mb.lengths, sid_codes=mb.sid_codes,
-                      item_feats=rec.objective.feats[torch.from_numpy(parsed["rows"])][None],
-                      cand_feats=rec.objective.feats[rows], cand_sid_codes=rec.codes[rows],
+                      item_feats=rec.catalog_model.feats[torch.from_numpy(parsed["rows"])][None],
+                      cand_feats=rec.catalog_model.feats[rows], cand_sid_codes=rec.codes[rows],
                       cand_surface=torch.tensor([int(parsed["surfaces"][-1])]), timestamps=mb.timestamps)
     with torch.no_grad():
         out = rec.model(full, serving_layout=True)

@@ -92,7 +92,7 @@ def test_id_embedding_run_serves_the_trained_vectors(fork):  # noqa: ANN001
     w = _weights(wd)
     assert torch.equal(w["model.item_encoder.id_keys"], enc.id_keys)
     with torch.no_grad():
-        content = F.normalize(enc.mlp(rec.objective.feats), dim=-1)
+        content = F.normalize(enc.mlp(rec.catalog_model.feats), dim=-1)
         assert torch.allclose(rec.item_vecs[~torch.from_numpy(known)], content[~torch.from_numpy(known)], atol=1e-6)
         assert not torch.allclose(rec.item_vecs[torch.from_numpy(known)], content[torch.from_numpy(known)], atol=1e-3)
 

@@ -85,7 +85,7 @@ def test_coarse_prefix_sid_retrieval_equals_an_index_lookup_twin(trained: Recomm
     trie = TorchTrie.from_arrays(sb.trie.offsets, sb.trie.codes, sb.trie.children, sizes)
     leaf_rows = rec.catalog.rows(np.asarray(sb.trie.leaf_items))
     expansion = (np.asarray(sb.trie.leaf_start[L - 1]), np.asarray(sb.trie.codes[L - 1]))
-    got = evaluate_retrieval(rec.objective, es, paths=("sid",), ks=(20,), beam_width=8, context_len=20,
+    got = evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=(20,), beam_width=8, context_len=20,
                              trie=trie, leaf_rows=leaf_rows, prefix_expansion=expansion)["sid"]
     model = rec.model.eval()
     ptrie = TorchTrie.from_arrays(sb.trie.offsets[: L - 1], sb.trie.codes[: L - 1], sb.trie.children[: L - 1],
@@ -93,7 +93,7 @@ def test_coarse_prefix_sid_retrieval_equals_an_index_lookup_twin(trained: Recomm
     ranks = []
     with torch.no_grad():
         for lo, tb in _batches(es, 16, 20, model.config.n_actions):
-            mb, _ = rec.objective.model_batch(tb, mask_actions=False)
+            mb, _ = rec.catalog_model.model_batch(tb, mask_actions=False)
             cache, _, _ = model.encode_history(mb)
             step = lambda p: F.log_softmax(model.sid_logits_next(cache, p).float(), -1)  # noqa: E731
             res = beam_search(step, tb.batch_size, L - 1, sizes[: L - 1], 8, trie=ptrie)

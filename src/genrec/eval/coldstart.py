@@ -94,13 +94,13 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
     rec = Recommender.from_checkpoint(wd.root)
     sb = open_current(wd.sid)
     trie, leaf_rows = rec.trie, rec.leaf_rows  # the device trie and leaf map the Recommender serves with
-    metrics = evaluate_retrieval(rec.objective, es, beam_width=beam_width, context_len=cfg.data.context_len,
+    metrics = evaluate_retrieval(rec.catalog_model, es, beam_width=beam_width, context_len=cfg.data.context_len,
                                  trie=trie, leaf_rows=leaf_rows) if len(es) else {}
     if len(es) and "sid" in metrics:  # coarse-prefix SID retrieval (levels 1..L-1, then the index)
         L = len(sb.codebook_sizes)
         expansion = (np.asarray(sb.trie.leaf_start[L - 1]), np.asarray(sb.trie.codes[L - 1]))
         metrics["sid_prefix"] = evaluate_retrieval(
-            rec.objective, es, paths=("sid",), beam_width=beam_width, context_len=cfg.data.context_len, trie=trie,
+            rec.catalog_model, es, paths=("sid",), beam_width=beam_width, context_len=cfg.data.context_len, trie=trie,
             leaf_rows=leaf_rows, prefix_expansion=expansion)["sid"]
     report = {"cold_items": int(len(cold)), "cold_test_cases": len(es), "all_test_cases": len(es_all),
               "recall@10": {p: m["recall@10"] for p, m in metrics.items()},

@@ -137,7 +137,7 @@ def _batches(rec: Recommender, es: EvalSet, batch_size: int, context_len: int): 
     for lo in range(0, len(es), batch_size):
         tb = collate(es.examples[lo:lo + batch_size], epoch=0, seed=0, context_len=context_len,
                      n_actions=rec.config.n_actions, p_rank=0.0, max_cands=0).to(rec.device)
-        mb, _ = rec.objective.model_batch(tb, mask_actions=False)  # type: ignore[attr-defined,operator]
+        mb, _ = rec.catalog_model.model_batch(tb, mask_actions=False)
         yield lo, mb
 
 
@@ -326,7 +326,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     lists: dict[str, np.ndarray] | None = {} if cfg.dump_recs else None  # --dump-recs: the ranked lists per path
     t0 = time.perf_counter()
     want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or (p == "sid" and rec.trie is not None))
-    res = evaluate_retrieval(rec.objective, es, paths=want, ks=ks, beam_width=cfg.beam_width,
+    res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                              diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
                              batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists)
     for p in ("sid", "ann"):
@@ -469,7 +469,7 @@ def run_sweeps(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int]
                      (p == "sid" and rec.trie is not None))
         for c in cfg.sweep_context:
             c = min(int(c), rec.context_len)
-            res = evaluate_retrieval(rec.objective, es, paths=want, ks=ks, beam_width=cfg.beam_width,
+            res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                                      diversity_lambda=cfg.diversity_lambda, context_len=c,
                                      batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows)
             out["context"].append({"context_len": c, "history_tokens": c * tpi,

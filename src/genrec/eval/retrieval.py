@@ -25,6 +25,7 @@ from genrec.decode.beam import beam_search
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
+from genrec.infer.catalog_model import CatalogModel
 from genrec.model.genrec_model import GenRecModel
 from genrec.train.batches import TrainExample, collate, materialise
 from genrec.train.objective import JointObjective
@@ -86,7 +87,9 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                        prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None,
                        ranks_out: dict[str, np.ndarray] | None = None,
                        lists_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
-    """Metrics per path. ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path.
+    """Metrics per path of ``objective``: a model with its catalogue tensors, the trainer's
+    :class:`~genrec.train.objective.JointObjective` or a Recommender's :class:`~genrec.infer.catalog_model.CatalogModel`
+    (``rec.catalog_model``). ``trie``/``leaf_rows`` (catalogue row of each trie leaf) enable the SID path.
     ``ranks_out``: when a dict, each evaluated path's per-case 0-based rank of the target (-1: not
     retrieved) is stored in it, for paired comparisons (:mod:`genrec.eval.significance`).
     ``lists_out``: when a dict, each evaluated path's per-case ranked top-``max(ks)`` catalogue rows
@@ -99,7 +102,8 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     inside a prefix by the model's last-level logits. New items whose only difference from
     their neighbours is an untrained disambiguation code are reachable this way.
     """
-    obj = cast(JointObjective, objective)  # model + catalogue tensors (see genrec.train.objective)
+    # model + catalogue tensors: the training objective, or a Recommender's CatalogModel
+    obj = cast("JointObjective | CatalogModel", objective)
     model: GenRecModel = obj.model
     was_training = model.training
     model.eval()

@@ -40,28 +40,38 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import torch
 import torch.nn.functional as F
 
+from genrec.catalog import ItemCatalog, load_catalog, open_store
+from genrec.data.splits import SplitSpec, compute_cutoffs
+from genrec.data.store import TableStore, user_bucket
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
-from genrec.model.graphs import GraphedEncoder, GraphedRanker
-from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
-from genrec.validation import trusted_inputs
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
+from genrec.infer.ann import AnnConfig, AnnIndex
+from genrec.infer.catalog_model import CatalogModel
+from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
+from genrec.model.checkpoint_io import (
+    BEST,
+    LATEST,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_checkpoint,
+)
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
+from genrec.model.graphs import GraphedEncoder, GraphedRanker
 from genrec.model.kv_cache import KVCache
-from genrec.infer.ann import AnnConfig, AnnIndex
-from genrec.catalog import ItemCatalog
+from genrec.sid.build import open_current
+from genrec.validation import trusted_inputs
 from genrec.workdir import WorkDir, file_digest, read_json
-
-if TYPE_CHECKING:
-    from genrec.train.objective import JointObjective
 
 SOURCES = ("sid", "ann")
 NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
@@ -170,13 +180,13 @@ def graph_mode(device: torch.device) -> str:
 class Recommender:
     """A trained model with its catalogue, SID trie / index and ANN index, ready to serve."""
 
-    def __init__(self, objective: torch.nn.Module, catalog: ItemCatalog, *, actions: list[str],
+    def __init__(self, catalog_model: CatalogModel, catalog: ItemCatalog, *, actions: list[str],
                  positive_actions: list[str], surfaces: list[str], ann: AnnIndex | None,
                  trie: TorchTrie | None = None, sid_index: Any = None, step: int = -1,
                  checkpoint: Path | None = None, run_config: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu") -> None:
-        self.objective = objective
-        self.model: GenRecModel = objective.model  # type: ignore[assignment]
+        self.catalog_model = catalog_model  # the model + the catalogue tensors (offline evaluation reads them)
+        self.model: GenRecModel = catalog_model.model
         self.model.eval()
         self.config: ModelConfig = self.model.config
         self.catalog = catalog
@@ -211,9 +221,9 @@ class Recommender:
         self._graphed_encode = GraphedEncoder(self.model) if self.cuda_graphs == "all" else None
         self._graphed_rank = GraphedRanker(self.model) if self.cuda_graphs == "all" else None
         with torch.no_grad():
-            self.item_vecs = torch.cat([cast("JointObjective", objective).catalogue_vectors(i, i + 8192).float()
+            self.item_vecs = torch.cat([catalog_model.catalogue_vectors(i, i + 8192).float()
                                         for i in range(0, len(catalog), 8192)])  # [N, D]
-        self.codes: torch.Tensor | None = cast(torch.Tensor, objective.codes) if self.config.uses_sids else None  # [N, L]
+        self.codes: torch.Tensor | None = catalog_model.codes if self.config.uses_sids else None  # [N, L]
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -225,10 +235,6 @@ class Recommender:
         (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
-        from genrec.catalog import load_catalog
-        from genrec.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-        from genrec.train.objective import JointObjective, ObjectiveConfig
-
         wd = WorkDir(workdir)
         ckpt = find_checkpoint(wd.root, checkpoint)
         cfg_path = ckpt / "config.json"
@@ -246,16 +252,10 @@ class Recommender:
                               f"was trained on {mcfg.item_feat_dim} (features rebuilt since training?)")
         actions, positive, surfaces = _dataset_vocab(wd, mcfg)
         model = GenRecModel(mcfg)
-        obj_kw = dict(cfg.get("run", {}).get("objective", {}))
-        ocfg = ObjectiveConfig(**{k: v for k, v in obj_kw.items() if k in ObjectiveConfig.__dataclass_fields__})
-        if ocfg.action_weights is not None:
-            ocfg.action_weights = tuple(ocfg.action_weights)
-        pos_idx = [actions.index(a) for a in positive if a in actions]
-        objective = JointObjective(model, catalog, ocfg, pos_idx)
         weights = ckpt / "model.safetensors"
         digest = file_digest(weights) if weights.exists() else None
-        try:
-            load_checkpoint(ckpt, objective, restore_rng=False, device="cpu")
+        try:  # the model's weights out of the training objective's state (genrec.model.checkpoint_io)
+            load_checkpoint(ckpt, model, device="cpu")
         except CheckpointError as e:  # a damaged file: name it, and the run's checkpoints that could serve instead
             others = [p for _, p in reversed(list_checkpoints(ckpt.parent)) if p != ckpt]
             hint = (f"other checkpoints of this run, newest first: {', '.join(p.name for p in others)} "
@@ -263,13 +263,11 @@ class Recommender:
             raise CheckpointError(f"{e}; {hint}") from e
         if digest is not None and file_digest(weights) != digest:  # (remembered per size + mtime: no re-hash)
             raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
-        objective.to(device)
+        held = CatalogModel(model, catalog).to(device)
         step = int(read_json(ckpt / "meta.json")["step"])
         trie = sid_index = leaf_rows = None
         sid_version: str | None = None
         if mcfg.uses_sids:
-            from genrec.sid.build import open_current
-
             sb = open_current(wd.sid)
             sizes = [int(k) for k in sb.codebook_sizes]
             if sizes != list(mcfg.sid_codebook_sizes):
@@ -280,7 +278,7 @@ class Recommender:
                 t = sb.trie
                 trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sizes, device=device)
                 leaf_rows = catalog.rows(np.asarray(t.leaf_items, dtype=np.int64), strict=False)
-        rec = cls(objective, catalog, actions=actions, positive_actions=positive, surfaces=surfaces, ann=None,
+        rec = cls(held, catalog, actions=actions, positive_actions=positive, surfaces=surfaces, ann=None,
                   trie=trie, sid_index=sid_index, step=step, checkpoint=ckpt, run_config=cfg.get("run"),
                   device=device)
         rec.leaf_rows = leaf_rows
@@ -845,8 +843,6 @@ class Recommender:
 def find_checkpoint(workdir: str | Path, checkpoint: str | Path | None = None) -> Path:
     """The checkpoint folder a command serves or evaluates: ``checkpoint`` None = BEST if marked else LATEST;
     "BEST" / "LATEST"; or a folder. A clear :class:`ConfigError` when there is none."""
-    from genrec.train.checkpoint import BEST, LATEST, resolve_checkpoint
-
     wd = WorkDir(workdir)
     if checkpoint is None or str(checkpoint).upper() in (BEST, LATEST):
         marks = (BEST, LATEST) if checkpoint is None else (str(checkpoint).upper(),)
@@ -878,8 +874,6 @@ class SourceIds:
         """The maps of WORKDIR's tables, or None when its ids were not remapped."""
         import json
 
-        from genrec.catalog import open_store
-
         store = open_store(workdir)
         extra = store.info().extra or {}
         if not extra.get("map_ids"):
@@ -910,12 +904,6 @@ def user_case(workdir: str | Path, user_id: int, role: str | None = None,
     """``user_id``'s events as history entries, and with ``role`` ("valid" / "test") the evaluation case
     ``genrec eval`` scores for them under ``split_kind``: the events before that split's target, and the
     target ({item_id, action, ts, seq}). ``role`` None: every event, no target."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-    from genrec.data.splits import SplitSpec, compute_cutoffs
-    from genrec.data.store import user_bucket
-    from genrec.catalog import open_store
-
     store = open_store(workdir)
     bucket = int(user_bucket(np.array([user_id], dtype=np.int64), store.n_buckets)[0])
     ev = store.read_events(bucket)
@@ -944,8 +932,6 @@ def user_case(workdir: str | Path, user_id: int, role: str | None = None,
 
 def _dataset_vocab(wd: WorkDir, mcfg: ModelConfig) -> tuple[list[str], list[str], list[str]]:
     """(actions, positive actions, surfaces) from the tables; generic names when the tables are gone."""
-    from genrec.data.store import TableStore
-
     store = TableStore(wd.tables)
     if store.exists():
         info = store.info()

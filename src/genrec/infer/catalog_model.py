@@ -1,0 +1,81 @@
+"""A trained model with the catalogue tensors it reads: what inference holds of a run.
+
+Training wraps the model in its objective (:class:`genrec.train.objective.JointObjective`), which holds
+the catalogue tensors (item features, ids, SID codes) beside its loss state. Inference needs the model and
+those tensors only: :class:`CatalogModel` holds them, computes the catalogue's item vectors and gathers a
+collated batch's model inputs as the objective does outside training (no action masking, no engagement
+dropout: the model is in eval mode there), so the same weights give the same numbers. The weights come
+from the checkpoint through :func:`genrec.model.checkpoint_io.load_checkpoint`, which reads the
+objective's state into the bare model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from genrec.catalog import ItemCatalog
+from genrec.model.genrec_model import GenRecModel, ModelBatch
+
+__all__ = ["CatalogModel", "HistoryBatch"]
+
+
+class HistoryBatch(Protocol):
+    """The padded index tensors of a collated batch (:class:`genrec.train.batches.TrainBatch` has them):
+    catalogue rows, actions, surfaces and times of the history, and the candidates' rows, if any."""
+
+    rows: torch.Tensor  # [B, n]
+    actions: torch.Tensor  # [B, n]
+    surfaces: torch.Tensor  # [B, n]
+    timestamps: torch.Tensor  # [B, n]
+    lengths: torch.Tensor  # [B]
+    cand_rows: torch.Tensor | None  # [B, k]
+    cand_surface: torch.Tensor | None  # [B]
+    request_ts: torch.Tensor | None  # [B]
+
+
+class CatalogModel(nn.Module):
+    """A :class:`GenRecModel` (``model``) with the catalogue tensors it reads, aligned by catalogue row."""
+
+    feats: torch.Tensor  # [N, F] buffer
+    item_ids: torch.Tensor  # [N] buffer
+    codes: torch.Tensor  # [N, L] buffer (L = 0 without SIDs)
+
+    def __init__(self, model: GenRecModel, catalog: ItemCatalog) -> None:
+        super().__init__()
+        self.model = model
+        # not in the state dict: the catalogue is rebuilt from the run's features and SIDs, as in training
+        self.register_buffer("feats", catalog.feats.float(), persistent=False)
+        self.register_buffer("item_ids", torch.from_numpy(np.asarray(catalog.item_ids, dtype=np.int64)),
+                             persistent=False)
+        codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
+        self.register_buffer("codes", codes.long(), persistent=False)
+
+    def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""
+        return self.model.item_vectors(self.feats[start:stop], self.item_ids[start:stop])
+
+    def model_batch(self, b: HistoryBatch, *, mask_actions: Literal[False] = False) -> tuple[ModelBatch, torch.Tensor]:
+        """The model's inputs for batch ``b`` and its valid-history mask ``[B, n]``. ``mask_actions`` is
+        the objective's argument (evaluation calls either with it): masking is training only, so False."""
+        if mask_actions:
+            raise ValueError("mask_actions: inference never masks history actions (a training-time corruption)")
+        cfg = self.model.config
+        n = b.rows.shape[1]
+        valid = torch.arange(n, device=b.rows.device)[None, :] < b.lengths[:, None]  # [B, n]
+        cand_rows = b.cand_rows
+        has_c = cand_rows is not None
+        mb = ModelBatch(
+            actions=b.actions, surfaces=b.surfaces, lengths=b.lengths,
+            sid_codes=self.codes[b.rows] if cfg.uses_sids else None,
+            item_feats=self.feats[b.rows], action_mask=torch.zeros_like(valid), item_ids=self.item_ids[b.rows],
+            cand_feats=self.feats[cand_rows] if cand_rows is not None else None,
+            cand_ids=self.item_ids[cand_rows] if cand_rows is not None else None,
+            cand_sid_codes=self.codes[cand_rows] if cand_rows is not None and cfg.uses_sids else None,
+            cand_surface=b.cand_surface if has_c else None,
+            timestamps=b.timestamps, request_ts=b.request_ts if has_c else None,
+        )
+        return mb, valid
