@@ -35,6 +35,6 @@ bench_step() {
 step_workdir() {
   local levels=${1:-3}
   WD=runs/step-ml100k-l$levels
-  timeout 90 python3 -c "from genrec import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
+  timeout 90 python3 -c "from genrec.recipes import pipeline as p; p.prepare('$WD', 'movielens-100k'); \
 p.build_item_features('$WD'); p.build_semantic_ids('$WD', levels=$levels)" 2>&1 | tail -2
 }

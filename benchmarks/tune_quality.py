@@ -49,7 +49,8 @@ def _link_parts(base: Path, d: Path) -> None:
 
 
 def worker(run_dir: str, preset: str, overrides: list[str]) -> None:
-    from genrec.train.run import RunConfig, train_run
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
 
     cfg = RunConfig.from_name(preset, overrides)
     t0 = time.perf_counter()
@@ -200,13 +201,13 @@ def main() -> None:
         return
 
     # ---- the test split, once, for the chosen configuration of each family
+    from genrec.catalog import load_catalog, open_store
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec, train_events
     from genrec.eval.baselines import Popularity
     from genrec.eval.evaluate import history_tokens_per_item, l0l1_pass
     from genrec.eval.metrics import rank_of_targets, topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
-    from genrec.catalog import load_catalog, open_store
     from genrec.infer.recommender import Recommender
 
     store = open_store(base)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from genrec.quickstart import run_quickstart
 from genrec.infer.recommender import Recommender
+from genrec.recipes.quickstart import run_quickstart
 
 
 def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path, datasets_root: Path,
@@ -20,7 +20,8 @@ def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path
     if not (datasets_root / "movielens-100k").is_dir():
         pytest.skip("movielens-100k not available")
     import genrec.eval.evaluate as ev
-    import genrec.eval.retrieval as rt
+    import genrec.recipes.quickstart as qs
+    import genrec.recipes.training as tr
 
     given: dict[str, list[list[int]]] = {}  # per function, the users of each call's cases
 
@@ -34,9 +35,12 @@ def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path
 
         monkeypatch.setattr(mod, name, wrapped)
 
-    spy(ev, "tune_fusion")
-    spy(ev, "l0l1_pass")  # tune_fusion's pass, then the L0+L1 row's
-    spy(rt, "evaluate_retrieval")  # the trainer's validation, then the ann and sid rows'
+    # where each caller looks the function up: the recipes import them at the top of their modules
+    spy(qs, "tune_fusion")
+    spy(ev, "l0l1_pass")  # tune_fusion's pass
+    spy(qs, "l0l1_pass")  # then the L0+L1 row's
+    spy(tr, "evaluate_retrieval")  # the trainer's validation
+    spy(qs, "evaluate_retrieval")  # then the ann and sid rows'
     con = Console(file=open(tmp_path / "out.txt", "w"), width=160)
     out = run_quickstart(tmp_path / "run", data_dir=datasets_root, steps=8, fusion_users=120, report_users=100,
                          console=con)

@@ -7,7 +7,7 @@ data flow: data -> features -> sid -> train -> eval / serve.
 
 from genrec._version import __version__
 
-# The library API (genrec.pipeline), imported on first use so that `import genrec` stays light.
+# The library API (genrec.recipes.pipeline), imported on first use so that `import genrec` stays light.
 # (not `train`/`eval`: those are subpackages, whose module attributes would shadow a function of the name)
 _API = ("prepare", "build_item_features", "build_semantic_ids", "train_model", "tune_fusion", "evaluate",
         "recommender", "load_catalog", "open_store")
@@ -16,7 +16,7 @@ __all__ = ["__version__", *_API]
 
 def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attributes
     if name in _API:
-        from genrec import pipeline
+        from genrec.recipes import pipeline
 
         return getattr(pipeline, name)
     raise AttributeError(f"module 'genrec' has no attribute {name!r}")

@@ -1,4 +1,6 @@
-"""The ``genrec`` command: a thin layer over public library functions (see genrec.pipeline)."""
+"""The ``genrec`` command: a thin layer over public library functions (see genrec.recipes.pipeline).
+
+Its imports sit inside the commands: ``genrec --help`` and a command start without loading the others' modules."""
 
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ def data_prepare(
     """Ingest DATASET into Iceberg tables (events, feedviews, items) under WORKDIR/tables."""
     from genrec.data.ingest.common import RatingRule
     from genrec.data.ingest.options import ColumnMapping, IngestOptions
-    from genrec.pipeline import prepare
+    from genrec.recipes.pipeline import prepare
 
     cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None,
                          surface=surface_col or None)
@@ -174,7 +176,7 @@ def features_build(
 ) -> None:
     """Content vectors from item text + engagement vectors from the train split's co-interactions."""
     from genrec.data.splits import SplitSpec
-    from genrec.pipeline import build_item_features
+    from genrec.recipes.pipeline import build_item_features
 
     import warnings
 
@@ -210,7 +212,7 @@ def sid_build(
     engagement_weight: float = typer.Option(1.0, help="content+engagement: the engagement block's weight."),
 ) -> None:
     """Quantise item vectors into a new SID version (codes, trie, index, stats)."""
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
 
     with _working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
@@ -345,7 +347,8 @@ def train(
     they are the fields of RunConfig (genrec/train/run.py: variant, model.*, data.*, objective.* from
     genrec/train/objective.py) and TrainConfig (genrec/train/config.py: train.*), documented there.
     Progress: a bar on a terminal, plain lines on stderr otherwise (train.progress, train.progress_every_s)."""
-    from genrec.train.run import RunConfig, train_run
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
 
     cfg = RunConfig.from_name(preset, list(overrides or []))
     if show_config:
@@ -382,7 +385,7 @@ def quickstart(
     steps: int = typer.Option(0, help="Training steps (0 = the quickstart preset's)."),
 ) -> None:
     """Prepare -> features -> SIDs -> train -> evaluate -> recommend, on the default data."""
-    from genrec.quickstart import run_quickstart
+    from genrec.recipes.quickstart import run_quickstart
 
     run_quickstart(workdir, dataset=dataset, data_dir=data_dir, download=download, steps=steps)
 
@@ -795,7 +798,7 @@ def cold_start(
     """Cold-start items: withhold some from training, code them with the frozen SID codebook, score them.
 
     Reports Recall@K per path on the test cases whose target is a withheld item."""
-    from genrec.eval.coldstart import run_cold_start
+    from genrec.recipes.coldstart import run_cold_start
 
     r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []))
     _echo_json({k: v for k, v in r.items() if k != "cold_item_ids"})

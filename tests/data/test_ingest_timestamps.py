@@ -131,7 +131,7 @@ def _as_timestamp(ms: pa.Array, typ: pa.DataType) -> pa.Array:
 
 
 def test_dates_strptime_patterns_and_the_rule_in_the_manifest(tmp_path: Path) -> None:
-    from genrec.pipeline import prepare
+    from genrec.recipes.pipeline import prepare
 
     day = 10195  # 1997-12-01
     pq.write_table(pa.table({"user_id": [1, 1], "item_id": [1, 2], "timestamp": pa.array([day, day + 3], pa.date32())}),

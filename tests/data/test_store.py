@@ -261,8 +261,8 @@ def test_catalog_config_from_environment(monkeypatch, tmp_path):
     """A non-default Iceberg catalog comes from configuration; bad configuration is named."""
     import pytest as _pt
 
-    from genrec.errors import ConfigError as _CE
     from genrec.data.store import catalog_config
+    from genrec.errors import ConfigError as _CE
 
     monkeypatch.delenv("GENREC_ICEBERG_CATALOG", raising=False)
     assert catalog_config() is None

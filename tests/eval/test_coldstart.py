@@ -7,7 +7,7 @@ import pytest
 from genrec.data.ingest import prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.errors import ConfigError
-from genrec.eval.coldstart import withhold_items
+from genrec.recipes.coldstart import withhold_items
 
 
 @pytest.fixture(scope="module")

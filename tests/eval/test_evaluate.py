@@ -22,9 +22,10 @@ def build_run(root: Path, datasets_root: Path, *, steps: int = 6, dataset: str =
               source: Path | None = None) -> Path:
     """A tiny trained run dir on MovieLens-100K (or ``dataset`` from ``source``): random item features
     (fast), 2-level SIDs, cpu-tiny."""
-    from genrec import pipeline as P
     from genrec.features.store import ItemVectors
-    from genrec.train.run import RunConfig, train_run
+    from genrec.recipes import pipeline as P
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
     from genrec.workdir import WorkDir
 
     P.prepare(root, dataset, source=source, data_dir=datasets_root)

@@ -12,7 +12,7 @@ import pytest
 def featured(tmp_path: Path, datasets_root: Path) -> Callable[..., Path]:
     """``featured(dataset, folder)`` -> a run directory with ``dataset`` prepared and small item features built
     (content 16, engagement 8); skips when the dataset's folder is absent."""
-    from genrec.pipeline import build_item_features, prepare
+    from genrec.recipes.pipeline import build_item_features, prepare
 
     def make(dataset: str, folder: str, name: str = "wd") -> Path:
         if not (datasets_root / folder).is_dir():

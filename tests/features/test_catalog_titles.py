@@ -21,7 +21,7 @@ def test_items_without_titles_show_their_text(featured: Callable[..., Path]) -> 
 
 
 def test_titles_are_kept_and_long_texts_shortened(tmp_path: Path) -> None:
-    from genrec.pipeline import build_item_features, load_catalog, prepare
+    from genrec.recipes.pipeline import build_item_features, load_catalog, prepare
 
     src = tmp_path / "d"
     src.mkdir()

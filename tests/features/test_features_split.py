@@ -17,8 +17,9 @@ from genrec.errors import ConfigError
 
 def test_features_follow_the_split_and_train_refuses_a_mismatch(tmp_path: Path, datasets_root: Path) -> None:
     from genrec.data.splits import SplitSpec, compute_cutoffs, train_events
-    from genrec.pipeline import open_store, prepare
-    from genrec.train.run import RunConfig, check_features_split, train_run
+    from genrec.recipes.pipeline import open_store, prepare
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig, check_features_split
     from genrec.workdir import WorkDir
 
     if not (datasets_root / "movielens-100k").is_dir():

@@ -83,7 +83,7 @@ def test_movielens_titles_are_not_flagged_and_sid_build_stays_content(featured: 
 
 
 def test_beauty_titles_are_not_flagged(tmp_path: Path, datasets_root: Path) -> None:
-    from genrec.pipeline import open_store, prepare
+    from genrec.recipes.pipeline import open_store, prepare
 
     if not (datasets_root / "amazon-beauty-2014").is_dir():
         pytest.skip("amazon-beauty-2014 not available")

@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from genrec.errors import ConfigError, DataError
-from genrec.model.genrec_model import ModelBatch
 from genrec.infer.recommender import Recommender, user_history
+from genrec.model.genrec_model import ModelBatch
 
 
 def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
     """A tiny trained run dir on MovieLens-100K: random item features (fast), 2-level SIDs, cpu-tiny."""
-    from genrec import pipeline as P
     from genrec.features.store import ItemVectors
-    from genrec.train.run import RunConfig, train_run
+    from genrec.recipes import pipeline as P
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
     from genrec.workdir import WorkDir
 
     P.prepare(root, "movielens-100k", data_dir=datasets_root)
@@ -305,8 +306,8 @@ def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
 def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:
     """The "all" graph mode's encode and ranking paths (bucketed histories and candidates), run
     eagerly on the CPU over the same static buffers, give the plain recommendations."""
-    from genrec.model.graphs import GraphedEncoder, GraphedRanker
     from genrec.infer.recommender import graph_mode
+    from genrec.model.graphs import GraphedEncoder, GraphedRanker
 
     h2 = [3, 4]
     want = [rec.recommend(h, k=8, beam_width=8) for h in (HIST, h2)] + [rec.recommend([HIST, h2], k=8, beam_width=8)]

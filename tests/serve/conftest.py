@@ -10,8 +10,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
-    from genrec.pipeline import build_item_features, build_semantic_ids, prepare
-    from genrec.train.run import RunConfig, train_run
+    from genrec.recipes.pipeline import build_item_features, build_semantic_ids, prepare
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
 
     if not (datasets_root / "movielens-100k").is_dir():
         pytest.skip("movielens-100k not available")

@@ -21,7 +21,7 @@ REQ = {"history": [{"item_id": i} for i in (1, 50, 172, 181)], "k": 5, "beam_wid
 
 
 def test_swap_under_load_fails_nothing(run_copy: Path) -> None:
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
 
     app = create_app(ServeConfig(workdir=run_copy))
     with ServerThread(app) as s:
@@ -57,7 +57,7 @@ def test_swap_under_load_fails_nothing(run_copy: Path) -> None:
 
 
 def test_inflight_bundle_survives_swap(run_copy: Path) -> None:
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
 
     holder = BundleHolder(run_copy)
     old = holder.load_initial()
@@ -91,7 +91,7 @@ def test_reload_picks_up_new_fusion_weights(run_copy: Path) -> None:
 
 
 def test_before_swap_sees_the_new_engine_first_and_cannot_block_it(run_copy: Path) -> None:
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
 
     holder = BundleHolder(run_copy)
     old = holder.load_initial()
@@ -112,7 +112,7 @@ def test_before_swap_sees_the_new_engine_first_and_cannot_block_it(run_copy: Pat
 def test_concurrent_reloads_share_builds(run_copy: Path) -> None:
     """Eight /admin/reload-style calls at once cost at most two bundle builds (one in progress, one shared by
     everyone who asked meanwhile), and a reload asked for after a new SID version is published still sees it."""
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
     from genrec.serve.engine import Engine
 
     started = threading.Event()
@@ -195,7 +195,7 @@ def test_cli_serve_sighup_reload_and_loopback(run_copy: Path) -> None:
     import os
     import signal
 
-    from genrec.pipeline import build_semantic_ids
+    from genrec.recipes.pipeline import build_semantic_ids
     from genrec.serve.loadgen import start_server
 
     proc, url = start_server(run_copy)

@@ -10,8 +10,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from genrec import pipeline
 from genrec.features.store import ItemVectors
+from genrec.recipes import pipeline
 from genrec.sid.build import open_current
 
 

@@ -26,7 +26,7 @@ def titleless(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> 
     """A run directory with MovieLens 100K's ratings of movies 1-500, those 500 items with blank titles and texts,
     and item features built by the CLI; returns it with `features build`'s stderr. (500, not all 1682 movies:
     TF-IDF over 1682 'item <id>' placeholders takes an exact SVD of a minute on 2 cores.)"""
-    from genrec.pipeline import prepare
+    from genrec.recipes.pipeline import prepare
 
     raw = datasets_root / "movielens-100k"
     if not raw.is_dir():
@@ -86,7 +86,7 @@ def test_default_sid_source_on_blank_text_is_engagement(titleless: tuple[Path, s
 
 def test_library_call_falls_back_like_the_cli(titleless: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
     """`genrec.build_semantic_ids` (what the quickstart calls) chooses the source as `genrec sid build` does."""
-    from genrec import pipeline
+    from genrec.recipes import pipeline
 
     wd, _ = titleless
     sb = pipeline.build_semantic_ids(wd)

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
+from genrec.catalog import ItemCatalog
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
-from genrec.catalog import ItemCatalog
 from genrec.train.objective import JointObjective, ObjectiveConfig
 
 

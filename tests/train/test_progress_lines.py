@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from genrec.train.run import RunConfig, train_run
+from genrec.recipes.training import train_run
+from genrec.train.run import RunConfig
 from genrec.train.trainer import _ProgressLines
 
 STEP_LINE = re.compile(r"^\[genrec\.train\] step (\d+)/(\d+) \(\d+%\)  elapsed \S+  .*loss \d+\.\d+  items/s \d+",

@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from genrec.errors import ConfigError
+from genrec.recipes.training import train_run
 from genrec.train.checkpoint import resolve_checkpoint
-from genrec.train.run import RunConfig, train_run
+from genrec.train.run import RunConfig
 
 
 def _weights(run_dir):  # noqa: ANN001, ANN202
@@ -204,7 +205,7 @@ def test_gpu_base_trains_compiled_on_amazon_beauty(tmp_path, datasets_root):  # 
     options turned mixed-order reduction off; MovieLens 100K's near-full batches never reached it."""
     import json
 
-    from genrec import pipeline
+    from genrec.recipes import pipeline
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

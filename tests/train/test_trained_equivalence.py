@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from genrec import pipeline
 from genrec.infer.recommender import Recommender, user_history
-from genrec.train.run import RunConfig, train_run
+from genrec.recipes import pipeline
+from genrec.recipes.training import train_run
+from genrec.train.run import RunConfig
 
 TOL = dict(atol=1e-5, rtol=0.0)
 

@@ -31,10 +31,10 @@ from typing import Any, ContextManager
 import torch
 from torch.profiler import ProfilerActivity, profile as torch_profile
 
+from genrec.catalog import load_catalog, open_store
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
 from genrec.model.genrec_model import GenRecModel
-from genrec.catalog import load_catalog, open_store
 from genrec.train.batches import BatchStream, TrainBatch, materialise
 from genrec.train.config import compile_kwargs
 from genrec.train.objective import JointObjective

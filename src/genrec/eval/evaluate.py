@@ -39,8 +39,8 @@ import torch
 from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
-from genrec.model.checkpoint_io import BEST, resolve_checkpoint
 from genrec.infer.recommender import Recommender
+from genrec.model.checkpoint_io import BEST, resolve_checkpoint
 from genrec.train.batches import collate
 from genrec.workdir import WorkDir
 
@@ -115,9 +115,9 @@ class EvalData:
 
 def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> EvalData:
     """Read the split's cases from WORKDIR's tables (the split protocol the run was trained with)."""
+    from genrec.catalog import open_store
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec, train_events
-    from genrec.catalog import open_store
 
     store = open_store(workdir)
     kind = rec.split_kind

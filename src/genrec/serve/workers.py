@@ -56,8 +56,8 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
 
     import torch
 
-    from genrec.model.graphs import GraphedRanker
     from genrec.infer.recommender import graph_mode
+    from genrec.model.graphs import GraphedRanker
     from genrec.serve.engine import load_model
     from genrec.validation import trusted_inputs
 

@@ -1,4 +1,4 @@
-"""``genrec train``: one joint training run from a prepared run directory.
+"""What ``genrec train`` runs: the run configuration, its presets and variants, and the model it builds.
 
 A :class:`RunConfig` bundles the model, objective, data and optimiser settings; named
 presets (``RunConfig.from_name``) reproduce every reported number, ``key=value`` overrides
@@ -18,30 +18,21 @@ frozen-ft      UniPinRec's "PinRec finetuned": start from ``init_from`` (a retri
                deployed ANN index's)
 =============  ==========================================================================
 
-The resolved config is written beside the checkpoints (``checkpoints/config.json``).
+The resolved config is written beside the checkpoints (``checkpoints/config.json``). The run itself
+-- data, model, trainer and its validation -- is :func:`genrec.recipes.training.train_run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from genrec.catalog import ItemCatalog
-from genrec.data.join import BucketJoinReader
-from genrec.data.splits import SplitSpec
 from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
-from genrec.model.genrec_model import GenRecModel
-from genrec.train.batches import BatchStream, materialise
 from genrec.train.checkpoint import load_checkpoint
-from genrec.train.config import (EarlyStoppingConfig, TrainConfig, apply_overrides, compile_kwargs,
-                                 compile_mode_for_world, from_dict, to_dict)
+from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
 from genrec.train.objective import JointObjective, ObjectiveConfig
 from genrec.workdir import WorkDir, read_json
 
@@ -260,113 +251,3 @@ def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
     if cfg.freeze_item_encoder or cfg.variant == "frozen-ft":
         for p in objective.model.item_encoder.parameters():
             p.requires_grad_(False)
-
-
-def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
-    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
-    from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
-    from genrec.catalog import load_catalog, open_store
-    from genrec.train.distributed import launched_world_size, pick_device
-    from genrec.train.trainer import Trainer
-
-    pick_device(cfg.train.device)  # a missing CUDA device fails here, before the data is read
-    wd = WorkDir(workdir)
-    store = open_store(wd.root)
-    info = store.info()
-    mv, obj_cfg = variant_overrides(cfg)
-    needs_sids = mv.get("layout", "pinger") in ("pinger", "tiger")
-    if cfg.data.split not in ("loo", "temporal"):
-        raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")
-    check_features_split(wd, cfg.data.split)  # before anything is loaded: the fix is a features rebuild
-    catalog = load_catalog(wd.root, with_sids=needs_sids or (wd.sid / "CURRENT").exists())
-    sid_build = None
-    sid_sizes = None
-    if catalog.codes is not None:
-        from genrec.sid.build import open_current
-
-        sid_build = open_current(wd.sid)
-        sid_sizes = [int(k) for k in sid_build.codebook_sizes]
-    split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
-    reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
-    examples = materialise(reader, catalog)
-    # how often the training split shows each catalogue row: ID vectors only for rows it shows
-    # (others would stay at their random init); popularity-sampled negatives weigh by it
-    row_counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
-        else np.zeros(len(catalog), dtype=np.int64)
-    seen_ids = catalog.item_ids[row_counts > 0]
-    mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes, len(seen_ids))
-    torch.manual_seed(cfg.train.seed)
-    model = GenRecModel(mcfg)
-    if mcfg.item_id_vocab > 0:
-        model.item_encoder.set_id_keys(torch.from_numpy(seen_ids))
-    pos = [info.actions.index(a) for a in info.positive_actions]
-    objective = JointObjective(model, catalog, obj_cfg, pos, sketch_seed=cfg.train.seed)
-    init_and_freeze(objective, cfg)
-    if not cfg.train.compile and cfg.train.compile_mode != "default":
-        print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} is not used: train.compile=false (eager)",
-              file=sys.stderr)
-    if cfg.train.compile:  # (the device was checked at the top)
-        world = launched_world_size()
-        mode = compile_mode_for_world(cfg.train.compile_mode, world)
-        if mode != cfg.train.compile_mode:
-            print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} -> {mode} under torchrun ({world} "
-                  "processes): CUDA-graphed training is checked on one GPU only", file=sys.stderr)
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile_mode=mode))
-        # in place: the state dict keeps its keys, checkpoints stay interchangeable
-        model.compile(**compile_kwargs(mode))
-        print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
-              "training forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
-
-    valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
-                          catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
-    if len(valid) == 0:
-        print("[genrec.train] warning: no validation cases (no user has a validation event in this split), so "
-              "every valid/* metric below reads 0 and says nothing; early stopping and the BEST checkpoint follow "
-              "them. Give users more events, or check the split.", file=sys.stderr)
-
-    trie = leaf_rows = None
-    if sid_build is not None:
-        from genrec.decode.trie_torch import TorchTrie
-
-        t = sid_build.trie
-        leaf_rows = catalog.rows(np.asarray(t.leaf_items))
-
-    def eval_fn(m: torch.nn.Module) -> dict[str, float]:
-        nonlocal trie
-        dev = next(m.parameters()).device
-        if sid_build is not None and sid_sizes is not None and (trie is None or trie.device != dev):
-            t = sid_build.trie
-            trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sid_sizes, device=dev)
-        res = evaluate_retrieval(m, valid, beam_width=cfg.data.eval_beam, context_len=cfg.data.context_len,
-                                 trie=trie, leaf_rows=leaf_rows)
-        return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
-
-    if cfg.data.neg_sampling not in ("uniform", "popularity"):
-        raise ConfigError(f"config key 'data.neg_sampling': must be 'uniform' or 'popularity', "
-                          f"got {cfg.data.neg_sampling!r}")
-    neg_weights = None
-    if cfg.data.neg_sampling == "popularity":
-        neg_weights = row_counts.astype(np.float64) ** 0.75 if examples else np.ones(len(catalog))
-
-    def factory(spec: Any) -> Any:
-        stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
-                             context_len=cfg.data.context_len, n_actions=len(info.actions),
-                             p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
-                             max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
-                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
-                             pad_multiple=cfg.data.pad_multiple)
-        return stream.iter_from(spec.start_step)
-
-    extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
-             "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
-    trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
-                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
-    result = trainer.fit(resume=resume)
-    with trainer.averaged():
-        final = eval_fn(objective)  # the weights the last checkpoint serves
-    return {"step": result.step, "best_step": result.best_step, "valid": final,
-            "train_examples": len(examples), "valid_cases": len(valid),
-            "last_loss": result.history[-1] if result.history else None,
-            "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
-            **({"interrupted": result.interrupted} if result.interrupted else {}),
-            **({"previous_run": str(result.archived)} if result.archived else {})}

@@ -24,10 +24,19 @@ from typing import Any
 import numpy as np
 
 from genrec.catalog import load_catalog, open_store
-from genrec.data.ingest import IngestOptions, prepare_dataset
+from genrec.data.ingest import REGISTRY, IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.data.store import TableStore, catalog_config
 from genrec.errors import ConfigError
+from genrec.eval.evaluate import EvalConfig, run_eval
+from genrec.eval.evaluate import evaluate as _evaluate
+from genrec.eval.evaluate import tune_fusion as _tune
+from genrec.features.build import build_features
+from genrec.features.store import ItemVectors
+from genrec.infer.recommender import Recommender
+from genrec.recipes.training import train_run
+from genrec.sid.build import build_sids, choose_sid_source, features_text_quality, sid_input_vectors
+from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
 __all__ = ["build_item_features", "build_semantic_ids", "default_split", "evaluate", "load_catalog", "open_store",
@@ -39,8 +48,6 @@ def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = No
             options: IngestOptions | None = None) -> dict[str, Any]:
     """Ingest ``dataset`` into canonical Iceberg tables under ``WORKDIR/tables``; returns the manifest.
     (The run directory comes first, as everywhere in this module; the CLI reads ``DATASET WORKDIR``.)"""
-    from genrec.data.ingest import REGISTRY
-
     if str(dataset) not in REGISTRY and str(workdir) in REGISTRY:
         raise ConfigError(f"prepare(workdir, dataset): {str(workdir)!r} is a dataset name and {str(dataset)!r} is "
                           f"not -- the arguments look swapped (the CLI's order is `genrec data prepare DATASET "
@@ -58,8 +65,6 @@ def default_split(store: TableStore) -> SplitSpec:
 def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_dim: int = 64,
                         engagement_dim: int = 64, seed: int = 0, split: SplitSpec | None = None) -> Any:
     """Content + engagement vectors; engagement sees the TRAIN split only (no valid/test leakage)."""
-    from genrec.features.build import build_features
-
     wd = WorkDir(workdir)
     store = open_store(wd.root)
     spec = split or default_split(store)
@@ -79,9 +84,6 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
     SIDs, see :func:`genrec.sid.build.sid_input_vectors`) or engagement alone. ``None``: content, or
     engagement when ``features build`` found the item text degenerate (said on stderr;
     :func:`genrec.sid.build.choose_sid_source`)."""
-    from genrec.features.store import ItemVectors
-    from genrec.sid.build import build_sids, choose_sid_source, features_text_quality, sid_input_vectors
-
     wd = WorkDir(workdir)
     choice = choose_sid_source(features_text_quality(wd.features), source)
     if choice.message is not None:
@@ -100,8 +102,6 @@ def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[
                 resume: bool = True) -> dict[str, Any]:
     """``genrec train``: the joint model on WORKDIR's tables, features and SIDs, from a named preset and
     ``key=value`` overrides (``variant=tiger``, ``train.lr=3e-4``, ...); returns the run's summary."""
-    from genrec.train.run import RunConfig, train_run
-
     return train_run(workdir, RunConfig.from_name(preset, list(overrides)), resume=resume)
 
 
@@ -109,8 +109,6 @@ def evaluate(workdir: str | Path, *, split: str = "test", write: bool = True, **
     """``genrec eval``: every path, popularity and the ranking metrics on one split; ``options`` are
     :class:`genrec.eval.evaluate.EvalConfig` fields (``max_users``, ``beam_width``, ...). ``write``: also
     write the report files under ``WORKDIR/reports`` (their paths in the returned report's ``files``)."""
-    from genrec.eval.evaluate import EvalConfig, evaluate as _evaluate, run_eval
-
     cfg = EvalConfig(split=split, **options)
     if not write:
         return _evaluate(workdir, cfg)
@@ -121,14 +119,10 @@ def evaluate(workdir: str | Path, *, split: str = "test", write: bool = True, **
 def tune_fusion(workdir: str | Path, **options: Any) -> dict[str, Any]:
     """``genrec fusion tune``: the L1 score-fusion weights chosen on validation, stored for the checkpoint
     (``options``: ``checkpoint``, ``max_users``, ``beam_width``, ``metric``, ...)."""
-    from genrec.eval.evaluate import tune_fusion as _tune
-
     return _tune(workdir, **options)
 
 
-def recommender(workdir: str | Path, checkpoint: str | Path | None = None, *, device: str = "cpu") -> Any:
+def recommender(workdir: str | Path, checkpoint: str | Path | None = None, *, device: str = "cpu") -> Recommender:
     """The trained model with its catalogue, SIDs and ANN index, as ``genrec recommend`` and ``genrec serve``
     load it (:class:`genrec.infer.recommender.Recommender`: ``recommend``, ``encode``, ``score_candidates``)."""
-    from genrec.infer.recommender import Recommender
-
     return Recommender.from_checkpoint(workdir, checkpoint, device=device)

@@ -19,22 +19,24 @@ from typing import Any, cast
 from rich.console import Console
 from rich.table import Table
 
+from genrec.data.ingest.options import IngestOptions
+from genrec.eval.baselines import Popularity
+from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
+from genrec.eval.metrics import topk_metrics
+from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
+from genrec.infer.recommender import RecommendationList, Recommender, user_history
+from genrec.infer.show import print_recommendations
+from genrec.recipes import pipeline
+from genrec.recipes.training import train_run
+from genrec.train.run import RunConfig
+
+
 def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data_dir: str | Path | None = None,
                    download: bool = False, steps: int = 0, fusion_users: int = 500, report_users: int = 0,
                    split_seed: int = 0, console: Console | None = None) -> dict[str, Any]:
     """The whole pipeline and its summary. ``fusion_users`` validation users choose the L1 fusion weights;
     every summary row is measured on the other validation users (``report_users`` of them at random; 0: all);
     the split is drawn once, with ``split_seed``."""
-    from genrec import pipeline
-    from genrec.data.ingest.options import IngestOptions
-    from genrec.eval.baselines import Popularity
-    from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
-    from genrec.eval.metrics import topk_metrics
-    from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
-    from genrec.infer.recommender import RecommendationList, Recommender, user_history
-    from genrec.infer.show import print_recommendations
-    from genrec.train.run import RunConfig, train_run
-
     con = console or Console()
     wd = Path(workdir)
     t0 = time.perf_counter()

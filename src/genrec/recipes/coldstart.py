@@ -24,9 +24,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from genrec.data.ingest.feedviews import build_feedviews
+from genrec.data.join import BucketJoinReader
 from genrec.data.schema import Dataset
+from genrec.data.splits import SplitSpec
 from genrec.data.store import TableStore
 from genrec.errors import ConfigError
+from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.infer.recommender import Recommender
+from genrec.recipes import pipeline
+from genrec.recipes.training import train_run
+from genrec.sid.build import assign_sids, build_sids, open_current
+from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, atomic_write_json
 
 
@@ -63,13 +71,6 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
                    preset: str = "quickstart", overrides: list[str] | None = None, levels: int = 3,
                    beam_width: int = 20) -> dict[str, Any]:
     """Build the cold-start run in ``out`` from the prepared tables of ``base``; returns the metrics."""
-    from genrec import pipeline
-    from genrec.data.join import BucketJoinReader
-    from genrec.data.splits import SplitSpec
-    from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
-    from genrec.sid.build import assign_sids, build_sids, open_current
-    from genrec.train.run import RunConfig, train_run
-
     wd = WorkDir(out).ensure()
     ds, cold = withhold_items(TableStore(WorkDir(base).tables).read(), frac, seed)
     TableStore(wd.tables).write(ds, n_buckets=4, overwrite=True)
@@ -89,8 +90,6 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
     cold_rows = set(catalog.rows(cold).tolist())
     pick = [i for i, r in enumerate(es_all.target_rows.tolist()) if r in cold_rows]
     es = EvalSet([es_all.examples[i] for i in pick], es_all.target_rows[pick])
-    from genrec.infer.recommender import Recommender
-
     rec = Recommender.from_checkpoint(wd.root)
     sb = open_current(wd.sid)
     trie, leaf_rows = rec.trie, rec.leaf_rows  # the device trie and leaf map the Recommender serves with
