@@ -25,6 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from genrec.bench.kernels import _capture, _time_graph
+from genrec.decode.beam import beam_search
+from genrec.decode.graphs import GraphedBeamSearch
+from genrec.decode.trie_torch import TorchTrie
+from genrec.model import GenRecModel, ModelBatch, ModelConfig
+from genrec.sid.trie import SidTrie
+from genrec.validation import trusted_inputs
+
 RESULTS: dict[str, Any] = {"beam": [], "sid": [], "trie": [], "rank": [], "checks": {}}
 
 
@@ -49,8 +57,6 @@ def _time(fn: Callable[[], Any], dev: torch.device, warmup: int, iters: int) -> 
 
 def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 1100,  # type: ignore[no-untyped-def]
            layers: int | None = None):
-    from genrec.model import GenRecModel, ModelConfig
-
     torch.manual_seed(0)
     depth = {} if layers is None else {"n_layers": layers}
     if tiny:
@@ -64,8 +70,6 @@ def _model(dev: torch.device, tiny: bool, levels: int, K: int, max_items: int = 
 
 
 def _batch(cfg, B: int, n: int, dev: torch.device):  # type: ignore[no-untyped-def]
-    from genrec.model import ModelBatch
-
     g = torch.Generator().manual_seed(1)
     return ModelBatch(
         actions=torch.randint(0, cfg.n_actions, (B, n), generator=g).to(dev),
@@ -81,8 +85,6 @@ def _autocast(dev: torch.device):  # type: ignore[no-untyped-def]
 
 
 def _random_trie(n_items: int, levels: int, K: int, seed: int = 0):  # type: ignore[no-untyped-def]
-    from genrec.sid.trie import SidTrie
-
     rng = np.random.default_rng(seed)
     codes = np.unique(rng.integers(0, K, (int(n_items * 1.1), levels)), axis=0)[:n_items]
     return SidTrie.build(codes, np.arange(len(codes)), [K] * levels)
@@ -92,9 +94,6 @@ def _random_trie(n_items: int, levels: int, K: int, seed: int = 0):  # type: ign
 def bench_beams(dev: torch.device, B: int, n: int, widths: list[int], levels: int, K: int, tiny: bool,
                 warmup: int, iters: int) -> None:
     """Full constrained beam search (every level) over a cached history: shared (cascade) vs copied."""
-    from genrec.decode.beam import beam_search
-    from genrec.decode.trie_torch import TorchTrie
-
     model = _model(dev, tiny, levels, K)
     cfg = model.config
     st = _random_trie(20_000 if tiny else 1_000_000, levels, K)
@@ -148,10 +147,6 @@ def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, leve
     """The whole SID decode (every level, trie constraints and the diversity penalty on) over a
     cached history: eager with the per-pick torch selection loop, eager with the selection kernel,
     and the CUDA-graph replay (GraphedBeamSearch) -- checked equal to the eager search first."""
-    from genrec.decode.beam import beam_search
-    from genrec.decode.graphs import GraphedBeamSearch
-    from genrec.decode.trie_torch import TorchTrie
-
     model = _model(dev, tiny, levels, K, max_items=max(1100, n + 1))
     cfg = model.config
     st = _random_trie(n_items, levels, K)
@@ -201,8 +196,6 @@ def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, leve
 
 def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list[int], warmup: int, iters: int) -> None:
     """One constrained step = valid-code mask for every beam's node + advance, GPU vs CPU trie."""
-    from genrec.decode.trie_torch import TorchTrie
-
     st = _random_trie(n_items, levels, K)
     gpu = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
     rng = np.random.default_rng(2)
@@ -236,8 +229,6 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
                    "cpu_ms": _time(cpu_step, torch.device("cpu"), warmup, iters), "match": ok and same}
             row["speedup"] = row["cpu_ms"] / row["gpu_ms"]
             if dev.type == "cuda":  # GPU time per step, as the captured SID decode runs it (no host launch cost)
-                from genrec.bench.kernels import _time_graph
-
                 try:
                     row["gpu_graph_ms"] = _time_graph(gpu_step, warmup, iters)
                 except Exception as e:  # noqa: BLE001 - report, do not hide: a sync in the step breaks capture
@@ -253,8 +244,6 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
 def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
     """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.kernels._capture``: value
     checks off, warmed up on a side stream): (replay, static output)."""
-    from genrec.bench.kernels import _capture
-
     outs: list[Any] = []
 
     def call() -> None:
@@ -347,8 +336,6 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
         if "decode_graph_ms" in row:
             row["speedup_graph_vs_prefill"] = row["prefill_ms"] / row["decode_graph_ms"]
         if compile_levers:
-            from genrec.validation import trusted_inputs
-
             for mode in ("default", "reduce-overhead"):
                 key = "decode_compiled" if mode == "default" else "decode_compiled_graph"
                 try:

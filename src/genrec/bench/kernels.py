@@ -38,6 +38,10 @@ from typing import Any, Callable, Literal
 import torch
 import torch.nn.functional as F
 
+from genrec.bench.gpu_monitor import GpuMonitor
+from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref, item_block_mask
+from genrec.validation import trusted_inputs
+
 DEV = "cuda"  # "cpu" only for --tiny under TRITON_INTERPRET=1 (a smoke test of this script)
 # Benchmark shapes (the brief's); --tiny shrinks them.
 TRAIN = {"B": 8, "n_items": 1024, "T": 5, "heads": [(12, 64), (8, 128)]}
@@ -103,8 +107,6 @@ def _time_graph(fn: Callable[[], Any], warmup: int, iters: int, reps: int = 20) 
 
 def _trusted(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` called under ``trusted_inputs`` (no value-check syncs), as genrec's own callers run it."""
-    from genrec.validation import trusted_inputs
-
     def call() -> Any:
         with trusted_inputs():
             return fn()
@@ -115,8 +117,6 @@ def _trusted(fn: Callable[[], Any]) -> Callable[[], Any]:
 def _capture(fn: Callable[[], Any], reps: int) -> "torch.cuda.CUDAGraph":
     """A CUDA graph of ``reps`` calls of ``fn`` (warmed up once on a side stream, as capture needs),
     captured under ``trusted_inputs``."""
-    from genrec.validation import trusted_inputs
-
     with trusted_inputs():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -135,8 +135,6 @@ def sustained_ms(fn: Callable[[], Any], seconds: float, calls_per_fn: int = 1) -
     milliseconds per call (``fn`` makes ``calls_per_fn`` calls, e.g. a graph of that many) and the
     clock sample (None without nvidia-smi). What a long training run sees: the GPU at its power limit.
     CUDA events time it on a GPU, the wall clock on the CPU (this module's ``DEV``)."""
-    from genrec.bench.gpu_monitor import GpuMonitor
-
     cuda = DEV == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn()
@@ -213,9 +211,9 @@ def _visible_pairs(lengths: torch.Tensor, n_items: int, T: int) -> int:
 
 
 def check_correctness() -> None:
+    # local: these kernel modules import triton (Linux only), this module is imported without it
     from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton
     from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
-    from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref
 
     g = torch.Generator(device=DEV).manual_seed(0)
     for D, H in ((64, 2), (128, 2)):
@@ -264,7 +262,7 @@ def check_correctness() -> None:
 def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     from torch.nn.attention.flex_attention import flex_attention
 
-    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
+    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # local: imports triton
 
     B, n_items, T = TRAIN["B"], TRAIN["n_items"], TRAIN["T"]
     S = n_items * T
@@ -320,8 +318,6 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
         RESULTS.setdefault("flex_block_sparsity", {})[shape] = float(bm.sparsity())
 
     def sdpa_masked() -> Callable[[], torch.Tensor]:
-        from genrec.kernels.reference import item_block_mask
-
         mask = item_block_mask(lengths, n_items, T)[:, None]  # [B, 1, S, S]
         return lambda: F.scaled_dot_product_attention(*xs, attn_mask=mask)
 
@@ -353,6 +349,7 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
 
 
 def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = None) -> None:
+    # local: the module imports triton (Linux only)
     from genrec.kernels.cascade import cascade_attention_torch, cascade_attention_triton, cascade_num_splits
 
     B, H, D, t = CASCADE["B"], CASCADE["H"], CASCADE["D"], CASCADE["t"]

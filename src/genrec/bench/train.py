@@ -34,7 +34,9 @@ from torch.profiler import ProfilerActivity, profile as torch_profile
 from genrec.catalog import load_catalog, open_store
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
+from genrec.model import backbone
 from genrec.model.genrec_model import GenRecModel
+from genrec.sid.build import open_current
 from genrec.train.batches import BatchStream, TrainBatch, materialise
 from genrec.train.config import compile_kwargs
 from genrec.train.objective import JointObjective
@@ -93,8 +95,6 @@ def no_attention() -> Iterator[None]:
     """While it is open, every backbone self-attention returns its values ``v`` unchanged: a bound for
     benchmarks (the step without its attention's time, every other kernel kept, autograd intact through the
     QKV projection), never a model. Restored afterwards, also on error."""
-    from genrec.model import backbone
-
     saved = backbone.attention
 
     def values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -119,8 +119,6 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     store = open_store(workdir)
     info = store.info()
     catalog = load_catalog(workdir)
-    from genrec.sid.build import open_current
-
     sizes = [int(k) for k in open_current(os.path.join(workdir, "sid")).codebook_sizes]
     mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sizes)
     torch.manual_seed(0)

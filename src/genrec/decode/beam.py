@@ -137,7 +137,7 @@ def select_diverse(
 
     if cand.is_cuda and os.environ.get("GENREC_BEAM_SELECT", "").lower() != "torch":
         try:
-            from genrec.kernels import beam_select
+            from genrec.kernels import beam_select  # local: triton, needed only on CUDA
         except ImportError:  # no triton installed: the torch loop
             beam_select = None  # type: ignore[assignment]
         if beam_select is not None and beam_select.supports(cand, prefix, n_keep, diversity_lambda):

@@ -45,7 +45,7 @@ def _kernels(t: torch.Tensor):  # type: ignore[no-untyped-def]
     if not t.is_cuda or os.environ.get("GENREC_TRIE", "").lower() == "torch":
         return None
     try:
-        from genrec.kernels import trie_step
+        from genrec.kernels import trie_step  # local: triton, needed only for a CUDA query
     except ImportError:  # pragma: no cover - triton ships with CUDA torch builds
         return None
     return trie_step

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from genrec.infer.recommender import SourceIds
 from genrec.workdir import atomic_write_bytes
 
 
@@ -55,8 +56,6 @@ def write_recs(base: str | Path, lists: Mapping[str, np.ndarray], user_ids: Sequ
                workdir: str | Path) -> dict[str, str]:
     """Write one file per path (:func:`recs_file`) atomically; returns {path: file}. ``user_ids``: the
     tables' id of each case, in the order of ``lists``' rows; WORKDIR says whether ids were remapped."""
-    from genrec.infer.recommender import SourceIds
-
     src = SourceIds.of(workdir)
     users: list[Any] = [int(u) for u in user_ids]
     item_original: dict[int, Any] | None = None

@@ -36,11 +36,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from genrec.catalog import open_store
+from genrec.data.join import BucketJoinReader
+from genrec.data.splits import SplitSpec, train_events
 from genrec.errors import ConfigError
+from genrec.eval.baselines import Popularity
+from genrec.eval.dump import gapped_cases, write_recs
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
+from genrec.eval.ranking import collect_slates, ranking_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.infer.fusion import FUSION_GRID, FusionWeights, read_fusion_meta
 from genrec.infer.recommender import Recommender
 from genrec.model.checkpoint_io import BEST, resolve_checkpoint
+from genrec.model.layout import slot_kinds
 from genrec.train.batches import collate
 from genrec.workdir import WorkDir
 
@@ -115,10 +123,6 @@ class EvalData:
 
 def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> EvalData:
     """Read the split's cases from WORKDIR's tables (the split protocol the run was trained with)."""
-    from genrec.catalog import open_store
-    from genrec.data.join import BucketJoinReader
-    from genrec.data.splits import SplitSpec, train_events
-
     store = open_store(workdir)
     kind = rec.split_kind
     spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
@@ -262,8 +266,6 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     ``beam_width``: the SID beam inside L0, by default ``genrec eval``'s (the weights are recorded with it,
     and an evaluation at another width says so). ``eval_set``: the validation cases to choose on, instead of
     ``max_users`` sampled ones (e.g. one part of the validation users, the other kept for reporting)."""
-    from genrec.infer.fusion import FUSION_GRID, FusionWeights
-
     t0 = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, checkpoint)
     if rec.model.action_head is None or rec.ann is None:
@@ -303,8 +305,6 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
 
 def history_tokens_per_item(layout: str, sid_levels: int) -> int:
     """Tokens one history item costs at serving (PinGER/dense: 1; HSTU: 2; TIGER: L)."""
-    from genrec.model.layout import slot_kinds
-
     return len(slot_kinds(layout, sid_levels, serving=True))
 
 
@@ -340,8 +340,6 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                                   retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
                                   action_weight=cfg.action_weight, lists_out=lists)
         timings["l0l1"] = time.perf_counter() - t0
-    from genrec.eval.baselines import Popularity
-
     pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
     pop_ranks = pop.target_ranks(es.target_rows)
     paths["popularity"] = topk_metrics(pop_ranks, ks)
@@ -364,8 +362,6 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
 
     ranking: dict[str, Any] | None = None
     if cfg.ranking and rec.model.action_head is not None:
-        from genrec.eval.ranking import collect_slates, ranking_metrics
-
         t0 = time.perf_counter()
         slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,
                                          negatives=cfg.slate_negatives, seed=cfg.seed)
@@ -380,8 +376,6 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     notes = _report_notes(rec, cfg, wd)
     dumped: dict[str, str] = {}
     if lists is not None and cfg.dump_recs:
-        from genrec.eval.dump import gapped_cases, write_recs
-
         dumped = write_recs(cfg.dump_recs, {p: lists[p] for p in paths if p in lists},
                             [ex.user_id for ex in es.examples], rec.catalog.item_ids, workdir)
         notes += [f"--dump-recs: {n} cases of path {p} have an unfilled slot before a filled one; their dumped "
@@ -429,8 +423,6 @@ def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
 def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
     """Caveats the numbers need beside them: L1 weights chosen on these very cases (in-sample), or at
     another beam width than this evaluation's."""
-    from genrec.infer.fusion import read_fusion_meta
-
     out: list[str] = []
     if rec.fusion_path is None or any(x is not None for x in (cfg.action_weight, cfg.retrieval_weight,
                                                                 cfg.sid_weight)):
@@ -483,7 +475,7 @@ def _pick(m: dict[str, float]) -> dict[str, float]:
 
 def run_eval(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """:func:`evaluate` + write ``WORKDIR/reports/eval-<split>-step<N>.{json,md}`` (+ PNG plots of any sweeps)."""
-    from genrec.eval.report import write_report
+    from genrec.eval.report import write_report  # local: matplotlib, loaded only to write a report
 
     report = evaluate(workdir, cfg, rec=rec)
     folder = WorkDir(workdir).reports

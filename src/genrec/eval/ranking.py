@@ -28,16 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from genrec.data.join import UserExample
 from genrec.eval.metrics import auc, hit_at_k_slates
-
-if TYPE_CHECKING:
-    from genrec.data.join import UserExample
-    from genrec.infer.recommender import Recommender
+from genrec.infer.recommender import Recommender
 
 
 @dataclass

@@ -16,6 +16,7 @@ from itertools import permutations
 import numpy as np
 
 from genrec.errors import ConfigError
+from genrec.eval.metrics import topk_metrics
 
 __all__ = ["PairedDiff", "paired_bootstrap", "paired_topk"]
 
@@ -76,8 +77,6 @@ def paired_topk(ranks: Mapping[str, np.ndarray], metric: str = "recall@10", *, n
                 seed: int = 0) -> dict[tuple[str, str], PairedDiff]:
     """:func:`paired_bootstrap` of a top-K retrieval metric (``recall@K`` / ``ndcg@K``) from every
     variant's per-case 0-based target ranks (-1: not retrieved), all over the same cases."""
-    from genrec.eval.metrics import topk_metrics
-
     name, _, k = metric.partition("@")
     if name not in ("recall", "ndcg") or not k.isdigit():
         raise ConfigError(f"metric must be recall@K or ndcg@K, got {metric!r}")

@@ -122,7 +122,7 @@ def candidate_attention(q: torch.Tensor, k_dense: torch.Tensor, v_dense: torch.T
 
 def _item_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: ItemBlockMask) -> torch.Tensor:
     """The Triton kernel over the history segment, :func:`candidate_attention` over the candidates."""
-    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention
+    from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # local: imports triton
 
     # traced by torch.compile the kernel is a custom op that runs the tuned configuration itself, and
     # dynamo cannot trace tuned's lru_cache (a graph break in every layer)

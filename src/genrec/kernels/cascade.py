@@ -39,6 +39,7 @@ import triton.language as tl
 from genrec.kernels.attention import kernel_head_dim
 from genrec.kernels.item_block import _dot
 from genrec.kernels.reference import _check_lengths
+from genrec.validation import trusted_inputs
 
 __all__ = ["cascade_attention", "cascade_attention_torch", "cascade_attention_triton", "cascade_num_splits"]
 
@@ -388,8 +389,6 @@ def cascade_attention(
 @torch.library.custom_op("genrec::cascade_fwd", mutates_args=())
 def _cascade_op(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, k_suf: torch.Tensor,
                 v_suf: torch.Tensor, hist_len: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
-    from genrec.validation import trusted_inputs
-
     with trusted_inputs():
         return cascade_attention_triton(q, k_hist, v_hist, k_suf, v_suf, hist_len, scale, num_splits=num_splits)
 

@@ -57,7 +57,7 @@ class SelfAttention(nn.Module):
         """Beams over a shared history: x ``[B*W, t, D]`` (W rows per request) attend to their
         request's first ``hist_len`` cached tokens ``[B, H, n, Dh]`` and causally to their own t
         tokens, by cascade attention (the history is read once per request, never copied W times)."""
-        from genrec.kernels.cascade import cascade_attention
+        from genrec.kernels.cascade import cascade_attention  # local: the module imports triton (Linux only)
 
         bw, t, d = x.shape
         b = bw // w

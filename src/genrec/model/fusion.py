@@ -91,7 +91,7 @@ class SidFusion(nn.Module):
         h = blk.n1(x)
         kv_dense = F.linear(h, w, bias)  # [N, 2D]
         if self._use_kernel(x):
-            from genrec.kernels.sid_fusion import dropout_keep, fusion_attention
+            from genrec.kernels.sid_fusion import dropout_keep, fusion_attention  # local: imports triton
 
             q = F.linear(h, att.qkv.weight[:d], att.qkv.bias[:d])
             p = att.dropout if self.training else 0.0

@@ -27,16 +27,14 @@ import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
+from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.kv_cache import KVCache
 from genrec.model.layout import PAD, TokenMeta
 from genrec.validation import trusted_inputs
-
-if TYPE_CHECKING:
-    from genrec.model.genrec_model import GenRecModel, ModelBatch
 
 __all__ = ["GraphCache", "GraphedEncoder", "GraphedRanker", "bucket_length", "capture"]
 

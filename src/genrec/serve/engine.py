@@ -29,7 +29,9 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
+from genrec.catalog import open_store
 from genrec.errors import ConfigError, DataError, GenrecError
+from genrec.infer.recommender import Recommender
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.model.kv_cache import KVCache
@@ -106,9 +108,6 @@ class Engine:
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
-        from genrec.catalog import open_store
-        from genrec.infer.recommender import Recommender
-
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
         rec.warmup()  # CUDA graphs of the common shapes captured before the bundle is served (no-op on CPU)
         ev = open_store(workdir).read_events(columns=["item_id"]).column("item_id").to_numpy()

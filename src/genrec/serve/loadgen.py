@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from genrec.catalog import open_store
 from genrec.errors import ConfigError, GenrecError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -79,8 +80,6 @@ def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 
     at the front with other random users' sequences (real item ids, real transitions inside each
     piece) when it is shorter; for latency at a fixed history length on short-sequence data.
     """
-    from genrec.catalog import open_store
-
     ev = open_store(workdir).read_events(columns=["user_id", "item_id", "timestamp"])
     u = ev.column("user_id").to_numpy()
     it = ev.column("item_id").to_numpy()

@@ -17,12 +17,14 @@ restart; the server has it load a model ahead of use (at start, after a restart,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -31,9 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from genrec.errors import GenrecError
+from genrec.infer.recommender import graph_mode
+from genrec.model.graphs import GraphedRanker
+from genrec.serve.engine import load_model
 from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError
+from genrec.validation import trusted_inputs
 
 __all__ = ["RankerClient", "RankerUnavailable", "ranker_main"]
 
@@ -51,16 +58,6 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
     before a hot swap); ``{"op": "status"}`` -> the loaded (checkpoint, digest, device) triples. Exits
     when the pipe closes. A model is held by its weights' sha256 (``digest``, the served bundle's), not
     by its path alone: weights replaced in place are never paired with a cache the old ones wrote."""
-    import contextlib
-    from collections import OrderedDict
-
-    import torch
-
-    from genrec.infer.recommender import graph_mode
-    from genrec.model.graphs import GraphedRanker
-    from genrec.serve.engine import load_model
-    from genrec.validation import trusted_inputs
-
     torch.set_num_threads(max(1, threads))
     # the served checkpoint and the one before it: a hot swap warms the new model while requests
     # that started on the old bundle still rank on the old one

@@ -38,6 +38,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from genrec.errors import ConfigError, DataError, MissingDataError
+from genrec.features.text_quality import describe, is_degenerate
 from genrec.sid.disambiguate import (check_item_ids, collision_rate, disambiguate, extend_disambiguation,
                                      lex_order)
 from genrec.sid.index import SidIndex, level_bits
@@ -147,8 +148,6 @@ def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None
     vectors built from degenerate item text), else ``"content"`` -- or ``"engagement"`` when the features
     manifest's ``text_quality`` (:func:`features_text_quality`) says the item text is degenerate.
     Features built before the text check, or from a vector file, keep the ``"content"`` default."""
-    from genrec.features.text_quality import describe, is_degenerate
-
     if requested is not None and requested not in SID_SOURCES:
         raise ConfigError(f"--source must be one of {', '.join(SID_SOURCES)}, got {requested!r}")
     bad = is_degenerate(text_quality)
@@ -170,8 +169,6 @@ def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None
 def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
     """The ``source`` entry of a build's stats.json: what was quantised and why, from the build's ``inputs``
     (``source``, and ``features``: the item features folder, whose manifest holds the text check)."""
-    from genrec.features.text_quality import describe, is_degenerate
-
     source = str(inputs.get("source", "content"))
     q = features_text_quality(inputs["features"]) if inputs.get("features") else None
     out: dict[str, Any] = {"used": source, "vectors": _SOURCE_VECTORS.get(source, source)}

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from genrec.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -42,8 +44,6 @@ def pick_device(pref: str = "auto", local_rank: int = 0) -> torch.device:
     if pref == "cpu" or (pref == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from genrec.errors import ConfigError
-
         raise ConfigError("config key 'device': 'cuda' requested but no CUDA device is available")
     return torch.device("cuda", local_rank)
 

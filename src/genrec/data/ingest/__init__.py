@@ -13,9 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from genrec.data.ingest.amazon import ingest_amazon_p5
 from genrec.data.ingest.common import RatingRule
 from genrec.data.ingest.feedviews import DEFAULT_SLATE_SIZE, build_feedviews, feedviews_reference
+from genrec.data.ingest.generic import ingest_generic
+from genrec.data.ingest.movielens import ingest_movielens
 from genrec.data.ingest.options import ColumnMapping, IngestOptions
+from genrec.data.ingest.taobao import ingest_taobao
 from genrec.data.schema import Dataset
 from genrec.errors import ConfigError, MissingDataError
 from genrec.paths import data_root
@@ -43,26 +47,18 @@ class DatasetSpec:
 
 
 def _movielens(name: str, folder: Path, options: IngestOptions) -> Dataset:
-    from genrec.data.ingest.movielens import ingest_movielens
-
     return ingest_movielens(name, folder, options)
 
 
 def _amazon(name: str, folder: Path, options: IngestOptions) -> Dataset:
-    from genrec.data.ingest.amazon import ingest_amazon_p5
-
     return ingest_amazon_p5(name, folder, options)
 
 
 def _taobao(name: str, folder: Path, options: IngestOptions) -> Dataset:
-    from genrec.data.ingest.taobao import ingest_taobao
-
     return ingest_taobao(name, folder, options)
 
 
 def _generic(name: str, folder: Path, options: IngestOptions) -> Dataset:
-    from genrec.data.ingest.generic import ingest_generic
-
     return ingest_generic(name, folder, options)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from genrec.errors import DataError, MissingDataError
 from genrec.workdir import atomic_write_json
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: movielens imports this module
     from genrec.data.ingest.movielens import Variant
 
 BASE_URL = "https://files.grouplens.org/datasets/movielens/"

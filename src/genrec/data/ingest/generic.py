@@ -39,7 +39,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from genrec.data.ingest.build import ItemRows, build_dataset
-from genrec.data.ingest.common import Column, file_record, int_col, read_delimited, record_line
+from genrec.data.ingest.common import Column, Parsed, file_record, int_col, read_delimited, record_line
 from genrec.data.ingest.options import ColumnMapping, IngestOptions
 from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 from genrec.data.schema import Dataset, DatasetInfo
@@ -305,8 +305,6 @@ def read_items_file(path: Path, m: ColumnMapping, *, map_ids: bool, item_codes: 
         raise DataError(f"column missing; the file has {table.column_names}", path=path, line=1, field=m.item)
     loaded = Loaded(path, {}, table.num_rows, _is_csv(path))
     if loaded.is_csv:
-        from genrec.data.ingest.common import Parsed
-
         loaded.parsed = Parsed(path, {}, table.num_rows, True, delimiter)
     ids_raw = table.column(m.item).to_pylist()
     rows, ids = ItemRows.empty(), []

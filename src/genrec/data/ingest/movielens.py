@@ -30,6 +30,7 @@ from genrec.data.ingest.common import (
     read_delimited,
     record_line,
 )
+from genrec.data.ingest.download import fetch_movielens, url_for
 from genrec.data.ingest.options import IngestOptions
 from genrec.data.schema import Dataset, DatasetInfo
 from genrec.errors import DataError, MissingDataError
@@ -221,8 +222,6 @@ def read_ratings(path: Path, layout: str) -> tuple[Parsed, tuple[str, str, str, 
 
 
 def missing_message(variant: Variant, folder: Path, missing: list[str]) -> str:
-    from genrec.data.ingest.download import url_for
-
     files = ", ".join(missing)
     return (
         f"{variant.name}: {files} not found in {folder}. Put GroupLens's file(s) there "
@@ -240,8 +239,6 @@ def ingest_movielens(name: str, folder: Path, options: IngestOptions) -> Dataset
     needed = [variant.ratings_file, variant.movies_file]
     missing = [f for f in needed if not (folder / f).is_file()]
     if missing and options.download:
-        from genrec.data.ingest.download import fetch_movielens
-
         fetch_movielens(variant, folder)
         missing = [f for f in needed if not (folder / f).is_file()]
     if missing:
