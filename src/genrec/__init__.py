@@ -1,8 +1,8 @@
 """genrec: one transformer for the recommendation funnel.
 
 Encode a user's history once; serve Semantic-ID beams (PinGER), ANN retrieval and
-ranking (UniPinRec) from that one encoding. See ARCHITECTURE in the README for the
-data flow: data -> features -> sid -> train -> eval / serve.
+ranking (UniPinRec) from that one encoding. See "What is inside" in the README for the
+data flow (data -> features -> sid -> train -> eval / serve) and the import layers.
 """
 
 from genrec._version import __version__
