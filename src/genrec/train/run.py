@@ -66,6 +66,7 @@ def check_features_split(wd: WorkDir, kind: str) -> None:
 class DataConfig:
     context_len: int = 50
     p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
+    fv_pick: str = "uniform"  # which feedview such a row is cut at: uniform (any, drawn) | last (the newest)
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
     neg_sampling: str = "uniform"  # uniform | popularity (training-split counts ^ 0.75: retrieval-like negatives)
@@ -102,6 +103,8 @@ class ModelOverrides:
     norm: str | None = None  # rmsnorm | layernorm
     normalize: bool | None = None  # false: raw dot-product scores (set objective.temperature=1)
     id_init_std: float | None = None
+    embed_init_std: float | None = None
+    ffn_dropout: float | None = None
 
 
 @dataclass
@@ -236,7 +239,7 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
             kw[name] = getattr(o, name)
     if o.dropout >= 0:
         kw["dropout"] = o.dropout
-    for name in ("item_content", "input_dropout", "positions", "pos_init_std", "user_head", "norm", "normalize", "id_init_std"):
+    for name in (f.name for f in dataclasses.fields(o) if f.default is None):  # the pass-through fields
         if getattr(o, name) is not None:
             kw[name] = getattr(o, name)
     if sid_sizes is not None:
@@ -354,7 +357,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                              p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
                              neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
-                             pad_multiple=cfg.data.pad_multiple)
+                             pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick)
         return stream.iter_from(spec.start_step)
 
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
