@@ -75,6 +75,9 @@ class ModelConfig:
     # makes the surface a constant offset of norm ~sqrt(d_model) on every dense token of one-surface data, which
     # input dropout turns into noise of that size over the unit-norm item vector)
     embed_init_std: float = 1.0
+    # False: a dense token is the item vector itself plus an action and a surface embedding (the item enters as it is
+    # scored: SASRec's tied embedding; needs item_dim == d_model) instead of proj([item vector ‖ action]) + surface
+    input_proj: bool = True
     # dropout inside the FFN, after its activation (torch's TransformerEncoderLayer, hence SASRec's, has it)
     ffn_dropout: float = 0.0
 
@@ -114,6 +117,8 @@ class ModelConfig:
             raise bad("ffn_dropout", "must lie in [0, 1)")
         if not self.pos_init_std > 0:
             raise bad("pos_init_std", "must be > 0")
+        if not self.input_proj and self.item_dim != self.d_model:
+            raise bad("input_proj", f"false needs item_dim == d_model (item_dim={self.item_dim}, d_model={self.d_model})")
         if self.user_head not in ("mlp", "linear", "identity"):
             raise bad("user_head", "must be 'mlp', 'linear' or 'identity'")
         if self.user_head == "identity" and self.item_dim != self.d_model:

@@ -103,22 +103,30 @@ def random_action_mask(shape: tuple[int, ...], p_mask: float, generator: torch.G
 
 
 class DenseInputEncoder(nn.Module):
-    """MAM input: proj([item_vec ‖ Linear(one_hot(action, C+1))]) + surface embedding -> ``[..., d_model]``."""
+    """MAM input: proj([item_vec ‖ Linear(one_hot(action, C+1))]) + surface embedding -> ``[..., d_model]``;
+    with ``input_proj`` off: item_vec + Linear(one_hot(action, C+1)) + surface embedding (the concatenation
+    with the projection fixed to the identity on the item's half)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_classes = cfg.n_actions + 1
         self.n_surfaces = cfg.n_surfaces
-        self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
-        self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
+        self.proj: nn.Linear | None = None
+        if cfg.input_proj:
+            self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
+            self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
+        else:
+            self.action = nn.Linear(self.n_classes, cfg.d_model, bias=False)
+            nn.init.normal_(self.action.weight, std=0.02)
         self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
         init_embeddings(cfg, self.surface)
 
     def forward(self, item_vec: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
         _check_range(actions, self.n_classes, "actions")
         _check_range(surfaces, self.n_surfaces, "surfaces")
-        a = self.action(F.one_hot(actions, self.n_classes).to(item_vec.dtype))  # [..., A]
-        return self.proj(torch.cat([item_vec, a], -1)) + self.surface(surfaces)
+        a = self.action(F.one_hot(actions, self.n_classes).to(item_vec.dtype))  # [..., A] (A = d_model unprojected)
+        x = item_vec + a if self.proj is None else self.proj(torch.cat([item_vec, a], -1))
+        return x + self.surface(surfaces)
 
 
 class ActionTokenEncoder(nn.Module):

@@ -105,6 +105,7 @@ class ModelOverrides:
     id_init_std: float | None = None
     embed_init_std: float | None = None
     ffn_dropout: float | None = None
+    input_proj: bool | None = None  # false: the item vector is the input token (needs item_dim == d_model)
 
 
 @dataclass
