@@ -71,9 +71,13 @@ class ModelConfig:
     # std of the item ID vectors' init. With normalize on, only their direction counts and Adam's step is fixed in
     # size, so a small init turns each step into a large rotation (a high effective learning rate)
     id_init_std: float = 0.02
-    # std of the surface embedding's init, added to every dense token (nn.Embedding's default 1.0 is a constant
-    # offset of norm ~sqrt(d_model) on one-surface data, which input dropout turns into noise of that size)
-    surface_init_std: float = 1.0
+    # std of the input embedding tables' init: surfaces, SID codes and levels, time gaps (nn.Embedding's default 1.0
+    # makes the surface a constant offset of norm ~sqrt(d_model) on every dense token of one-surface data, which
+    # input dropout turns into noise of that size over the unit-norm item vector)
+    embed_init_std: float = 1.0
+    # False: a dense token is the item vector itself plus an action and a surface embedding (the item enters as it is
+    # scored: SASRec's tied embedding; needs item_dim == d_model) instead of proj([item vector ‖ action]) + surface
+    input_proj: bool = True
     # dropout inside the FFN, after its activation (torch's TransformerEncoderLayer, hence SASRec's, has it)
     ffn_dropout: float = 0.0
 
@@ -107,12 +111,14 @@ class ModelConfig:
             raise bad("positions", "must be 'start' or 'end'")
         if not self.id_init_std > 0:
             raise bad("id_init_std", "must be > 0")
-        if not self.surface_init_std > 0:
-            raise bad("surface_init_std", "must be > 0")
+        if not self.embed_init_std > 0:
+            raise bad("embed_init_std", "must be > 0")
         if not 0.0 <= self.ffn_dropout < 1.0:
             raise bad("ffn_dropout", "must lie in [0, 1)")
         if not self.pos_init_std > 0:
             raise bad("pos_init_std", "must be > 0")
+        if not self.input_proj and self.item_dim != self.d_model:
+            raise bad("input_proj", f"false needs item_dim == d_model (item_dim={self.item_dim}, d_model={self.d_model})")
         if self.user_head not in ("mlp", "linear", "identity"):
             raise bad("user_head", "must be 'mlp', 'linear' or 'identity'")
         if self.user_head == "identity" and self.item_dim != self.d_model:

@@ -77,6 +77,14 @@ class ItemEncoder(nn.Module):
         return F.normalize(v, dim=-1) if self.normalize else v
 
 
+def init_embeddings(cfg: ModelConfig, *tables: nn.Embedding) -> None:
+    """Re-draw input embedding tables at ``cfg.embed_init_std`` (only when it is not nn.Embedding's own 1.0,
+    so the default keeps the random stream of earlier versions)."""
+    if cfg.embed_init_std != 1.0:
+        for t in tables:
+            nn.init.normal_(t.weight, std=cfg.embed_init_std)
+
+
 def apply_action_mask(actions: torch.Tensor, mask: torch.Tensor | None, mask_class: int) -> torch.Tensor:
     """Replace actions where ``mask`` is True with the [MASK] class (UniPinRec §3.1.1 (2))."""
     if mask is None:
@@ -95,23 +103,30 @@ def random_action_mask(shape: tuple[int, ...], p_mask: float, generator: torch.G
 
 
 class DenseInputEncoder(nn.Module):
-    """MAM input: proj([item_vec ‖ Linear(one_hot(action, C+1))]) + surface embedding -> ``[..., d_model]``."""
+    """MAM input: proj([item_vec ‖ Linear(one_hot(action, C+1))]) + surface embedding -> ``[..., d_model]``;
+    with ``input_proj`` off: item_vec + Linear(one_hot(action, C+1)) + surface embedding (the concatenation
+    with the projection fixed to the identity on the item's half)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_classes = cfg.n_actions + 1
         self.n_surfaces = cfg.n_surfaces
-        self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
-        self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
+        self.proj: nn.Linear | None = None
+        if cfg.input_proj:
+            self.action = nn.Linear(self.n_classes, cfg.action_emb_dim)
+            self.proj = nn.Linear(cfg.item_dim + cfg.action_emb_dim, cfg.d_model)
+        else:
+            self.action = nn.Linear(self.n_classes, cfg.d_model, bias=False)
+            nn.init.normal_(self.action.weight, std=0.02)
         self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
-        if cfg.surface_init_std != 1.0:  # (drawn only then: the default keeps the random stream of earlier versions)
-            nn.init.normal_(self.surface.weight, std=cfg.surface_init_std)
+        init_embeddings(cfg, self.surface)
 
     def forward(self, item_vec: torch.Tensor, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
         _check_range(actions, self.n_classes, "actions")
         _check_range(surfaces, self.n_surfaces, "surfaces")
-        a = self.action(F.one_hot(actions, self.n_classes).to(item_vec.dtype))  # [..., A]
-        return self.proj(torch.cat([item_vec, a], -1)) + self.surface(surfaces)
+        a = self.action(F.one_hot(actions, self.n_classes).to(item_vec.dtype))  # [..., A] (A = d_model unprojected)
+        x = item_vec + a if self.proj is None else self.proj(torch.cat([item_vec, a], -1))
+        return x + self.surface(surfaces)
 
 
 class ActionTokenEncoder(nn.Module):
@@ -122,6 +137,7 @@ class ActionTokenEncoder(nn.Module):
         self.n_classes = cfg.n_actions + 1
         self.action = nn.Linear(self.n_classes, cfg.d_model)
         self.surface = nn.Embedding(cfg.n_surfaces, cfg.d_model)
+        init_embeddings(cfg, self.surface)
 
     def forward(self, actions: torch.Tensor, surfaces: torch.Tensor) -> torch.Tensor:
         _check_range(actions, self.n_classes, "actions")
@@ -138,6 +154,7 @@ class SidEmbedding(nn.Module):
         self.sizes = list(cfg.sid_codebook_sizes)
         self.tables = nn.ModuleList(nn.Embedding(k, cfg.d_model) for k in self.sizes)
         self.level = nn.Embedding(len(self.sizes), cfg.d_model)
+        init_embeddings(cfg, *self.tables, self.level)  # type: ignore[arg-type]
         # first row of each level in all_rows(); a buffer, so it follows the module to its device
         offsets = torch.tensor([0, *self.sizes[:-1]]).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)  # [L]
@@ -171,6 +188,7 @@ class TimeGapEmbedding(nn.Module):
         super().__init__()
         self.n = cfg.time_buckets
         self.emb = nn.Embedding(cfg.time_buckets, cfg.d_model)
+        init_embeddings(cfg, self.emb)
 
     @staticmethod
     def bucket(gap: torch.Tensor, n: int) -> torch.Tensor:

@@ -94,7 +94,7 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
             p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
-            neg_cdf: np.ndarray | None = None, pad_multiple: int = 1) -> TrainBatch:
+            neg_cdf: np.ndarray | None = None, pad_multiple: int = 1, fv_pick: str = "uniform") -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
     ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
@@ -107,6 +107,10 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     ``pad_multiple`` > 1 rounds the item slots (up to ``context_len``) and the candidate slots up
     to a multiple of it: padding is invisible to every attention and loss, and a few repeating
     shapes let the GPU's kernels and attention plans be reused from step to step.
+
+    ``fv_pick`` says which feedview a row cut for ranking takes: ``uniform`` (any of the user's, drawn),
+    or ``last`` (the newest: the row keeps the most history, so the next-item and SID targets of the
+    recent items -- the ones closest to what is predicted at serving -- stay in training).
     """
     hist: list[slice] = []
     picks: list[int] = []
@@ -114,7 +118,7 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
         n = len(ex.rows)
         f = -1
         if p_rank > 0 and len(ex.fv_rows) > 0 and _hash_unit(seed, epoch, ex.user_id) < p_rank:
-            f = int(_hash_unit(seed + 1, epoch, ex.user_id) * len(ex.fv_rows))
+            f = len(ex.fv_rows) - 1 if fv_pick == "last" else int(_hash_unit(seed + 1, epoch, ex.user_id) * len(ex.fv_rows))
             n = int(ex.fv_hist[f])
         picks.append(f)
         hist.append(slice(max(0, n - context_len), n))
@@ -174,7 +178,7 @@ class BatchStream:
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
                  neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
-                 pad_multiple: int = 1) -> None:
+                 pad_multiple: int = 1, fv_pick: str = "uniform") -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -192,6 +196,9 @@ class BatchStream:
         if pad_multiple < 1:
             raise DataError(f"pad_multiple must be >= 1, got {pad_multiple}", field="pad_multiple")
         self.pad_multiple = pad_multiple
+        if fv_pick not in ("uniform", "last"):
+            raise DataError(f"fv_pick must be 'uniform' or 'last', got {fv_pick!r}", field="fv_pick")
+        self.fv_pick = fv_pick
         self.neg_cdf: np.ndarray | None = None
         if neg_weights is not None:  # sampling weights per catalogue row -> normalised CDF
             w = np.asarray(neg_weights, dtype=np.float64)
@@ -210,7 +217,7 @@ class BatchStream:
         return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
                        n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
                        neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf,
-                       pad_multiple=self.pad_multiple)
+                       pad_multiple=self.pad_multiple, fv_pick=self.fv_pick)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

@@ -59,6 +59,7 @@ def check_features_split(wd: WorkDir, kind: str) -> None:
 class DataConfig:
     context_len: int = 50
     p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
+    fv_pick: str = "uniform"  # which feedview such a row is cut at: uniform (any, drawn) | last (the newest)
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
     neg_sampling: str = "uniform"  # uniform | popularity (training-split counts ^ 0.75: retrieval-like negatives)
@@ -95,6 +96,9 @@ class ModelOverrides:
     norm: str | None = None  # rmsnorm | layernorm
     normalize: bool | None = None  # false: raw dot-product scores (set objective.temperature=1)
     id_init_std: float | None = None
+    embed_init_std: float | None = None
+    ffn_dropout: float | None = None
+    input_proj: bool | None = None  # false: the item vector is the input token (needs item_dim == d_model)
 
 
 @dataclass
@@ -229,7 +233,7 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
             kw[name] = getattr(o, name)
     if o.dropout >= 0:
         kw["dropout"] = o.dropout
-    for name in ("item_content", "input_dropout", "positions", "pos_init_std", "user_head", "norm", "normalize", "id_init_std"):
+    for name in (f.name for f in dataclasses.fields(o) if f.default is None):  # the pass-through fields
         if getattr(o, name) is not None:
             kw[name] = getattr(o, name)
     if sid_sizes is not None:
