@@ -66,7 +66,8 @@ def test_impression_only_items_are_label_0_in_the_feedviews_table(tmp_path: Path
     assert info.actions == ["click", "like"] and info.extra["user_ids"] == ["u1", "u2", "u3"]  # u3: impressions only
     fv = sorted(store.read_feedviews().to_pylist(), key=lambda r: r["user_id"])
     # ids mapped with the events' tables: users u1=0 u2=1 (u3=2 next); items a=0 b=1 c=2 d=3, x=4 (shown only)
-    assert [(r["user_id"], r["request_ts"], r["request_seq"], r["surface"], r["item_ids"], r["labels"]) for r in fv] == [
+    assert [(r["user_id"], r["request_ts"], r["request_seq"], r["surface"], r["item_ids"], r["labels"])
+            for r in fv] == [
         (0, 100, 0, "default", [1, 0, 4], [0b11, 0b01, 0]),  # ordered by position; 'like|click' = both bits
         (1, 250, 1, "default", [3, 0], [0b10, 0]),  # the event at 250 is not before the request at 250
         (2, 50, 0, "default", [0], [0b01]),  # two rows of one position: one shown item, actions OR-ed

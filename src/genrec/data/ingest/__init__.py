@@ -3,8 +3,8 @@
 ``prepare_dataset(name, source)`` is the one entry point; ``list_datasets()`` names what it
 knows. Every ingestor shares the ordering rule (per user by (timestamp, file order), ``seq``
 0..n-1), the synthesised-feedview rule (:mod:`.feedviews`; UniPinRec's MAM needs requests and
-no public log here has impressions; ``generic`` reads logged ones, :mod:`.impressions`) and the error policy (DataError names file:line and
-field). Nothing is downloaded unless ``IngestOptions(download=True)``.
+no public log here has impressions; ``generic`` also reads logged ones, :mod:`.impressions`) and
+the error policy (DataError names file:line and field). Nothing is downloaded unless ``IngestOptions(download=True)``.
 """
 
 from __future__ import annotations
