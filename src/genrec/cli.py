@@ -85,7 +85,7 @@ def data_prepare(
                                                        "(default $GENREC_DATA_DIR, then ~/.cache/genrec/datasets)."),
     download: bool = typer.Option(False, help="Download missing MovieLens files from GroupLens."),
     buckets: int = typer.Option(16, help="Hash buckets of user_id for the events/feedviews tables."),
-    slate_size: int = typer.Option(8, help="Interactions per synthesised feedview (no dataset has impressions)."),
+    slate_size: int = typer.Option(8, help="Interactions per synthesised feedview (without --impressions)."),
     like_min: float = typer.Option(4.0, help="MovieLens: rating >= this is 'like'."),
     dislike_max: float = typer.Option(2.0, help="MovieLens: rating <= this is 'dislike' (else 'view')."),
     user_col: str = typer.Option("user_id", help="generic: user column."),
@@ -109,6 +109,14 @@ def data_prepare(
                                                     "Default: items.csv|parquet beside the events."),
     delimiter: Optional[str] = typer.Option(None, help="generic: field delimiter of CSV files (default ',' and a "
                                                        "tab for .tsv files; '\\t' is a tab)."),
+    impressions: Optional[Path] = typer.Option(None, help="generic: impressions file (CSV/Parquet, one row per shown "
+                                                          "item: request_id, user_id, item_id, timestamp, position, "
+                                                          "action (empty = shown, not engaged; 'a|b' for several), "
+                                                          "optional surface; named like the events' columns). Its "
+                                                          "requests replace the synthesised feedviews."),
+    request_col: str = typer.Option("request_id", help="generic: request column of the --impressions file."),
+    position_col: str = typer.Option("position", help="generic: slate position column of the --impressions file "
+                                                      "(an integer; the slate is ordered by it)."),
 ) -> None:
     """Ingest DATASET into Iceberg tables (events, feedviews, items) under WORKDIR/tables."""
     from genrec.data.ingest.common import RatingRule
@@ -116,10 +124,11 @@ def data_prepare(
     from genrec.recipes.pipeline import prepare
 
     cols = ColumnMapping(user=user_col, item=item_col, timestamp=time_col or None, action=action_col or None,
-                         surface=surface_col or None)
+                         surface=surface_col or None, request=request_col, position=position_col)
     opts = IngestOptions(rating_rule=RatingRule(like_min=like_min, dislike_max=dislike_max), slate_size=slate_size,
                          download=download, columns=cols, map_ids=map_ids, time_format=time_format,
                          items_path=str(items) if items is not None else None,
+                         impressions_path=str(impressions) if impressions is not None else None,
                          delimiter=(delimiter or ",").replace("\\t", "\t"))  # "," reads .tsv files with tabs
     with _working(f"ingesting {dataset} into {workdir}/tables ..."):
         m = prepare(workdir, dataset, source=source, data_dir=data_dir, n_buckets=buckets, options=opts)

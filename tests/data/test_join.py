@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,9 @@ def naive_join(ds: Dataset, spec: SplitSpec, role: str, context_len: int, keep_p
         hist_all = [r for r in evs if r["seq"] < t and (not positive_only or (POS_MASK >> act[r["action"]]) & 1)]
         hist = hist_all[-context_len:]
         truncated = len(hist_all) > context_len
-        fv_out = []
-        for f in fvs.get(u, []):
+        fv_out = naive_logged(evs, fvs.get(u, []), role, t, test, hist, truncated, keep_p, seed, u) \
+            if ds.info.impressions else []
+        for f in ([] if ds.info.impressions else fvs.get(u, [])):
             req, items, labels = f["request_seq"], f["item_ids"], f["labels"]
             if role == "train":
                 if req >= t:
@@ -152,6 +154,45 @@ def naive_join(ds: Dataset, spec: SplitSpec, role: str, context_len: int, keep_p
                     tuple(surf[r["surface"]] for r in hist), tuple(r["timestamp"] for r in hist),
                     tuple(r["seq"] for r in hist), target, tuple(sorted(fv_out))))
     return sorted(out)
+
+
+def naive_logged(evs: list[dict], fvs: list[dict], role: str, t: int, test: int, hist: list[dict], truncated: bool,
+                 keep_p: float, seed: int, u: int) -> list[tuple]:
+    """Logged slates (an impressions file): a slate holds an event when requested at or before it and showing its
+    item with its action's bit; train: slates before the cut holding no later event, whole; eval: the latest
+    slates holding the target, whole, minus (valid) the items holding the test target; asked at the request."""
+    act = {a: i for i, a in enumerate(INFO.actions)}
+    surf = {s: i for i, s in enumerate(INFO.surfaces)}
+
+    def holds(f: dict, e: dict) -> bool:
+        return f["request_seq"] <= e["seq"] and any(
+            i == e["item_id"] and (lab >> act[e["action"]]) & 1 for i, lab in zip(f["item_ids"], f["labels"]))
+
+    if role == "train":
+        later = [e for e in evs if e["seq"] >= t]
+        chosen = [f for f in fvs if f["request_seq"] < t and not (truncated and f["request_seq"] < hist[0]["seq"])
+                  and not any(holds(f, e) for e in later)]
+    else:
+        target = next(e for e in evs if e["seq"] == t)
+        holding = [f for f in fvs if holds(f, target)]
+        latest = max((f["request_ts"] for f in holding), default=None)
+        chosen = [f for f in holding if f["request_ts"] == latest]
+    out = []
+    for f in chosen:
+        items, labels = list(f["item_ids"]), list(f["labels"])
+        if role == "valid" and test >= 0:
+            te = next(e for e in evs if e["seq"] == test)
+            pairs = [(i, lab) for i, lab in zip(items, labels)
+                     if not (i == te["item_id"] and (lab >> act[te["action"]]) & 1)]
+            items, labels = [i for i, _ in pairs], [lab for _, lab in pairs]
+            if not items:
+                continue
+        if role == "train" and not any(lab & POS_MASK for lab in labels) and keep_p < 1.0 \
+                and not keep_uniform_py(seed, u, f["request_seq"]) < keep_p:
+            continue
+        hl = sum(1 for r in hist if r["seq"] < f["request_seq"])
+        out.append((f["request_ts"], f["request_seq"], surf[f["surface"]], tuple(items), tuple(labels), hl))
+    return out
 
 
 def normalise(ex: UserExample) -> tuple:
@@ -206,6 +247,23 @@ def test_reader_equals_naive_join(ds: Dataset, n_buckets: int, spec: SplitSpec, 
     # streaming: each bucket's events and feedviews were read exactly once, one bucket at a time
     bucket_reads = [r for r in store.reads if r[1] is not None]
     assert bucket_reads == [(t, b) for b in range(n_buckets) for t in ("events", "feedviews")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ds=datasets(), n_buckets=st.integers(1, 5), spec=specs, role=st.sampled_from(["train", "valid", "test"]),
+       context_len=st.integers(1, 7), keep_p=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 2**32))
+def test_reader_equals_naive_join_for_logged_slates(ds: Dataset, n_buckets: int, spec: SplitSpec, role: str,
+                                                    context_len: int, keep_p: float, seed: int) -> None:
+    """Feedviews from an impressions file (``DatasetInfo.impressions``): slates are matched to events by item and
+    action bit, never cut by position (item j is not event request_seq + j)."""
+    assume(ds.events.num_rows > 0 or spec.kind == "loo" or spec.cut_ts is not None)
+    ds = Dataset(replace(ds.info, impressions=True), ds.events, ds.items, ds.feedviews)
+    p = keep_p if role == "train" else 1.0
+    got = list(BucketJoinReader(MemoryStore(ds, n_buckets), split=spec, role=role,  # type: ignore[arg-type]
+                                context_len=context_len, feedview_keep_no_interaction=p, seed=seed))
+    for ex in got:
+        check_types(ex)
+    assert sorted(normalise(e) for e in got) == naive_join(ds, spec, role, context_len, p, False, seed)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -24,6 +24,13 @@ Semantics (all cutoffs are ``seq`` values from :mod:`genrec.data.splits`):
   feedviews are the slates *containing* the target (``request_seq <= target_seq <
   request_seq + len``), whole, never dropped (``history_len`` is 0 for one that starts
   before a truncated window).
+* Logged feedviews (``DatasetInfo.impressions``: an impressions file, label 0 = shown only): slate item
+  ``j`` is NOT the event ``request_seq + j``, so slates are never cut by position. A slate *holds* an
+  event when it was requested at or before it (``request_seq <= seq``), shows its item and has its
+  action's bit. Train: the slates with ``request_seq < train_end``, whole, except those holding an
+  event at or after ``train_end`` (a held-out label); eval: the latest slate(s) (by ``request_ts``)
+  holding the target, whole, asked at their own request (``history_len`` = history events before
+  it); a valid slate leaves out its items holding the test target. A target no slate holds has none.
 * Feedviews of users with no events in the table produce no example.
 * Every feedview carries ``history_len`` = the number of emitted history events with
   ``seq < request_seq``, i.e. the prefix of ``items`` a model may look at to score it.
@@ -287,8 +294,13 @@ class BucketJoinReader:
             hist = hist[-self.context_len:]
             h_seq = e_seq[hist]
             t_ts = int(e_ts[k]) if not train and k < b else 0
-            fvs = self._feedviews(uid, t, h_seq, truncated, int(f_first[ui]), int(f_last[ui]),
-                                  f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels, t_ts, int(stop[ui]))
+            if info.impressions:
+                fvs = self._logged_feedviews(uid, t, h_seq, truncated, int(f_first[ui]), int(f_last[ui]), f_req,
+                                             f_ts, f_surf, f_lo, f_hi, f_items, f_labels, e_item[k:b], e_act[k:b],
+                                             e_seq[k:b], int(stop[ui]))
+            else:
+                fvs = self._feedviews(uid, t, h_seq, truncated, int(f_first[ui]), int(f_last[ui]),
+                                      f_req, f_ts, f_surf, f_lo, f_hi, f_items, f_labels, t_ts, int(stop[ui]))
             if train and hist.size == 0 and not fvs:
                 continue
             ex = UserExample(
@@ -357,3 +369,67 @@ class BucketJoinReader:
                 history_len=int(hl[n]),
             ))
         return out
+
+    def _logged_feedviews(self, uid: int, t: int, h_seq: np.ndarray, truncated: bool, c: int, d: int,
+                          f_req: np.ndarray, f_ts: np.ndarray, f_surf: np.ndarray, f_lo: np.ndarray, f_hi: np.ndarray,
+                          f_items: np.ndarray, f_labels: np.ndarray, later_item: np.ndarray, later_act: np.ndarray,
+                          later_seq: np.ndarray, stop: int = -1) -> list[Feedview]:
+        """The user's slates for this role when the feedviews are logged impressions (see the module notes).
+        ``later_*``: the user's events with ``seq >= t`` ([L], by seq; eval: the target first)."""
+        if c == d:
+            return []
+        fv = np.arange(c, d)  # [f] this user's feedview rows
+        req = f_req[c:d]
+        if self.role == "train":
+            sel = req < t
+            if truncated and h_seq.size:
+                sel &= req >= h_seq[0]
+            fv = fv[sel]
+            fv = fv[~_holding(fv, f_lo, f_hi, f_items, f_labels, later_item, later_act)]
+        else:
+            assert later_seq.size and later_seq[0] == t, "the target is the first event at or after t"
+            fv = fv[req <= t]
+            fv = fv[_holding(fv, f_lo, f_hi, f_items, f_labels, later_item[:1], later_act[:1])]
+            if fv.size:
+                fv = fv[f_ts[fv] == f_ts[fv].max()]  # the latest request holding it (ties: all of them)
+        if fv.size == 0:
+            return []
+        drop_item = drop_bit = -1
+        if self.role == "valid" and stop >= 0:  # the test target's label never reaches model selection
+            j = int(np.searchsorted(later_seq, stop))
+            if j < later_seq.size and later_seq[j] == stop:
+                drop_item, drop_bit = int(later_item[j]), 1 << int(later_act[j])
+        hl = np.searchsorted(h_seq, f_req[fv], side="left")  # history events before each request
+        coin = keep_uniform(self.seed, uid, f_req[fv]) if self.keep_p < 1.0 else None
+        out: list[Feedview] = []
+        for n, i in enumerate(fv.tolist()):
+            items, labels = f_items[f_lo[i]:f_hi[i]], f_labels[f_lo[i]:f_hi[i]]
+            if drop_item >= 0:
+                keep = ~((items == drop_item) & ((labels & drop_bit) != 0))
+                items, labels = items[keep], labels[keep]
+                if items.size == 0:
+                    continue
+            if coin is not None and not (int(np.bitwise_or.reduce(labels)) & self._pos_mask):
+                if not coin[n] < self.keep_p:
+                    continue
+            out.append(Feedview(request_ts=int(f_ts[i]), request_seq=int(f_req[i]), surface=int(f_surf[i]),
+                                item_ids=items.astype(np.int64), labels=labels.astype(np.int32),
+                                history_len=int(hl[n])))
+        return out
+
+
+def _holding(fv: np.ndarray, f_lo: np.ndarray, f_hi: np.ndarray, f_items: np.ndarray, f_labels: np.ndarray,
+             ev_item: np.ndarray, ev_act: np.ndarray) -> np.ndarray:
+    """Per feedview row in ``fv`` [f]: does its slate show one of the events' items with that event's action bit?
+    (The caller keeps only slates requested at or before the events.) -> [f] bool."""
+    out = np.zeros(fv.size, dtype=bool)
+    if ev_item.size == 0:
+        return out
+    for n, i in enumerate(fv.tolist()):
+        items, labels = f_items[f_lo[i]:f_hi[i]], f_labels[f_lo[i]:f_hi[i]]
+        cand = np.isin(items, ev_item)
+        if cand.any():
+            it, lab = items[cand], labels[cand].astype(np.int64)
+            bit = (lab[:, None] >> ev_act[None, :].astype(np.int64)) & 1  # [k', L]
+            out[n] = bool(((it[:, None] == ev_item[None, :]) & (bit == 1)).any())
+    return out

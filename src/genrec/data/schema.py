@@ -67,13 +67,18 @@ class DatasetInfo:
     """Actions that count as engagement: next-item retrieval targets and 'interacted' feedviews."""
     surfaces: list[str]
     feedview_rule: str
-    """Human-readable statement of how feedviews were formed (no dataset here has impressions)."""
+    """Human-readable statement of how feedviews were formed: synthesised from the events (every bundled dataset),
+    or read from an impressions file (``impressions``)."""
     action_rule: str = ""
     has_timestamps: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     time_rule: str = ""
     """How the source's timestamps became ``events.timestamp`` (int64 epoch seconds, UTC): the format read,
     the zone assumed, the unit. Empty for datasets whose files hold epoch seconds as they are."""
+    impressions: bool = False
+    """True: the feedviews are logged slates from an impressions file (:mod:`genrec.data.ingest.impressions`;
+    label 0 = shown, not engaged), not chunks of the events, so slate item j is NOT the event ``request_seq + j``:
+    the join finds the slate holding an event by its item and action bit (:mod:`genrec.data.join`)."""
 
     def action_index(self) -> dict[str, int]:
         return {a: i for i, a in enumerate(self.actions)}

@@ -3,13 +3,16 @@
 UniPinRec §4 (ranking evaluation): each slate is scored by the action heads as a decode step
 over the cached history that precedes the request (``Recommender.score_candidates`` = the
 model's ``rank``), exactly what serving does in L1. Non-standard details (none of the bundled
-datasets logs impressions; the feedviews are chunks of the interactions):
+datasets logs impressions; their feedviews are chunks of the interactions):
 
 * A slate is the **held-out part** of the feedview holding the case's target -- the target and
   the user's later slate items, none of them ever a training candidate -- asked at the target,
   with the case's history (the newest ``context_len`` events before it): see
   :meth:`genrec.data.join.BucketJoinReader._feedviews`. Under leave-one-out that is 1 item (test)
-  or 2 (valid); under ``data.split=temporal`` up to a whole slate.
+  or 2 (valid); under ``data.split=temporal`` up to a whole slate. With an impressions file
+  (``DatasetInfo.impressions``) it is the whole logged slate holding the target, impression-only
+  (label 0) items included, asked at its own request
+  (:meth:`genrec.data.join.BucketJoinReader._logged_feedviews`).
 * To each slate, ``negatives`` catalogue items are added as impression-only candidates (label 0),
   as training does (``data.neg_cands``): uniform over the catalogue minus the slate and the
   case's history, drawn from a generator seeded by (user, request), so every model is scored on

@@ -102,7 +102,8 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     cumulative sampling distribution over catalogue rows, e.g. popularity^0.75 -- negatives
     that look like what retrieval returns). None of the bundled datasets logs impressions,
     so without them the action heads would only learn *which* action an engaged user takes,
-    never *whether* they engage; the draw hashes ``(seed, epoch, user)``.
+    never *whether* they engage (an impressions file's slates carry logged label-0 items of their own);
+    the draw hashes ``(seed, epoch, user)``.
 
     ``pad_multiple`` > 1 rounds the item slots (up to ``context_len``) and the candidate slots up
     to a multiple of it: padding is invisible to every attention and loss, and a few repeating

@@ -3,8 +3,8 @@
 ``prepare_dataset(name, source)`` is the one entry point; ``list_datasets()`` names what it
 knows. Every ingestor shares the ordering rule (per user by (timestamp, file order), ``seq``
 0..n-1), the synthesised-feedview rule (:mod:`.feedviews`; UniPinRec's MAM needs requests and
-no public log here has impressions) and the error policy (DataError names file:line and
-field). Nothing is downloaded unless ``IngestOptions(download=True)``.
+no public log here has impressions; ``generic`` also reads logged ones, :mod:`.impressions`) and
+the error policy (DataError names file:line and field). Nothing is downloaded unless ``IngestOptions(download=True)``.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ def prepare_dataset(
         raise ConfigError(f"dataset: unknown name {name!r}; known: {', '.join(REGISTRY)}")
     spec = REGISTRY[name]
     options = options or IngestOptions()
+    if options.impressions_path is not None and name != "generic":
+        raise ConfigError(f"--impressions: only the generic dataset reads an impressions file ({name} synthesises "
+                          f"its feedviews from the events)")
     if source is None:
         if spec.folder is None:
             raise ConfigError(f"dataset {name!r} has no default folder: give --source (a folder or file)")

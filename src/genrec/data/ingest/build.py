@@ -2,7 +2,8 @@
 
 Every ingestor ends here, so the ordering rule lives in one place: per user, events are
 sorted by (timestamp, original file order) -- a stable sort -- and ``seq`` = 0..n-1; the
-events table is sorted by (user_id, seq). Feedviews follow :mod:`.feedviews`.
+events table is sorted by (user_id, seq). Feedviews follow :mod:`.feedviews`, or, given an
+impressions file, :mod:`.impressions` (its requests replace the synthesised ones).
 
 Referential integrity: an event whose item is not in the items table is either an error
 (``missing_item`` returns the DataError naming the line) or, for datasets whose items are
@@ -21,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from genrec.data.ingest.feedviews import DEFAULT_SLATE_SIZE, build_feedviews, feedview_rule_text
+from genrec.data.ingest.impressions import Impressions
 from genrec.data.schema import EVENTS_SCHEMA, ITEMS_SCHEMA, Dataset, DatasetInfo
 from genrec.errors import DataError
 
@@ -147,8 +149,10 @@ def build_dataset(
     slate_size: int = DEFAULT_SLATE_SIZE,
     missing_item: Callable[[int], DataError] | None = None,
     synthesise: Callable[[int], tuple[str | None, str, dict[str, Any]]] | None = None,
+    impressions: Impressions | None = None,
 ) -> Dataset:
-    """Sort, number, check and package one dataset. Event arrays are [N] in file order."""
+    """Sort, number, check and package one dataset. Event arrays are [N] in file order. ``impressions``: logged
+    slates that replace the synthesised feedviews (their items are checked / synthesised like the events')."""
     n = len(user)
     if not (len(item) == len(timestamp) == len(action_idx) == n):
         raise ValueError("event columns differ in length")
@@ -161,15 +165,24 @@ def build_dataset(
     known = (items.column("item_id").to_numpy() if isinstance(items, pa.Table)
              else np.asarray(items.item_id, dtype=np.int64))
     bad = ~member(item, known)  # [N]
+    bad_shown = ~member(impressions.item, known) if impressions is not None else np.zeros(0, dtype=bool)  # [S]
     n_synth = 0
-    if bad.any():
+    if bad.any() or bad_shown.any():
         if synthesise is None:
-            r = int(np.flatnonzero(bad)[0])
-            if missing_item is not None:
-                raise missing_item(r)
-            raise DataError(f"event {r} refers to item {int(item[r])}, which is not in the items table")
+            if bad.any():
+                r = int(np.flatnonzero(bad)[0])
+                if missing_item is not None:
+                    raise missing_item(r)
+                raise DataError(f"event {r} refers to item {int(item[r])}, which is not in the items table")
+            assert impressions is not None
+            j = int(np.flatnonzero(bad_shown)[0])
+            if impressions.missing_item is not None:
+                raise impressions.missing_item(j)
+            raise DataError(f"item {int(impressions.item[j])} is not in the items table", path=impressions.path,
+                            line=impressions.line(int(impressions.row[j])))
         extra = ItemRows.empty()
-        for i in np.unique(item[bad]).tolist():
+        missing = item[bad] if impressions is None else np.concatenate([item[bad], impressions.item[bad_shown]])
+        for i in np.unique(missing).tolist():
             title, text, attrs = synthesise(int(i))
             extra.add(int(i), title, text, attrs)
             n_synth += 1
@@ -193,13 +206,19 @@ def build_dataset(
          pa.array(seq)],
         schema=EVENTS_SCHEMA,
     )
-    feedviews = build_feedviews(user=u, seq=seq, timestamp=ts, item=it, action_idx=act, surface_idx=surf,
-                                surfaces=info.surfaces, slate_size=slate_size)
-    info.feedview_rule = feedview_rule_text(slate_size, info.actions)
+    if impressions is None:
+        feedviews = build_feedviews(user=u, seq=seq, timestamp=ts, item=it, action_idx=act, surface_idx=surf,
+                                    surfaces=info.surfaces, slate_size=slate_size)
+        info.feedview_rule = feedview_rule_text(slate_size, info.actions)
+        fv_counts: dict[str, Any] = {"slate_size": slate_size}
+    else:
+        feedviews = impressions.table(u, ts, info.surfaces)
+        info.feedview_rule, info.impressions = impressions.rule, True
+        fv_counts = {}
     items_tab = items_table(items)
     info.extra.update(
         {
-            "slate_size": slate_size,
+            **fv_counts,
             "counts": {
                 "events": int(n),
                 "users": int(1 + np.count_nonzero(u[1:] != u[:-1])) if n else 0,
@@ -207,6 +226,9 @@ def build_dataset(
                 "interacted_items": count_distinct(it),
                 "requests": feedviews.num_rows,
                 "synthesised_items": n_synth,
+                **({} if impressions is None else {"shown_items": int(len(impressions.item)),
+                                                   "impression_only_items": int(np.count_nonzero(
+                                                       impressions.labels == 0))}),
                 "actions": {a: int(c) for a, c in zip(info.actions, np.bincount(act, minlength=len(info.actions)))},
             },
         }

@@ -20,6 +20,10 @@ pattern, Arrow timestamps and dates; all stored as epoch seconds, the rule in
 ``DatasetInfo.time_rule``). Errors name the file, the 1-based line and the field, and speak
 the CLI's words (``--map-ids``, ``--time-format``).
 
+Impressions (``IngestOptions.impressions_path``, ``--impressions``): a log of the slates users were shown,
+one row per shown item; its requests replace the synthesised feedviews. Format and rules:
+:mod:`.impressions`.
+
 Notes for the person (ids mapped, timestamps without a zone read as UTC) are listed in
 ``DatasetInfo.extra["notes"]``; ``genrec data prepare`` prints them.
 """
@@ -43,7 +47,7 @@ from genrec.data.ingest.common import Column, Parsed, file_record, int_col, read
 from genrec.data.ingest.options import ColumnMapping, IngestOptions
 from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 from genrec.data.schema import Dataset, DatasetInfo
-from genrec.errors import DataError, MissingDataError
+from genrec.errors import ConfigError, DataError, MissingDataError
 
 DEFAULT_ACTION = "interact"
 DEFAULT_SURFACE = "default"
@@ -355,6 +359,13 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     if events_path is None:
         raise MissingDataError(f"generic: no events.parquet or events.csv in {source}; give the events file itself "
                                f"as --source, or put it there")
+    imp_path = Path(options.impressions_path) if options.impressions_path else None
+    if imp_path is not None:
+        if m.timestamp is None:
+            raise ConfigError("--impressions needs timestamps: request_seq counts the user's events before each "
+                              "request, so the events file needs a timestamp column (--time-col)")
+        if not imp_path.is_file():
+            raise MissingDataError(f"generic: impressions file {imp_path} does not exist")
     is_csv = _is_csv(events_path)
     if options.map_ids is False:
         cols = [int_col(m.user), int_col(m.item)]
@@ -410,7 +421,8 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
         item_codes = {str(v): i for i, v in enumerate(item_orig)}
     id_rule = ("as given (integers)" if not map_ids else
                "mapped: users and items numbered 0..n-1 in order of first appearance in the events file (items only "
-               "in the items file after them); original ids in extra.user_ids and items.attributes.original_id"
+               "in the items file, then ids only in the impressions file, after them); original ids in extra.user_ids "
+               "and items.attributes.original_id"
                + (" (--map-ids)" if options.map_ids else " (auto: a non-integer id)"))
 
     def vocab_codes(arr: pa.Array, fixed: list[str] | None, field: str = "") -> tuple[np.ndarray, list[str]]:
@@ -451,8 +463,6 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
     items_path = Path(options.items_path) if options.items_path else _find(events_path.parent, "items")
     if items_path is not None and not items_path.is_file():
         raise MissingDataError(f"generic: items file {items_path} does not exist")
-    inv = {v: k for k, v in item_codes.items()}
-
     def synthesise(i: int) -> tuple[str | None, str, dict[str, Any]]:
         orig = inv.get(i, i)
         attrs: dict[str, Any] = {"synthesised": True}
@@ -468,6 +478,33 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
         files.append(file_record(items_path, checksum=options.checksum))
     else:
         items = ItemRows.empty()
+
+    impressions = None
+    if imp_path is not None:  # after the items file: ids only the impressions name are numbered after its items
+        from genrec.data.ingest.impressions import read_impressions
+
+        imp_hint = hint if options.map_ids is False else (
+            "(the events file's ids are integers, so the impressions file's must be too; --map-ids reads both as "
+            "text)")
+        user_codes = {str(v): i for i, v in enumerate(user_ids)} if map_ids and user_ids is not None else None
+        impressions, new_users, imp_notes = read_impressions(
+            imp_path, m, time_format=options.time_format, delimiter=_delimiter(imp_path, options.delimiter),
+            actions=actions, surfaces=surfaces, user_codes=user_codes, item_codes=item_codes if map_ids else None,
+            id_hint=imp_hint, default_surface=DEFAULT_SURFACE)
+        notes += imp_notes
+        if user_ids is not None:
+            user_ids = list(user_ids) + new_users
+        files.append(file_record(imp_path, checksum=options.checksum))
+        if items_path is not None:  # an item the items file lacks is an error, as for events
+            imp, inv_items = impressions, {v: k for k, v in item_codes.items()}
+
+            def missing_shown(j: int) -> DataError:
+                i = int(imp.item[j])
+                return DataError(f"item {inv_items.get(i, i)!r} is not in the items file {items_path}", path=imp.path,
+                                 line=imp.line(int(imp.row[j])), field=m.item)
+
+            impressions.missing_item = missing_shown
+    inv = {v: k for k, v in item_codes.items()}
 
     def missing_item(r: int) -> DataError:
         orig = ev.columns[m.item][r]
@@ -500,4 +537,5 @@ def ingest_generic(name: str, source: Path, options: IngestOptions) -> Dataset:
         slate_size=options.slate_size,
         missing_item=missing_item if items_path is not None else None,
         synthesise=synthesise if items_path is None else None,
+        impressions=impressions,
     )

@@ -17,6 +17,9 @@ class ColumnMapping:
 
     No ``timestamp`` column: file order is time (``has_timestamps=False``, timestamp = position).
     No ``action`` column: every row is action ``"interact"``. No ``surface``: one surface ``"default"``.
+
+    An impressions file (``IngestOptions.impressions_path``) names its user, item, timestamp, action and
+    surface columns like the events file, plus ``request`` and ``position`` (:mod:`.impressions`).
     """
 
     user: str = "user_id"
@@ -29,6 +32,10 @@ class ColumnMapping:
     """Items file: title column (optional in the file)."""
     text: str = "text"
     """Items file: text column (optional; built from the title + attributes when absent)."""
+    request: str = "request_id"
+    """Impressions file: the request (one feedview per value): ``--request-col``."""
+    position: str = "position"
+    """Impressions file: the item's place in the slate (an integer; the slate is ordered by it): ``--position-col``."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class IngestOptions:
     """generic CSV: field delimiter."""
     items_path: str | None = None
     """generic: items file (Parquet/CSV); default ``items.parquet``/``items.csv`` beside the events."""
+    impressions_path: str | None = None
+    """generic: impressions file (Parquet/CSV, one row per shown item; ``--impressions``): its requests replace
+    the feedviews synthesised from the events (:mod:`genrec.data.ingest.impressions`). Default: none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.slate_size, int) or self.slate_size < 1:
