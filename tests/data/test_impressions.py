@@ -53,7 +53,7 @@ def _prepare(ev: Path, imp: Path, **kw: Any) -> Any:
 
 
 def test_impression_only_items_are_label_0_in_the_feedviews_table(tmp_path: Path) -> None:
-    from genrec import pipeline
+    from genrec.recipes import pipeline
     from genrec.data.store import TableStore
 
     ev, imp = _write(tmp_path)
@@ -280,7 +280,8 @@ def _session_logs(tmp_path: Path, *, impression_only: bool, n_users: int = 12, n
 
 def _first_batch(tmp_path: Path, impression_only: bool) -> tuple[Any, Any, Any]:
     from genrec.data.store import TableStore
-    from genrec.train.batches import ItemCatalog, collate, materialise
+    from genrec.catalog import ItemCatalog
+    from genrec.train.batches import collate, materialise
 
     ev, imp = _session_logs(tmp_path, impression_only=impression_only)
     ds = _prepare(ev, imp, map_ids=True)
@@ -325,7 +326,7 @@ def test_the_action_loss_sees_the_impression_only_items(tmp_path: Path) -> None:
 def test_ranking_metrics_run_on_impression_slates(tmp_path: Path) -> None:
     """prepare (with impressions) -> features -> SIDs -> 3 training steps -> eval: the held-out slates are the
     logged requests holding the test targets, label-0 items included, so AUC is defined per action."""
-    from genrec import pipeline
+    from genrec.recipes import pipeline
 
     ev, imp = _session_logs(tmp_path, impression_only=True)
     wd = tmp_path / "run"

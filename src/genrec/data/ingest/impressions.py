@@ -57,6 +57,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from genrec.data.ingest.columns import (Loaded, as_text, check_names, first_appearance_codes, ids_hint, is_csv,
+                                        load_columns, not_compressed, parquet_array, parquet_column, plain_text,
+                                        read_parquet)
+from genrec.data.ingest.common import Column, int_col
+from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 from genrec.data.schema import FEEDVIEWS_SCHEMA
 from genrec.errors import DataError
 
@@ -247,9 +252,8 @@ def csv_header(path: Path, delimiter: str) -> list[str]:
 def _load_parquet(path: Path, cols: list[Any], raw: tuple[str, ...], nullable: tuple[str, ...]) -> Any:
     """Like :func:`genrec.data.ingest.generic.load_columns` for Parquet, except that the ``nullable`` columns
     (the action) may hold nulls (read as ``""``) and lists of names (joined with ``|``)."""
-    from genrec.data.ingest import generic as g
 
-    table = g._read_parquet(path)
+    table = read_parquet(path)
     if table.num_rows == 0:
         raise DataError("file has no rows", path=path, line=1, field=cols[0].name)
     out: dict[str, Any] = {}
@@ -266,10 +270,10 @@ def _load_parquet(path: Path, cols: list[Any], raw: tuple[str, ...], nullable: t
                 raise DataError(f"expected action names (text), found type {arr.type}", path=path,
                                 field=c.name) from None
         elif c.name in raw:
-            out[c.name] = g._parquet_array(path, table, c.name)
+            out[c.name] = parquet_array(path, table, c.name)
         else:
-            out[c.name] = g._parquet_column(path, table, c)
-    return g.Loaded(path, out, table.num_rows, False)
+            out[c.name] = parquet_column(path, table, c)
+    return Loaded(path, out, table.num_rows, False)
 
 
 def _py(arr: Any, r: int) -> Any:
@@ -287,24 +291,21 @@ def read_impressions(path: Path, m: Any, *, time_format: str, delimiter: str, ac
     integers, kept (a non-integer is a DataError, ``id_hint`` says which flag changes that). ``surfaces`` is
     extended in place with surfaces the events never name. Returns (impressions, the new users' source ids in
     number order, notes for the person)."""
-    from genrec.data.ingest import generic as g
-    from genrec.data.ingest.common import Column, int_col
-    from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 
     assert m.timestamp is not None, "the caller checks that the events have timestamps"
-    g._not_compressed(path)
-    is_csv = g._is_csv(path)
-    names = csv_header(path, delimiter) if is_csv else list(g._read_parquet(path, schema_only=True).names)
+    not_compressed(path)
+    csv_file = is_csv(path)
+    names = csv_header(path, delimiter) if csv_file else list(read_parquet(path, schema_only=True).names)
     action_col = m.action or "action"
     surface_col = m.surface or "surface"
     has_surface = surface_col in names
     mapped = user_codes is not None and item_codes is not None
     if not mapped:
         id_cols = [int_col(m.user), int_col(m.item)]
-    elif is_csv:
+    elif csv_file:
         id_cols = [Column(m.user, "text"), Column(m.item, "text")]
     else:  # as the events' Parquet ids: a column of numbers is read as integers (then numbered by their text)
-        schema = g._read_parquet(path, schema_only=True)
+        schema = read_parquet(path, schema_only=True)
 
         def spec(f: str) -> Any:
             typ = schema.field(f).type if f in schema.names else pa.string()
@@ -314,19 +315,19 @@ def read_impressions(path: Path, m: Any, *, time_format: str, delimiter: str, ac
     cols = [Column(m.request, "text"), *id_cols, Column(m.timestamp, "text"), int_col(m.position),
             Column(action_col, "text")] + ([Column(surface_col, "str")] if has_surface else [])
     try:
-        if is_csv:
-            ld = g.load_columns(path, cols, delimiter, raw=(m.timestamp,))
+        if csv_file:
+            ld = load_columns(path, cols, delimiter, raw=(m.timestamp,))
         else:
             ld = _load_parquet(path, cols, raw=(m.request, m.timestamp), nullable=(action_col,))
     except DataError as e:
-        raise g._ids_hint(e, (m.user, m.item), id_hint) from None
+        raise ids_hint(e, (m.user, m.item), id_hint) from None
     n = ld.n
     notes: list[str] = []
 
     # requests: dense codes in order of first appearance
-    req_text = g._plain_text(ld.columns[m.request])
-    g._check_names(req_text, ld, m.request, "request ids")
-    request, _ = g._first_appearance_codes(req_text)
+    req_text = plain_text(ld.columns[m.request])
+    check_names(req_text, ld, m.request, "request ids")
+    request, _ = first_appearance_codes(req_text)
 
     # ids: the events' numbers; new ones after them
     new_users: list[str] = []
@@ -334,9 +335,9 @@ def read_impressions(path: Path, m: Any, *, time_format: str, delimiter: str, ac
         assert user_codes is not None and item_codes is not None
         ids: dict[str, np.ndarray] = {}
         for f, table, new in ((m.user, user_codes, new_users), (m.item, item_codes, None)):
-            text = g._as_text(ld.columns[f])
-            g._check_names(text, ld, f, "ids to remap")
-            codes, originals = g._first_appearance_codes(text)
+            text = as_text(ld.columns[f])
+            check_names(text, ld, f, "ids to remap")
+            codes, originals = first_appearance_codes(text)
             number = np.empty(len(originals), dtype=np.int64)
             for k, orig in enumerate(originals):
                 key = str(orig)
@@ -358,7 +359,7 @@ def read_impressions(path: Path, m: Any, *, time_format: str, delimiter: str, ac
     position = np.asarray(ld.columns[m.position], dtype=np.int64)
 
     # actions -> label bitmasks, one parse per distinct value
-    act = pc.dictionary_encode(g._plain_text(ld.columns[action_col]))
+    act = pc.dictionary_encode(plain_text(ld.columns[action_col]))
     index = {a: i for i, a in enumerate(actions)}
     masks = [action_mask(v, index) for v in act.dictionary.to_pylist()]
     codes = act.indices.to_numpy(zero_copy_only=False)
@@ -371,7 +372,7 @@ def read_impressions(path: Path, m: Any, *, time_format: str, delimiter: str, ac
     # surfaces: indices into the events' vocabulary, extended
     if has_surface:
         sarr = ld.columns[surface_col]
-        g._check_names(sarr, ld, surface_col, "action and surface names")
+        check_names(sarr, ld, surface_col, "action and surface names")
         for v in sarr.dictionary.to_pylist():
             if v not in surfaces:
                 surfaces.append(v)
