@@ -57,6 +57,9 @@ CONFIGS = [
     dict(sid_fusion=True, target_condition=False, positions="end", pos_init_std=0.02, user_head="linear"),
     dict(sid_fusion=True, target_condition=True, positions="end", user_head="identity", item_dim=32, input_dropout=0.5),
     dict(sid_fusion=True, target_condition=False, normalize=False),  # raw dot-product vectors
+    # the item vector as the input token, small input tables, FFN dropout (off in eval)
+    dict(sid_fusion=True, target_condition=True, positions="end", user_head="identity", item_dim=32, input_proj=False,
+         normalize=False, embed_init_std=0.02, ffn_dropout=0.5),
 ]
 
 

@@ -3,12 +3,14 @@ sampled impression-only candidates carry no label, and batches are a pure functi
 (seed, step) (what exact resume relies on)."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrec.catalog import ItemCatalog
 from genrec.data.join import Feedview, UserExample
+from genrec.errors import DataError
 from genrec.train.batches import BatchStream, materialise
 
 
@@ -138,3 +140,32 @@ def test_padded_batch_shapes_give_the_same_loss_and_gradients():
         assert grads[0].keys() == grads[1].keys()
         for k in grads[0]:
             torch.testing.assert_close(grads[1][k], grads[0][k], atol=1e-5, rtol=1e-4)
+
+
+def test_fv_pick_last_cuts_every_ranking_row_at_the_newest_feedview():
+    """data.fv_pick=last: a row cut for ranking keeps the history up to the user's newest feedview (with a
+    non-empty history before it); uniform draws among them, so over a few epochs it picks older ones too."""
+    rng = np.random.default_rng(0)
+    cat = _catalog()
+    exs = materialise([_user(u, rng) for u in range(8)], cat)
+    newest = {e.user_id: int(e.fv_hist[-1]) for e in exs}
+    seen_older = False
+    for fv_pick in ("last", "uniform"):
+        stream = BatchStream(exs, batch_size=8, seed=3, context_len=64, n_actions=3, p_rank=1.0, max_cands=4,
+                             fv_pick=fv_pick)
+        for step in range(6):
+            b = stream.batch_at(step)
+            order = np.random.default_rng(3 + step).permutation(len(exs))
+            for i, j in enumerate(order[:8]):
+                n = int(b.lengths[i])
+                if fv_pick == "last":
+                    assert n == newest[exs[j].user_id]
+                else:
+                    seen_older |= n < newest[exs[j].user_id]
+    assert seen_older
+
+
+def test_fv_pick_is_checked():
+    exs = materialise([_user(0, np.random.default_rng(0))], _catalog())
+    with pytest.raises(DataError, match="fv_pick"):
+        BatchStream(exs, batch_size=1, seed=0, context_len=8, n_actions=3, fv_pick="newest")
