@@ -192,7 +192,6 @@ class _World:
     series_lo: np.ndarray  # [S] first slot of each series
     series_hi: np.ndarray  # [S]
     topic_cdf: np.ndarray  # [T] cumulative topic mass
-    rank: np.ndarray  # [I] popularity rank (1 = most popular) of each item index
     typical_action: np.ndarray  # [I] each item's own action index
     lengths: np.ndarray  # [U] events of each user index (id - 1)
     action_cdf: np.ndarray  # [A]
@@ -259,8 +258,8 @@ def _world(cfg: SynthConfig) -> _World:
     topic_cdf[-1] = 1.0
     action_cdf = _cdf(cfg.actions)
     typical = _pick(action_cdf, rng.random(n_items))
-    return _World(slot_item, cum, topic_of, series_of, topic_lo, topic_hi, series_lo, series_hi, topic_cdf, rank,
-                  typical, _lengths(cfg), action_cdf, _cdf(cfg.surfaces))
+    return _World(slot_item, cum, topic_of, series_of, topic_lo, topic_hi, series_lo, series_hi, topic_cdf, typical,
+                  _lengths(cfg), action_cdf, _cdf(cfg.surfaces))
 
 
 # ----------------------------------------------------------------------------- items
@@ -408,7 +407,7 @@ def synthesize(workdir: str | Path, *, users: int, items: int, events: int, seed
         raise ConfigError(f"synthesize: {e}; the options are {names}") from None
     if chunk_users is None:
         chunk_users = max(1, CHUNK_EVENTS * cfg.users // cfg.events)
-    if chunk_users < 1:
+    if not isinstance(chunk_users, (int, np.integer)) or isinstance(chunk_users, bool) or chunk_users < 1:
         raise ConfigError(f"chunk_users: must be a positive integer, got {chunk_users!r}")
     wd = WorkDir(workdir)
     store = TableStore(wd.tables, catalog_config())
