@@ -75,14 +75,19 @@ def test_marginals(big: tuple[Path, dict[str, Any], dict[str, pa.Table]]) -> Non
         assert set(got) == set(shares)
         for k, v in shares.items():
             assert abs(got[k] - v / total) < 0.03, (col, k, got[k])
-    # session structure: consecutive events of a user share the topic (and the series) far above chance
+    # session structure: consecutive events of a user share the topic (and the series) far above chance, and
+    # above the same user's events 50 apart (the user's preferred topics alone); few immediate repeats
     topic, series = _item_attr(t["items"], "topic_id")[item - 1], _item_attr(t["items"], "series")[item - 1]
     cont = ~first[1:]
-    same_topic = float((topic[1:] == topic[:-1])[cont].mean())
+
+    def same(x: np.ndarray, lag: int) -> float:
+        return float((x[lag:] == x[:-lag])[user[lag:] == user[:-lag]].mean())
+
     chance = float(((np.bincount(topic) / topic.size) ** 2).sum())
-    assert same_topic > 0.75 and same_topic > 5 * chance, (same_topic, chance)
-    same_series = float((series[1:] == series[:-1])[cont].mean())
-    assert same_series > 10 * float(((np.bincount(series) / series.size) ** 2).sum())
+    assert same(topic, 1) > 5 * chance and same(topic, 1) > 1.4 * same(topic, 50), (same(topic, 1), chance)
+    assert same(series, 1) > 5 * float(((np.bincount(series) / series.size) ** 2).sum())
+    assert same(series, 1) > 2 * same(series, 50)  # item-to-item: the next item follows the last one's series
+    assert same(item, 1) < 0.05
     # sessions: short gaps within, long between
     gaps = np.diff(ts)[cont]
     assert np.median(gaps) < 120 and np.percentile(gaps, 95) > 3600

@@ -10,9 +10,11 @@ The generative model (every knob is a :class:`SynthConfig` field):
 
 * **Items** ``1..items``: popularity ``w = rank^-zipf`` (ranks a random permutation of the ids); each item
   belongs to one of ``topics`` latent topics (equal sizes), and, within its topic, to a *series* of
-  ``series_size`` items of neighbouring popularity. Item text is built from the topic's two words, the
-  series' word and the id (a content encoder sees topic and series); ``attributes`` holds topic, series,
-  a price and a year as JSON.
+  ``series_size`` items of neighbouring popularity. An item holding more than ``topic_share`` of an average
+  topic's mass is spread over that many more topics (Zipf's head would otherwise be most of its topic's
+  draws: sessions replaying one item). Item text is built from the item's own topic's two words, its
+  series' word and the id (a content encoder sees topic and series); ``attributes`` holds the own topic,
+  series, a price and a year as JSON.
 * **Users** ``1..users``: history lengths ``min_events`` + a lognormal share (``length_sigma``) of the
   rest, rounded so they sum to ``events`` exactly; 1..``topics_per_user`` preferred topics, drawn in
   proportion to the topics' popularity mass.
@@ -21,7 +23,9 @@ The generative model (every knob is a :class:`SynthConfig` field):
   topics, or (probability ``explore``) any topic by mass. An event either *follows the series* of the
   previous item (probability ``series_follow``; an item-to-item transition: next item drawn by popularity
   within that series) or is drawn by popularity within the current topic. Both draws leave the
-  popularity distribution stationary, so the item marginal is Zipf(``zipf``) in expectation.
+  popularity distribution stationary, so the item marginal is Zipf(``zipf``) in expectation; an immediate
+  repeat of the previous item is drawn once more, which trims the head slightly (fitted slope ~0.98-0.99
+  for ``zipf=1``; about 3% of consecutive events repeat an item).
 * **Time**: epoch seconds from ``start`` + a uniform offset in ``span_days``; gaps of 1 + exponential
   (mean ``gap_seconds``) within a session and 60 s + exponential (mean ``session_gap_hours``) between
   sessions: strictly increasing per user; ``seq`` = 0..n-1.
@@ -87,6 +91,9 @@ class SynthConfig:
     topic_switch: float = 0.1
     explore: float = 0.1
     series_follow: float = 0.5
+    topic_share: float = 0.1
+    """The largest share of an average topic's mass one slot may hold: a more popular item is spread over
+    several topics (keeps sessions in a topic from replaying its one blockbuster)."""
     actions: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     positive_actions: tuple[str, ...] = DEFAULT_POSITIVE
     surfaces: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SURFACES))
@@ -113,6 +120,8 @@ class SynthConfig:
                 raise ConfigError(f"{key}: must be a positive number, got {getattr(self, key)!r}")
         if self.session_len < 1:
             raise ConfigError(f"session_len: mean events per session must be >= 1, got {self.session_len}")
+        if not 0.0 < self.topic_share <= 1.0:
+            raise ConfigError(f"topic_share: must be in (0, 1], got {self.topic_share!r}")
         for key in ("topic_switch", "explore", "series_follow", "surface_switch", "action_item_corr"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"{key}: must be a probability in [0, 1], got {getattr(self, key)!r}")
@@ -181,27 +190,29 @@ _PREF = 16  # + k for the k-th preferred topic
 
 @dataclass
 class _World:
-    """Items laid out in *slots*: sorted by (topic, popularity rank), so a topic and a series are slot ranges."""
+    """The catalogue laid out in *slots*, sorted by (topic, popularity rank), so a topic and a series are slot
+    ranges. An item has one slot, in its own topic, unless it is too popular for one topic: then its mass is
+    spread over several slots in other topics too (a blockbuster shows up in many topics' sessions)."""
 
-    slot_item: np.ndarray  # [I] item index (id - 1) in each slot
-    cum: np.ndarray  # [I+1] cumulative popularity over slots, cum[-1] = 1
-    topic_of: np.ndarray  # [I] topic of each item index
-    series_of: np.ndarray  # [I] series of each item index
+    slot_item: np.ndarray  # [S] item index (id - 1) of each slot
+    cum: np.ndarray  # [S+1] cumulative popularity over slots, cum[-1] = 1
+    slot_series: np.ndarray  # [S] series of each slot
     topic_lo: np.ndarray  # [T] first slot of each topic
     topic_hi: np.ndarray  # [T]
-    series_lo: np.ndarray  # [S] first slot of each series
-    series_hi: np.ndarray  # [S]
+    series_lo: np.ndarray  # [Q] first slot of each series
+    series_hi: np.ndarray  # [Q]
     topic_cdf: np.ndarray  # [T] cumulative topic mass
+    topic_of: np.ndarray  # [I] each item's own topic (its text's)
+    series_of: np.ndarray  # [I] each item's own series (in its own topic)
     typical_action: np.ndarray  # [I] each item's own action index
     lengths: np.ndarray  # [U] events of each user index (id - 1)
     action_cdf: np.ndarray  # [A]
     surface_cdf: np.ndarray  # [S']
 
     def draw(self, lo: np.ndarray, hi: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """An item index per row, drawn by popularity among slots [lo, hi). [N] -> [N]."""
+        """A slot per row, drawn by popularity among slots [lo, hi). [N] -> [N]."""
         target = self.cum[lo] + u * (self.cum[hi] - self.cum[lo])
-        k = np.clip(np.searchsorted(self.cum, target, side="right") - 1, lo, hi - 1)
-        return self.slot_item[k]
+        return np.clip(np.searchsorted(self.cum, target, side="right") - 1, lo, hi - 1)
 
 
 def _cdf(shares: dict[str, float]) -> np.ndarray:
@@ -236,30 +247,36 @@ def _world(cfg: SynthConfig) -> _World:
     rng = np.random.default_rng([cfg.seed, 40])
     rank = rng.permutation(n_items) + 1  # [I]
     topic_of = rng.permutation(np.arange(n_items) % n_topics)  # [I] equal-sized topics
-    weight = rank.astype(np.float64) ** -cfg.zipf
-    slot_item = np.lexsort((rank, topic_of))  # [I] by topic, then popularity
-    cum = np.zeros(n_items + 1)
-    cum[1:] = np.cumsum(weight[slot_item])
+    p = rank.astype(np.float64) ** -cfg.zipf
+    p /= p.sum()
+    # an item may hold at most `topic_share` of an average topic's mass in one slot: the head is spread out
+    copies = np.maximum(1, np.ceil(p / (cfg.topic_share / n_topics))).astype(np.int64)  # [I]
+    item_of = np.repeat(np.arange(n_items), copies)  # [S] before sorting
+    own = np.r_[0, np.cumsum(copies)[:-1]]  # [I] each item's first slot: its own topic
+    topic = rng.integers(0, n_topics, item_of.size)
+    topic[own] = topic_of
+    order = np.lexsort((rank[item_of], topic))  # by topic, then popularity
+    slot_item, slot_topic = item_of[order], topic[order]
+    cum = np.zeros(slot_item.size + 1)
+    cum[1:] = np.cumsum(p[slot_item] / copies[slot_item])
     cum /= cum[-1]
-    slot_topic = topic_of[slot_item]
     topic_lo = np.searchsorted(slot_topic, np.arange(n_topics), side="left")
     topic_hi = np.searchsorted(slot_topic, np.arange(n_topics), side="right")
-    within = np.arange(n_items) - topic_lo[slot_topic]  # slot's place in its topic
+    within = np.arange(slot_item.size) - topic_lo[slot_topic]  # slot's place in its topic
     per_topic = -(-(topic_hi - topic_lo) // cfg.series_size)  # series per topic
-    first_series = np.concatenate([[0], np.cumsum(per_topic)[:-1]])
-    slot_series = first_series[slot_topic] + within // cfg.series_size  # [I]
-    series_of = np.empty(n_items, dtype=np.int64)
-    series_of[slot_item] = slot_series
+    slot_series = np.r_[0, np.cumsum(per_topic)[:-1]][slot_topic] + within // cfg.series_size  # [S]
     n_series = int(per_topic.sum())
     series_lo = np.searchsorted(slot_series, np.arange(n_series), side="left")
     series_hi = np.searchsorted(slot_series, np.arange(n_series), side="right")
-    topic_mass = cum[topic_hi] - cum[topic_lo]
-    topic_cdf = np.cumsum(topic_mass)
+    inverse = np.empty(slot_item.size, dtype=np.int64)
+    inverse[order] = np.arange(slot_item.size)  # unsorted slot -> sorted slot
+    series_of = slot_series[inverse[own]]  # [I]
+    topic_cdf = np.cumsum(cum[topic_hi] - cum[topic_lo])
     topic_cdf[-1] = 1.0
     action_cdf = _cdf(cfg.actions)
     typical = _pick(action_cdf, rng.random(n_items))
-    return _World(slot_item, cum, topic_of, series_of, topic_lo, topic_hi, series_lo, series_hi, topic_cdf, typical,
-                  _lengths(cfg), action_cdf, _cdf(cfg.surfaces))
+    return _World(slot_item, cum, slot_series, topic_lo, topic_hi, series_lo, series_hi, topic_cdf, topic_of,
+                  series_of, typical, _lengths(cfg), action_cdf, _cdf(cfg.surfaces))
 
 
 # ----------------------------------------------------------------------------- items
@@ -339,19 +356,21 @@ def _user_chunk(cfg: SynthConfig, world: _World, info: DatasetInfo, lo: int, hi:
     fresh = t_change | (_uniform(k, _FOLLOW) >= cfg.series_follow)
     fi, si = np.flatnonzero(fresh), np.flatnonzero(~fresh)
     anchor = _forward_fill(fresh)[si]  # the last fresh draw before each follow-up: the previous item's series
-    f_lo, f_hi = world.topic_lo[topic[fi]], world.topic_hi[topic[fi]]
-    item = np.empty(n, dtype=np.int64)
-    item[fi] = world.draw(f_lo, f_hi, _uniform(k[fi], _ITEM))
+    slot = np.zeros(n, dtype=np.int64)
+    slot[fi] = world.draw(world.topic_lo[topic[fi]], world.topic_hi[topic[fi]], _uniform(k[fi], _ITEM))
+    item = world.slot_item[slot]  # (rows si: filled below)
     for redraw in (False, True):
         if redraw:
             again = fi[(pos[fi] > 0) & (item[fi] == item[fi - 1])]
-            item[again] = world.draw(world.topic_lo[topic[again]], world.topic_hi[topic[again]],
+            slot[again] = world.draw(world.topic_lo[topic[again]], world.topic_hi[topic[again]],
                                      _uniform(k[again], _ITEM_AGAIN))
-        series = world.series_of[item[anchor]]
-        item[si] = world.draw(world.series_lo[series], world.series_hi[series], _uniform(k[si], _ITEM))
+        series = world.slot_series[slot[anchor]]
+        slot[si] = world.draw(world.series_lo[series], world.series_hi[series], _uniform(k[si], _ITEM))
+        item = world.slot_item[slot]
     again = si[item[si] == item[si - 1]]  # (a follow-up is never a user's first event)
-    series = world.series_of[item[again]]
-    item[again] = world.draw(world.series_lo[series], world.series_hi[series], _uniform(k[again], _ITEM_AGAIN))
+    series = world.slot_series[slot[again]]
+    slot[again] = world.draw(world.series_lo[series], world.series_hi[series], _uniform(k[again], _ITEM_AGAIN))
+    item = world.slot_item[slot]
 
     action = np.where(_uniform(k, _A_MIX) < cfg.action_item_corr, world.typical_action[item],
                       _pick(world.action_cdf, _uniform(k, _ACTION)))
