@@ -454,7 +454,6 @@ def synthesize(workdir: str | Path, *, users: int, items: int, events: int, seed
             del ev, fv
         info.extra.update({
             "slate_size": cfg.slate_size,
-            "synth": config,
             "counts": {
                 "events": w.rows["events"],
                 "users": w.users,
