@@ -46,6 +46,8 @@ BUCKET = "bucket"
 TABLES = ("events", "feedviews", "items")
 _SCHEMAS = {"events": EVENTS_SCHEMA, "feedviews": FEEDVIEWS_SCHEMA, "items": ITEMS_SCHEMA}
 _BUCKETED = ("events", "feedviews")
+_STORED_SCHEMAS = {name: _SCHEMAS[name].append(pa.field(BUCKET, pa.int32(), nullable=False)) if name in _BUCKETED
+                   else _SCHEMAS[name] for name in TABLES}
 _SORT_KEYS = {
     "events": [("user_id", "ascending"), ("seq", "ascending")],
     "feedviews": [("user_id", "ascending"), ("request_seq", "ascending")],
@@ -132,6 +134,16 @@ def conform(table: pa.Table, name: str) -> pa.Table:
             r = int(np.flatnonzero(n_items == 0)[0])
             raise DataError(f"row {r}: empty slate", path=name, field="item_ids")
     return out
+
+
+def layout(table: pa.Table, name: str, n_buckets: int) -> pa.Table:
+    """A conformed table as it is stored: events/feedviews gain the ``bucket`` column; rows sorted by
+    (bucket,) user and seq (items: by item_id)."""
+    if name not in _BUCKETED:
+        return table.sort_by(_SORT_KEYS[name])
+    b = pa.array(user_bucket(table.column("user_id"), n_buckets), pa.int32())
+    table = table.append_column(pa.field(BUCKET, pa.int32(), nullable=False), b)
+    return table.sort_by([(BUCKET, "ascending"), *_SORT_KEYS[name]])
 
 
 # ----------------------------------------------------------------------------- store
@@ -240,26 +252,44 @@ class TableStore:
         """One Iceberg append (a separate method so tests can inject a failure mid-write)."""
         table.append(data)
 
+    def check_writable(self, n_buckets: int, overwrite: bool) -> None:
+        """Raise unless a write of ``n_buckets`` may start (a ConfigError for the count; a GenrecError when
+        tables exist and ``overwrite`` is False)."""
+        if not isinstance(n_buckets, int) or n_buckets < 1:
+            raise ConfigError(f"--buckets: must be a positive integer, got {n_buckets!r}")
+        if self.manifest_path.exists() and not overwrite:
+            raise GenrecError(f"{self.tables_dir} already holds tables; pass overwrite=True to replace them")
+
     def write(self, ds: Dataset, n_buckets: int = 16, *, overwrite: bool = False) -> dict[str, Any]:
         """Write ``ds`` as a new table version and return the manifest written.
 
         The manifest is written last; until then the previous version stays current.
         """
-        if not isinstance(n_buckets, int) or n_buckets < 1:
-            raise ConfigError(f"--buckets: must be a positive integer, got {n_buckets!r}")
-        if self.manifest_path.exists() and not overwrite:
-            raise GenrecError(f"{self.tables_dir} already holds tables; pass overwrite=True to replace them")
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError
+        self.check_writable(n_buckets, overwrite)
+        # checked before anything is staged: bad data leaves no namespace behind
+        data = {name: layout(conform(getattr(ds, name), name), name, n_buckets) for name in TABLES}
+        with self.open_writer(ds.info, n_buckets, source=ds.source, overwrite=overwrite) as w:
+            for name in TABLES:
+                w.append_laid_out(name, data[name])
+        assert w.manifest is not None
+        return w.manifest
 
+    @contextlib.contextmanager
+    def open_writer(self, info: DatasetInfo, n_buckets: int = 16, *, source: dict[str, Any] | None = None,
+                    overwrite: bool = False) -> Iterator["TableWriter"]:
+        """A streaming write: ``with store.open_writer(info, 16) as w: w.append("events", chunk); ...``.
+
+        The three tables are created empty in a fresh versioned namespace; each :meth:`TableWriter.append` adds
+        one chunk (one Iceberg append). Chunks of ``events``/``feedviews`` must hold *whole users* (all of a
+        user's rows in one chunk: ``counts["users"]`` sums the users of each chunk). When the block ends without
+        an error the manifest (built from ``w.info`` and ``w.source`` as they are then: a caller may fill in
+        ``info.extra`` as it goes) is written -- the commit point, as in :meth:`write` -- and the previous version
+        is purged; any exception purges what was staged and leaves the previous version current. The manifest
+        written is ``w.manifest`` afterwards.
+        """
+        self.check_writable(n_buckets, overwrite)
         self._manifest = None  # re-read: another process may have written since
-
-        data = {name: conform(getattr(ds, name), name) for name in TABLES}
-        for name in _BUCKETED:
-            t = data[name]
-            b = pa.array(user_bucket(t.column("user_id"), n_buckets), pa.int32())
-            t = t.append_column(pa.field(BUCKET, pa.int32(), nullable=False), b)
-            data[name] = t.sort_by([(BUCKET, "ascending"), *_SORT_KEYS[name]])
-        data["items"] = data["items"].sort_by(_SORT_KEYS["items"])
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
         self.tables_dir.mkdir(parents=True, exist_ok=True)
         previous = self.manifest()["namespace"] if self.exists() else None
@@ -271,21 +301,22 @@ class TableStore:
         try:
             with contextlib.suppress(NamespaceAlreadyExistsError):
                 self.catalog.create_namespace(ns)
+            tables = {}
             for name in TABLES:
-                tbl = self.catalog.create_table(f"{ns}.{name}", schema=data[name].schema)
+                tables[name] = self.catalog.create_table(f"{ns}.{name}", schema=_STORED_SCHEMAS[name])
                 if name in _BUCKETED:
-                    with tbl.update_spec() as spec:
+                    with tables[name].update_spec() as spec:
                         spec.add_identity(BUCKET)
-                self._append(tbl, data[name], name)
-            counts = {name: data[name].num_rows for name in TABLES}
-            counts["users"] = len(pc.unique(data["events"].column("user_id")))
+            w = TableWriter(self, tables, n_buckets, info, dict(source or {}))
+            yield w
+            counts = {**w.rows, "users": w.users}
             body = manifest(
                 "tables",
-                inputs=ds.source,
+                inputs=w.source,
                 params={"n_buckets": n_buckets,
                         "bucket_hash": "iceberg bucket[n](user_id): (murmur3_x86_32 & 0x7FFFFFFF) % n"},
                 counts=counts,
-                info=ds.info.to_dict(),
+                info=w.info.to_dict(),
                 n_buckets=n_buckets,
                 namespace=ns,
                 version=version,
@@ -296,10 +327,9 @@ class TableStore:
         except BaseException:
             self._purge_namespace(ns)
             raise
-        self._manifest = body
+        self._manifest = w.manifest = body
         if previous is not None and previous != ns:
             self._purge_namespace(previous)
-        return body
 
     # -- read ------------------------------------------------------------------
 
@@ -384,6 +414,36 @@ class TableStore:
         m = self.manifest()
         return Dataset(self.info(), self.read_events(), self.read_items(), self.read_feedviews(),
                        source=dict(m.get("inputs", {})))
+
+
+class TableWriter:
+    """One open streaming write (:meth:`TableStore.open_writer`); counts what it appended."""
+
+    def __init__(self, store: TableStore, tables: dict[str, Any], n_buckets: int, info: DatasetInfo,
+                 source: dict[str, Any]) -> None:
+        self._store = store
+        self._tables = tables
+        self.n_buckets = n_buckets
+        self.info = info
+        """Saved in the manifest at the commit: may be changed (``info.extra`` filled in) until then."""
+        self.source = source
+        self.rows = {name: 0 for name in TABLES}
+        self.users = 0
+        self.manifest: dict[str, Any] | None = None
+        """The manifest written, once the ``with`` block has committed."""
+
+    def append(self, name: str, table: pa.Table) -> None:
+        """Check (:func:`conform`), bucket, sort and append one chunk of table ``name``."""
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; expected one of {TABLES}")
+        self.append_laid_out(name, layout(conform(table, name), name, self.n_buckets))
+
+    def append_laid_out(self, name: str, data: pa.Table) -> None:
+        """Append a chunk already passed through :func:`conform` and :func:`layout`."""
+        self._store._append(self._tables[name], data, name)
+        self.rows[name] += data.num_rows
+        if name == "events":
+            self.users += len(pc.unique(data.column("user_id")))
 
 
 def catalog_config() -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ manifest, so a later step can check it is looking at the versions it expects::
 
     import genrec
     genrec.prepare("runs/ml", "movielens-100k", data_dir="datasets")   # genrec data prepare
+    # (or a synthetic log of any size: genrec.synthesize("runs/syn", users=10**5, items=10**5, events=10**7))
     genrec.build_item_features("runs/ml")                                # genrec features build
     genrec.build_semantic_ids("runs/ml")                                 # genrec sid build
     genrec.train_model("runs/ml", "cpu-small", ["train.total_steps=500"])  # genrec train
@@ -27,6 +28,7 @@ from genrec.catalog import load_catalog, open_store
 from genrec.data.ingest import REGISTRY, IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.data.store import TableStore, catalog_config
+from genrec.data.synth import synthesize
 from genrec.errors import ConfigError
 from genrec.eval.evaluate import EvalConfig, run_eval
 from genrec.eval.evaluate import evaluate as _evaluate
@@ -40,7 +42,7 @@ from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
 __all__ = ["build_item_features", "build_semantic_ids", "default_split", "evaluate", "load_catalog", "open_store",
-           "prepare", "recommender", "train_model", "tune_fusion"]
+           "prepare", "recommender", "synthesize", "train_model", "tune_fusion"]
 
 
 def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = None,

@@ -136,6 +136,23 @@ def seq_within_user(user_sorted: np.ndarray) -> np.ndarray:
     return (np.arange(n, dtype=np.int64) - np.repeat(first, counts)).astype(np.int32)
 
 
+def vocab_column(idx: np.ndarray, vocab: list[str]) -> pa.Array:
+    """Indices into ``vocab`` -> the string column. [N] -> [N]."""
+    return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32)), pa.array(vocab, pa.string())).cast(
+        pa.string())
+
+
+def events_table(user: np.ndarray, item: np.ndarray, surface_idx: np.ndarray, action_idx: np.ndarray,
+                 timestamp: np.ndarray, seq: np.ndarray, info: DatasetInfo) -> pa.Table:
+    """The events table from [N] columns already sorted by (user, seq); surfaces and actions as indices into
+    ``info``'s vocabularies."""
+    return pa.Table.from_arrays(
+        [pa.array(user), pa.array(item), vocab_column(surface_idx, info.surfaces),
+         vocab_column(action_idx, info.actions), pa.array(timestamp), pa.array(seq)],
+        schema=EVENTS_SCHEMA,
+    )
+
+
 def build_dataset(
     info: DatasetInfo,
     *,
@@ -197,15 +214,7 @@ def build_dataset(
     act, surf = action_idx[order], surface_idx[order]
     seq = seq_within_user(u)
 
-    def dict_col(idx: np.ndarray, vocab: list[str]) -> pa.Array:
-        return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32)), pa.array(vocab, pa.string())).cast(
-            pa.string())
-
-    events = pa.Table.from_arrays(
-        [pa.array(u), pa.array(it), dict_col(surf, info.surfaces), dict_col(act, info.actions), pa.array(ts),
-         pa.array(seq)],
-        schema=EVENTS_SCHEMA,
-    )
+    events = events_table(u, it, surf, act, ts, seq, info)
     if impressions is None:
         feedviews = build_feedviews(user=u, seq=seq, timestamp=ts, item=it, action_idx=act, surface_idx=surf,
                                     surfaces=info.surfaces, slate_size=slate_size)
