@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.bench.gpu_monitor import GpuMonitor
+from genrec.kernels.mask import item_block_mask_mod
 from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref, item_block_mask
 from genrec.validation import trusted_inputs
 
@@ -188,16 +189,8 @@ def _flex_block_mask(lengths: torch.Tensor, n_items: int, T: int):
     from torch.nn.attention.flex_attention import create_block_mask
 
     S = n_items * T
-
-    def mask_mod(b, h, q_idx, kv_idx):  # the PinGER rules, same as reference.item_block_mask
-        qi, ki = q_idx // T, kv_idx // T
-        qd, kd = (q_idx % T) == T - 1, (kv_idx % T) == T - 1
-        dense = kd & ((qd & (ki <= qi)) | (~qd & (ki < qi)))
-        sid = ~kd & ~qd & (ki == qi) & ((kv_idx % T) <= (q_idx % T))
-        n = lengths[b]
-        return (dense | sid) & (qi < n) & (ki < n)
-
-    return create_block_mask(mask_mod, lengths.shape[0], None, S, S, device=DEV)
+    # the PinGER rules on the kernels' grid: the one predicate (genrec.kernels.mask), as reference.item_block_mask
+    return create_block_mask(item_block_mask_mod(lengths, T), lengths.shape[0], None, S, S, device=DEV)
 
 
 def _visible_pairs(lengths: torch.Tensor, n_items: int, T: int) -> int:
