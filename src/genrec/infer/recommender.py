@@ -52,6 +52,8 @@ from genrec.data.splits import SplitSpec, compute_cutoffs
 from genrec.data.store import TableStore, user_bucket
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
+from genrec.decode.rows import beam_rows
+from genrec.decode.rows import leaf_rows as sid_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.infer.ann import AnnConfig, AnnIndex
@@ -213,7 +215,9 @@ class Recommender:
         self.run_config = run_config or {}
         self.device = torch.device(device)
         self.context_len = self.config.max_items - 1
-        self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (offline eval)
+        self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (beams -> rows)
+        self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
+        self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
         # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "all" (default; "1" too): the history encode,
         # the SID beam search and the ranking decode; "sid": the SID beam search; "off" ("0"): eager
         self.cuda_graphs = graph_mode(self.device)
@@ -275,9 +279,8 @@ class Recommender:
                                   f"trained with {mcfg.sid_codebook_sizes}; retrain or point CURRENT back")
             sid_index, sid_version = sb.index, sb.version
             if mcfg.layout in ("pinger", "tiger"):  # SID heads -> a decoding stage (dense + fusion has none)
-                t = sb.trie
-                trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sizes, device=device)
-                leaf_rows = catalog.rows(np.asarray(t.leaf_items, dtype=np.int64), strict=False)
+                trie = TorchTrie.from_sid_trie(sb.trie, device=device)
+                leaf_rows = sid_leaf_rows(sb.trie, catalog)
         rec = cls(held, catalog, actions=actions, positive_actions=positive, surfaces=surfaces, ann=None,
                   trie=trie, sid_index=sid_index, step=step, checkpoint=ckpt, run_config=cfg.get("run"),
                   device=device)
@@ -534,38 +537,14 @@ class Recommender:
                            diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain, device=self.device)
 
     def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Valid beams -> catalogue rows via the SID index, beam order, deduplicated, at most ``limit``
-        per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
-        b, w, n_lv = beams.codes.shape
-        # one device->host copy for all three (codes are small ints: exact in float64)
-        packed = torch.cat([beams.codes.double().flatten(), beams.valid.double().flatten(),
-                            beams.scores.double().flatten()]).cpu().numpy()
-        codes = packed[: b * w * n_lv].astype(np.int64).reshape(b, w, n_lv)  # [B, W, L]
-        valid = packed[b * w * n_lv: b * w * (n_lv + 1)].reshape(b, w) > 0.5
-        scores = packed[b * w * (n_lv + 1):].astype(np.float32).reshape(b, w)
-        flat = codes.reshape(b * w, -1)
-        offs, items = self.sid_index.lookup_batch(np.where(valid.reshape(-1)[:, None], flat, -1), limit=limit)
-        item_rows = self.catalog.rows(items, strict=False)
-        out = np.full((b, limit), -1, np.int64)
-        lp = np.full((b, limit), np.nan, np.float32)
-        for i in range(b):
-            seen: set[int] = set()
-            m = 0
-            for j in range(w):
-                if not valid[i, j]:
-                    continue
-                q = i * w + j
-                for r in item_rows[offs[q]:offs[q + 1]]:
-                    if r < 0 or r in seen:
-                        continue
-                    seen.add(int(r))
-                    out[i, m], lp[i, m] = r, scores[i, j]
-                    m += 1
-                    if m == limit:
-                        break
-                if m == limit:
-                    break
-        return out, lp
+        """Valid beams -> catalogue rows through the SID trie's leaves, beam order, deduplicated, at most
+        ``limit`` per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
+        if self.trie is None or self.leaf_rows is None:
+            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
+        if self._leaf_t is None or self._leaf_t.device != self.trie.device or self._leaf_src is not self.leaf_rows:
+            self._leaf_t = torch.as_tensor(np.asarray(self.leaf_rows, dtype=np.int64), device=self.trie.device)
+            self._leaf_src = self.leaf_rows
+        return beam_rows(beams, self.trie, self._leaf_t, limit)
 
     def score_candidates(self, cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
                          surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None) -> torch.Tensor:
