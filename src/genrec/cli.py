@@ -475,7 +475,7 @@ def serve(
     # bundle loads (the app's own handler takes over once it runs)
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
     try:
-        from genrec.infer.recommender import find_checkpoint
+        from genrec.infer.load import find_checkpoint
 
         find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
     except BaseException:
@@ -624,7 +624,8 @@ def recommend(
 ) -> None:
     """Recommend items for a user (--user) or an ad-hoc history (--history): SID beams + ANN, ranked."""
     from genrec.errors import ConfigError
-    from genrec.infer.recommender import Recommender, SourceIds, user_case
+    from genrec.infer.cases import SourceIds, user_case
+    from genrec.infer.recommender import Recommender
 
     if (user is None) == (history is None):
         raise ConfigError("give exactly one of --user ID or --history 'id,id,...'")
@@ -656,7 +657,7 @@ def recommend(
     srcs = None if sources is None else tuple(s.strip() for s in sources.split(",") if s.strip())
     from typing import cast
 
-    from genrec.infer.recommender import RecommendationList
+    from genrec.infer.results import RecommendationList
 
     recs = cast(RecommendationList, rec.recommend(
         hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs, rank=False if no_rank else None,

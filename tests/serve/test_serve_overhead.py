@@ -190,15 +190,16 @@ def test_uvicorn_impl_falls_back_to_pure_python(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_engine_hands_plain_histories_on_as_bare_ids(server: ServerThread) -> None:
-    """Plain ``{"item_id": int}`` items reach the Recommender as bare ids (its faster parse path);
-    anything else unchanged; the answer equals the Recommender's on the dicts (dropped, truncated)."""
+    """Plain ``{"item_id": int}`` items reach the Recommender as bare ids (its faster parse path; the engine's
+    first look is the Recommender's own, HistoryParser.screen); anything else unchanged; the answer equals the
+    Recommender's on the dicts (dropped, truncated)."""
     eng = server.service.holder.current.engine
-    dropped, known, plain = eng._known([{"item_id": 1}, {"item_id": 99999999}, {"item_id": 50}])
+    dropped, known, plain = eng.rec.history.screen([{"item_id": 1}, {"item_id": 99999999}, {"item_id": 50}])
     assert plain == [1, 99999999, 50] and dropped == [99999999] and known
     for other in ([{"item_id": 1, "ts": 5}, {"item_id": 50}], [{"item_id": True}], [{"item_id": 1}, {"item_id": 2.0}]):
-        assert eng._known(other)[2] is other
-    assert eng._known([]) == ([], False, [])  # a cold start
-    assert eng._known([{"item_id": 99999998}]) == ([99999998], False, [99999998])
+        assert eng.rec.history.screen(other)[2] is other
+    assert eng.rec.history.screen([]) == ([], False, [])  # a cold start
+    assert eng.rec.history.screen([{"item_id": 99999998}]) == ([99999998], False, [99999998])
     h = [{"item_id": i} for i in range(1, eng.context_len + 8)] + [{"item_id": 99999999}]
     got = eng.recommend(h, k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
     want = eng.rec.recommend(h, k=5, beam_width=8, sources=["sid", "ann"], rank=True)

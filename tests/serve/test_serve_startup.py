@@ -117,7 +117,7 @@ def test_default_threads_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_serve_and_service_take_the_machine_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrec.infer.recommender as recommender
+    import genrec.infer.load as load
     import genrec.serve.app as appmod
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
@@ -125,7 +125,7 @@ def test_serve_and_service_take_the_machine_default(tmp_path: Path, monkeypatch:
     assert appmod.Service(appmod.ServeConfig(workdir=tmp_path, threads=2)).cfg.threads == 2
 
     got: dict[str, Any] = {}
-    monkeypatch.setattr(recommender, "find_checkpoint", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(load, "find_checkpoint", lambda *a, **k: tmp_path)
     monkeypatch.setattr(appmod, "serve", lambda cfg, **kw: got.update(cfg=cfg, **kw))
     monkeypatch.delenv("GENREC_PRECISION", raising=False)  # (set by the command; put back afterwards)
     hup = signal.getsignal(signal.SIGHUP)

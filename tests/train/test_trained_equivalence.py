@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.infer.recommender import Recommender, user_history
+from genrec.infer.cases import user_history
+from genrec.infer.recommender import Recommender
 from genrec.recipes import pipeline
 from genrec.recipes.training import train_run
 from genrec.train.run import RunConfig
