@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.serve.app import ServeConfig
+from genrec.serve.config import ServeConfig
 from genrec.serve.schemas import MAX_BEAM, MAX_K
 
 from ._server import ServerThread, http_client, serving

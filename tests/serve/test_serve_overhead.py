@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
-from genrec.serve import app as appmod
-from genrec.serve.app import Metrics, ServeConfig, Track, uvicorn_impl
+from genrec.serve import service as service_mod
+from genrec.serve.app import uvicorn_impl
+from genrec.serve.config import ServeConfig
+from genrec.serve.middleware import Metrics, Track
 from genrec.serve.schemas import INT64, ItemId, RecommendRequest, Vocab, _Strict
 
 from ._server import ServerThread, http_client, serving
@@ -174,7 +176,7 @@ def test_recommend_with_every_history_field_equals_recommender(server: ServerThr
 def test_heap_frozen_while_serving(server: ServerThread) -> None:
     assert server.service.cfg.gc_freeze
     assert gc.get_freeze_count() > 0
-    appmod.thaw_and_freeze()  # what a hot swap runs
+    service_mod.thaw_and_freeze()  # what a hot swap runs
     assert gc.get_freeze_count() > 0
 
 

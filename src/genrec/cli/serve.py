@@ -80,7 +80,7 @@ def serve(
         if hup is not None:
             signal.signal(signal.SIGHUP, hup)
         raise
-    from genrec.serve.app import ServeConfig, default_threads, default_torch_threads
+    from genrec.serve.config import ServeConfig, default_threads, default_torch_threads
     from genrec.serve.app import serve as run_server
 
     threads = default_threads(device) if threads is None else threads
