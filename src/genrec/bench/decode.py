@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genrec.bench.kernels import _capture, _time_graph
+from genrec.bench.kernels import _time_graph
+from genrec.bench.timing import capture
 from genrec.decode.beam import beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.decode.trie_torch import TorchTrie
@@ -242,14 +243,14 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
 
 
 def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
-    """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.kernels._capture``: value
+    """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.timing.capture``: value
     checks off, warmed up on a side stream): (replay, static output)."""
     outs: list[Any] = []
 
     def call() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             outs.append(fn())
-    graph = _capture(call, 1)
+    graph = capture(call, 1)
     graph.replay()
     return graph.replay, outs[-1]
 
