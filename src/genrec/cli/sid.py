@@ -90,7 +90,8 @@ def sid_assign(
     from genrec.errors import DataError
     from genrec.features import content as fc
     from genrec.features.store import ItemVectors
-    from genrec.sid.build import assign_sids, new_item_vectors, open_current
+    from genrec.sid.build import assign_sids, open_current
+    from genrec.sid.source import new_item_vectors
 
     ids, vecs = fc.read_vector_file(vectors.expanduser())
     cur = open_current(Path(workdir) / "sid")
