@@ -148,7 +148,7 @@ def main() -> None:
             for r in (mine[0], best_v):
                 if r is None or not (r["graph_ms"] or r["eager_ms"]):
                     continue
-                target = bk._capture(r["fn"], 5).replay if r["graph_ms"] else r["fn"]
+                target = bk.capture(r["fn"], 5).replay if r["graph_ms"] else r["fn"]
                 res = bk._guard(f"{shape} {r['impl']} sustained",
                                 lambda: bk.sustained_ms(target, a.sustain, 5 if r["graph_ms"] else 1))
                 if res is not None:

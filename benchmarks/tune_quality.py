@@ -16,7 +16,7 @@ cases: SID-path recall of the chosen genrec and TIGER models against serving his
 
 L0+L1: every configuration marked ``"l0l1": true`` runs the L0 (SID beams ∪ ANN, over-retrieved)
 -> L1 path once on the validation cases, recording each candidate's score parts; the L1 fusion
-weights (a * action utility + w * dense logit + v * log P(SID), see ``Recommender._run_batch``)
+weights (a * action utility + w * dense logit + v * log P(SID), see ``Recommender.run_batch``)
 are chosen on validation over a grid (``genrec.eval.evaluate.choose_fusion``), across those
 configurations, and only the chosen (configuration, weights) runs on the test split. The SID
 path's beam width is likewise chosen on validation among ``--sid-beams``.

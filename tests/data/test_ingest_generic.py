@@ -129,7 +129,7 @@ def test_remapped_ids_resolve_to_the_source_files_user_and_items(tmp_path: Path)
     """With map_ids the tables number users and items 0..n-1; `genrec recommend --user` takes the source
     file's user id (it had taken the table's, showing another user's history) and shows source item ids."""
     from genrec.errors import DataError as _DE
-    from genrec.infer.recommender import SourceIds, user_history
+    from genrec.infer.cases import SourceIds, user_history
     from genrec.recipes.pipeline import prepare
 
     src = tmp_path / "src"

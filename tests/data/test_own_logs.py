@@ -44,7 +44,7 @@ def test_the_issue_42_csv_ingests_with_no_flags(tmp_path: Path, datasets_root: P
     """It had stopped at line 2 (`not an integer ... (string ids need map_ids=True)`), then, with --map-ids, at
     the ISO timestamp. Now: ids mapped and times parsed, each with a note; the rule is in the manifest."""
     from genrec.catalog import open_store
-    from genrec.infer.recommender import SourceIds
+    from genrec.infer.cases import SourceIds
 
     want = movielens_slice(datasets_root, tmp_path / "ev.csv", 300)
     r = _prepare(str(tmp_path / "wd"), "--source", str(tmp_path / "ev.csv"))
@@ -80,7 +80,7 @@ def test_map_ids_forces_mapping_surface_col_and_items_flag(tmp_path: Path) -> No
     """--map-ids maps integer ids too; --surface-col reads a surface column; --items names the items file,
     whose columns other than id/title become attributes and, after the title, the text content vectors read."""
     from genrec.catalog import open_store
-    from genrec.infer.recommender import SourceIds
+    from genrec.infer.cases import SourceIds
 
     (tmp_path / "ev.csv").write_text("uid,iid,when,what,page\n7,100,1700000000000,click,home\n7,200,1700000001000,"
                                      "buy,search\n8,100,1700000002000,click,home\n")

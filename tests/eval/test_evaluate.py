@@ -232,7 +232,7 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     out = json.loads(r.output)
     assert out["target"]["item_id"] == int(rec_.catalog.item_ids[data.es.target_rows[ci]])
     assert out["history_used"] == min(len(case.rows), rec_.context_len)
-    from genrec.infer.recommender import user_case
+    from genrec.infer.cases import user_case
 
     hist, tgt = user_case(root, 3, "test")
     assert [h["item_id"] for h in hist][-rec_.context_len:] == rec_.catalog.item_ids[case.rows].tolist()

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from genrec.errors import ConfigError, DataError
-from genrec.infer.recommender import Recommender, user_history
+from genrec.infer.cases import user_history
+from genrec.infer.recommender import Recommender
 from genrec.model.genrec_model import ModelBatch
 
 
@@ -248,7 +249,7 @@ def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
 
     check()
     long = [{"item_id": i % 1682 + 1, "action": rec.actions[i % len(rec.actions)]} for i in range(1000)]
-    assert rec._history_columns(long) is not None  # the fast path is really taken for clean input
+    assert rec.history.columns(long) is not None  # the fast path is really taken for clean input
     assert outcome(rec.parse_history, long) == outcome(rec.parse_history_reference, long)
 
 
@@ -306,7 +307,7 @@ def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
 def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:
     """The "all" graph mode's encode and ranking paths (bucketed histories and candidates), run
     eagerly on the CPU over the same static buffers, give the plain recommendations."""
-    from genrec.infer.recommender import graph_mode
+    from genrec.infer.load import graph_mode
     from genrec.model.graphs import GraphedEncoder, GraphedRanker
 
     h2 = [3, 4]

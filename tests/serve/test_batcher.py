@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from genrec.errors import ConfigError
-from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.app import create_app
+from genrec.serve.config import ServeConfig
 from genrec.serve.batcher import MicroBatcher
 
 from ._server import ServerThread
@@ -273,7 +274,7 @@ def test_busy_interrupted_leader_hangs_nobody() -> None:
 
 
 def test_bad_policy_is_refused() -> None:
-    from genrec.serve.app import ServeConfig
+    from genrec.serve.config import ServeConfig
 
     assert MicroBatcher(4).policy == "timed" == ServeConfig(workdir=Path(".")).micro_batch_policy  # the default
     with pytest.raises(ConfigError, match="policy"):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from genrec.errors import ConfigError
-from genrec.serve.app import ServeConfig
+from genrec.serve.config import ServeConfig
 from genrec.serve.loadgen import RawConnection, ResponseError, client_loop, encode_request, run_client, run_load
 from genrec.serve.schemas import INT64
 

@@ -23,7 +23,8 @@ def test_kv_pool_device_follows_the_server_device(tmp_path: Path) -> None:
     import pytest
 
     from genrec.errors import ConfigError
-    from genrec.serve.app import ServeConfig, Service
+    from genrec.serve.config import ServeConfig
+    from genrec.serve.service import Service
 
     assert Service(ServeConfig(workdir=tmp_path, two_process=True)).pool_on_gpu is False
     assert Service(ServeConfig(workdir=tmp_path, two_process=True, device="cuda:0")).pool_on_gpu is True

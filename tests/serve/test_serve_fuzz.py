@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.app import create_app
+from genrec.serve.config import ServeConfig
 
 from ._server import ServerThread
 

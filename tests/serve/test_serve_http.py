@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.serve.app import ServeConfig
+from genrec.serve.config import ServeConfig
 from genrec.serve.schemas import MAX_BEAM, MAX_K
 
 from ._server import ServerThread, http_client, serving
@@ -107,7 +107,7 @@ def test_exclude_history_drops_the_whole_history(server: ServerThread, client: h
     """Issue 38: ``exclude_history`` on /v1/recommend (default false) leaves out every item of the given
     history -- MovieLens user 1's 272, not only the newest context window the model reads -- and still
     answers k items, as the Recommender does; the micro-batched path too."""
-    from genrec.infer.recommender import user_history
+    from genrec.infer.cases import user_history
     from genrec.serve.schemas import RecommendRequest
 
     eng = server.service.holder.current.engine

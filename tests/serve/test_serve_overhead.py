@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
-from genrec.serve import app as appmod
-from genrec.serve.app import Metrics, ServeConfig, Track, uvicorn_impl
+from genrec.serve import service as service_mod
+from genrec.serve.app import uvicorn_impl
+from genrec.serve.config import ServeConfig
+from genrec.serve.middleware import Metrics, Track
 from genrec.serve.schemas import INT64, ItemId, RecommendRequest, Vocab, _Strict
 
 from ._server import ServerThread, http_client, serving
@@ -174,7 +176,7 @@ def test_recommend_with_every_history_field_equals_recommender(server: ServerThr
 def test_heap_frozen_while_serving(server: ServerThread) -> None:
     assert server.service.cfg.gc_freeze
     assert gc.get_freeze_count() > 0
-    appmod.thaw_and_freeze()  # what a hot swap runs
+    service_mod.thaw_and_freeze()  # what a hot swap runs
     assert gc.get_freeze_count() > 0
 
 
@@ -190,15 +192,16 @@ def test_uvicorn_impl_falls_back_to_pure_python(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_engine_hands_plain_histories_on_as_bare_ids(server: ServerThread) -> None:
-    """Plain ``{"item_id": int}`` items reach the Recommender as bare ids (its faster parse path);
-    anything else unchanged; the answer equals the Recommender's on the dicts (dropped, truncated)."""
+    """Plain ``{"item_id": int}`` items reach the Recommender as bare ids (its faster parse path; the engine's
+    first look is the Recommender's own, HistoryParser.screen); anything else unchanged; the answer equals the
+    Recommender's on the dicts (dropped, truncated)."""
     eng = server.service.holder.current.engine
-    dropped, known, plain = eng._known([{"item_id": 1}, {"item_id": 99999999}, {"item_id": 50}])
+    dropped, known, plain = eng.rec.history.screen([{"item_id": 1}, {"item_id": 99999999}, {"item_id": 50}])
     assert plain == [1, 99999999, 50] and dropped == [99999999] and known
     for other in ([{"item_id": 1, "ts": 5}, {"item_id": 50}], [{"item_id": True}], [{"item_id": 1}, {"item_id": 2.0}]):
-        assert eng._known(other)[2] is other
-    assert eng._known([]) == ([], False, [])  # a cold start
-    assert eng._known([{"item_id": 99999998}]) == ([99999998], False, [99999998])
+        assert eng.rec.history.screen(other)[2] is other
+    assert eng.rec.history.screen([]) == ([], False, [])  # a cold start
+    assert eng.rec.history.screen([{"item_id": 99999998}]) == ([99999998], False, [99999998])
     h = [{"item_id": i} for i in range(1, eng.context_len + 8)] + [{"item_id": 99999999}]
     got = eng.recommend(h, k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
     want = eng.rec.recommend(h, k=5, beam_width=8, sources=["sid", "ann"], rank=True)

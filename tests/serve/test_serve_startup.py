@@ -101,7 +101,7 @@ def test_serve_says_where_it_listens_what_it_loaded_and_when_it_is_ready(run_dir
 
 # ----------------------------------------------------------------------------- --threads' default
 def test_default_threads_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from genrec.serve.app import default_threads, default_torch_threads
+    from genrec.serve.config import default_threads, default_torch_threads
 
     for cores, threads in ((1, 1), (2, 2), (3, 3), (4, 4), (16, 4), (64, 4)):
         monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
@@ -117,15 +117,17 @@ def test_default_threads_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_serve_and_service_take_the_machine_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrec.infer.recommender as recommender
+    import genrec.infer.load as load
     import genrec.serve.app as appmod
+    from genrec.serve.config import ServeConfig
+    from genrec.serve.service import Service
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    assert appmod.Service(appmod.ServeConfig(workdir=tmp_path)).cfg.threads == 4  # the library's default
-    assert appmod.Service(appmod.ServeConfig(workdir=tmp_path, threads=2)).cfg.threads == 2
+    assert Service(ServeConfig(workdir=tmp_path)).cfg.threads == 4  # the library's default
+    assert Service(ServeConfig(workdir=tmp_path, threads=2)).cfg.threads == 2
 
     got: dict[str, Any] = {}
-    monkeypatch.setattr(recommender, "find_checkpoint", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(load, "find_checkpoint", lambda *a, **k: tmp_path)
     monkeypatch.setattr(appmod, "serve", lambda cfg, **kw: got.update(cfg=cfg, **kw))
     monkeypatch.delenv("GENREC_PRECISION", raising=False)  # (set by the command; put back afterwards)
     hup = signal.getsignal(signal.SIGHUP)

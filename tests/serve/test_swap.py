@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.app import create_app
+from genrec.serve.config import ServeConfig
 from genrec.serve.swap import BundleHolder
 
 from ._server import ServerThread

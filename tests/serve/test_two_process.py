@@ -14,7 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from genrec.serve.app import ServeConfig, create_app
+from genrec.serve.app import create_app
+from genrec.serve.config import ServeConfig
 
 from ._server import ServerThread
 

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from genrec.train.config import TrainConfig  # noqa: E402
-from genrec.train.trainer import to_device  # noqa: E402
+from genrec.train.distributed import to_device  # noqa: E402
 from tests.model.test_model_equivalence import make_batch, make_model  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from genrec.recipes.training import train_run
 from genrec.train.run import RunConfig
-from genrec.train.trainer import _ProgressLines
+from genrec.train.progress import ProgressLines
 
 STEP_LINE = re.compile(r"^\[genrec\.train\] step (\d+)/(\d+) \(\d+%\)  elapsed \S+  .*loss \d+\.\d+  items/s \d+",
                        re.M)
@@ -41,7 +41,7 @@ def test_progress_off_prints_no_progress_line(fork: Callable[[str], Path], capsy
 
 
 def test_lines_come_every_log_step_or_every_n_seconds_whichever_is_rarer(capsys: pytest.CaptureFixture[str]) -> None:
-    p = _ProgressLines(total=100, start=0, every_s=3600.0, metric="")
+    p = ProgressLines(total=100, start=0, every_s=3600.0, metric="")
     for step in (10, 20, 30):
         p.step(step, 1.0, 100.0, last=False)  # log steps inside the hour: no line
     assert capsys.readouterr().err == ""

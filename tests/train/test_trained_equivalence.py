@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.infer.recommender import Recommender, user_history
+from genrec.infer.cases import user_history
+from genrec.infer.recommender import Recommender
 from genrec.recipes import pipeline
 from genrec.recipes.training import train_run
 from genrec.train.run import RunConfig
@@ -70,6 +71,7 @@ def test_coarse_prefix_sid_retrieval_equals_an_index_lookup_twin(trained: Recomm
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec
     from genrec.decode.beam import beam_search
+    from genrec.decode.rows import leaf_rows as sid_leaf_rows
     from genrec.decode.trie_torch import TorchTrie
     from genrec.eval.metrics import rank_in_list
     from genrec.eval.retrieval import _batches, evaluate_retrieval, make_eval_set
@@ -83,8 +85,8 @@ def test_coarse_prefix_sid_retrieval_equals_an_index_lookup_twin(trained: Recomm
     sb = open_current(wd / "sid")
     sizes = [int(k) for k in sb.codebook_sizes]
     L = len(sizes)
-    trie = TorchTrie.from_arrays(sb.trie.offsets, sb.trie.codes, sb.trie.children, sizes)
-    leaf_rows = rec.catalog.rows(np.asarray(sb.trie.leaf_items))
+    trie = TorchTrie.from_sid_trie(sb.trie)
+    leaf_rows = sid_leaf_rows(sb.trie, rec.catalog, strict=True)
     expansion = (np.asarray(sb.trie.leaf_start[L - 1]), np.asarray(sb.trie.codes[L - 1]))
     got = evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=(20,), beam_width=8, context_len=20,
                              trie=trie, leaf_rows=leaf_rows, prefix_expansion=expansion)["sid"]

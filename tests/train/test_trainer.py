@@ -16,7 +16,8 @@ from genrec.errors import GenrecError
 from genrec.train.checkpoint import load_checkpoint, resolve_checkpoint
 from genrec.train.config import TrainConfig
 from genrec.train.distributed import DistInfo
-from genrec.train.trainer import IterSpec, Trainer, lr_multiplier, param_groups
+from genrec.train.optim import lr_multiplier, param_groups
+from genrec.train.trainer import IterSpec, Trainer
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("genrec_test_standin", HERE / "test_standin_model.py")

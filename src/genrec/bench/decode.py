@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genrec.bench.kernels import _capture, _time_graph
+from genrec.bench.kernels import _time_graph
+from genrec.bench.timing import capture
 from genrec.decode.beam import beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.decode.trie_torch import TorchTrie
@@ -97,7 +98,7 @@ def bench_beams(dev: torch.device, B: int, n: int, widths: list[int], levels: in
     model = _model(dev, tiny, levels, K)
     cfg = model.config
     st = _random_trie(20_000 if tiny else 1_000_000, levels, K)
-    trie = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    trie = TorchTrie.from_sid_trie(st, device=dev)
     with _autocast(dev):
         cache, _, _ = model.encode_history(_batch(cfg, B, n, dev))
 
@@ -150,7 +151,7 @@ def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, leve
     model = _model(dev, tiny, levels, K, max_items=max(1100, n + 1))
     cfg = model.config
     st = _random_trie(n_items, levels, K)
-    trie = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    trie = TorchTrie.from_sid_trie(st, device=dev)
     with _autocast(dev):
         cache, _, _ = model.encode_history(_batch(cfg, B, n, dev))
         ctx = model.beam_context(cache)
@@ -197,7 +198,7 @@ def bench_sid_decode(dev: torch.device, B: int, n: int, W: int, lam: float, leve
 def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list[int], warmup: int, iters: int) -> None:
     """One constrained step = valid-code mask for every beam's node + advance, GPU vs CPU trie."""
     st = _random_trie(n_items, levels, K)
-    gpu = TorchTrie.from_arrays(st.offsets, st.codes, st.children, [K] * levels, device=dev)
+    gpu = TorchTrie.from_sid_trie(st, device=dev)
     rng = np.random.default_rng(2)
     for nb in beams:
         for depth in range(1, levels):
@@ -242,14 +243,14 @@ def bench_trie(dev: torch.device, n_items: int, levels: int, K: int, beams: list
 
 
 def _graphed(fn: Callable[[], Any]) -> tuple[Callable[[], Any], Any]:
-    """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.kernels._capture``: value
+    """``fn`` under bf16 autocast captured as one CUDA graph (``genrec.bench.timing.capture``: value
     checks off, warmed up on a side stream): (replay, static output)."""
     outs: list[Any] = []
 
     def call() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             outs.append(fn())
-    graph = _capture(call, 1)
+    graph = capture(call, 1)
     graph.replay()
     return graph.replay, outs[-1]
 

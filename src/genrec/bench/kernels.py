@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -39,8 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from genrec.bench.gpu_monitor import GpuMonitor
+from genrec.bench.timing import capture, median_ms, rel_err, trusted
+from genrec.kernels.mask import item_block_mask_mod
 from genrec.kernels.reference import cascade_attention_ref, item_block_attention_ref, item_block_mask
-from genrec.validation import trusted_inputs
 
 DEV = "cuda"  # "cpu" only for --tiny under TRITON_INTERPRET=1 (a smoke test of this script)
 # Benchmark shapes (the brief's); --tiny shrinks them.
@@ -55,30 +55,6 @@ RESULTS: dict[str, Any] = {"checks": {}, "train": [], "sweep": [], "cascade": []
 def _time(fn: Callable[[], Any], warmup: int, iters: int) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs, on this module's device."""
     return median_ms(fn, warmup, iters, DEV)
-
-
-def median_ms(fn: Callable[[], Any], warmup: int, iters: int, device: str) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs: CUDA events on a
-    GPU (``device`` "cuda"), the wall clock on the CPU."""
-    for _ in range(warmup):
-        fn()
-    if device == "cpu":
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _time_b2b(fn: Callable[[], Any], warmup: int, iters: int, reps: int | None = None) -> float:
@@ -102,32 +78,7 @@ def _time_graph(fn: Callable[[], Any], warmup: int, iters: int, reps: int = 20) 
     ``fn`` runs under ``trusted_inputs`` (no value-check syncs, which capture forbids). None on CPU."""
     if DEV == "cpu":
         return None
-    return _time(_capture(fn, reps).replay, warmup, iters) / reps
-
-
-def _trusted(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` called under ``trusted_inputs`` (no value-check syncs), as genrec's own callers run it."""
-    def call() -> Any:
-        with trusted_inputs():
-            return fn()
-
-    return call
-
-
-def _capture(fn: Callable[[], Any], reps: int) -> "torch.cuda.CUDAGraph":
-    """A CUDA graph of ``reps`` calls of ``fn`` (warmed up once on a side stream, as capture needs),
-    captured under ``trusted_inputs``."""
-    with trusted_inputs():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                fn()
-    return graph
+    return _time(capture(fn, reps).replay, warmup, iters) / reps
 
 
 def sustained_ms(fn: Callable[[], Any], seconds: float, calls_per_fn: int = 1) -> tuple[float, Any]:
@@ -164,11 +115,6 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def _guard(name: str, fn: Callable[[], Any]) -> Any:
     """Run one measurement; record (not raise) failures such as OOM or a compile error."""
     try:
@@ -188,16 +134,8 @@ def _flex_block_mask(lengths: torch.Tensor, n_items: int, T: int):
     from torch.nn.attention.flex_attention import create_block_mask
 
     S = n_items * T
-
-    def mask_mod(b, h, q_idx, kv_idx):  # the PinGER rules, same as reference.item_block_mask
-        qi, ki = q_idx // T, kv_idx // T
-        qd, kd = (q_idx % T) == T - 1, (kv_idx % T) == T - 1
-        dense = kd & ((qd & (ki <= qi)) | (~qd & (ki < qi)))
-        sid = ~kd & ~qd & (ki == qi) & ((kv_idx % T) <= (q_idx % T))
-        n = lengths[b]
-        return (dense | sid) & (qi < n) & (ki < n)
-
-    return create_block_mask(mask_mod, lengths.shape[0], None, S, S, device=DEV)
+    # the PinGER rules on the kernels' grid: the one predicate (genrec.kernels.mask), as reference.item_block_mask
+    return create_block_mask(item_block_mask_mod(lengths, T), lengths.shape[0], None, S, S, device=DEV)
 
 
 def _visible_pairs(lengths: torch.Tensor, n_items: int, T: int) -> int:
@@ -227,31 +165,31 @@ def check_correctness() -> None:
             rs = [x.float().requires_grad_() for x in (q, k, v)]
             ref = item_block_attention_ref(*rs, lengths, T)
             grads_ref = torch.autograd.grad(ref, rs, do.float())
-            errs = {"out": _rel(out, ref), **{f"d{c}": _rel(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
+            errs = {"out": rel_err(out, ref), **{f"d{c}": rel_err(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
             RESULTS["checks"][f"item_block D={D} {str(dtype)[6:]}"] = errs
             if dtype == torch.bfloat16:  # the model's configuration (on a Hopper GPU: the Gluon kernels it picks)
                 xs = [x.clone().requires_grad_() for x in (q, k, v)]
                 out = item_block_attention(*xs, lengths, T, config=ItemBlockConfig.tuned(D))
                 grads = torch.autograd.grad(out, xs, do)
                 RESULTS["checks"][f"item_block tuned D={D} {str(dtype)[6:]}"] = {
-                    "out": _rel(out, ref), **{f"d{c}": _rel(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
+                    "out": rel_err(out, ref), **{f"d{c}": rel_err(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
             if dtype == torch.float32 and DEV == "cuda":
                 from torch.nn.attention.flex_attention import flex_attention
 
                 bm = _flex_block_mask(lengths, n, T)
                 fo = flex_attention(q, k, v, block_mask=bm)
-                RESULTS["checks"][f"flex D={D} {str(dtype)[6:]}"] = {"out": _rel(fo, ref)}
+                RESULTS["checks"][f"flex D={D} {str(dtype)[6:]}"] = {"out": rel_err(fo, ref)}
     for dtype in (torch.float32, torch.bfloat16):
         B, W, H, t, n, D = 2, 10, 2, 3, CHECK["hist"], 64
         q, ks, vs = (torch.randn(B, W, H, t, D, device=DEV, generator=g).to(dtype) for _ in range(3))
         kh, vh = (torch.randn(B, H, n, D, device=DEV, generator=g).to(dtype) for _ in range(2))
         hl = torch.tensor([n, n // 4], device=DEV)
         ref = cascade_attention_ref(q.float(), kh.float(), vh.float(), ks.float(), vs.float(), hl)
-        RESULTS["checks"][f"cascade triton {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=1), ref)}
+        RESULTS["checks"][f"cascade triton {str(dtype)[6:]}"] = {"out": rel_err(cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=1), ref)}
         # split-KV + merge kernel; request 1's history is shorter than a chunk, so splits see no keys
         split = cascade_attention_triton(q, kh, vh, ks, vs, hl, num_splits=3)
-        RESULTS["checks"][f"cascade triton split3 {str(dtype)[6:]}"] = {"out": _rel(split, ref)}
-        RESULTS["checks"][f"cascade torch {str(dtype)[6:]}"] = {"out": _rel(cascade_attention_torch(q, kh, vh, ks, vs, hl), ref)}
+        RESULTS["checks"][f"cascade triton split3 {str(dtype)[6:]}"] = {"out": rel_err(split, ref)}
+        RESULTS["checks"][f"cascade torch {str(dtype)[6:]}"] = {"out": rel_err(cascade_attention_torch(q, kh, vh, ks, vs, hl), ref)}
     for name, errs in RESULTS["checks"].items():
         limit = 1e-4 if "float32" in name else 2e-2
         status = "ok" if max(errs.values()) < limit else "FAIL"
@@ -290,7 +228,7 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
         if SUSTAIN["seconds"] > 0 and both is not None:
             # back to back for seconds (from its graph where it has one), with the clock it ran at
             reps, from_graph = 5, graph and DEV == "cuda"
-            target = _capture(fwd_bwd(f), reps).replay if from_graph else fwd_bwd(f)
+            target = capture(fwd_bwd(f), reps).replay if from_graph else fwd_bwd(f)
             res = _guard(f"{name} sustained {shape}",
                          lambda: sustained_ms(target, SUSTAIN["seconds"], reps if from_graph else 1))
             if res is not None:
@@ -329,7 +267,7 @@ def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
     if bm is not None:
         out_k = item_block_attention(q, k, v, lengths, T, config=ItemBlockConfig.tuned(D))
         out_f = flex(q, k, v, block_mask=bm)
-        err = _rel(out_k, out_f)
+        err = rel_err(out_k, out_f)
         RESULTS["checks"][f"kernel vs flex {shape}"] = {"out": err, "status": "ok" if err < 2e-2 else "FAIL"}
         print(f"  check kernel vs flex {shape}: out={err:.1e}", flush=True)
     if sweep:
@@ -373,19 +311,19 @@ def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = 
     row: dict[str, Any] = {"W": W, "B": B, "hist": n, "t": t, "H": H, "D": D, "auto_splits": auto_s}
     with torch.no_grad():
         ref = per_beam().reshape(B, W, H, t, D)
-        row["rel_err_triton_vs_per_beam"] = _guard(f"cascade check W={W}", lambda: _rel(triton_s(1)(), ref))
-        err = row["rel_err_triton_auto_vs_per_beam"] = _guard(f"cascade auto check W={W}", lambda: _rel(triton_s("auto")(), ref))
+        row["rel_err_triton_vs_per_beam"] = _guard(f"cascade check W={W}", lambda: rel_err(triton_s(1)(), ref))
+        err = row["rel_err_triton_auto_vs_per_beam"] = _guard(f"cascade auto check W={W}", lambda: rel_err(triton_s("auto")(), ref))
         if err is not None:
             RESULTS["checks"][f"cascade auto S={auto_s} vs per-beam W={W}"] = {"out": err, "status": "ok" if err < 2e-2 else "FAIL"}
         row["triton_s1_ms"] = _guard(f"cascade triton S=1 W={W}", lambda: _time(triton_s(1), warmup, iters))
         # per call as the model's decode calls it: its inputs come from its own cache, so the range check on
         # hist_len (a device->host sync; the per-beam baseline has none) is off
         row["triton_s1_trusted_ms"] = _guard(f"cascade triton S=1 trusted W={W}",
-                                             lambda: _time(_trusted(triton_s(1)), warmup, iters))
+                                             lambda: _time(trusted(triton_s(1)), warmup, iters))
         row["triton_auto_ms"] = _guard(f"cascade triton auto S={auto_s} W={W}", lambda: _time(triton_s("auto"), warmup, iters))
         if sweep:
             for S in (2, 3, 4, 6, 8):
-                err = _guard(f"cascade split check S={S} W={W}", lambda: _rel(triton_s(S)(), ref))
+                err = _guard(f"cascade split check S={S} W={W}", lambda: rel_err(triton_s(S)(), ref))
                 if err is None or err >= 2e-2:  # a failure is recorded, not timed
                     if err is not None:
                         RESULTS["errors"].append({"name": f"cascade split S={S} W={W}", "error": f"rel err {err:.1e} vs per-beam"})
@@ -395,7 +333,7 @@ def bench_cascade(W: int, warmup: int, iters: int, sweep: bool, n: int | None = 
         row["per_beam_sdpa_ms"] = _guard(f"per-beam sdpa W={W}", lambda: _time(per_beam, warmup, iters))
         # per call issued back to back (an eager decode's steady state): the trusted cascade and the per-beam baseline
         row["b2b_triton_s1_trusted_ms"] = _guard(f"cascade trusted back to back W={W}",
-                                                 lambda: _time_b2b(_trusted(triton_s(1)), warmup, iters))
+                                                 lambda: _time_b2b(trusted(triton_s(1)), warmup, iters))
         row["b2b_per_beam_ms"] = _guard(f"per-beam back to back W={W}", lambda: _time_b2b(per_beam, warmup, iters))
         # GPU time per call from a CUDA-graph replay (no launch/check overhead), both sides
         row["graph_triton_s1_ms"] = _guard(f"cascade graph W={W}", lambda: _time_graph(triton_s(1), warmup, iters))

@@ -5,7 +5,7 @@ accelerator in CSR form and each decode step does one batched lookup, never a tr
 back to the CPU and never a Python loop over beams.
 
 Input is the plain array layout of ``genrec.sid.trie.SidTrie`` (this module does not
-import it): nodes at depths 0..L, numbered per depth in lexicographic order of their
+import it; :class:`SidArrays`): nodes at depths 0..L, numbered per depth in lexicographic order of their
 prefixes; for d in 0..L-1 ``offsets[d]: int64[n_d + 1]`` delimits node j's children
 ``codes[d][offsets[d][j]:offsets[d][j+1]]`` (ascending) and ``children[d]`` (their node
 ids at depth d+1).
@@ -31,6 +31,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -51,6 +52,18 @@ def _kernels(t: torch.Tensor):  # type: ignore[no-untyped-def]
     return trie_step
 
 
+class SidArrays(Protocol):
+    """The plain array layout of a SID trie (:class:`genrec.sid.trie.SidTrie` has it): per depth
+    ``offsets`` / ``codes`` / ``children``, the ``codebook_sizes`` and ``leaf_items`` (the item of each
+    depth-L node, in node order)."""
+
+    offsets: list[np.ndarray]
+    codes: list[np.ndarray]
+    children: list[np.ndarray]
+    codebook_sizes: list[int]
+    leaf_items: np.ndarray
+
+
 @dataclass
 class _Level:
     """One depth d of the trie (edges from depth d to depth d+1)."""
@@ -66,7 +79,8 @@ class _Level:
 
 
 class TorchTrie:
-    """Prefix trie of legal SIDs on a torch device. Build with :meth:`from_arrays`."""
+    """Prefix trie of legal SIDs on a torch device. Build with :meth:`from_sid_trie` (a run's SIDs)
+    or :meth:`from_arrays`."""
 
     def __init__(self, levels: list[_Level], codebook_sizes: list[int], device: torch.device) -> None:
         self._levels = levels
@@ -74,6 +88,13 @@ class TorchTrie:
         self.device = device
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_sid_trie(cls, trie: SidArrays, device: torch.device | str = "cpu", *,
+                      dense_max_entries: int = DEFAULT_DENSE_MAX_ENTRIES) -> TorchTrie:
+        """The device copy of a SID trie (e.g. ``open_current(wd.sid).trie``, a run's current SIDs)."""
+        return cls.from_arrays(trie.offsets, trie.codes, trie.children, [int(k) for k in trie.codebook_sizes],
+                               device=device, dense_max_entries=dense_max_entries)
+
     @classmethod
     def from_arrays(
         cls,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from genrec.infer.recommender import SourceIds
+from genrec.infer.cases import SourceIds
 from genrec.workdir import atomic_write_bytes
 
 

@@ -61,7 +61,7 @@ class EvalConfig:
     beam_width: int = 20
     diversity_lambda: float = 0.0
     overretrieve: int = 3
-    # L1 score fusion (Recommender._run_batch): a * utility + w * user.candidate + v * log P(SID)
+    # L1 score fusion (Recommender.run_batch): a * utility + w * user.candidate + v * log P(SID)
     # None: the Recommender's (chosen by `genrec fusion tune` for this checkpoint, else a=1, w=v=0)
     retrieval_weight: float | None = None
     sid_weight: float | None = None
@@ -179,7 +179,7 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
               parts: list[dict[str, np.ndarray]] | None = None,
               ranks_out: dict[str, np.ndarray] | None = None,
               lists_out: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender._run_batch``;
+    """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender.run_batch``;
     a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
     batch's L1 score parts are appended to it (with the batch's ``target_rows``), for
     :func:`fusion_metrics`. ``ranks_out``: when a dict, ``ranks_out["l0l1"]`` gets every case's

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
+from genrec.decode.rows import beam_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
@@ -136,9 +137,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
             if prefix_expansion is None:
                 res = beam_search(step, tb.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
                                   diversity_lambda=diversity_lambda, trie=trie, device=dev)
-                node = trie.walk(res.codes.clamp_min(0))[..., -1]  # [B, W] leaf node (-1 invalid)
-                rows = torch.where((node >= 0) & res.valid, leaf_t[node.clamp_min(0)], torch.full_like(node, -1))
-                top = rows[:, :kmax].cpu().numpy()
+                top = beam_leaf_rows(res, trie, leaf_t)[:, :kmax].cpu().numpy()
             else:
                 top = _prefix_lists(model, cache, step, trie, tb.batch_size, beam_width, diversity_lambda,
                                     prefix_expansion, np.asarray(leaf_rows), kmax, dev)

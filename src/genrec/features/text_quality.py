@@ -31,7 +31,7 @@ unless most of its items share their text.
 
 ``genrec features build`` records the result in the features manifest (``text_quality``)
 and warns; ``genrec sid build`` then quantises the engagement vectors by default
-(:func:`genrec.sid.build.choose_sid_source`).
+(:func:`genrec.sid.source.choose_sid_source`).
 """
 
 from __future__ import annotations

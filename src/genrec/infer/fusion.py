@@ -1,6 +1,6 @@
 """L1 score-fusion weights, chosen on validation and kept beside the checkpoint they were chosen for.
 
-The L1 score of a candidate (``Recommender._run_batch``) is ``a * Σ_c u_c p_c + w * (user ·
+The L1 score of a candidate (``Recommender.run_batch``) is ``a * Σ_c u_c p_c + w * (user ·
 candidate vector) + v * log P(candidate's SID)``: the action heads' utility (UniPinRec's L1 alone:
 a = 1, w = v = 0), the dense retrieval logit and the SID beam log-probability -- a product of
 experts over the one encoding. Which weighting is best depends on the data (on Amazon Beauty, one

@@ -4,14 +4,10 @@ Follows PinGER §3.3.2 (the three mask rules of the interleaved SID/dense traini
 §3.3.4 (the item-block kernel whose output these references must match), plus the cascade
 attention used by beam-search decoding (shared history KV + per-beam suffix KV).
 
-Non-standard here: the mask is not causal. Token ``s`` of a row is item ``s // T``, slot
-``s % T``; slots ``0..T-2`` are SID levels ``1..T-1`` and slot ``T-1`` is the item's dense token.
-
-* a dense token sees the dense tokens of items ``<=`` its own item;
-* an SID token of level ``l`` of item ``i`` sees the dense tokens of items ``< i`` and the SID
-  tokens of its own item with level ``<= l``;
-* nothing else. Items ``>= lengths[b]`` are padding: invisible as keys, and their query rows
-  output exactly 0.
+Non-standard here: the mask is not causal. It is the one predicate of :mod:`genrec.kernels.mask`
+on the kernels' grid: token ``s`` of a row is item ``s // T``, slot ``s % T``; slots ``0..T-2``
+are SID levels ``1..T-1`` and slot ``T-1`` is the item's dense token. Items ``>= lengths[b]`` are
+padding: invisible as keys, and their query rows output exactly 0.
 
 Everything is computed in fp32 with an explicit boolean mask and returned in the input dtype.
 
@@ -26,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from genrec.kernels.mask import item_block_rule
 from genrec.validation import checks_on
 
 __all__ = [
@@ -56,7 +53,8 @@ def _check_lengths(
 
 
 def item_block_mask(lengths: torch.Tensor | list[int], n_items: int, T: int) -> torch.Tensor:
-    """Boolean visibility mask ``[B, S, S]`` (query, key), ``S = n_items * T``, from the PinGER rules.
+    """Boolean visibility mask ``[B, S, S]`` (query, key), ``S = n_items * T``, from the PinGER rules
+    (:func:`genrec.kernels.mask.item_block_rule`: the one predicate on the kernels' grid).
 
     Padding query rows (item >= length) are all False.
     """
@@ -67,15 +65,8 @@ def item_block_mask(lengths: torch.Tensor | list[int], n_items: int, T: int) -> 
         raise ValueError(f"lengths: expected a 1-D tensor [B], got shape {tuple(lengths_t.shape)}")
     device = lengths_t.device
     lengths_t = _check_lengths(lengths_t, lengths_t.shape[0], n_items, device)
-    s = torch.arange(n_items * T, device=device)
-    item, slot = s // T, s % T  # [S]
-    dense = slot == T - 1
-    qi, ki = item[:, None], item[None, :]  # [S, 1], [1, S]
-    qd, kd = dense[:, None], dense[None, :]
-    dense_key = kd & ((qd & (ki <= qi)) | (~qd & (ki < qi)))
-    sid_key = ~kd & ~qd & (ki == qi) & (slot[None, :] <= slot[:, None])
-    rule = dense_key | sid_key  # [S, S]
-    valid = item[None, :] < lengths_t[:, None]  # [B, S]
+    rule = item_block_rule(n_items, T, device)  # [S, S]
+    valid = torch.arange(n_items * T, device=device)[None, :] // T < lengths_t[:, None]  # [B, S]
     return rule[None] & valid[:, :, None] & valid[:, None, :]  # [B, S, S]
 
 

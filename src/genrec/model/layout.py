@@ -28,11 +28,9 @@ import torch
 from genrec.validation import checks_on
 
 from genrec.errors import ConfigError
+from genrec.kernels.mask import ACTION, CAND, DENSE, PAD  # the token kinds the one predicate reads
 
-DENSE = 0
-CAND = -1
-PAD = -2
-ACTION = -3
+__all__ = ["ACTION", "CAND", "DENSE", "PAD", "TokenLayout", "TokenMeta", "build_layout", "slot_kinds"]
 
 
 @dataclass

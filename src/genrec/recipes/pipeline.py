@@ -37,7 +37,8 @@ from genrec.features.build import build_features
 from genrec.features.store import ItemVectors
 from genrec.infer.recommender import Recommender
 from genrec.recipes.training import train_run
-from genrec.sid.build import build_sids, choose_sid_source, features_text_quality, sid_input_vectors
+from genrec.sid.build import build_sids
+from genrec.sid.source import choose_sid_source, features_text_quality, sid_input_vectors
 from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
@@ -83,9 +84,9 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
                        engagement_weight: float = 1.0) -> Any:
     """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
     vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
-    SIDs, see :func:`genrec.sid.build.sid_input_vectors`) or engagement alone. ``None``: content, or
+    SIDs, see :func:`genrec.sid.source.sid_input_vectors`) or engagement alone. ``None``: content, or
     engagement when ``features build`` found the item text degenerate (said on stderr;
-    :func:`genrec.sid.build.choose_sid_source`)."""
+    :func:`genrec.sid.source.choose_sid_source`)."""
     wd = WorkDir(workdir)
     choice = choose_sid_source(features_text_quality(wd.features), source)
     if choice.message is not None:

@@ -24,7 +24,9 @@ from genrec.eval.baselines import Popularity
 from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
-from genrec.infer.recommender import RecommendationList, Recommender, user_history
+from genrec.infer.cases import user_history
+from genrec.infer.recommender import Recommender
+from genrec.infer.results import RecommendationList
 from genrec.infer.show import print_recommendations
 from genrec.recipes import pipeline
 from genrec.recipes.training import train_run

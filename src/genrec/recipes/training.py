@@ -21,6 +21,7 @@ import torch
 from genrec.catalog import load_catalog, open_store
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
+from genrec.decode.rows import leaf_rows as sid_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
@@ -94,15 +95,13 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
 
     trie = leaf_rows = None
     if sid_build is not None:
-        t = sid_build.trie
-        leaf_rows = catalog.rows(np.asarray(t.leaf_items))
+        leaf_rows = sid_leaf_rows(sid_build.trie, catalog, strict=True)
 
     def eval_fn(m: torch.nn.Module) -> dict[str, float]:
         nonlocal trie
         dev = next(m.parameters()).device
         if sid_build is not None and sid_sizes is not None and (trie is None or trie.device != dev):
-            t = sid_build.trie
-            trie = TorchTrie.from_arrays(t.offsets, t.codes, t.children, sid_sizes, device=dev)
+            trie = TorchTrie.from_sid_trie(sid_build.trie, device=dev)
         res = evaluate_retrieval(m, valid, beam_width=cfg.data.eval_beam, context_len=cfg.data.context_len,
                                  trie=trie, leaf_rows=leaf_rows)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}

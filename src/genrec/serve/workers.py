@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from genrec.errors import GenrecError
-from genrec.infer.recommender import graph_mode
+from genrec.infer.load import graph_mode
 from genrec.model.graphs import GraphedRanker
 from genrec.serve.engine import load_model
 from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError

@@ -15,9 +15,9 @@ kill at any point leaves ``CURRENT`` naming the previous complete version. A loc
 (``.lock``, fcntl) keeps two builders from picking the same version number.
 :func:`assign_sids` codes new items with the FROZEN codebooks of the current version.
 ``method="rqvae"`` swaps the quantiser for :class:`genrec.sid.rqvae.RQVAE`; the rest is
-the same. What is quantised (:func:`sid_input_vectors`): content vectors by default, engagement
-vectors when ``genrec features build`` found the item text degenerate (:func:`choose_sid_source`);
-each version's stats.json says which, and why, under ``source``.
+the same. What is quantised (:mod:`genrec.sid.source`): content vectors by default, engagement
+vectors when ``genrec features build`` found the item text degenerate; each version's stats.json
+says which, and why, under ``source``.
 """
 
 from __future__ import annotations
@@ -38,19 +38,21 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from genrec.errors import ConfigError, DataError, MissingDataError
-from genrec.features.text_quality import describe, is_degenerate
 from genrec.sid.disambiguate import (check_item_ids, collision_rate, disambiguate, extend_disambiguation,
                                      lex_order)
 from genrec.sid.index import SidIndex, level_bits
 from genrec.sid.rqkmeans import ResidualKMeans, check_vectors
 from genrec.sid.rqvae import RQVAE
+# what a build quantises (genrec.sid.source; its public names stay importable from here too)
+from genrec.sid.source import (SID_SOURCES, choose_sid_source, features_text_quality, new_item_vectors,
+                               sid_input_vectors, source_stats)
 from genrec.sid.trie import SidTrie
-from genrec.workdir import (MANIFEST, atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, manifest,
+from genrec.workdir import (atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, manifest,
                             read_json)
 
 __all__ = ["SidBuild", "build_sids", "assign_sids", "open_current", "open_version", "default_codebook",
            "code_stats", "list_versions", "load_quantizer", "prune_versions", "choose_sid_source",
-           "features_text_quality"]
+           "features_text_quality", "new_item_vectors", "sid_input_vectors", "SID_SOURCES"]
 
 CURRENT = "CURRENT"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
@@ -74,139 +76,6 @@ class SidBuild:
     def levels(self) -> int:
         """Number of SID levels including the disambiguation level."""
         return len(self.codebook_sizes)
-
-
-SID_SOURCES = ("content", "content+engagement", "engagement")
-_SOURCE_VECTORS = {"content": "the content vectors", "content+engagement": "content beside engagement vectors",
-                   "engagement": "the engagement vectors"}
-
-
-def sid_input_vectors(content: Any, engagement: Any | None, source: str = "content",
-                      engagement_weight: float = 1.0) -> np.ndarray:
-    """The vectors a SID build quantises: f32 ``[n, d]``.
-
-    ``"content"``: the content vectors as they are (PinGER: a new item gets its SID from content
-    alone). ``"content+engagement"`` (collaborative SIDs): the L2-normalised content vector
-    beside ``engagement_weight`` times the L2-normalised engagement vector, so items that are
-    engaged with together tend to share SID prefixes. An all-zero engagement row (an item nobody
-    engaged with yet) leaves that block zero, which is how ``sid assign`` codes new items against
-    such a codebook. ``"engagement"``: the engagement vectors as they are -- the default of ``genrec
-    sid build`` when the item text is degenerate (:func:`choose_sid_source`); items nobody engaged
-    with share the all-zero vector and are told apart only by the disambiguation level.
-    """
-    if source not in SID_SOURCES:
-        raise ConfigError(f"SID source must be one of {', '.join(SID_SOURCES)}, got {source!r}")
-    if source == "engagement":
-        if engagement is None:
-            raise ConfigError("SID source 'engagement' needs the engagement vectors")
-        return check_vectors(engagement, name="engagement vectors")
-    c = check_vectors(content, name="content vectors")
-    if source == "content":
-        return c
-    if not math.isfinite(engagement_weight) or engagement_weight <= 0:
-        raise ConfigError(f"engagement_weight must be a finite number > 0, got {engagement_weight}")
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        n = np.linalg.norm(x, axis=1, keepdims=True)
-        return np.where(n > 0, x / np.maximum(n, 1e-12), 0.0).astype(np.float32)
-
-    if engagement is None:
-        raise ConfigError("SID source 'content+engagement' needs the engagement vectors")
-    e = check_vectors(engagement, name="engagement vectors")
-    if e.shape[0] != c.shape[0]:
-        raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
-                        field="engagement")
-    return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
-
-
-def features_text_quality(features_dir: str | Path) -> dict[str, Any] | None:
-    """The ``text_quality`` that ``genrec features build`` recorded in ``features_dir``'s manifest
-    (None: no manifest, or features built before the check)."""
-    path = Path(features_dir) / MANIFEST
-    if not path.exists():
-        return None
-    q = read_json(path).get("text_quality")
-    return q if isinstance(q, dict) else None
-
-
-@dataclass(frozen=True)
-class SourceChoice:
-    """What a SID build quantises (``source``, one of SID_SOURCES) and what to tell the user about it."""
-
-    source: str
-    message: str | None = None
-    """A line for stderr ('note: ...' or 'warning: ...'), or None when there is nothing to say."""
-
-    @property
-    def loud(self) -> bool:
-        """The message is a warning (explicit content SIDs on degenerate text), not a note."""
-        return self.message is not None and self.message.startswith("warning:")
-
-
-def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None = None) -> SourceChoice:
-    """``genrec sid build``'s ``--source``: ``requested`` when given (a warning when it quantises content
-    vectors built from degenerate item text), else ``"content"`` -- or ``"engagement"`` when the features
-    manifest's ``text_quality`` (:func:`features_text_quality`) says the item text is degenerate.
-    Features built before the text check, or from a vector file, keep the ``"content"`` default."""
-    if requested is not None and requested not in SID_SOURCES:
-        raise ConfigError(f"--source must be one of {', '.join(SID_SOURCES)}, got {requested!r}")
-    bad = is_degenerate(text_quality)
-    numbers = describe(text_quality) if bad and text_quality is not None else ""
-    if requested is None:
-        if not bad:
-            return SourceChoice("content")
-        return SourceChoice("engagement", f"note: the item text is degenerate ({numbers}), so the SIDs quantise the "
-                                          f"engagement vectors (the default --source on such text); pass "
-                                          f"`--source content` to quantise the content vectors anyway.")
-    if bad and requested != "engagement":
-        harm = "these SIDs are largely noise" if requested == "content" else "half of what is quantised is noise"
-        return SourceChoice(requested, f"warning: --source {requested} on degenerate item text ({numbers}): the "
-                                       f"content vectors carry little or no meaning, so {harm}. Leave --source out "
-                                       f"(or pass `--source engagement`) to quantise the engagement vectors.")
-    return SourceChoice(requested)
-
-
-def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
-    """The ``source`` entry of a build's stats.json: what was quantised and why, from the build's ``inputs``
-    (``source``, and ``features``: the item features folder, whose manifest holds the text check)."""
-    source = str(inputs.get("source", "content"))
-    q = features_text_quality(inputs["features"]) if inputs.get("features") else None
-    out: dict[str, Any] = {"used": source, "vectors": _SOURCE_VECTORS.get(source, source)}
-    if q is None:
-        out["item_text"] = "not checked"
-        return out
-    bad = is_degenerate(q)
-    out["item_text"] = "degenerate" if bad else ("usable" if q.get("content_from_text", True) else "not used")
-    out["text_quality"] = {k: q.get(k) for k in ("coverage", "distinct_ratio", "duplicate_share", "reasons")}
-    if bad and source == "engagement":
-        out["why"] = (f"the item text is degenerate ({describe(q)}): the engagement vectors, the default --source "
-                      f"on such text")
-    elif bad:
-        out["warning"] = (f"--source {source} on degenerate item text ({describe(q)}): content SIDs are largely "
-                          f"noise; the default here is --source engagement")
-    return out
-
-
-def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int) -> np.ndarray:
-    """What ``sid assign`` quantises for NEW items (content vectors only) under the build recipe of
-    the version at ``version_path``: the content vectors themselves, or for a collaborative
-    (``content+engagement``) build the normalised content beside an all-zero engagement block --
-    a new item has no engagement yet, as the items nobody engaged with at build time."""
-    inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
-    source = inputs.get("source", "content")
-    if source == "engagement":
-        raise ConfigError(f"SID version {Path(version_path).name} quantised the engagement vectors (`genrec sid build "
-                          f"--source engagement`, the default on degenerate item text): a new item has no engagement "
-                          f"yet, so `genrec sid assign` cannot code it from content vectors. Rebuild the features and "
-                          f"the SIDs (`genrec features build`, `genrec sid build`) once its events are in the tables.")
-    c = check_vectors(content, name="new item content vectors")
-    if source == "content":
-        return c
-    if quantizer_dim <= c.shape[1]:
-        raise DataError(f"new item vectors have dimension {c.shape[1]}; the {source!r} codebooks take "
-                        f"{quantizer_dim} = content + engagement", field="vectors")
-    zeros = np.zeros((c.shape[0], quantizer_dim - c.shape[1]), np.float32)
-    return sid_input_vectors(c, zeros, source, float(inputs.get("engagement_weight", 1.0)))
 
 
 def default_codebook(n_items: int, levels: int) -> int:

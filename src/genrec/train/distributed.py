@@ -9,6 +9,7 @@ gloo on CPU, NCCL on CUDA.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -206,3 +207,46 @@ def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:
         buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     dist.broadcast(buf, src=src)
     return json.loads(bytes(buf.cpu().tolist()).decode())
+
+
+# ---------------------------------------------------------------------------- a step on the device
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors, mappings, tuples, lists, dataclasses, anything with ``.to``) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(to_device(v, device) for v in batch)
+    if isinstance(batch, list):
+        return [to_device(v, device) for v in batch]
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
+                                             for f in dataclasses.fields(batch) if f.init})
+    if hasattr(batch, "to") and callable(batch.to):
+        return batch.to(device)
+    return batch
+
+
+def leading_size(batch: Any) -> int:
+    """The leading dimension of a batch's first tensor (its item count when a step does not say)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        for v in batch.values():
+            return leading_size(v)
+    if isinstance(batch, (list, tuple)) and batch:
+        return leading_size(batch[0])
+    return 1
+
+
+class StepModule(nn.Module):
+    """Routes ``forward`` to ``training_step`` so DDP's hooks see the call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.model.training_step(batch)  # type: ignore[operator]

@@ -18,15 +18,16 @@ used so far is saved in each checkpoint and a resumed run goes on counting from 
 with its budget spent takes no step; raise ``max_minutes`` to extend it). With
 ``decay_by="deadline"`` the schedule reads that clock too (rank 0's, shared by the ``max_minutes``
 check), so it carries on from where the run stopped, though wall time is not replayed exactly.
+
+The loop's parts live beside it: the optimiser, schedule and seeds (:mod:`genrec.train.optim`), the
+run's log files, resume checks and log window (:mod:`genrec.train.run_state`), progress lines and
+signal handling (:mod:`genrec.train.progress`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
-import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -43,16 +43,29 @@ from genrec.train import checkpoint as ckpt
 from genrec.train.config import CUDA_GRAPH_MODES, TrainConfig
 from genrec.train.distributed import (
     DistInfo,
+    StepModule,
     all_reduce_weighted,
     barrier,
     broadcast_object,
     count_weighted_loss,
     init_distributed,
+    leading_size,
     pick_device,
+    to_device,
     wrap_model,
 )
 from genrec.train.ema import WeightAverage
-from genrec.workdir import WorkDir, atomic_write_bytes, atomic_write_json
+from genrec.train.optim import build_optimizer, lr_multiplier, seed_everything, step_seed
+from genrec.train.progress import Interrupts, ProgressLines, open_progress
+from genrec.train.run_state import (
+    LogWindow,
+    RunLogs,
+    archive_previous_run,
+    check_resume_config,
+    config_changes,
+    truncate_log,
+)
+from genrec.workdir import WorkDir, atomic_write_json
 
 _RESERVED = {"loss", "n_items", "n_tokens"}
 TRAINER_KEY = "_trainer"
@@ -83,277 +96,6 @@ class TrainResult:
     archived: Path | None = None  # where a fresh start (resume=False) moved the previous run's files
 
 
-# ---------------------------------------------------------------------------- optimizer / schedule
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decay on ≥2-D weights; none on biases, norms, and embedding tables.
-
-    A model may name more no-decay parameters via ``model.no_weight_decay() -> set[str]``.
-    """
-    emb_params: set[int] = set()
-    for mod in model.modules():
-        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
-            emb_params.update(id(p) for p in mod.parameters(recurse=False))
-        elif "norm" in type(mod).__name__.lower():
-            emb_params.update(id(p) for p in mod.parameters(recurse=False))
-    nwd = getattr(model, "no_weight_decay", None)
-    extra: set[str] = set(nwd()) if callable(nwd) else set()
-    decay, no_decay = [], []
-    seen = set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        if p.dim() < 2 or id(p) in emb_params or name in extra:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
-def lr_multiplier(cfg: TrainConfig, time_progress: Callable[[], float] | None = None) -> Callable[[int], float]:
-    """Linear warm-up to 1 over ``warmup_steps``, then cosine/linear decay to ``min_lr_ratio``.
-
-    With ``time_progress`` (the fraction of the wall-time budget used; see ``TrainConfig.decay_by``)
-    the decay's progress is the larger of the step and time fractions; warm-up stays step-based.
-    """
-    warm, total, floor, kind = cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio, cfg.decay
-
-    def mult(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        if kind == "constant":
-            return 1.0
-        progress = (step - warm) / max(1, total - warm)
-        if time_progress is not None:
-            progress = max(progress, time_progress())
-        progress = min(1.0, max(0.0, progress))
-        if kind == "cosine":
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-        return floor + (1 - floor) * (1 - progress)
-
-    return mult
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    fused = all(p.is_cuda for p in model.parameters()) and any(True for _ in model.parameters())
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
-                             eps=cfg.eps, **({"fused": True} if fused else {}))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def step_seed(seed: int, rank: int, step: int) -> int:
-    """Deterministic per-(seed, rank, step) seed (a simple 64-bit mix)."""
-    x = (seed * 0x9E3779B97F4A7C15 + rank * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) % (2**64)
-    x ^= x >> 31
-    return x % (2**63 - 1)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(to_device(v, device) for v in batch)
-    if isinstance(batch, list):
-        return [to_device(v, device) for v in batch]
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
-                                             for f in dataclasses.fields(batch) if f.init})
-    if hasattr(batch, "to") and callable(batch.to):
-        return batch.to(device)
-    return batch
-
-
-def _leading_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else 1
-    if isinstance(batch, Mapping):
-        for v in batch.values():
-            return _leading_size(v)
-    if isinstance(batch, (list, tuple)) and batch:
-        return _leading_size(batch[0])
-    return 1
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log records past ``step`` (written by a run that crashed after its last checkpoint)."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    keep = []
-    for line in lines:
-        try:
-            if int(json.loads(line)["step"]) <= step:
-                keep.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line
-    if len(keep) != len(lines):
-        atomic_write_bytes(path, "".join(x + "\n" for x in keep).encode())
-
-
-RUN_FILES = ("train_log.jsonl", "eval_log.jsonl", "tb")  # the run's own files beside its checkpoints
-# run settings a resume may not change: what the model learns from would change meaning mid-run
-_RESUME_FIXED = ("run.variant", "run.data.split", "run.init_from")
-# model settings that change neither the parameters nor the function's definition (the rest are refused)
-_RESUME_FREE_MODEL = ("model.dropout", "model.attn_impl")
-
-
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """Dotted keys whose value differs between a checkpoint's config and this run's, every section
-    (``train``, ``run``, ``model``, ...) -- not only ``train`` (audit: objective, data and variant changes
-    were accepted silently). A section the checkpoint did not record is not compared."""
-    a, b = _flat(saved), _flat(now)
-    sections = {k.split(".", 1)[0] for k in a}
-    return sorted(k for k in set(a) | set(b) if k.split(".", 1)[0] in sections and a.get(k) != b.get(k)
-                  and not k.startswith("run.train."))  # (the run's train section is the ``train`` one)
-
-
-def archive_previous_run(wd: WorkDir) -> Path | None:
-    """Move a previous run's checkpoints, logs, TensorBoard events and reports into
-    ``WORKDIR/previous-runs/<time>/`` (nothing is deleted); None when there is no previous run.
-
-    A fresh start (``genrec train --no-resume``) used to write its checkpoints beside the old ones:
-    the old ``BEST`` stayed and ``recommend``/``eval``/``serve`` kept loading it, and ``keep_last``
-    pruned the new run's folders while keeping the old, higher-numbered ones."""
-    cdir = wd.checkpoints
-    if not cdir.is_dir() or not (any((cdir / p).exists() for p in (ckpt.LATEST, ckpt.BEST))
-                                 or any(cdir.glob("step-*"))):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    dest = wd.root / "previous-runs" / stamp
-    n = 2
-    while dest.exists():
-        dest = wd.root / "previous-runs" / f"{stamp}-{n}"
-        n += 1
-    dest.mkdir(parents=True)
-    for src in (cdir, wd.reports, *(wd.root / f for f in RUN_FILES)):
-        if src.exists():
-            src.replace(dest / src.name)  # a rename within the run directory: atomic, nothing copied
-    return dest
-
-
-class _Interrupts:
-    """SIGINT / SIGTERM during :meth:`Trainer.fit`: the first one is noted and the loop stops at the end of
-    the step in progress, after a checkpoint (preemption, Ctrl-C); a second one interrupts at once. Only the
-    main thread can take signals; elsewhere this does nothing."""
-
-    def __init__(self) -> None:
-        self.caught: str | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_Interrupts":
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        import signal
-
-        if self.caught is not None:  # the second one: do not wait for the step
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            raise KeyboardInterrupt
-        self.caught = signal.Signals(signum).name
-        print(f"[genrec.train] {self.caught}: stopping after this step with a checkpoint (again to stop at once)",
-              file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: Any) -> None:
-        import signal
-
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def _clock(seconds: float) -> str:
-    """``95`` -> ``1m35s``; ``3725`` -> ``1h02m``."""
-    s = int(round(max(0.0, seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-class _ProgressLines:
-    """Plain progress lines on stderr, for output that is not a terminal (a log file, a pipe): the tqdm bar
-    draws nothing useful there. A line at a log step once ``every_s`` seconds have passed since the last one
-    (so: every ``log_every`` steps or every ``every_s`` seconds, whichever is rarer) and at the last step,
-    plus one per evaluation; each line is flushed."""
-
-    def __init__(self, total: int, start: int, every_s: float, metric: str) -> None:
-        self.total, self.start, self.every_s, self.metric = total, start, every_s, metric
-        self.t0 = self.t_last = time.perf_counter()
-        self.last_eval: tuple[str, float, int] | None = None
-
-    @staticmethod
-    def say(msg: str) -> None:
-        print(f"[genrec.train] {msg}", file=sys.stderr, flush=True)
-
-    def begin(self, log_every: int) -> None:
-        every = f"every {log_every} steps (train.log_every)" if log_every else "at the end"
-        rarer = f", at most once per {self.every_s:g} s (train.progress_every_s)" if self.every_s > 0 else ""
-        self.say(f"training from step {self.start} to {self.total}: a progress line {every}{rarer}; "
-                 f"train.progress=off for none")
-
-    def step(self, step: int, loss: float, items_per_s: float, *, last: bool) -> None:
-        now = time.perf_counter()
-        if not last and now - self.t_last < self.every_s:
-            return
-        self.t_last = now
-        elapsed = now - self.t0
-        done = step - self.start
-        parts = [f"step {step}/{self.total} ({100.0 * step / max(1, self.total):.0f}%)", f"elapsed {_clock(elapsed)}"]
-        if done > 0 and step < self.total:
-            parts.append(f"eta {_clock(elapsed / done * (self.total - step))}")
-        parts += [f"loss {loss:.4f}", f"items/s {items_per_s:.0f}"]
-        if self.last_eval is not None:
-            k, v, at = self.last_eval
-            parts.append(f"{k} {v:.4f} (step {at})")
-        self.say("  ".join(parts))
-
-    def evaluated(self, step: int, metrics: Mapping[str, float], improved: bool) -> None:
-        if not metrics:
-            return
-        keys = sorted(metrics)
-        key = (self.metric if self.metric in metrics else
-               next((k for k in keys if k.endswith("recall@10")), keys[0]))
-        self.last_eval = (key, float(metrics[key]), step)
-        self.say(f"step {step}/{self.total} validation: {key} {metrics[key]:.4f}" + ("  (best so far)" if improved
-                                                                                   else ""))
-
-
-class _StepModule(nn.Module):
-    """Routes ``forward`` to ``training_step`` so DDP's hooks see the call."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
-        return self.model.training_step(batch)  # type: ignore[operator]
-
-
 # ---------------------------------------------------------------------------- trainer
 
 class Trainer:
@@ -382,7 +124,7 @@ class Trainer:
         self.wd = workdir if isinstance(workdir, WorkDir) else WorkDir(workdir)
         self.ckpt_dir = self.wd.checkpoints
         self.model = model.to(self.device)
-        self.wrapped = wrap_model(_StepModule(self.model), self.info,
+        self.wrapped = wrap_model(StepModule(self.model), self.info,
                                   find_unused_parameters=cfg.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, cfg)
         self.ema = WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
@@ -464,13 +206,8 @@ class Trainer:
 
     def _resume_from(self, found: Path) -> None:
         saved_cfg = ckpt.load_config_dict(found)
-        changed = _config_changes(saved_cfg, self.config_dict) if saved_cfg is not None else []
-        model_keys = [k for k in changed if k.startswith("model.") and k not in _RESUME_FREE_MODEL]
-        fixed = [k for k in changed if k in _RESUME_FIXED]
-        if model_keys or fixed:
-            raise ConfigError(f"cannot resume {found}: {', '.join(model_keys + fixed)} changed since it was written "
-                              f"(the model's shape or the meaning of its training data would change mid-run); "
-                              f"keep the run's values, or start afresh with --no-resume (the old run is kept)")
+        changed = config_changes(saved_cfg, self.config_dict) if saved_cfg is not None else []
+        check_resume_config(found, changed)
         extra = ckpt.load_checkpoint(found, self.model, self.optimizer, self.scheduler,
                                      device=str(self.device))
         state = extra.pop(TRAINER_KEY, {})
@@ -496,18 +233,6 @@ class Trainer:
         if self.cfg.bf16 and self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
-
-    def _progress(self) -> tuple[Any, _ProgressLines | None]:
-        """(a tqdm bar, plain progress lines): the bar on a terminal (or with progress="on"), the lines when
-        stderr is not a terminal and progress="auto", neither with "off"; rank 0 only."""
-        if self.cfg.progress == "off" or not self.info.is_main:
-            return None, None
-        if self.cfg.progress == "auto" and not sys.stderr.isatty():
-            return None, _ProgressLines(self.cfg.total_steps, self.step, self.cfg.progress_every_s,
-                                        self.cfg.early_stopping.metric)
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.total_steps, initial=self.step, desc="train", dynamic_ncols=True), None
 
     def evaluate(self) -> dict[str, float]:
         """Run ``eval_fn`` on rank 0 (no grad, eval mode); every rank gets the same metrics."""
@@ -562,6 +287,67 @@ class Trainer:
     def fit(self, *, resume: bool = True) -> TrainResult:
         """Train until ``cfg.total_steps`` (or early stop / data end); returns the trajectory."""
         cfg, info = self.cfg, self.info
+        archived = self._begin(resume)
+        logs = self._open_logs()
+        bar, lines = open_progress(self.cfg, self.info.is_main, self.step)
+        result = TrainResult(self.step, False, self.best_step, self.best_metric, archived=archived)
+        it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
+                                        cfg.batch_size, cfg.num_workers)))
+        window = LogWindow(self._log_window, info.is_main)
+        t0 = t_fit = time.perf_counter()
+        # a resumed run whose time budget is already spent takes no step (like one at total_steps)
+        spent = self._out_of_time(t_fit)
+        self._announce(spent, lines)
+        self.model.train()
+        # train.compile_mode records CUDA graphs: each step's replay overwrites the last one's graph outputs,
+        # so the step is marked as a new one, and its logged scalars are copied out of graph memory
+        graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and self.device.type == "cuda"
+        interrupts = Interrupts()
+        try:
+            interrupts.__enter__()
+            while self.step < cfg.total_steps and not spent:
+                torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                out_of_time = self._train_step(batch, window, t_fit, graphs)
+                if bar is not None:
+                    bar.update(1)
+                last = self.step >= cfg.total_steps or out_of_time
+                if (cfg.log_every and self.step % cfg.log_every == 0) or last:
+                    self._log_step(window, result, logs, t0, bar, lines, last=last)
+                    t0 = time.perf_counter()
+                stop = self._eval_step(window, result, logs, lines, last=last)
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
+                    result.last_checkpoint = self._checkpoint(window, result)
+                if stop:
+                    result.stopped_early = True
+                    break
+                if last:  # total_steps, or max_minutes
+                    break
+                if self._interrupted(interrupts):
+                    result.interrupted = interrupts.caught or "signal (another rank)"
+                    break
+        finally:
+            interrupts.__exit__()
+            if bar is not None:
+                bar.close()
+            logs.close()
+        if self._last_saved != self.step:  # the same on every rank
+            result.last_checkpoint = self._checkpoint(window, result)
+        else:
+            window.absorb(result.history)
+        if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
+            result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
+        result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
+        return result
+
+    # ------------------------------------------------------------------ fit's steps
+    def _begin(self, resume: bool) -> Path | None:
+        """Resume from the newest readable checkpoint, or (``resume=False``) set the previous run aside and
+        return where it went; then set aside the damaged checkpoints a resume passed over, and seed a fresh run."""
+        info = self.info
         archived = None
         if resume:
             self.resume()
@@ -577,181 +363,124 @@ class Trainer:
             self._damaged = []
         barrier(info)
         if self.step == 0:
-            seed_everything(cfg.seed + info.rank)
-        log_path = self.wd.root / "train_log.jsonl"
-        eval_log_path = self.wd.root / "eval_log.jsonl"  # one record per evaluation: step, metrics, best
-        if info.is_main:
+            seed_everything(self.cfg.seed + info.rank)
+        return archived
+
+    def _open_logs(self) -> RunLogs:
+        """The run's config beside the checkpoints, its logs cut back to this step, TensorBoard (rank 0)."""
+        logs = RunLogs(self.wd.root / "train_log.jsonl", self.wd.root / "eval_log.jsonl", self.info.is_main)
+        if self.info.is_main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.ckpt_dir / "config.json", self.config_dict)
-            _truncate_log(log_path, self.step)
-            _truncate_log(eval_log_path, self.step)
-        writer = None
-        if cfg.tensorboard and info.is_main:
-            from torch.utils.tensorboard import SummaryWriter
+            truncate_log(logs.train, self.step)
+            truncate_log(logs.evals, self.step)  # one record per evaluation: step, metrics, best
+        if self.cfg.tensorboard and self.info.is_main:
+            from torch.utils.tensorboard import SummaryWriter  # local: TensorBoard is loaded only when asked for
 
-            writer = SummaryWriter(str(self.wd.root / "tb"))
-        bar, lines = self._progress()
-        result = TrainResult(self.step, False, self.best_step, self.best_metric, archived=archived)
-        it = iter(self.factory(IterSpec(self.step, cfg.seed, info.rank, info.world_size,
-                                        cfg.batch_size, cfg.num_workers)))
-        pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
-        # the open log window: the resumed checkpoint's (global sums, held by rank 0 alone so that the all-reduce
-        # at the next log step counts them once), then this fit's steps
-        win_sum: dict[str, float] = dict(self._log_window.get("sum", {})) if info.is_main else {}
-        win_n = float(self._log_window.get("n", 0.0)) if info.is_main else 0.0
-        win_items = win_tokens = 0.0
+            logs.writer = SummaryWriter(str(self.wd.root / "tb"))
+        return logs
 
-        def absorb() -> None:
-            """The queued steps into the history and the open window (one host sync)."""
-            nonlocal win_n
-            for r in self._drain(pending):
-                n = r.pop("_n")
-                result.history.append(r)
-                for k, v in r.items():
-                    if k != "step":
-                        win_sum[k] = win_sum.get(k, 0.0) + v * n
-                win_n += n
-
-        def checkpoint(mark_best: bool = False) -> Path | None:
-            """:meth:`save`, with every rank's open log window summed into the state it writes (all ranks call it)."""
-            absorb()
-            means, total = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
-                                               win_n, info)
-            self._log_window = {"sum": {k: m * total for k, m in means.items()}, "n": total} if total > 0 else {}
-            return self.save(mark_best=mark_best)
-        t0 = t_fit = time.perf_counter()
-        # a resumed run whose time budget is already spent takes no step (like one at total_steps)
-        spent = self._out_of_time(t_fit)
-        if self.step >= cfg.total_steps and info.is_main:
+    def _announce(self, spent: bool, lines: ProgressLines | None) -> None:
+        """Say (rank 0) when there is nothing to train, else where the progress lines come."""
+        cfg = self.cfg
+        if self.step >= cfg.total_steps and self.info.is_main:
             print(f"[genrec.train] the run is already at step {self.step} of train.total_steps={cfg.total_steps}: "
                   "nothing to train (raise train.total_steps to go on, or --no-resume to start afresh)",
                   file=sys.stderr)
-        if spent and info.is_main:
+        if spent and self.info.is_main:
             print(f"[genrec.train] the run's time budget is spent ({self._elapsed / 60:.1f} of train.max_minutes="
                   f"{cfg.max_minutes:g} used at step {self.step}): no step taken; raise train.max_minutes to go on",
                   file=sys.stderr)
         if lines is not None and self.step < cfg.total_steps and not spent:
             lines.begin(cfg.log_every)
-        self.model.train()
-        # train.compile_mode records CUDA graphs: each step's replay overwrites the last one's graph outputs,
-        # so the step is marked as a new one, and its logged scalars are copied out of graph memory
-        graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and self.device.type == "cuda"
-        interrupts = _Interrupts()
-        try:
-            interrupts.__enter__()
-            while self.step < cfg.total_steps and not spent:
-                torch.manual_seed(step_seed(cfg.seed, info.rank, self.step))
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                batch = to_device(batch, self.device)
-                if graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                with self._autocast():
-                    out = self.wrapped(batch)
-                if not isinstance(out, Mapping) or "loss" not in out:
-                    raise GenrecError(f"{type(self.model).__name__}.training_step must return a dict with 'loss'")
-                loss = out["loss"]
-                if loss.dim() != 0:
-                    raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
-                n_items = float(out["n_items"]) if "n_items" in out else float(_leading_size(batch))
-                n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
-                count_weighted_loss(loss, n_items, info).backward()
-                grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                             if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
-                self.optimizer.step()
-                if self.ema is not None:
-                    self.ema.update()
-                # the clock is read before scheduler.step(), so a "deadline" decay sees this step's time
-                out_of_time = self._out_of_time(t_fit)
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                terms = {k: v.detach().float() for k, v in out.items()
-                         if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
-                terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
-                if graphs:
-                    terms = {k: v.clone() for k, v in terms.items()}
-                pending.append((self.step, terms, n_items))
-                win_items += n_items
-                win_tokens += n_tokens
-                if bar is not None:
-                    bar.update(1)
 
-                last = self.step >= cfg.total_steps or out_of_time
-                if (cfg.log_every and self.step % cfg.log_every == 0) or last:
-                    absorb()
-                    means, _ = all_reduce_weighted({k: v / max(win_n, 1e-12) for k, v in sorted(win_sum.items())},
-                                                   win_n, info)
-                    dt = max(time.perf_counter() - t0, 1e-9)
-                    rates, _ = all_reduce_weighted({"items_per_s": win_items / dt, "tokens_per_s": win_tokens / dt},
-                                                   1.0, info)
-                    rates = {k: v * info.world_size for k, v in rates.items()}  # sum over ranks
-                    lr = float(self.scheduler.get_last_lr()[0])
-                    if not math.isfinite(means.get("loss", 0.0)):
-                        raise GenrecError(f"training loss became non-finite in the log window ending at step "
-                                          f"{self.step}: {means}")
-                    if info.is_main:
-                        rec = {"step": self.step, "lr": lr, **means, **rates}
-                        with open(log_path, "a", encoding="utf-8") as f:
-                            f.write(json.dumps(rec) + "\n")
-                        if writer is not None:
-                            for k, v in {**means, **rates, "lr": lr}.items():
-                                writer.add_scalar(f"train/{k}", v, self.step)
-                        if bar is not None:
-                            post = {"loss": f"{means.get('loss', float('nan')):.4f}",
-                                    "items/s": f"{rates['items_per_s']:.0f}"}
-                            if win_tokens:
-                                post["tok/s"] = f"{rates['tokens_per_s']:.0f}"
-                            bar.set_postfix(post)
-                        if lines is not None:
-                            lines.step(self.step, means.get("loss", float("nan")), rates["items_per_s"], last=last)
-                    win_sum.clear()
-                    win_n, win_items, win_tokens = 0.0, 0.0, 0.0
-                    t0 = time.perf_counter()
+    def _train_step(self, batch: Any, window: LogWindow, t_fit: float, graphs: bool) -> bool:
+        """One optimiser step on ``batch``, its terms queued in ``window``; returns whether the time is up."""
+        cfg, info = self.cfg, self.info
+        batch = to_device(batch, self.device)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._autocast():
+            out = self.wrapped(batch)
+        if not isinstance(out, Mapping) or "loss" not in out:
+            raise GenrecError(f"{type(self.model).__name__}.training_step must return a dict with 'loss'")
+        loss = out["loss"]
+        if loss.dim() != 0:
+            raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
+        n_items = float(out["n_items"]) if "n_items" in out else float(leading_size(batch))
+        n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
+        count_weighted_loss(loss, n_items, info).backward()
+        grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                     if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update()
+        # the clock is read before scheduler.step(), so a "deadline" decay sees this step's time
+        out_of_time = self._out_of_time(t_fit)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        terms = {k: v.detach().float() for k, v in out.items()
+                 if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
+        terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
+        if graphs:
+            terms = {k: v.clone() for k, v in terms.items()}
+        window.add(self.step, terms, n_items, n_tokens)
+        return out_of_time
 
-                stop = False
-                if self.eval_fn is not None and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                    metrics = self.evaluate()
-                    result.evals.append({"step": self.step, **metrics})
-                    if writer is not None:
-                        for k, v in metrics.items():
-                            writer.add_scalar(f"eval/{k}", v, self.step)
-                    improved, stop = self._early_stop_update(metrics)
-                    if lines is not None:
-                        lines.evaluated(self.step, metrics, improved)
-                    if info.is_main:
-                        with open(eval_log_path, "a", encoding="utf-8") as f:
-                            f.write(json.dumps({"step": self.step, **metrics, "best": improved}) + "\n")
-                    if improved:
-                        result.last_checkpoint = checkpoint(mark_best=True)
-                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self._last_saved != self.step:
-                    result.last_checkpoint = checkpoint()
-                if stop:
-                    result.stopped_early = True
-                    break
-                if last:  # total_steps, or max_minutes
-                    break
-                if self._interrupted(interrupts):
-                    result.interrupted = interrupts.caught or "signal (another rank)"
-                    break
-        finally:
-            interrupts.__exit__()
+    def _log_step(self, window: LogWindow, result: TrainResult, logs: RunLogs, t0: float, bar: Any,
+                  lines: ProgressLines | None, *, last: bool) -> None:
+        """Close the log window opened at ``t0``: every rank's means and throughput into the log, TensorBoard,
+        the bar and the progress lines (rank 0); a non-finite loss stops the run."""
+        info = self.info
+        window.absorb(result.history)
+        means, _ = window.means(info)
+        dt = max(time.perf_counter() - t0, 1e-9)
+        rates, _ = all_reduce_weighted({"items_per_s": window.items / dt, "tokens_per_s": window.tokens / dt},
+                                       1.0, info)
+        rates = {k: v * info.world_size for k, v in rates.items()}  # sum over ranks
+        lr = float(self.scheduler.get_last_lr()[0])
+        if not math.isfinite(means.get("loss", 0.0)):
+            raise GenrecError(f"training loss became non-finite in the log window ending at step "
+                              f"{self.step}: {means}")
+        if info.is_main:
+            logs.append(logs.train, {"step": self.step, "lr": lr, **means, **rates})
+            logs.scalars("train", {**means, **rates, "lr": lr}, self.step)
             if bar is not None:
-                bar.close()
-            if writer is not None:
-                writer.close()
-        if self._last_saved != self.step:  # the same on every rank
-            result.last_checkpoint = checkpoint()
-        else:
-            absorb()
-        if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
-            result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
-        result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
-        return result
+                post = {"loss": f"{means.get('loss', float('nan')):.4f}", "items/s": f"{rates['items_per_s']:.0f}"}
+                if window.tokens:
+                    post["tok/s"] = f"{rates['tokens_per_s']:.0f}"
+                bar.set_postfix(post)
+            if lines is not None:
+                lines.step(self.step, means.get("loss", float("nan")), rates["items_per_s"], last=last)
+        window.clear()
 
-    def _interrupted(self, interrupts: _Interrupts) -> bool:
+    def _eval_step(self, window: LogWindow, result: TrainResult, logs: RunLogs, lines: ProgressLines | None, *,
+                   last: bool) -> bool:
+        """Evaluate when due (every ``eval_every`` steps and at the last), log it, and keep an improvement as
+        the BEST checkpoint; returns whether early stopping says stop."""
+        cfg = self.cfg
+        if self.eval_fn is None or not ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+            return False
+        metrics = self.evaluate()
+        result.evals.append({"step": self.step, **metrics})
+        logs.scalars("eval", metrics, self.step)
+        improved, stop = self._early_stop_update(metrics)
+        if lines is not None:
+            lines.evaluated(self.step, metrics, improved)
+        if self.info.is_main:
+            logs.append(logs.evals, {"step": self.step, **metrics, "best": improved})
+        if improved:
+            result.last_checkpoint = self._checkpoint(window, result, mark_best=True)
+        return stop
+
+    def _checkpoint(self, window: LogWindow, result: TrainResult, mark_best: bool = False) -> Path | None:
+        """:meth:`save`, with every rank's open log window summed into the state it writes (all ranks call it)."""
+        window.absorb(result.history)
+        self._log_window = window.state(self.info)
+        return self.save(mark_best=mark_best)
+
+    def _interrupted(self, interrupts: Interrupts) -> bool:
         """Whether a signal asks the loop to stop after this step -- on every rank at the same step: with
         several processes the flag is all-reduced at log boundaries only (one small collective there)."""
         if self.info.world_size <= 1:
@@ -763,13 +492,3 @@ class Trainer:
         flag = torch.tensor([1.0 if interrupts.caught else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
-
-    @staticmethod
-    def _drain(pending: list[Any]) -> list[dict[str, float]]:
-        """Materialise queued per-step terms (one host sync per log window, not per step)."""
-        rows = []
-        for step, terms, n in pending:
-            vals = torch.stack(list(terms.values())).cpu().tolist()
-            rows.append({"step": step, **dict(zip(terms.keys(), vals)), "_n": n})
-        pending.clear()
-        return rows

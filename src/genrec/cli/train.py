@@ -1,0 +1,78 @@
+"""``genrec train`` and ``genrec quickstart``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from genrec.cli._app import RUNDIR, app, echo_json, friendly
+
+
+# ----------------------------------------------------------------------------- train
+@app.command()
+@friendly
+def train(
+    workdir: Path = RUNDIR,
+    preset: str = typer.Option("cpu-small", help="Run preset: quickstart, cpu-tiny, cpu-small, gpu-base."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. variant=tiger "
+                                                              "train.lr=3e-4 model.d_model=128; "
+                                                              "--show-config lists every key."),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Start from scratch: the previous run's checkpoints, "
+                                                             "logs and reports move to WORKDIR/previous-runs/."),
+    show_config: bool = typer.Option(False, "--show-config", help="Print every override key with its value under "
+                                                                  "--preset and the given overrides, one key=value "
+                                                                  "a line, and exit without training (model sizes "
+                                                                  "0 and model.dropout -1 stand for the model "
+                                                                  "preset's)."),
+) -> None:
+    """Train the joint model (SID + dense retrieval + action heads) on WORKDIR's prepared tables, features and
+    SIDs; resumes from the last checkpoint. Ctrl-C or SIGTERM stops after the current step with a checkpoint.
+
+    Override keys: `genrec train WORKDIR --preset P --show-config` lists them all with the preset's values;
+    they are the fields of RunConfig (genrec/train/run.py: variant, model.*, data.*, objective.* from
+    genrec/train/objective.py) and TrainConfig (genrec/train/config.py: train.*), documented there.
+    Progress: a bar on a terminal, plain lines on stderr otherwise (train.progress, train.progress_every_s)."""
+    from genrec.recipes.training import train_run
+    from genrec.train.run import RunConfig
+
+    cfg = RunConfig.from_name(preset, list(overrides or []))
+    if show_config:
+        from genrec.train.config import to_dict
+
+        def lines(d: dict[str, Any], prefix: str = "") -> list[str]:
+            out = []
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    out += lines(v, f"{prefix}{k}.")
+                else:
+                    out.append(f"{prefix}{k}={v if isinstance(v, str) else json.dumps(v)}")
+            return out
+
+        typer.echo("\n".join(lines(to_dict(cfg))))
+        return
+    out = train_run(workdir, cfg, resume=not no_resume)
+    echo_json(out)
+    if out.get("interrupted"):
+        typer.secho(f"interrupted ({out['interrupted']}) at step {out['step']}, checkpoint written: run the same "
+                    "command again to resume", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130 if out["interrupted"] == "SIGINT" else 143)
+
+
+# ----------------------------------------------------------------------------- quickstart
+@app.command()
+@friendly
+def quickstart(
+    workdir: Path = RUNDIR,
+    dataset: str = typer.Option("movielens-100k", help="The dataset to run on (see `genrec data list`)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Root holding one folder per dataset "
+                                                       "(default $GENREC_DATA_DIR, then ~/.cache/genrec/datasets)."),
+    download: bool = typer.Option(False, help="Download MovieLens from GroupLens if missing."),
+    steps: int = typer.Option(0, help="Training steps (0 = the quickstart preset's)."),
+) -> None:
+    """Prepare -> features -> SIDs -> train -> evaluate -> recommend, on the default data."""
+    from genrec.recipes.quickstart import run_quickstart
+
+    run_quickstart(workdir, dataset=dataset, data_dir=data_dir, download=download, steps=steps)

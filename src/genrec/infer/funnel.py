@@ -1,0 +1,271 @@
+"""The L0 -> L1 funnel on ONE history encode (UniPinRec §3.3; PinGER decoding), as named steps.
+
+:func:`run_funnel` encodes the batch once, then: :func:`retrieve` (L0: SID beams over the cache and / or
+the ANN search with the user vector, each over-retrieving ``k * overretrieve`` rows), :func:`union`
+(deduplicated :class:`Candidates`, remembering which stage found each row and its stage score),
+:func:`rank` (L1: the action heads score every candidate over the cached history, fused with the
+dense and SID scores) or, without ranking, :func:`merged_order`, and :func:`top_k`.
+
+Every model call goes through the Recommender's stage methods (``encode``, ``decode_sids``,
+``beam_rows``, ``score_candidates``), so a Recommender whose ranking stage is replaced (the
+service's remote ranker) runs the same funnel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from genrec.decode.beam import BeamResult
+from genrec.errors import ConfigError
+from genrec.infer.results import BatchResult
+from genrec.model.genrec_model import ModelBatch
+from genrec.model.kv_cache import KVCache
+
+if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py imports this module
+    from genrec.infer.recommender import Recommender
+
+__all__ = ["Candidates", "Retrieved", "merged_order", "rank", "retrieve", "run_funnel", "top_k", "union"]
+
+
+@dataclass
+class Retrieved:
+    """L0's lists per request: SID rows in beam order with their beam log-probabilities, ANN rows with
+    their inner products and the vectors the index holds for them (empty for a stage not run)."""
+
+    beams: BeamResult | None
+    sid_rows: np.ndarray  # int64 [B, n_sid] (-1 pad)
+    sid_lp: np.ndarray  # float32 [B, n_sid]
+    ann_rows: np.ndarray  # int64 [B, n_ann] (-1: not in the catalogue)
+    ann_score: np.ndarray  # float32 [B, n_ann]
+    ann_vecs: np.ndarray | None  # [B, n_ann, D]
+
+
+@dataclass
+class Candidates:
+    """The union of the L0 lists: per request, row -> [src bits, sid lp, ann score, ANN vector, merged
+    position]; ``rows`` int64 [B, M] in that order (0 pad) with ``valid`` bool [B, M]."""
+
+    entries: list[dict[int, list[Any]]]
+    rows: np.ndarray
+    valid: np.ndarray
+
+    @property
+    def width(self) -> int:
+        return int(self.rows.shape[1])
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _round_robin(lists: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    seen: set[int] = set()
+    for j in range(max((len(x) for x in lists), default=0)):
+        for x in lists:
+            if j < len(x) and x[j] not in seen:
+                seen.add(x[j])
+                out.append(x[j])
+    return out
+
+
+def _sid_lp_matrix(union: Sequence[dict[int, list[Any]]], b: int, m: int) -> np.ndarray:
+    """float32 [B, M]: each union candidate's log P(SID) under the beams; for a candidate the SID
+    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none)."""
+    out = np.zeros((b, m), np.float32)
+    for i, d in enumerate(union):
+        lps = [e[1] for e in d.values() if not np.isnan(e[1])]
+        floor = min(lps) if lps else 0.0
+        for j, e in enumerate(d.values()):
+            out[i, j] = floor if np.isnan(e[1]) else e[1]
+    return out
+
+
+def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
+             extra: int, beam_width: int, diversity_lambda: float, t: dict[str, float]) -> Retrieved:
+    """L0: up to ``n + extra`` rows per request from each stage in ``srcs`` (``extra``: the most rows a
+    request excludes); stage times into ``t``."""
+    beams = None
+    sid_rows = np.full((b, 0), -1, np.int64)
+    sid_lp = np.zeros((b, 0), np.float32)
+    if "sid" in srcs:
+        t0 = time.perf_counter()
+        width = beam_width
+        if extra and "ann" not in srcs:
+            # the beams are the only candidates: an excluded item empties at most one beam (one SID
+            # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
+            # graphed beam searches capture a few widths, not one per history length
+            width = 1 << (beam_width + extra - 1).bit_length()
+        beams = rec.decode_sids(cache, width, diversity_lambda)
+        sid_rows, sid_lp = rec.beam_rows(beams, n + extra)
+        t["sid"] = _ms(t0)
+    ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
+    ann_sc = np.zeros((b, 0), np.float32)
+    ann_vecs = None
+    if "ann" in srcs:
+        t0 = time.perf_counter()
+        assert rec.ann is not None and user is not None
+        kk = min(n + extra, len(rec.ann))
+        ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
+        ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
+        t["ann"] = _ms(t0)
+    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs)
+
+
+def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | None) -> Candidates:
+    """Deduplicate the stages' lists (the first ``n`` not excluded of each), remembering stages and scores."""
+    excl = [set() if exclude_rows is None else {int(x) for x in exclude_rows[i]} for i in range(b)]
+    entries: list[dict[int, list[Any]]] = []
+    for i in range(b):
+        d: dict[int, list[Any]] = {}  # row -> [src bits, sid lp, ann score, vec, merged position]
+        lists = []
+        for rows_i, sc_i, bit in ((got.sid_rows[i], got.sid_lp[i], 1), (got.ann_rows[i], got.ann_score[i], 2)):
+            kept = [(int(r), float(s), j) for j, (r, s) in enumerate(zip(rows_i, sc_i)) if r >= 0 and r not in excl[i]]
+            lists.append((kept[:n], bit))
+        order = _round_robin([[r for r, _, _ in kept] for kept, _ in lists])
+        for kept, bit in lists:
+            for r, s, j in kept:
+                e = d.setdefault(r, [0, np.nan, np.nan, None, 0])
+                e[0] |= bit
+                if bit == 1:
+                    e[1] = s
+                else:
+                    e[2] = s
+                    e[3] = got.ann_vecs[i, j]  # type: ignore[index]
+        for pos, r in enumerate(order):
+            d[r][4] = pos
+        entries.append(d)
+    m = max(1, max(len(d) for d in entries))
+    rows = np.zeros((b, m), np.int64)
+    valid = np.zeros((b, m), bool)
+    for i, d in enumerate(entries):
+        rows[i, :len(d)] = list(d)
+        valid[i, :len(d)] = True
+    return Candidates(entries, rows, valid)
+
+
+def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
+         u: torch.Tensor, *, action_weight: float, retrieval_weight: float, sid_weight: float,
+         request_surface: torch.Tensor | None, request_ts: torch.Tensor | None,
+         keep_parts: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
+    """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
+    :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion."""
+    b, m = cands.rows.shape
+    rows_t = torch.from_numpy(cands.rows).to(rec.device)
+    vecs = rec.item_vecs[rows_t].clone()  # [B, M, D]
+    if got.ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
+        at = [(i, j, e[3]) for i, d in enumerate(cands.entries) for j, e in enumerate(d.values()) if e[3] is not None]
+        if at:  # one host-to-device copy for all of them
+            ii = torch.tensor([a[0] for a in at], device=rec.device)
+            jj = torch.tensor([a[1] for a in at], device=rec.device)
+            vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
+    logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
+    p = torch.sigmoid(logits.float())
+    util = (p * u).sum(-1)  # [B, M]
+    dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
+    if (retrieval_weight > 0 or keep_parts) and user is not None:
+        dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+    sid_lp_m = _sid_lp_matrix(cands.entries, b, m) if sid_weight > 0 or keep_parts else None
+    fused = action_weight * util
+    if retrieval_weight > 0:
+        fused = fused + retrieval_weight * dot
+    if sid_lp_m is not None and sid_weight > 0:
+        fused = fused + sid_weight * torch.from_numpy(sid_lp_m).to(fused)
+    score = fused.cpu().numpy()  # [B, M]
+    l1_parts = None
+    if keep_parts and sid_lp_m is not None:
+        l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
+                    "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
+    return score, p.cpu().numpy(), l1_parts
+
+
+def merged_order(cands: Candidates, srcs: Sequence[str]) -> np.ndarray:
+    """Scores without ranking [B, M]: a single source keeps its own (beam log-probability, or inner
+    product); both sources: 1 / (1 + position in the round-robin merge)."""
+    score = np.zeros(cands.rows.shape, np.float64)
+    for i, d in enumerate(cands.entries):
+        for j, (r, e) in enumerate(d.items()):
+            if srcs == ("sid",):
+                score[i, j] = e[1]
+            elif srcs == ("ann",):
+                score[i, j] = e[2]
+            else:
+                score[i, j] = 1.0 / (1.0 + e[4])
+    return score
+
+
+def top_k(cands: Candidates, score: np.ndarray, probs: np.ndarray | None, k: int,
+          beams: BeamResult | None) -> BatchResult:
+    """The ``k`` best valid candidates of each request by ``score`` (stable: ties keep the union's order)."""
+    b, m = cands.rows.shape
+    kk = min(k, m)
+    out = BatchResult(rows=np.full((b, kk), -1, np.int64), scores=np.full((b, kk), np.nan),
+                      src=np.zeros((b, kk), np.int8), sid_lp=np.full((b, kk), np.nan),
+                      ann_score=np.full((b, kk), np.nan),
+                      probs=None if probs is None else np.full((b, kk, probs.shape[-1]), np.nan), beams=beams)
+    for i, d in enumerate(cands.entries):
+        ents = list(d.values())
+        masked = np.where(cands.valid[i], score[i], -np.inf)
+        top = [j for j in np.argsort(-masked, kind="stable")[:kk] if cands.valid[i, j]]
+        n = len(top)
+        out.rows[i, :n] = cands.rows[i, top]
+        out.scores[i, :n] = score[i, top]
+        out.src[i, :n] = [ents[j][0] for j in top]
+        out.sid_lp[i, :n] = [ents[j][1] for j in top]
+        out.ann_score[i, :n] = [ents[j][2] for j in top]
+        if probs is not None and out.probs is not None:
+            out.probs[i, :n] = probs[i, top]
+    return out
+
+
+@torch.no_grad()
+def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int = 20,
+               diversity_lambda: float = 0.0, sources: Sequence[str] | None = None, rank_stage: bool | None = None,
+               overretrieve: int = 3, utility: Mapping[str, float] | None = None,
+               exclude_rows: Sequence[np.ndarray] | None = None, request_surface: torch.Tensor | None = None,
+               request_ts: torch.Tensor | None = None, retrieval_weight: float | None = None,
+               sid_weight: float | None = None, action_weight: float | None = None,
+               keep_parts: bool = False) -> BatchResult:
+    """The L0 -> L1 funnel for a batch of encoded-ready histories (arguments: see
+    :meth:`genrec.infer.recommender.Recommender.run_batch`; ``rank_stage`` is its ``rank``)."""
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    if overretrieve < 1:
+        raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
+    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight)  # checks each: finite, >= 0
+    srcs, do_rank = rec.check_sources(sources, rank_stage)
+    u = rec.utility_vector(utility)
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    cache, user = rec.encode(mb)
+    t["encode"] = _ms(t0)
+    b = mb.actions.shape[0]
+    n = k * overretrieve
+    # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
+    extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
+    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t)
+    t0 = time.perf_counter()
+    cands = union(got, b, n, exclude_rows)
+    t["union"] = _ms(t0)
+    probs = l1_parts = None
+    if do_rank:
+        t0 = time.perf_counter()
+        score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
+                                      retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
+                                      request_surface=request_surface, request_ts=request_ts, keep_parts=keep_parts)
+        t["rank"] = _ms(t0)
+    else:
+        score = merged_order(cands, srcs)
+    t0 = time.perf_counter()
+    out = top_k(cands, score, probs, k, got.beams)
+    t["topk"] = _ms(t0)
+    t["total"] = sum(t.values())
+    out.timings_ms = t
+    out.l1_parts = l1_parts
+    return out

@@ -1,0 +1,160 @@
+"""A request's history, read once: item ids -> catalogue rows, action / surface names -> indices.
+
+``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}`` (or bare
+item ids), oldest first. Unknown item ids are dropped and reported; the newest ``context_len`` known items
+are kept. :meth:`HistoryParser.screen` is the service's first look (which ids are unknown, is any known:
+a cold start otherwise) and :meth:`HistoryParser.parse` the Recommender's; both map ids to rows through
+:func:`known_rows`. A long, well-formed history takes a columnar fast path; anything it does not handle
+exactly goes through :meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from genrec.catalog import ItemCatalog
+from genrec.errors import DataError
+
+__all__ = ["HistoryParser", "known_rows", "vocab_index"]
+
+
+def vocab_index(value: Any, vocab: list[str], what: str, where: str) -> int:
+    """An action / surface name or index -> its index in ``vocab`` (DataError naming ``where``)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if not 0 <= int(value) < len(vocab):
+            raise DataError(f"{what} index {value} out of range 0..{len(vocab) - 1}", field=where)
+        return int(value)
+    if isinstance(value, str) and value in vocab:
+        return vocab.index(value)
+    raise DataError(f"{what} {value!r} is not one of {vocab}", field=where)
+
+
+def known_rows(catalog: ItemCatalog, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(catalogue row of each id (-1 unknown), which are known, the unknown ids) of int64 ``ids``."""
+    rows = catalog.rows(ids, strict=False) if len(ids) else np.zeros(0, np.int64)
+    known = rows >= 0
+    return rows, known, [int(x) for x in ids[~known]]
+
+
+class HistoryParser:
+    """Histories -> catalogue rows / actions / surfaces / timestamps for one catalogue and vocabulary."""
+
+    def __init__(self, catalog: ItemCatalog, actions: Sequence[str], positive_actions: Sequence[str],
+                 surfaces: Sequence[str], context_len: int) -> None:
+        self.catalog = catalog
+        self.actions, self.positive_actions, self.surfaces = list(actions), list(positive_actions), list(surfaces)
+        self.context_len = context_len
+        # name -> index (first occurrence, as vocab_index), built once for the fast path
+        self._tables = [{n: i for i, n in reversed(list(enumerate(v)))} for v in (self.actions, self.surfaces)]
+
+    def default_action(self) -> str:
+        return self.positive_actions[0] if self.positive_actions else self.actions[0]
+
+    def screen(self, history: Sequence[Any]) -> tuple[list[int], bool, Sequence[Any]]:
+        """(unknown item ids, whether any id is known, the history to hand :meth:`parse`).
+
+        One pass over the history. When every item is a plain ``{"item_id": int}`` dict (what most
+        requests send) the history handed on is the bare ids: :meth:`parse` reads a bare id exactly
+        like such a dict (same rows, default action and surface, ts 0; same dropped ids) and takes
+        the all-int path (measured on the CPU box, 1,000 items: 0.24 vs 0.33 ms). Anything else is
+        handed on unchanged (its checks and error messages are :meth:`parse`'s)."""
+        ids = [h["item_id"] for h in history if type(h) is dict and len(h) == 1]
+        plain: Sequence[Any]
+        if len(ids) == len(history) and all(type(i) is int for i in ids):
+            arr, plain = np.asarray(ids, dtype=np.int64), ids
+        else:
+            arr, plain = np.array([int(h["item_id"]) for h in history], dtype=np.int64), history
+        _, known, dropped = known_rows(self.catalog, arr)
+        return dropped, bool(known.any()), plain
+
+    def parse(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
+        """One history -> catalogue rows / actions / surfaces / timestamps (newest ``context_len`` kept).
+
+        An empty history (or one with no known item) raises :class:`DataError`. Long, well-formed
+        histories take the columnar fast path (:meth:`columns`); anything else :meth:`parse_reference`.
+        """
+        if history is None or len(history) == 0:
+            raise DataError("empty history: give at least one item the user interacted with", field=where)
+        cols = self.columns(history)
+        if cols is None:
+            return self.parse_reference(history, where)
+        return self._finish(*cols, where=where)
+
+    def columns(self, history: Sequence[Any]) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
+        n = len(history)
+        if all(type(h) is int for h in history):
+            ids, acts_raw, surfs_raw, ts_raw = list(history), [None] * n, [None] * n, [None] * n
+        elif all(type(h) is dict for h in history):
+            try:
+                ids = [h["item_id"] for h in history]
+            except KeyError:
+                return None
+            acts_raw = [h.get("action") for h in history]
+            surfs_raw = [h.get("surface") for h in history]
+            ts_raw = [h.get("ts") for h in history]
+        else:
+            return None
+        if not all(type(x) is int for x in ids):
+            return None
+        lookups = []
+        for raw, vocab, table, default in ((acts_raw, self.actions, self._tables[0], self.default_action()),
+                                           (surfs_raw, self.surfaces, self._tables[1], 0)):
+            d = vocab_index(default, vocab, "default", "default")
+            out = []
+            for v in raw:
+                if v is None:
+                    out.append(d)
+                elif type(v) is int and 0 <= v < len(vocab):
+                    out.append(v)
+                elif type(v) is str and v in table:
+                    out.append(table[v])
+                else:
+                    return None
+            lookups.append(out)
+        if not all(t is None or type(t) is int for t in ts_raw):
+            return None
+        ts = [0 if t is None else t for t in ts_raw]
+        return ids, lookups[0], lookups[1], ts
+
+    def parse_reference(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
+        """The item-by-item parse (the obviously-correct twin of the fast path; error messages)."""
+        if history is None or len(history) == 0:
+            raise DataError("empty history: give at least one item the user interacted with", field=where)
+        default_action = self.default_action()
+        ids, acts, surfs, ts = [], [], [], []
+        for i, h in enumerate(history):
+            w = f"{where}[{i}]"
+            if isinstance(h, Mapping):
+                if "item_id" not in h:
+                    raise DataError("missing 'item_id'", field=w)
+                iid, a, s, t = h["item_id"], h.get("action"), h.get("surface"), h.get("ts")
+            else:
+                iid, a, s, t = h, None, None, None
+            try:
+                ids.append(int(iid))
+            except (TypeError, ValueError):
+                raise DataError(f"item_id {iid!r} is not an integer", field=f"{w}.item_id") from None
+            acts.append(vocab_index(default_action if a is None else a, self.actions, "action", f"{w}.action"))
+            surfs.append(vocab_index(0 if s is None else s, self.surfaces, "surface", f"{w}.surface"))
+            ts.append(0 if t is None else int(t))
+        return self._finish(ids, acts, surfs, ts, where=where)
+
+    def _finish(self, ids: list[int], acts: list[int], surfs: list[int], ts: list[int], *,
+                where: str) -> dict[str, Any]:
+        ids_a = np.asarray(ids, dtype=np.int64)
+        rows, known, dropped = known_rows(self.catalog, ids_a)
+        if not known.any():
+            raise DataError(f"none of the {len(ids)} history item ids is in the catalogue "
+                            f"(e.g. {dropped[:5]})", field=where)
+        sel = np.flatnonzero(known)
+        truncated = max(0, len(sel) - self.context_len)
+        seen = np.unique(rows[sel])  # every known item given, the truncated-away ones too (exclude_history)
+        sel = sel[truncated:]
+        return {"rows": rows[sel], "actions": np.asarray(acts, dtype=np.int64)[sel],
+                "surfaces": np.asarray(surfs, dtype=np.int64)[sel],
+                "ts": np.asarray(ts, dtype=np.int64)[sel], "dropped": dropped, "truncated": truncated,
+                "seen_rows": seen}

@@ -1,0 +1,189 @@
+"""Loading a trained run for inference: which checkpoint, its model and catalogue, the current SIDs (the
+device trie and the leaves' catalogue rows), the ANN index cached per checkpoint, and the CUDA-graph mode.
+
+Weights are read through :mod:`genrec.model.checkpoint_io` (never the training objective); a damaged file
+names itself and the run's other checkpoints. The ANN index is built once per (weights, features, index
+kind) and cached atomically under ``WORKDIR/ann/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.catalog import ItemCatalog, load_catalog
+from genrec.data.store import TableStore
+from genrec.decode.rows import leaf_rows as sid_leaf_rows
+from genrec.decode.trie_torch import TorchTrie
+from genrec.errors import ConfigError, DataError
+from genrec.infer.ann import AnnConfig, AnnIndex
+from genrec.infer.catalog_model import CatalogModel
+from genrec.model.checkpoint_io import (
+    BEST,
+    LATEST,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_checkpoint,
+)
+from genrec.model.config import ModelConfig
+from genrec.model.genrec_model import GenRecModel
+from genrec.sid.build import open_current
+from genrec.workdir import WorkDir, file_digest, read_json
+
+
+def graph_mode(device: torch.device) -> str:
+    """Which serving stages replay CUDA graphs: "off" on a CPU; else ``GENREC_CUDA_GRAPHS``:
+    "all" (default, also "1": the history encode, the SID decode and the ranking decode), "sid"
+    (the SID decode only) or "off" ("0")."""
+    if device.type != "cuda":
+        return "off"
+    raw = os.environ.get("GENREC_CUDA_GRAPHS", "all").strip().lower()
+    mode = {"1": "all", "0": "off", "": "all"}.get(raw, raw)
+    if mode not in ("off", "sid", "all"):
+        raise ConfigError(f"GENREC_CUDA_GRAPHS: expected off, sid or all (or 0/1), got {raw!r}")
+    return mode
+
+
+def find_checkpoint(workdir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """The checkpoint folder a command serves or evaluates: ``checkpoint`` None = BEST if marked else LATEST;
+    "BEST" / "LATEST"; or a folder. A clear :class:`ConfigError` when there is none."""
+    wd = WorkDir(workdir)
+    if checkpoint is None or str(checkpoint).upper() in (BEST, LATEST):
+        marks = (BEST, LATEST) if checkpoint is None else (str(checkpoint).upper(),)
+        ckpt = next((c for m in marks if (c := resolve_checkpoint(wd.checkpoints, m)) is not None), None)
+        if ckpt is None:
+            raise ConfigError(f"no checkpoint under {wd.checkpoints} ({checkpoint or 'BEST/LATEST'}): "
+                              f"run `genrec train {wd.root}` first")
+        return ckpt
+    ckpt = resolve_checkpoint(Path(checkpoint))
+    if ckpt is None:
+        raise ConfigError(f"checkpoint {checkpoint}: not a checkpoint folder (one holding model.safetensors and "
+                          f"meta.json, or a checkpoints root with LATEST); or give BEST / LATEST for those under "
+                          f"{wd.checkpoints}")
+    return ckpt
+
+
+def dataset_vocab(wd: WorkDir, mcfg: ModelConfig) -> tuple[list[str], list[str], list[str]]:
+    """(actions, positive actions, surfaces) from the tables; generic names when the tables are gone."""
+    store = TableStore(wd.tables)
+    if store.exists():
+        info = store.info()
+        if len(info.actions) != mcfg.n_actions:
+            raise ConfigError(f"{wd.tables}: {len(info.actions)} actions, the model has {mcfg.n_actions}")
+        surfaces = list(info.surfaces) or ["default"]
+        return list(info.actions), list(info.positive_actions), surfaces
+    acts = [f"action{i}" for i in range(mcfg.n_actions)]
+    return acts, acts, [f"surface{i}" for i in range(mcfg.n_surfaces)]
+
+
+def fingerprint(paths: Sequence[Path], first: str | None = None) -> str:
+    """A short fingerprint of the files' contents (missing files are skipped); ``first``: the digest of a
+    file read earlier, taken as the first file's (``fingerprint([a, b]) == fingerprint([b], first=file_digest(a))``)."""
+    h = hashlib.sha256()
+    if first is not None:
+        h.update(first.encode())
+    for p in paths:
+        if p.exists():
+            h.update(file_digest(p).encode())
+    return h.hexdigest()[:10]
+
+
+def resolve_precision(precision: str | None) -> str:
+    """"float32" or "bf16": ``precision``, else ``$GENREC_PRECISION``, else float32."""
+    prec = precision or os.environ.get("GENREC_PRECISION") or "float32"
+    if prec not in ("float32", "bf16"):
+        raise ConfigError(f"precision must be 'float32' or 'bf16' (argument or GENREC_PRECISION), got {prec!r}")
+    return prec
+
+
+@dataclass
+class LoadedRun:
+    """What :func:`open_run` read of a run directory, for the Recommender to hold."""
+
+    workdir: WorkDir
+    checkpoint: Path
+    run_config: dict[str, Any] | None
+    catalog_model: CatalogModel
+    catalog: ItemCatalog
+    actions: list[str]
+    positive_actions: list[str]
+    surfaces: list[str]
+    step: int
+    weights_digest: str | None  # sha256 of model.safetensors as loaded
+    trie: TorchTrie | None  # the current SIDs on the device (layouts with a SID decoding stage)
+    leaf_rows: np.ndarray | None  # catalogue row of each leaf of that trie
+    sid_index: Any
+    sid_version: str | None
+
+
+def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
+             device: str | torch.device = "cpu") -> LoadedRun:
+    """WORKDIR's model (``checkpoint`` as :func:`find_checkpoint`) on ``device`` with its catalogue, and the
+    current SIDs (trie on ``device``)."""
+    wd = WorkDir(workdir)
+    ckpt = find_checkpoint(wd.root, checkpoint)
+    cfg_path = ckpt / "config.json"
+    if not cfg_path.exists():
+        cfg_path = wd.checkpoints / "config.json"
+    if not cfg_path.exists():
+        raise ConfigError(f"{ckpt}: no config.json beside the weights; cannot rebuild the model")
+    cfg = read_json(cfg_path)
+    if "model" not in cfg:
+        raise DataError("missing key 'model'", path=cfg_path, field="model")
+    mcfg = ModelConfig.from_dict(cfg["model"])
+    catalog = load_catalog(wd.root, with_sids=mcfg.uses_sids)
+    if int(catalog.feats.shape[1]) != mcfg.item_feat_dim:
+        raise ConfigError(f"{wd.features}: item features have width {int(catalog.feats.shape[1])}, the model "
+                          f"was trained on {mcfg.item_feat_dim} (features rebuilt since training?)")
+    actions, positive, surfaces = dataset_vocab(wd, mcfg)
+    model = GenRecModel(mcfg)
+    weights = ckpt / "model.safetensors"
+    digest = file_digest(weights) if weights.exists() else None
+    try:  # the model's weights out of the training objective's state (genrec.model.checkpoint_io)
+        load_checkpoint(ckpt, model, device="cpu")
+    except CheckpointError as e:  # a damaged file: name it, and the run's checkpoints that could serve instead
+        others = [p for _, p in reversed(list_checkpoints(ckpt.parent)) if p != ckpt]
+        hint = (f"other checkpoints of this run, newest first: {', '.join(p.name for p in others)} "
+                f"(e.g. --checkpoint {others[0]})") if others else "the run has no other checkpoint"
+        raise CheckpointError(f"{e}; {hint}") from e
+    if digest is not None and file_digest(weights) != digest:  # (remembered per size + mtime: no re-hash)
+        raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
+    held = CatalogModel(model, catalog).to(device)
+    step = int(read_json(ckpt / "meta.json")["step"])
+    trie = sid_index = leaf_rows = None
+    sid_version: str | None = None
+    if mcfg.uses_sids:
+        sb = open_current(wd.sid)
+        sizes = [int(k) for k in sb.codebook_sizes]
+        if sizes != list(mcfg.sid_codebook_sizes):
+            raise ConfigError(f"{wd.sid}: current SID version {sb.version} has codebooks {sizes}, the model was "
+                              f"trained with {mcfg.sid_codebook_sizes}; retrain or point CURRENT back")
+        sid_index, sid_version = sb.index, sb.version
+        if mcfg.layout in ("pinger", "tiger"):  # SID heads -> a decoding stage (dense + fusion has none)
+            trie = TorchTrie.from_sid_trie(sb.trie, device=device)
+            leaf_rows = sid_leaf_rows(sb.trie, catalog)
+    return LoadedRun(wd, ckpt, cfg.get("run"), held, catalog, actions, positive, surfaces, step, digest, trie,
+                     leaf_rows, sid_index, sid_version)
+
+
+def load_or_build_ann(wd: WorkDir, ckpt: Path, cfg: AnnConfig, *, step: int, fp: str | None,
+                      item_vecs: torch.Tensor, catalog: ItemCatalog) -> AnnIndex:
+    """``WORKDIR/ann/step-NNNNNN-<hash of weights + features + index kind>``, built atomically once
+    (``fp``: the run's fingerprint, None: hashed from the files now)."""
+    fp = fp or fingerprint([ckpt / "model.safetensors", wd.features / "manifest.json"])
+    folder = wd.root / "ann" / f"step-{step:06d}-{cfg.kind}-{fp}"
+    if (folder / "manifest.json").exists():
+        idx = AnnIndex.load(folder)
+        if len(idx) == len(catalog) and np.array_equal(idx.item_ids, catalog.item_ids):
+            return idx
+    idx = AnnIndex.build(item_vecs.cpu().numpy(), catalog.item_ids, cfg)
+    idx.save(folder, overwrite=True)
+    return idx

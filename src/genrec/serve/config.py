@@ -1,0 +1,70 @@
+"""``genrec serve``'s configuration (:class:`ServeConfig`) and the machine defaults for its threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ServeConfig", "default_threads", "default_torch_threads"]
+
+
+def default_threads(device: str = "cpu") -> int:
+    """How many requests run inference at once when ``--threads`` is not given: ``min(4, os.cpu_count())``.
+
+    Not 1 where there are 2 cores or more: on the 2-core CPU box one request thread (with torch's 2
+    intra-op threads) stalled under other load, 1-25 QPS; a few request threads also keep a GPU fed while
+    others do their host work. Beyond 4 they only queue on the GIL. The threads inside each forward are
+    :func:`default_torch_threads`'s."""
+    return min(4, max(1, os.cpu_count() or 1))
+
+
+def default_torch_threads(device: str = "cpu", threads: int | None = None, workers: int = 1) -> int:
+    """torch's intra-op threads in a serving process when ``--torch-threads`` is not given; 0 = leave torch's
+    default (a thread per core).
+
+    CPU: ``os.cpu_count() // (threads * workers)``, at least 1, so that the forwards running side by side
+    together use each core once instead of each spreading over every core. Measured on the 2-core CPU box
+    (quickstart model, loopback, closed-loop clients, issue 38): 2 request threads x 1 torch thread gave
+    75-106 QPS at 1 to 4 clients; the earlier 2 x 2 (torch's default) 41-46 QPS at 1 client and 75-83 at
+    2 and 4. Re-measure: ``genrec bench serve RUN --duration 20 --concurrency 2`` against the same with
+    ``--torch-threads 2`` (and ``--client httpx``). CUDA: 0, the forward runs on the GPU."""
+    if str(device).startswith("cuda"):
+        return 0
+    t = default_threads(device) if threads is None else max(1, threads)
+    return max(1, max(1, os.cpu_count() or 1) // (t * max(1, workers)))
+
+
+@dataclass
+class ServeConfig:
+    workdir: Path
+    checkpoint: Path | None = None
+    device: str = "cpu"
+    two_process: bool = False
+    max_body_bytes: int = 1 << 20
+    threads: int = 0  # requests running inference at once; 0 = default_threads(device)
+    # torch.set_num_threads in the serving process (serve(), app_from_env), 0 = leave torch's; the CLI's
+    # default is default_torch_threads(device, threads, workers)
+    torch_threads: int = 0
+    pool_slots: int = 16
+    # two-process K/V pool: "cpu" = shared memory, the ranking process ranks on the CPU; "cuda" = the
+    # pool on the server's GPU, shared through CUDA IPC handles, ranked there; "auto" = the server's device
+    kv_pool_device: str = "auto"
+    rank_timeout_s: float = 2.0
+    stale_retries: int = 3
+    pool_dir: Path | None = None
+    micro_batch: int = 1  # > 1: group up to this many concurrent one-process requests into one forward
+    # "busy": batch only requests that queued while a batch ran, no timer; "timed": the first request
+    # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
+    micro_batch_policy: str = "timed"
+    micro_batch_wait_ms: float = 2.0  # timed policy only
+    gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
+    # /admin/reload needs "Authorization: Bearer <admin_token>" when set (default: $GENREC_ADMIN_TOKEN); unset,
+    # it is open to whoever reaches the port (loopback by default)
+    admin_token: str | None = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_ADMIN_TOKEN") or None)
+    workers: int = 1  # uvicorn worker processes (serve()'s argument): > 1 refuses /admin/reload (SIGHUP the main one)
+    # print start-up lines on stderr (what was loaded, on which device, when it is ready): `genrec serve` does;
+    # serve() sets the URL it listens on here, for the lines of --workers > 1 (each worker says when it is ready)
+    announce: bool = False
+    url: str | None = None

@@ -1,0 +1,128 @@
+"""The service's pure-ASGI middleware and the Prometheus metrics they feed: :class:`BodyLimit` (413 before any
+JSON parsing, also for chunked bodies), :class:`Track` (in-flight gauge, requests by endpoint and status) and
+:class:`Metrics` (the registry ``/metrics`` exports)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["BodyLimit", "Metrics", "Track"]
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 when Content-Length or the streamed body exceeds ``limit`` bytes."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length":
+                try:
+                    n = int(v)
+                except ValueError:
+                    return await _send_json(send, 400, {"error": "bad request", "message": "invalid Content-Length"})
+                if n > self.limit:
+                    return await _send_json(send, 413, _too_big(self.limit, n))
+        # read (at most limit + 1 bytes of) the body here, so a chunked body without Content-Length is
+        # refused too; the app then gets the buffered body replayed
+        chunks: list[bytes] = []
+        seen = 0
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # client went away
+            chunks.append(msg.get("body", b""))
+            seen += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if seen > self.limit:
+                return await _send_json(send, 413, _too_big(self.limit, seen))
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class Track:
+    """Pure ASGI middleware: the in-flight gauge and the per-endpoint/status request counter.
+
+    (Was a ``@app.middleware("http")`` -- Starlette's BaseHTTPMiddleware, which wraps every request
+    in a task group and streams the response through a memory channel.) An exception that escapes
+    the app before a response started is counted as status 500, the answer the client gets. It wraps
+    the body limit too, so a refused body is counted (413). The endpoint label is the request's path
+    only for the app's own routes (``paths``) and "other" for any other path: a scanner's random
+    URLs must not grow the metrics without bound."""
+
+    def __init__(self, app: Any, metrics: Metrics, paths: Callable[[], set[str]]) -> None:
+        self.app, self.metrics, self._paths_of = app, metrics, paths
+        self._paths: set[str] | None = None
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        m = self.metrics
+        status = 500
+
+        async def send_status(msg: dict) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        m.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            m.in_flight.dec()
+            if self._paths is None:
+                self._paths = self._paths_of()
+            path = scope["path"]
+            m.requests.labels(endpoint=path if path in self._paths else "other", status=str(status)).inc()
+
+
+def _too_big(limit: int, n: int) -> dict[str, Any]:
+    return {"error": "payload too large", "message": f"request body of {n} bytes exceeds the limit of {limit} bytes",
+            "fields": ["body"]}
+
+
+async def _send_json(send: Callable, status: int, obj: dict[str, Any]) -> None:
+    body = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        buckets = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+        self.stage = Histogram("genrec_stage_latency_ms", "Per-stage latency (ms)", ["endpoint", "stage"],
+                               buckets=buckets, registry=r)
+        self.in_flight = Gauge("genrec_in_flight_requests", "Requests being served", registry=r)
+        self.requests = Counter("genrec_requests", "Requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.pool_occupancy = Gauge("genrec_kv_pool_occupancy", "KV-pool slots leased", registry=r)
+        self.pool_slots = Gauge("genrec_kv_pool_slots", "KV-pool slots", registry=r)
+        self.index_version = Gauge("genrec_index_version_info", "Served bundle version (value 1)", ["version"],
+                                   registry=r)
+        self.degraded = Counter("genrec_degraded_responses", "Retrieval-only answers (ranker down)", registry=r)
+        self.stale = Counter("genrec_kv_stale_reads", "Stale KV-slot reads (retried)", registry=r)
+        self.reloads = Counter("genrec_reloads", "Hot-swap attempts by outcome", ["outcome"], registry=r)
+
+    def set_version(self, v: str) -> None:
+        self.index_version.clear()
+        self.index_version.labels(version=v).set(1)
