@@ -233,3 +233,24 @@ def test_a_synthetic_workdir_trains(tmp_path: Path) -> None:
     pipeline.build_semantic_ids(wd, levels=2)
     out = pipeline.train_model(wd, "cpu-tiny", ["train.total_steps=3", "data.valid_cases=16"])
     assert out["step"] == 3 and out["checkpoint"] and np.isfinite(out["last_loss"]["action"])  # slates ranked
+
+
+def test_the_cli_command_writes_the_tables_and_refuses_bad_counts(tmp_path: Path) -> None:
+    """`genrec data synth` is the same call from the command line: tables with exactly --events events, the same
+    as the Python API for the same seed; a request it cannot meet is an error in the CLI's words, nothing written."""
+    from typer.testing import CliRunner
+
+    from genrec.cli import app
+
+    r = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "cli"), "--users", "40", "--items", "200",
+                                 "--events", "1000", "--seed", "3", "--buckets", "2"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["counts"]["events"] == 1000
+    synthesize(tmp_path / "api", users=40, items=200, events=1000, seed=3, n_buckets=2)
+    a, b = TableStore(tmp_path / "cli" / "tables"), TableStore(tmp_path / "api" / "tables")
+    key = [("user_id", "ascending"), ("seq", "ascending")]
+    assert a.read_events().sort_by(key).equals(b.read_events().sort_by(key))
+    bad = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "bad"), "--users", "40", "--items", "200",
+                                   "--events", "10"])
+    assert bad.exit_code != 0 and not (tmp_path / "bad" / "tables" / "manifest.json").exists()

@@ -86,6 +86,32 @@ def data_prepare(
                 **({"time_rule": info["time_rule"]} if info.get("time_rule") else {})})
 
 
+@data_app.command("synth")
+@friendly
+def data_synth(
+    workdir: Path = WORKDIR,
+    users: int = typer.Option(..., help="Users to generate (ids 1..U)."),
+    items: int = typer.Option(..., help="Items in the catalogue (ids 1..I)."),
+    events: int = typer.Option(..., help="Events in all, exactly (at least 5 per user)."),
+    seed: int = typer.Option(0, help="Random seed: the same seed and options give the same tables."),
+    buckets: int = typer.Option(16, help="Hash buckets of user_id for the events/feedviews tables."),
+    zipf: float = typer.Option(1.0, help="Exponent of the items' Zipf popularity."),
+    topics: Optional[int] = typer.Option(None, help="Latent item topics (default round(sqrt(items)/2), at least 2)."),
+    slate_size: int = typer.Option(8, help="Interactions per synthesised feedview."),
+    chunk_users: Optional[int] = typer.Option(None, help="Users generated and written at a time: bounds memory "
+                                                         "(default about 2M events' worth); does not change the tables."),
+) -> None:
+    """Generate a synthetic log (Zipf items, topic sessions, several actions and surfaces, item text) into
+    Iceberg tables under WORKDIR/tables, streaming: memory is bounded by the chunk, not by --events."""
+    from genrec.recipes.pipeline import synthesize
+
+    with working(f"generating {events} events into {workdir}/tables ..."):
+        s = synthesize(workdir, users=users, items=items, events=events, seed=seed, n_buckets=buckets,
+                       chunk_users=chunk_users, zipf=zipf, topics=topics, slate_size=slate_size)
+    echo_json({"tables": s["tables"], "counts": s["counts"], "feedview_rule": s["feedview_rule"],
+               "seconds": s["seconds"]})
+
+
 @data_app.command("export-p5")
 @friendly
 def data_export_p5(
