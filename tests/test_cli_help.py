@@ -53,3 +53,18 @@ def test_show_config_lists_every_key_as_an_override_that_round_trips(tmp_path: A
     assert len(typed) == len(lines) - 2
     assert RunConfig.from_name("cpu-tiny", typed) == RunConfig.from_name("cpu-tiny", ["train.lr=0.01"])
     assert not (tmp_path / "unused").exists()  # nothing trained, nothing written
+
+
+def test_one_name_per_concept_and_no_double_negative_flags() -> None:
+    """The CLI says a concept the way the HTTP API does (beam_width -> --beam-width, diversity_lambda ->
+    --diversity-lambda); a boolean is an --x/--no-x pair, never a flag whose negation reads --no-no-x."""
+    leaves = list(_commands(typer.main.get_command(app), ("genrec",)))
+    opts = {(" ".join(path), o) for path, c in leaves for p in c.params for o in [*p.opts, *p.secondary_opts]}
+    names = {o for _, o in opts}
+    assert not [x for x in opts if x[1].startswith("--no-no-")], sorted(x for x in opts if x[1].startswith("--no-no-"))
+    assert not names & {"--beam", "--lambda", "--no-ranking-metrics"}, names & {"--beam", "--lambda"}
+    for cmd in ("genrec eval", "genrec recommend", "genrec fusion tune"):
+        assert (cmd, "--beam-width") in opts, cmd
+    for cmd in ("genrec eval", "genrec recommend"):
+        assert (cmd, "--diversity-lambda") in opts, cmd
+    assert ("genrec recommend", "--no-rank") in opts and ("genrec eval", "--no-ranking") in opts

@@ -248,7 +248,7 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     assert r.exit_code == 2 and "exactly one of --user" in r.output
     r = CliRunner().invoke(app, ["recommend", str(root), "--user", "u3"])  # ids not remapped: integers
     assert r.exit_code == 2 and "expected an integer user id" in r.output
-    r = CliRunner().invoke(app, ["eval", str(root), "--split", "valid", "--max-users", "8", "--beam", "4"])
+    r = CliRunner().invoke(app, ["eval", str(root), "--split", "valid", "--max-users", "8", "--beam-width", "4"])
     assert r.exit_code == 0, r.output
     assert "| SID beams (constrained) |" in r.output
     r = CliRunner().invoke(app, ["eval", str(root), "--split", "train"])

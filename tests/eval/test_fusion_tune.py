@@ -175,7 +175,7 @@ def test_a_stored_utility_must_name_the_models_actions(root: Path) -> None:
 def test_cli_tune_and_show(root: Path) -> None:
     from genrec.cli import app
 
-    r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam", "8",
+    r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam-width", "8",
                                  "--metric", "recall@20"])
     assert r.exit_code == 0, r.output
     assert "chosen: a=" in r.output and "stored: " in r.output
@@ -250,7 +250,7 @@ def test_cli_tune_with_a_utility(root: Path) -> None:
     with restored(path):
         actions = Recommender.from_checkpoint(root).actions
         spec = ",".join(f"{a}={-1 if a.lower() == 'dislike' else 1}" for a in actions)
-        r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam", "8",
+        r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--max-users", "24", "--beam-width", "8",
                                      "--utility", spec])
         assert r.exit_code == 0, r.output
         assert "dislike=-1" in r.output and "served with these weights" in r.output

@@ -16,8 +16,9 @@ def eval_cmd(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     split: str = typer.Option("test", help="valid | test (test: touch once; choose models on valid)."),
     max_users: int = typer.Option(0, help="Evaluate a random subset of this many cases (0 = all)."),
-    beam: int = typer.Option(20, help="SID beam width."),
-    lam: float = typer.Option(0.0, "--lambda", help="Diversity penalty for the SID and L0+L1 paths."),
+    beam_width: int = typer.Option(20, help="SID beam width (HTTP: beam_width)."),
+    diversity_lambda: float = typer.Option(0.0, help="PinGER prefix-depth diversity penalty for the SID and L0+L1 "
+                                                     "paths (HTTP: diversity_lambda)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
     action_weight: Optional[float] = typer.Option(
         None, help="L1 score fusion: a * utility(action heads) + ... (default: the stored choice, else 1)."),
@@ -28,7 +29,7 @@ def eval_cmd(
     sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
-    no_ranking: bool = typer.Option(False, help="Skip the feedview ranking metrics."),
+    ranking: bool = typer.Option(True, help="The feedview ranking metrics (--no-ranking: skip them)."),
     slate_negatives: int = typer.Option(8, help="Sampled impression-only candidates added to each held-out "
                                                 "ranking slate (as training's data.neg_cands)."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
@@ -43,8 +44,8 @@ def eval_cmd(
     """Leave-one-out (or temporal) full-catalogue evaluation of every path + popularity; writes reports/."""
     from genrec.eval.evaluate import EvalConfig, run_eval
 
-    cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam, diversity_lambda=lam,
-                     overretrieve=overretrieve, checkpoint=checkpoint, ranking=not no_ranking,
+    cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                     overretrieve=overretrieve, checkpoint=checkpoint, ranking=ranking,
                      slate_negatives=slate_negatives, dump_recs=None if dump_recs is None else str(dump_recs),
                      retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                      sweep_lambda=floats(sweep_lambda or "", "--sweep-lambda"),
@@ -69,7 +70,8 @@ def fusion_tune(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
     max_users: int = typer.Option(2000, help="Validation cases to choose on (0 = all)."),
-    beam: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the weights)."),
+    beam_width: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the "
+                                            "weights)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),
     metric: str = typer.Option("recall@10", help="recall@K or ndcg@K, K in 5, 10, 20."),
     utility: Optional[str] = typer.Option(
@@ -84,7 +86,7 @@ def fusion_tune(
 
     util = None if utility is None else parse_utility(utility)
     with working(f"choosing the L1 fusion weights on {max_users or 'all'} validation cases ..."):
-        out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam,
+        out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam_width,
                           overretrieve=overretrieve, metric=metric, utility=util)
     top = sorted(out["grid"], key=lambda r: -r[metric])[:8]
     typer.echo(f"| a | w | v | {metric} (valid) |\n|---|---|---|---|")

@@ -103,9 +103,9 @@ def recommend(
     history: Optional[str] = typer.Option(None, help="Comma-separated item ids, oldest first (source-file ids "
                                                      "with --map-ids)."),
     k: int = typer.Option(10, help="How many items to return."),
-    beam: int = typer.Option(20, help="SID beam width."),
-    lam: float = typer.Option(0.0, "--lambda", help="PinGER prefix-depth diversity penalty."),
-    no_rank: bool = typer.Option(False, help="Skip the L1 ranking (order by retrieval)."),
+    beam_width: int = typer.Option(20, help="SID beam width (HTTP: beam_width)."),
+    diversity_lambda: float = typer.Option(0.0, help="PinGER prefix-depth diversity penalty (HTTP: diversity_lambda)."),
+    rank: bool = typer.Option(True, help="The L1 ranking (--no-rank: order by retrieval; HTTP: rank)."),
     sources: Optional[str] = typer.Option(None, help="sid,ann (default: every stage the model has)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r (each stage returns K*r)."),
     exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
@@ -152,7 +152,7 @@ def recommend(
     from genrec.infer.results import RecommendationList
 
     recs = cast(RecommendationList, rec.recommend(
-        hist, k=k, beam_width=beam, diversity_lambda=lam, sources=srcs, rank=False if no_rank else None,
+        hist, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=srcs, rank=None if rank else False,
         overretrieve=overretrieve, exclude_history=exclude_history))  # one history -> one list
     if ids is not None:  # back to the source file's ids, for the reader
         recs.dropped_items = [*unknown, *(ids.item_original.get(i, i) for i in recs.dropped_items)]  # type: ignore[list-item]
