@@ -14,7 +14,7 @@ import pytest
 from genrec.eval.dump import recs_file, recs_lines
 from genrec.eval.metrics import place_target, rank_in_list, rank_of_targets
 
-from .test_evaluate import build_run
+from tests.tiny_run import build_run
 
 SCORE = Path(__file__).resolve().parents[3] / "shared" / "yardstick" / "score.py"
 KS = (5, 10, 20)

@@ -14,29 +14,9 @@ from genrec.eval.metrics import auc, hit_at_k_slates, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, score_slates
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.infer.recommender import Recommender
+from tests.tiny_run import build_run
 
 KS = (5, 10, 20)
-
-
-def build_run(root: Path, datasets_root: Path, *, steps: int = 6, dataset: str = "movielens-100k",
-              source: Path | None = None) -> Path:
-    """A tiny trained run dir on MovieLens-100K (or ``dataset`` from ``source``): random item features
-    (fast), 2-level SIDs, cpu-tiny."""
-    from genrec.features.store import ItemVectors
-    from genrec.recipes import pipeline as P
-    from genrec.recipes.training import train_run
-    from genrec.train.run import RunConfig
-    from genrec.workdir import WorkDir
-
-    P.prepare(root, dataset, source=source, data_dir=datasets_root)
-    ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
-    rng = np.random.default_rng(1)
-    ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
-                rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
-    P.build_semantic_ids(root, levels=2, codebook_size=8)
-    train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
-                                                     "data.valid_cases=16", "data.context_len=12"]))
-    return root
 
 
 @pytest.fixture(scope="module")

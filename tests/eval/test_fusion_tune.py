@@ -17,7 +17,7 @@ from genrec.eval.evaluate import EvalConfig, choose_fusion, evaluate, fusion_met
 from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion
 from genrec.infer.recommender import Recommender
 
-from .test_evaluate import build_run
+from tests.tiny_run import build_run
 
 
 # ----------------------------------------------------------------------------- the weights and their file

@@ -14,15 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 from genrec.cli import app
+from tests.tiny_run import build_run
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
-    from test_evaluate import build_run  # the eval tests' tiny trained run (random features, 2-level SIDs)
-
     return build_run(tmp_path_factory.mktemp("new-items"), datasets_root, steps=4)
 
 

@@ -12,30 +12,12 @@ from genrec.errors import ConfigError, DataError
 from genrec.infer.cases import user_history
 from genrec.infer.recommender import Recommender
 from genrec.model.genrec_model import ModelBatch
-
-
-def build_run(root: Path, datasets_root: Path, *, steps: int = 6) -> Path:
-    """A tiny trained run dir on MovieLens-100K: random item features (fast), 2-level SIDs, cpu-tiny."""
-    from genrec.features.store import ItemVectors
-    from genrec.recipes import pipeline as P
-    from genrec.recipes.training import train_run
-    from genrec.train.run import RunConfig
-    from genrec.workdir import WorkDir
-
-    P.prepare(root, "movielens-100k", data_dir=datasets_root)
-    ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
-    rng = np.random.default_rng(0)
-    ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
-                rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
-    P.build_semantic_ids(root, levels=2, codebook_size=8)
-    train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
-                                                     "data.valid_cases=16", "data.context_len=12"]))
-    return root
+from tests.tiny_run import build_run
 
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Recommender:
-    root = build_run(tmp_path_factory.mktemp("rec"), datasets_root)
+    root = build_run(tmp_path_factory.mktemp("rec"), datasets_root, seed=0)
     return Recommender.from_checkpoint(root)
 
 
