@@ -24,9 +24,14 @@ from genrec.data.schema import FEEDVIEWS_SCHEMA
 DEFAULT_SLATE_SIZE = 8
 
 
+def action_bits_text(actions: list[str]) -> str:
+    """Which label bit each action sets, as the feedview rules state it: ``"like=bit 0, view=bit 1"``."""
+    return ", ".join(f"{a}=bit {i}" for i, a in enumerate(actions))
+
+
 def feedview_rule_text(slate_size: int, actions: list[str]) -> str:
     """The precise English statement stored in ``DatasetInfo.feedview_rule``."""
-    bits = ", ".join(f"{a}=bit {i}" for i, a in enumerate(actions))
+    bits = action_bits_text(actions)
     return (
         f"Synthesised from interactions (no impression log): each user's events, ordered by seq "
         f"(timestamp, then original file order), are cut into consecutive chunks of {slate_size} "

@@ -61,6 +61,7 @@ from genrec.data.ingest.columns import (Loaded, as_text, check_names, first_appe
                                         load_columns, not_compressed, parquet_array, parquet_column, plain_text,
                                         read_parquet)
 from genrec.data.ingest.common import Column, int_col
+from genrec.data.ingest.feedviews import action_bits_text
 from genrec.data.ingest.timestamps import Where, to_epoch_seconds
 from genrec.data.schema import FEEDVIEWS_SCHEMA
 from genrec.errors import DataError
@@ -72,7 +73,7 @@ SEPARATOR = "|"
 def rule_text(path: Path | str, actions: list[str], *, request: str, position: str, action: str,
               surface: str) -> str:
     """The precise English statement stored in ``DatasetInfo.feedview_rule``."""
-    bits = ", ".join(f"{a}=bit {i}" for i, a in enumerate(actions))
+    bits = action_bits_text(actions)
     return (
         f"From the impressions file {path}: one request per value of column {request!r}; its slate = its rows "
         f"ordered by column {position!r} (rows of one request and position are one shown item, their actions "
