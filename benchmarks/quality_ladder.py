@@ -30,11 +30,14 @@ from typing import Any
 import numpy as np
 
 
-def _link_parts(base: Path, d: Path) -> None:
+def _link_parts(base: Path, d: Path, sid_from: str | None = None) -> None:
+    """Link WORKDIR's tables/features/sid into a rung's run directory (``sid_from``: another run
+    directory's SIDs, e.g. the same tables quantised from another ``--source``)."""
     d.mkdir(parents=True, exist_ok=True)
     for part in ("tables", "features", "sid"):
-        if (base / part).exists() and not (d / part).exists():
-            (d / part).symlink_to((base / part).resolve())
+        src = Path(sid_from) if part == "sid" and sid_from else base
+        if (src / part).exists() and not (d / part).exists():
+            (d / part).symlink_to((src / part).resolve())
 
 
 def resolve(ladder: dict[str, Any]) -> None:
@@ -64,7 +67,7 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
         while todo and len(procs) < a.parallel:
             r = todo.pop(0)
             d = root / r["name"]
-            _link_parts(base, d)
+            _link_parts(base, d, r.get("sid_from"))
             cmd = [sys.executable, "-m", "genrec.cli", "train", str(d), "--preset", ladder.get("preset", "gpu-base"),
                    "--no-resume", *ladder.get("common", []), *a.set, *r["overrides"]]
             (d / "command.txt").write_text(" ".join(cmd[2:]) + "\n")
