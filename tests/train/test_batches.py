@@ -169,3 +169,38 @@ def test_fv_pick_is_checked():
     exs = materialise([_user(0, np.random.default_rng(0))], _catalog())
     with pytest.raises(DataError, match="fv_pick"):
         BatchStream(exs, batch_size=1, seed=0, context_len=8, n_actions=3, fv_pick="newest")
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 10))
+def test_rank_rows_extra_keeps_every_whole_row_and_appends_the_cut_ones(seed, step):
+    """data.rank_rows=extra: the batch's first rows are the whole histories (what p_rank=0 gives), and each
+    user drawn for ranking adds the very row (history cut at the feedview, its slate) that ``cut`` gives."""
+    rng = np.random.default_rng(seed)
+    cat = _catalog()
+    exs = materialise([_user(u, rng) for u in range(12)], cat)
+    kw = dict(batch_size=6, seed=seed, context_len=64, n_actions=3, max_cands=4)
+    plain = BatchStream(exs, p_rank=0.0, **kw).batch_at(step)
+    cut = BatchStream(exs, p_rank=0.6, **kw).batch_at(step)
+    extra = BatchStream(exs, p_rank=0.6, rank_rows="extra", **kw).batch_at(step)
+    B = plain.batch_size
+    assert extra.batch_size == B + (int(cut.cand_valid.any(1).sum()) if cut.cand_valid is not None else 0)
+    n = int(plain.lengths.max())
+    assert torch.equal(extra.lengths[:B], plain.lengths)
+    assert torch.equal(extra.rows[:B, :n], plain.rows)
+    cut_rows = [i for i in range(B) if cut.cand_valid is not None and bool(cut.cand_valid[i].any())]
+    for j, i in enumerate(cut_rows):
+        e = B + j
+        m = int(cut.lengths[i])
+        assert int(extra.lengths[e]) == m and torch.equal(extra.rows[e, :m], cut.rows[i, :m])
+        k = int(cut.cand_valid[i].sum())
+        assert torch.equal(extra.cand_rows[e, :k], cut.cand_rows[i, :k])
+        assert torch.equal(extra.cand_labels[e, :k], cut.cand_labels[i, :k])
+    if extra.cand_valid is not None:
+        assert not bool(extra.cand_valid[:B].any())  # the whole-history rows carry no slate
+
+
+def test_rank_rows_is_checked():
+    exs = materialise([_user(0, np.random.default_rng(0))], _catalog())
+    with pytest.raises(DataError, match="rank_rows"):
+        BatchStream(exs, batch_size=1, seed=0, context_len=8, n_actions=3, rank_rows="both")

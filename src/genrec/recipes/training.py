@@ -119,7 +119,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                              p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
                              neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
-                             pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick)
+                             pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick,
+                             rank_rows=cfg.data.rank_rows)
         return stream.iter_from(spec.start_step)
 
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,

@@ -94,7 +94,8 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
             p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
-            neg_cdf: np.ndarray | None = None, pad_multiple: int = 1, fv_pick: str = "uniform") -> TrainBatch:
+            neg_cdf: np.ndarray | None = None, pad_multiple: int = 1, fv_pick: str = "uniform",
+            rank_rows: str = "cut") -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
     ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
@@ -112,17 +113,32 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     ``fv_pick`` says which feedview a row cut for ranking takes: ``uniform`` (any of the user's, drawn),
     or ``last`` (the newest: the row keeps the most history, so the next-item and SID targets of the
     recent items -- the ones closest to what is predicted at serving -- stay in training).
+
+    ``rank_rows`` says what a user drawn for ranking gives: ``cut`` (that user's one row is cut at the
+    feedview: its retrieval targets after the cut are not trained that epoch) or ``extra`` (the user's
+    whole-history row stays, and the cut row with its slate is appended after the batch's ``len(exs)``
+    rows: the batch grows by the users drawn, retrieval sees every row it sees without ranking).
     """
     hist: list[slice] = []
     picks: list[int] = []
+    extra: list[tuple[TrainExample, int]] = []
     for ex in exs:
         n = len(ex.rows)
         f = -1
         if p_rank > 0 and len(ex.fv_rows) > 0 and _hash_unit(seed, epoch, ex.user_id) < p_rank:
             f = len(ex.fv_rows) - 1 if fv_pick == "last" else int(_hash_unit(seed + 1, epoch, ex.user_id) * len(ex.fv_rows))
-            n = int(ex.fv_hist[f])
+            if rank_rows == "extra":
+                extra.append((ex, f))
+                f = -1
+            else:
+                n = int(ex.fv_hist[f])
         picks.append(f)
         hist.append(slice(max(0, n - context_len), n))
+    for ex, f in extra:
+        n = int(ex.fv_hist[f])
+        picks.append(f)
+        hist.append(slice(max(0, n - context_len), n))
+    exs = [*exs, *(ex for ex, _ in extra)]
     B = len(exs)
     n_max = max(s.stop - s.start for s in hist)
     if pad_multiple > 1:
@@ -179,7 +195,7 @@ class BatchStream:
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
                  neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
-                 pad_multiple: int = 1, fv_pick: str = "uniform") -> None:
+                 pad_multiple: int = 1, fv_pick: str = "uniform", rank_rows: str = "cut") -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -200,6 +216,9 @@ class BatchStream:
         if fv_pick not in ("uniform", "last"):
             raise DataError(f"fv_pick must be 'uniform' or 'last', got {fv_pick!r}", field="fv_pick")
         self.fv_pick = fv_pick
+        if rank_rows not in ("cut", "extra"):
+            raise DataError(f"rank_rows must be 'cut' or 'extra', got {rank_rows!r}", field="rank_rows")
+        self.rank_rows = rank_rows
         self.neg_cdf: np.ndarray | None = None
         if neg_weights is not None:  # sampling weights per catalogue row -> normalised CDF
             w = np.asarray(neg_weights, dtype=np.float64)
@@ -218,7 +237,8 @@ class BatchStream:
         return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
                        n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
                        neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf,
-                       pad_multiple=self.pad_multiple, fv_pick=self.fv_pick)
+                       pad_multiple=self.pad_multiple, fv_pick=self.fv_pick,
+                       rank_rows=self.rank_rows)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

@@ -60,6 +60,7 @@ class DataConfig:
     context_len: int = 50
     p_rank: float = 0.5  # share of examples cut at a feedview whose slate becomes candidates
     fv_pick: str = "uniform"  # which feedview such a row is cut at: uniform (any, drawn) | last (the newest)
+    rank_rows: str = "cut"  # a user drawn for ranking: cut (its row cut at the feedview) | extra (a cut row added)
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
     neg_sampling: str = "uniform"  # uniform | popularity (training-split counts ^ 0.75: retrieval-like negatives)
