@@ -125,9 +125,10 @@ class Recommender:
     def from_checkpoint(cls, workdir: str | Path, checkpoint: str | Path | None = None,
                         device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None,
                         precision: str | None = None) -> "Recommender":
-        """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; "BEST"/"LATEST";
-        or a checkpoint folder), catalogue, current SIDs (trie on ``device``) and the ANN index
-        (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
+        """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; else a name -- best, last,
+        a step number, a folder name under ``WORKDIR/checkpoints`` -- or a path:
+        :func:`~genrec.infer.load.find_checkpoint`), catalogue, current SIDs (trie on ``device``) and the ANN
+        index (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
         run = open_run(workdir, checkpoint, device)

@@ -272,7 +272,7 @@ class _AnnouncingServer(uvicorn.Server):
 def app_from_env() -> FastAPI:
     """uvicorn factory for ``--workers > 1`` (config passed in ``GENREC_SERVE_CONFIG``)."""
     d = json.loads(os.environ["GENREC_SERVE_CONFIG"])
-    for k in ("workdir", "checkpoint", "pool_dir"):
+    for k in ("workdir", "pool_dir"):  # (checkpoint stays as given: a name or a path, find_checkpoint's rule)
         if d.get(k) is not None:
             d[k] = Path(d[k])
     return _process_app(ServeConfig(**d))
