@@ -78,3 +78,13 @@ def load_benchmark(stem: str) -> ModuleType:
 def benchmark_script() -> Callable[[str], ModuleType]:
     """Import a script of ``benchmarks/`` by its file stem (each call runs it afresh)."""
     return load_benchmark
+
+
+@pytest.fixture(scope="session")
+def string_id_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny trained run of a log with string ids (``u7``, ``m52``: remapped by ``data prepare generic``), built
+    from a generated CSV (no dataset needed; ~10 s): checkpoints step-000002 and step-000004 (LATEST), no BEST.
+    The CSV is beside it (``<run>.csv``). Tests must not change it (copy it first)."""
+    from tests.tiny_run import build_string_id_run
+
+    return build_string_id_run(tmp_path_factory.mktemp("strids") / "run")

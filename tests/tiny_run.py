@@ -26,3 +26,35 @@ def build_run(root: Path, datasets_root: Path, *, steps: int = 6, dataset: str =
     train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
                                                      "data.valid_cases=16", "data.context_len=12"]))
     return root
+
+
+def write_string_id_log(path: Path, *, users: int = 40, items: int = 60, per_user: int = 12, seed: int = 3) -> set[str]:
+    """A log as one is exported (``u7,m42,<ISO time>,like``): string user and item ids, so ``data prepare
+    generic`` remaps them (``map_ids``). No dataset needed. Returns the item ids it holds."""
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, items + 1)  # a few popular items, a long tail
+    lines, seen = ["user_id,item_id,timestamp,action"], set()
+    for u in range(users):
+        picks = rng.choice(items, size=per_user, replace=False, p=pop / pop.sum())
+        for j, it in enumerate(picks):
+            t = 1_700_000_000 + u * 10_000 + j * 60
+            lines.append(f"u{u},m{it * 7 + 3},{t},{'like' if rng.random() < 0.4 else 'view'}")
+            seen.add(f"m{it * 7 + 3}")
+    path.write_text("\n".join(lines) + "\n")
+    return seen
+
+
+def build_string_id_run(root: Path, *, steps: int = 4, ckpt_every: int = 2) -> Path:
+    """:func:`write_string_id_log` prepared (ids remapped), random features, 2-level SIDs and ``steps`` training
+    steps, a checkpoint every ``ckpt_every`` steps; the log at ``root.parent / (root.name + '.csv')``."""
+    src = root.parent / f"{root.name}.csv"
+    write_string_id_log(src)
+    P.prepare(root, "generic", source=src)
+    ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
+    rng = np.random.default_rng(1)
+    ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
+                rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
+    P.build_semantic_ids(root, levels=2, codebook_size=8)
+    train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", f"train.ckpt_every={ckpt_every}",
+                                                     "data.valid_cases=8", "data.context_len=12"]))
+    return root

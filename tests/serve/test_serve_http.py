@@ -87,9 +87,29 @@ def test_rank_equals_offline_full_prefill(server: ServerThread, client: httpx.Cl
     with torch.no_grad():
         out = rec.model(full, serving_layout=True)
     want = torch.sigmoid(out.cand_action_logits[0]).numpy()  # [k, C]
-    got = np.array([[x["action_probs"][a] for a in rec.actions] for x in body["items"]])
-    assert [x["item_id"] for x in body["items"]] == cands[:-1]
+    by_id = {x["item_id"]: x for x in body["items"]}
+    assert sorted(by_id) == sorted(cands[:-1])
+    got = np.array([[by_id[c]["action_probs"][a] for a in rec.actions] for c in cands[:-1]])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    scores = [x["score"] for x in body["items"]]
+    assert scores == sorted(scores, reverse=True)  # best first (the utility of those probabilities)
+    util = want @ rec.utility_vector(None).numpy()
+    np.testing.assert_allclose([by_id[c]["score"] for c in cands[:-1]], util, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("fusion", [None, {"action_weight": 1.0, "retrieval_weight": 0.5, "sid_weight": 0.2}])
+def test_rank_scores_are_recommends(client: httpx.Client, fusion: dict | None) -> None:
+    """The items /v1/recommend returned, sent to /v1/rank in reverse: the same scores (the L1 score, with the
+    SID term's floor for the items only ANN found) and so the same order."""
+    h = hist([1, 50, 172, 181, 258, 7, 9])
+    extra = {} if fusion is None else {"fusion": fusion}
+    rec = client.post("/v1/recommend", json={"history": h, "k": 10, **extra}).json()
+    ids = [x["item_id"] for x in rec["items"]]
+    r = client.post("/v1/rank", json={"history": h, "candidates": ids[::-1], **extra})
+    assert r.status_code == 200, r.text
+    got = r.json()["items"]
+    assert [x["item_id"] for x in got] == ids
+    np.testing.assert_allclose([x["score"] for x in got], [x["score"] for x in rec["items"]], rtol=0, atol=1e-5)
 
 
 def test_long_history_keeps_newest(server: ServerThread, client: httpx.Client) -> None:
@@ -237,6 +257,12 @@ def test_rank_cold_start_orders_by_popularity(server: ServerThread, client: http
 
 def test_rank_bad_input(client: httpx.Client) -> None:
     assert client.post("/v1/rank", json={"history": hist([1]), "candidates": []}).status_code == 422
+    # a run whose ids were not remapped takes strict integers: the text "12" is not item 12
+    for path, body, field in (("/v1/recommend", {"history": [{"item_id": "12"}]}, "history[0].item_id"),
+                              ("/v1/rank", {"history": [{"item_id": "12"}], "candidates": [5]}, "history[0].item_id"),
+                              ("/v1/rank", {"history": hist([1]), "candidates": [5, "12"]}, "candidates[1]")):
+        r = client.post(path, json=body)
+        assert r.status_code == 422 and r.json()["fields"] == [field], r.text
     r = client.post("/v1/rank", json={"history": hist([1]), "candidates": ["x"]})
     assert r.status_code == 422 and r.json()["fields"][0].startswith("candidates")
     for bad in (2 ** 63, -(2 ** 63) - 1, 2 ** 64):  # item ids are int64: a 422 naming the candidate, not a 500

@@ -27,6 +27,13 @@ app.add_typer(bench_app, name="bench")
 WORKDIR = typer.Argument(..., help="Run directory (created if missing).")
 RUNDIR = typer.Argument(..., help="Run directory made by `genrec data prepare` (and, before training, `features "
                                    "build` and `sid build`).")
+CHECKPOINT = typer.Option(
+    None, "--checkpoint", show_default=False,
+    help="Which checkpoint: best, last (or latest), a step number (120), a folder name under WORKDIR/checkpoints "
+         "(step-000120), or a path to a checkpoint folder (or to a checkpoints folder: its last). Names are looked "
+         "up before paths. Default: best if training marked one, else last.")
+"""Every command's ``--checkpoint``: one rule (:data:`genrec.infer.load.CHECKPOINT_RULE`), resolved by
+:func:`genrec.infer.load.find_checkpoint`."""
 
 
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:

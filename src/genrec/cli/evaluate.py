@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from genrec.cli._app import app, echo_json, floats, friendly, fusion_app, working
+from genrec.cli._app import CHECKPOINT, app, echo_json, floats, friendly, fusion_app, working
 
 
 @app.command("eval")
@@ -32,7 +32,7 @@ def eval_cmd(
     ranking: bool = typer.Option(True, help="The feedview ranking metrics (--no-ranking: skip them)."),
     slate_negatives: int = typer.Option(8, help="Sampled impression-only candidates added to each held-out "
                                                 "ranking slate (as training's data.neg_cands)."),
-    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    checkpoint: Optional[str] = CHECKPOINT,
     dump_recs: Optional[Path] = typer.Option(
         None, help="Also write every evaluated user's ranked top-K (K = 20, the largest reported) per path as "
                    "JSON lines {\"user\": id, \"items\": [ids]} with the source data's ids, one file per path: "
@@ -68,7 +68,7 @@ def eval_cmd(
 @friendly
 def fusion_tune(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
-    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    checkpoint: Optional[str] = CHECKPOINT,
     max_users: int = typer.Option(2000, help="Validation cases to choose on (0 = all)."),
     beam_width: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the "
                                             "weights)."),
@@ -106,7 +106,7 @@ def fusion_tune(
 @friendly
 def fusion_show(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
-    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    checkpoint: Optional[str] = CHECKPOINT,
 ) -> None:
     """The L1 fusion weights the Recommender uses for this checkpoint, and where they come from."""
     from dataclasses import asdict

@@ -7,14 +7,14 @@ from typing import Optional
 
 import typer
 
-from genrec.cli._app import RUNDIR, app, check_micro_batch, echo_json, friendly
+from genrec.cli._app import CHECKPOINT, RUNDIR, app, check_micro_batch, echo_json, friendly
 
 
 @app.command()
 @friendly
 def serve(
     workdir: Path = RUNDIR,
-    checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder or root (default WORKDIR/checkpoints)."),
+    checkpoint: Optional[str] = CHECKPOINT,
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless told otherwise)."),
     port: int = typer.Option(8000, help="TCP port to listen on."),
     workers: int = typer.Option(1, help="uvicorn worker processes (each loads its own bundle)."),
@@ -109,7 +109,7 @@ def recommend(
     sources: Optional[str] = typer.Option(None, help="sid,ann (default: every stage the model has)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r (each stage returns K*r)."),
     exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
-    checkpoint: Optional[str] = typer.Option(None, help="BEST, LATEST or a checkpoint folder."),
+    checkpoint: Optional[str] = CHECKPOINT,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     as_of: Optional[str] = typer.Option(None, help="With --user: valid | test -- the case genrec eval scores (the "
                                                    "events before that split's target), and where the target lands."),

@@ -46,6 +46,7 @@ from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, ranking_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.infer.fusion import FUSION_GRID, FusionWeights, read_fusion_meta
+from genrec.infer.load import checkpoint_mark
 from genrec.infer.recommender import Recommender
 from genrec.model.checkpoint_io import BEST, resolve_checkpoint
 from genrec.model.layout import slot_kinds
@@ -406,7 +407,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
 
 def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
     """What chose the evaluated checkpoint, in words (the BEST marker is the trainer's choice on valid)."""
-    if cfg.checkpoint not in (None, "BEST", "LATEST"):
+    if cfg.checkpoint is not None and checkpoint_mark(cfg.checkpoint) is None:
         return f"checkpoint given on the command line ({rec.checkpoint.name if rec.checkpoint else '?'})"
     try:
         best = resolve_checkpoint(wd.checkpoints, BEST)
@@ -415,7 +416,7 @@ def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:
     if best is not None and rec.checkpoint is not None and best.resolve() == Path(rec.checkpoint).resolve():
         return (f"BEST ({best.name}): chosen on the valid split by the trainer's early stopping; the test split is "
                 "for one final measurement")
-    which = cfg.checkpoint or "LATEST"
+    which = checkpoint_mark(cfg.checkpoint) or "LATEST"
     return (f"{which} ({rec.checkpoint.name if rec.checkpoint else '?'}): the run's last checkpoint, no early "
             "stopping marked a BEST one -- nothing was selected on valid")
 

@@ -14,7 +14,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from genrec.catalog import open_store
 from genrec.data.splits import SplitSpec, compute_cutoffs
-from genrec.data.store import user_bucket
+from genrec.data.store import TableStore, catalog_config, user_bucket
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import WorkDir
 
@@ -28,6 +28,12 @@ class SourceIds:
     users: dict[str, int]
     items: dict[str, int]
     item_original: dict[int, Any]
+
+    @staticmethod
+    def remapped(workdir: str | Path) -> bool:
+        """Whether WORKDIR's tables were prepared with ``map_ids`` (False when there are no tables yet)."""
+        store = TableStore(WorkDir(workdir).tables, catalog_config())
+        return store.exists() and bool((store.info().extra or {}).get("map_ids"))
 
     @classmethod
     def of(cls, workdir: str | Path) -> "SourceIds | None":

@@ -30,7 +30,8 @@ from genrec.model.kv_cache import KVCache
 if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py imports this module
     from genrec.infer.recommender import Recommender
 
-__all__ = ["Candidates", "Retrieved", "merged_order", "rank", "retrieve", "run_funnel", "top_k", "union"]
+__all__ = ["Candidates", "Retrieved", "l1_score", "merged_order", "rank", "rank_given", "retrieve", "run_funnel",
+           "top_k", "union"]
 
 
 @dataclass
@@ -172,17 +173,55 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
     if (retrieval_weight > 0 or keep_parts) and user is not None:
         dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
     sid_lp_m = _sid_lp_matrix(cands.entries, b, m) if sid_weight > 0 or keep_parts else None
-    fused = action_weight * util
-    if retrieval_weight > 0:
-        fused = fused + retrieval_weight * dot
-    if sid_lp_m is not None and sid_weight > 0:
-        fused = fused + sid_weight * torch.from_numpy(sid_lp_m).to(fused)
-    score = fused.cpu().numpy()  # [B, M]
+    sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
+    score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                     sid_weight=sid_weight).cpu().numpy()  # [B, M]
     l1_parts = None
     if keep_parts and sid_lp_m is not None:
         l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
                     "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
     return score, p.cpu().numpy(), l1_parts
+
+
+def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, *, action_weight: float,
+             retrieval_weight: float, sid_weight: float) -> torch.Tensor:
+    """The fused L1 score, written once for :func:`rank` and :func:`rank_given`: ``a * utility + w * dot + v *
+    sid_lp`` (a term whose weight is 0 is left out; ``sid_lp`` None: no SID term)."""
+    fused = action_weight * util
+    if retrieval_weight > 0:
+        fused = fused + retrieval_weight * dot
+    if sid_lp is not None and sid_weight > 0:
+        fused = fused + sid_weight * sid_lp
+    return fused
+
+
+def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows: torch.Tensor, u: torch.Tensor, *,
+               action_weight: float, retrieval_weight: float, sid_weight: float, beam_width: int,
+               diversity_lambda: float, request_surface: torch.Tensor | None,
+               request_ts: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """L1 for GIVEN candidate rows ``[1, m]`` of one encoded history: (fused score [m], action probabilities
+    [m, C]), the score :func:`rank` gives the same row in the funnel. The SID term (``sid_weight`` > 0, a
+    model with SIDs) runs the beam search at ``beam_width`` / ``diversity_lambda``: a candidate the beams
+    reach takes its beam log-probability, any other the lowest one among the beams' items (:func:`rank`'s
+    floor, which there is taken over the first ``k * overretrieve`` beam items the funnel kept, not
+    excluded: the same when those are all the beams reach)."""
+    vecs = rec.item_vecs[rows]  # [1, m, D] (what the ANN index stores: its kinds all keep the exact vectors)
+    logits = rec.score_candidates(cache, rows, vecs, request_surface, request_ts)  # [1, m, C]
+    p = torch.sigmoid(logits.float())
+    util = (p * u).sum(-1)  # [1, m]
+    dot = torch.zeros_like(util)
+    if retrieval_weight > 0 and user is not None:
+        dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+    sid_lp = None
+    if sid_weight > 0 and rec.trie is not None:
+        beam_row, beam_lp = rec.beam_rows(rec.decode_sids(cache, beam_width, diversity_lambda), beam_width)
+        got = {int(r): float(x) for r, x in zip(beam_row[0], beam_lp[0]) if r >= 0}
+        floor = min(got.values()) if got else 0.0
+        lps = np.asarray([got.get(int(r), floor) for r in rows[0].tolist()], np.float32)  # float32, as rank's
+        sid_lp = torch.from_numpy(lps)[None].to(util)
+    score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                     sid_weight=sid_weight)
+    return score[0].cpu().numpy(), p[0].cpu().numpy()
 
 
 def merged_order(cands: Candidates, srcs: Sequence[str]) -> np.ndarray:

@@ -52,22 +52,63 @@ def graph_mode(device: torch.device) -> str:
     return mode
 
 
+CHECKPOINT_RULE = ("best, last (or latest), a step number (120), a folder name under WORKDIR/checkpoints "
+                   "(step-000120), or a path to a checkpoint folder (or to a checkpoints folder: its last)")
+"""What a ``--checkpoint`` value may be, for every command (:func:`find_checkpoint` applies it; the CLI's
+help, ``genrec.cli._app.CHECKPOINT``, says the same). Names are looked up before paths."""
+
+_MARKS = {"best": BEST, "last": LATEST, "latest": LATEST}
+
+
+def checkpoint_mark(checkpoint: str | Path | None) -> str | None:
+    """``BEST`` / ``LATEST`` when ``checkpoint`` names a marker (best, last, latest: any case), else None."""
+    return None if checkpoint is None else _MARKS.get(str(checkpoint).strip().lower())
+
+
+def checkpoint_names(workdir: str | Path) -> list[str]:
+    """The names WORKDIR's checkpoints answer to, for messages: ``best -> step-000120`` and ``last -> ...`` where
+    marked, then every complete checkpoint folder with its step number."""
+    root = WorkDir(workdir).checkpoints
+    out = []
+    for word, mark in (("best", BEST), ("last", LATEST)):
+        try:
+            p = resolve_checkpoint(root, mark) if (root / mark).exists() else None
+        except CheckpointError:
+            p = None
+        if p is not None:
+            out.append(f"{word} -> {p.name}")
+    out += [f"{p.name} (or {step})" for step, p in list_checkpoints(root)]
+    return out
+
+
 def find_checkpoint(workdir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    """The checkpoint folder a command serves or evaluates: ``checkpoint`` None = BEST if marked else LATEST;
-    "BEST" / "LATEST"; or a folder. A clear :class:`ConfigError` when there is none."""
+    """The checkpoint folder a command loads, by the one rule every ``--checkpoint`` follows
+    (:data:`CHECKPOINT_RULE`): None = BEST if marked, else LATEST; ``best`` / ``last`` / ``latest`` (any
+    case); a step number or a folder name under ``WORKDIR/checkpoints``; else a path to a checkpoint
+    folder, or to a checkpoints folder (its LATEST). Anything else is a :class:`ConfigError` listing the
+    names this run's checkpoints answer to."""
     wd = WorkDir(workdir)
-    if checkpoint is None or str(checkpoint).upper() in (BEST, LATEST):
-        marks = (BEST, LATEST) if checkpoint is None else (str(checkpoint).upper(),)
-        ckpt = next((c for m in marks if (c := resolve_checkpoint(wd.checkpoints, m)) is not None), None)
+    if checkpoint is None:
+        ckpt = next((c for m in (BEST, LATEST) if (c := resolve_checkpoint(wd.checkpoints, m)) is not None), None)
         if ckpt is None:
-            raise ConfigError(f"no checkpoint under {wd.checkpoints} ({checkpoint or 'BEST/LATEST'}): "
-                              f"run `genrec train {wd.root}` first")
+            raise ConfigError(f"no checkpoint under {wd.checkpoints}: run `genrec train {wd.root}` first")
         return ckpt
-    ckpt = resolve_checkpoint(Path(checkpoint))
+    text = str(checkpoint).strip()
+    mark = checkpoint_mark(text)
+    if mark is not None:
+        ckpt = resolve_checkpoint(wd.checkpoints, mark)
+    elif text.isdigit():
+        ckpt = next((p for step, p in list_checkpoints(wd.checkpoints) if step == int(text)), None)
+    elif text and "/" not in text and "\\" not in text and text not in (".", "..") and (wd.checkpoints / text).is_dir():
+        ckpt = resolve_checkpoint(wd.checkpoints / text)
+    else:
+        ckpt = resolve_checkpoint(Path(text)) if text else None
     if ckpt is None:
-        raise ConfigError(f"checkpoint {checkpoint}: not a checkpoint folder (one holding model.safetensors and "
-                          f"meta.json, or a checkpoints root with LATEST); or give BEST / LATEST for those under "
-                          f"{wd.checkpoints}")
+        names = checkpoint_names(wd.root)
+        have = (f"this run's checkpoints: {', '.join(names)}" if names
+                else f"{wd.checkpoints} holds no checkpoint yet (run `genrec train {wd.root}`)")
+        raise ConfigError(f"--checkpoint {text!r}: neither a name of a checkpoint of {wd.root} nor a path to a "
+                          f"checkpoint folder; {have}. --checkpoint takes {CHECKPOINT_RULE}")
     return ckpt
 
 

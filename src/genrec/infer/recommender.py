@@ -26,6 +26,7 @@ Public API (kept stable for ``genrec.serve``)::
                          rank=True, overretrieve=3, utility=None, exclude_history=False)
     recs[0].item_id, recs[0].score, recs[0].sources, recs[0].sid, recs[0].action_probs
     recs.timings_ms, recs.dropped_items, recs.history_used
+    ranked = rec.rank_items(history, [12, 7, 99], action_weight=None, ...)  # given candidates, best first
 
 ``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}``
 (or bare item ids), oldest first; a list of such lists is a batch and returns a list of results.
@@ -55,11 +56,12 @@ from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.infer.ann import AnnConfig, AnnIndex
 from genrec.infer.catalog_model import CatalogModel
-from genrec.infer.funnel import run_funnel
+from genrec.infer.funnel import rank_given, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
 from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision
-from genrec.infer.results import SOURCES, BatchResult, RecommendationList, recommendation_lists
+from genrec.infer.results import SOURCES, BatchResult, RankedList, Recommendation, RecommendationList, \
+    recommendation_lists
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
@@ -125,9 +127,10 @@ class Recommender:
     def from_checkpoint(cls, workdir: str | Path, checkpoint: str | Path | None = None,
                         device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None,
                         precision: str | None = None) -> "Recommender":
-        """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; "BEST"/"LATEST";
-        or a checkpoint folder), catalogue, current SIDs (trie on ``device``) and the ANN index
-        (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
+        """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; else a name -- best, last,
+        a step number, a folder name under ``WORKDIR/checkpoints`` -- or a path:
+        :func:`~genrec.infer.load.find_checkpoint`), catalogue, current SIDs (trie on ``device``) and the ANN
+        index (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
         else float32 -- the server's ``--precision`` sets that variable for all its processes."""
         run = open_run(workdir, checkpoint, device)
@@ -406,6 +409,58 @@ class Recommender:
         for o in outs:
             o.timings_ms.update(extra)
         return outs if is_batch else outs[0]
+
+    @torch.no_grad()
+    def rank_items(self, history: Sequence[Any], item_ids: Sequence[int], *, surface: str | int | None = None,
+                   request_ts: int | None = None, utility: Mapping[str, float] | None = None,
+                   action_weight: float | None = None, retrieval_weight: float | None = None,
+                   sid_weight: float | None = None, beam_width: int = 20,
+                   diversity_lambda: float = 0.0) -> RankedList:
+        """Score GIVEN candidates for one history by the L1 score :meth:`recommend` ranks by (same fusion
+        weights and utility, :func:`genrec.infer.funnel.rank_given`), best first, ties in the given order.
+        One encode; each candidate attends to the cached history only (M-FALCON), so its score does not
+        depend on the other candidates. ``beam_width`` / ``diversity_lambda``: the beams the SID term reads
+        (only when the SID weight is > 0). Candidates not in the catalogue are left out and listed in
+        ``unknown_items``; a history with no known item is a :class:`DataError`, as in :meth:`recommend`."""
+        t_wall = time.perf_counter()
+        if self.model.action_head is None:
+            raise ConfigError(f"rank: layout {self.config.layout!r} has no action heads")
+        fw = self.fusion.resolve(action_weight, retrieval_weight, sid_weight)
+        u = self.utility_vector(utility)
+        p = self.parse_history(history)
+        s = vocab_index(surface, self.surfaces, "surface", "surface") if surface is not None \
+            else int(p["surfaces"][-1])
+        ids = np.asarray(list(item_ids), dtype=np.int64)
+        rows = self.catalog.rows(ids, strict=False) if len(ids) else np.zeros(0, np.int64)
+        ok = np.flatnonzero(rows >= 0)
+        items: list[Recommendation] = []
+        t: dict[str, float] = {}
+        if len(ok):
+            dev = self.device
+            rts = None if request_ts is None else torch.tensor([int(request_ts)], device=dev)
+            with self._amp():
+                t0 = time.perf_counter()
+                cache, user = self.encode(self.model_batch([p]))
+                t["encode"] = _ms(t0)
+                t0 = time.perf_counter()
+                score, probs = rank_given(self, cache, user, torch.as_tensor(rows[ok], device=dev)[None], u,
+                                          action_weight=fw.action_weight, retrieval_weight=fw.retrieval_weight,
+                                          sid_weight=fw.sid_weight, beam_width=beam_width,
+                                          diversity_lambda=diversity_lambda,
+                                          request_surface=torch.tensor([s], device=dev), request_ts=rts)
+                t["rank"] = _ms(t0)
+            order = np.argsort(-score, kind="stable")
+            sel = rows[ok][order]
+            sids = None if self.codes is None else self.codes[torch.as_tensor(sel, device=self.codes.device)].cpu().tolist()
+            titles = self.catalog.titles
+            items = [Recommendation(item_id=int(ids[ok[j]]), title=None if titles is None else titles[int(r)],
+                                    score=float(score[j]), sources=(), sid=None if sids is None else tuple(sids[n]),
+                                    action_probs={a: float(probs[j, c]) for c, a in enumerate(self.actions)})
+                     for n, (j, r) in enumerate(zip(order, sel))]
+        t["total"] = sum(t.values())
+        t["wall"] = _ms(t_wall)
+        return RankedList(items, unknown_items=[int(i) for i in ids[rows < 0]], timings_ms=t,
+                          dropped_items=p["dropped"], history_used=len(p["rows"]), history_truncated=p["truncated"])
 
 
 def _ms(t0: float) -> float:

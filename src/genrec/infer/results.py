@@ -57,6 +57,20 @@ class RecommendationList(list):  # type: ignore[type-arg]
                 "history_truncated": self.history_truncated}
 
 
+class RankedList(RecommendationList):
+    """Given candidates scored for one history (:meth:`genrec.infer.recommender.Recommender.rank_items`), best
+    first (ties keep the given order): a :class:`RecommendationList` whose items have no ``sources``, plus
+    ``unknown_items`` (the candidates the catalogue lacks, in the given order)."""
+
+    def __init__(self, items: Sequence[Recommendation] = (), *, unknown_items: list[int] | None = None,
+                 **kw: Any) -> None:
+        super().__init__(items, **kw)
+        self.unknown_items = list(unknown_items or [])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "unknown_items": self.unknown_items}
+
+
 @dataclass
 class BatchResult:
     """Batched core output, rows sorted by final score. ``rows`` int64 [B, K] catalogue rows (-1 pad);

@@ -58,7 +58,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from genrec.serve.config import ServeConfig
 from genrec.serve.errors import install_error_handlers
 from genrec.serve.middleware import BodyLimit, Track
-from genrec.serve.schemas import RankRequest, RankResponse, RecommendRequest, RecommendResponse
+from genrec.serve.schemas import RankRequest, RecommendRequest, api_models
 from genrec.serve.service import Service
 from genrec.serve.swap import BundleHolder
 
@@ -67,6 +67,18 @@ __all__ = ["create_app", "serve", "uvicorn_impl", "uvicorn_log_config"]
 log = logging.getLogger("genrec.serve")
 
 STAGES = ("encode", "sid", "ann", "rank", "total")
+
+_IDS_DOC = ("Item ids are the run's: int64 ids, or -- when `genrec data prepare` remapped them (string ids, "
+            "`--map-ids`) -- the source file's ids as strings (a number is matched as its text), in the request "
+            "and in every id of the answer.")
+RECOMMEND_DOC = ("One encode of the history, then SID beam search and ANN retrieval over it, and the L1 ranking of "
+                 "their union on the same KV cache. `items[].score` is the L1 score (see its schema), the same "
+                 "number /v1/rank gives the item. " + _IDS_DOC)
+RANK_DOC = ("Score the given candidates for the history by the L1 score /v1/recommend ranks by (same fusion "
+            "weights; a candidate's score does not depend on the other candidates) and return them best first, ties "
+            "in the request's order. With the SID weight > 0, the SID term reads the beams at `beam_width` / "
+            "`diversity_lambda` (a candidate they miss takes their lowest log-probability, as in /v1/recommend). "
+            "No known history item: a cold start, the known candidates by popularity. " + _IDS_DOC)
 
 
 def uvicorn_impl() -> dict[str, Any]:
@@ -121,17 +133,26 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
             if s in timings:
                 svc.metrics.stage.labels(endpoint=endpoint, stage=s).observe(float(timings[s]))
 
-    @app.post("/v1/recommend", response_model=RecommendResponse)
+    # the bodies of this run's kind of ids: the tables' integers, or the source file's ids when they were remapped
+    models = api_models(svc.source_ids)
+
     async def recommend(req: RecommendRequest) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(svc.recommend, req, limiter=svc.limiter)
         _observe("recommend", out["timings_ms"])
         return out
 
-    @app.post("/v1/rank", response_model=RankResponse)
     async def rank(req: RankRequest) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(svc.rank, req, limiter=svc.limiter)
         _observe("rank", out["timings_ms"])
         return out
+
+    # FastAPI validates a body by its parameter's annotation: the chosen model (a class, not the name above)
+    recommend.__annotations__["req"] = models.recommend_request
+    rank.__annotations__["req"] = models.rank_request
+    app.post("/v1/recommend", response_model=models.recommend_response, summary="Recommend items for a history",
+             description=RECOMMEND_DOC)(recommend)
+    app.post("/v1/rank", response_model=models.rank_response, summary="Rank given candidates for a history",
+             description=RANK_DOC)(rank)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -272,7 +293,7 @@ class _AnnouncingServer(uvicorn.Server):
 def app_from_env() -> FastAPI:
     """uvicorn factory for ``--workers > 1`` (config passed in ``GENREC_SERVE_CONFIG``)."""
     d = json.loads(os.environ["GENREC_SERVE_CONFIG"])
-    for k in ("workdir", "checkpoint", "pool_dir"):
+    for k in ("workdir", "pool_dir"):  # (checkpoint stays as given: a name or a path, find_checkpoint's rule)
         if d.get(k) is not None:
             d[k] = Path(d[k])
     return _process_app(ServeConfig(**d))

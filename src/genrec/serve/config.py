@@ -39,7 +39,7 @@ def default_torch_threads(device: str = "cpu", threads: int | None = None, worke
 @dataclass
 class ServeConfig:
     workdir: Path
-    checkpoint: Path | None = None
+    checkpoint: str | Path | None = None  # genrec.infer.load.find_checkpoint's rule (a name is re-read on reload)
     device: str = "cpu"
     two_process: bool = False
     max_body_bytes: int = 1 << 20

@@ -35,6 +35,7 @@ from genrec.infer.recommender import Recommender
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.model.kv_cache import KVCache
+from genrec.serve.ids import SourceItemIds
 from genrec.workdir import read_json
 
 RemoteRank = Callable[[KVCache, np.ndarray, np.ndarray | None, int, int | None], torch.Tensor]
@@ -95,8 +96,10 @@ def _input_error(e: Exception) -> InputError:
 class Engine:
     """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
-    def __init__(self, rec: Any, pop_rank: np.ndarray) -> None:
+    def __init__(self, rec: Any, pop_rank: np.ndarray, source_ids: SourceItemIds | None = None) -> None:
         self.rec = rec
+        # a run whose ids were remapped: the source file's ids, which the service speaks (None: the tables' ints)
+        self.source_ids = source_ids
         self.cfg: ModelConfig = rec.config
         self.pop_rank = np.asarray(pop_rank, dtype=np.int64)  # [N] each row's place by interactions (0 = most)
         self.popular = np.argsort(self.pop_rank, kind="stable")[:1000]  # the cold-start list, most interacted first
@@ -116,7 +119,7 @@ class Engine:
         order = np.argsort(-counts, kind="stable")
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
-        return cls(rec, rank)
+        return cls(rec, rank, SourceItemIds.of(workdir, rec.catalog.item_ids))
 
     @property
     def version(self) -> str:
@@ -236,38 +239,21 @@ class Engine:
         return {"items": items, "unknown_candidates": [int(i) for i in ids[rows < 0]], "dropped_items": dropped,
                 "truncated_items": 0, "cold_start": True}
 
-    @torch.no_grad()
     def rank_items(self, history: Sequence[Mapping[str, Any]], item_ids: Sequence[int], surface: Any = None,
-                   request_ts: int | None = None) -> dict[str, Any]:
-        """``/v1/rank``: encode once, score the known candidates over the cache (M-FALCON). A history
-        with no known item is a cold start, as in :meth:`recommend`: the known candidates in order of
-        interactions in the training data, without action probabilities."""
-        rec = self.rec
+                   request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
+                   beam_width: int = 20, diversity_lambda: float = 0.0) -> dict[str, Any]:
+        """``/v1/rank``: the known candidates by the L1 score ``/v1/recommend`` ranks by (the same ``fusion``
+        weights; :meth:`Recommender.rank_items`), best first, ties in the request's order. A history with no
+        known item is a cold start, as in :meth:`recommend`: the known candidates in order of interactions in
+        the training data, without action probabilities (:meth:`cold_rank`)."""
         dropped, any_known, _ = self.rec.history.screen(history)
         if not any_known:
             return self.cold_rank(dropped, item_ids, surface)
         try:
-            p = rec.parse_history(list(history), "history")
-            s = rec.vocab_index(surface, rec.surfaces, "surface", "surface") if surface is not None \
-                else int(p["surfaces"][-1])
+            res = self.rec.rank_items(list(history), item_ids, surface=surface, request_ts=request_ts,
+                                      beam_width=beam_width, diversity_lambda=diversity_lambda, **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
-        ids = np.asarray(list(item_ids), dtype=np.int64)
-        rows = rec.catalog.rows(ids, strict=False)
-        ok = rows >= 0
-        items: list[dict[str, Any]] = []
-        if ok.any():
-            cache, _ = rec.encode(rec.model_batch([p]))
-            r = torch.as_tensor(rows[ok], device=rec.device)[None]  # [1, m]
-            dev = rec.device
-            rts = None if request_ts is None else torch.tensor([int(request_ts)], device=dev)
-            logits = rec.score_candidates(cache, r, None, torch.tensor([s], device=dev), rts)  # [1, m, C]
-            probs = torch.sigmoid(logits[0].float())  # [m, C]
-            u = rec.utility_vector(None)
-            score = (probs * u).sum(-1).cpu().numpy()
-            pr = probs.cpu().numpy()
-            for j, iid in enumerate(ids[ok]):
-                items.append({"item_id": int(iid), "score": float(score[j]),
-                              "action_probs": {a: float(pr[j, c]) for c, a in enumerate(rec.actions)}})
-        return {"items": items, "unknown_candidates": [int(i) for i in ids[~ok]], "dropped_items": p["dropped"],
-                "truncated_items": p["truncated"]}
+        return {"items": [{"item_id": r.item_id, "score": r.score, "action_probs": r.action_probs} for r in res],
+                "unknown_candidates": res.unknown_items, "dropped_items": res.dropped_items,
+                "truncated_items": res.history_truncated}

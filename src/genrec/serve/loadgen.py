@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import numpy as np
 
 from genrec.catalog import open_store
 from genrec.errors import ConfigError, GenrecError
+from genrec.infer.cases import SourceIds
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -102,6 +103,16 @@ def sample_histories(workdir: str | Path, n: int, history_len: int, seed: int = 
             j = int(rng.integers(0, len(starts)))
         out.append(np.concatenate(pieces)[-history_len:].tolist())
     return out
+
+
+def as_sent(workdir: str | Path, histories: list[list[int]]) -> list[list[int | str]]:
+    """The histories (the tables' item ids) as a client of WORKDIR's service sends them: the source file's ids
+    when the run's ids were remapped (:mod:`genrec.serve.ids`), else as they are."""
+    src = SourceIds.of(workdir)
+    if src is None:
+        return list(histories)  # type: ignore[arg-type]
+    back = src.item_original
+    return [[str(back[i]) if i in back else f"#{i}" for i in h] for h in histories]
 
 
 class ResponseError(GenrecError):
@@ -213,7 +224,7 @@ def run_client(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
-async def run_load(url: str, histories: list[list[int]], *, duration: float = 60.0, concurrency: int = 8,
+async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, duration: float = 60.0, concurrency: int = 8,
                    max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
                    timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend") -> BenchResult:
     """Closed-loop load: each of ``concurrency`` clients sends its next request when the last one returns.
@@ -238,7 +249,8 @@ async def run_load(url: str, histories: list[list[int]], *, duration: float = 60
     extra = body or {"k": 10, "beam_width": 20, "rank": True}
     # request bodies encoded before the clock starts: the latency measured is the service's, not
     # the load generator's JSON encoding (~2-3 ms for a 1,000-item history on the CPU box)
-    bodies = [json.dumps({"history": [{"item_id": int(x)} for x in h], **extra}).encode() for h in histories]
+    bodies = [json.dumps({"history": [{"item_id": x if isinstance(x, str) else int(x)} for x in h], **extra}).encode()
+              for h in histories]
     wire = [encode_request(host, port, path, b) for b in bodies] if client == "raw" else []
     t_start = time.perf_counter()
     t_end = t_start + duration
@@ -371,7 +383,7 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
     ``torch_threads``: the started server's ``--threads`` / ``--torch-threads`` (None: its defaults)."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
-    hist = sample_histories(workdir, 512, history_len, seed, exact=exact_history)
+    hist = as_sent(workdir, sample_histories(workdir, 512, history_len, seed, exact=exact_history))
     proc = None
     if url is None:
         proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,

@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from genrec.errors import ConfigError
+from genrec.infer.cases import SourceIds
 from genrec.serve.batcher import MicroBatcher
 from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
+from genrec.serve.ids import SourceItemIds, Unknown
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.middleware import Metrics
 from genrec.serve.schemas import RankRequest, RecommendRequest
@@ -71,6 +73,8 @@ class Service:
             cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
         self.cfg = cfg
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
+        # the run's ids were remapped: requests and answers speak the source file's ids (genrec.serve.ids)
+        self.source_ids = SourceIds.remapped(cfg.workdir)
         self.metrics = Metrics()
         self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy)
                         if cfg.micro_batch > 1 else None)
@@ -131,10 +135,22 @@ class Service:
             return self.pool
 
     # ------------------------------------------------------------------ request paths (run in threads)
+    def _source_ids(self, eng: Engine) -> SourceItemIds | None:
+        """The served run's source-id translation (None: its ids are the tables' integers), which must be the
+        kind of ids this app's request models were built for (:func:`genrec.serve.schemas.api_models`)."""
+        if (eng.source_ids is not None) != self.source_ids:
+            raise ConfigError(f"the served run's ids {'were' if eng.source_ids is not None else 'were not'} "
+                              f"remapped (map_ids), the server started {'with' if self.source_ids else 'without'} "
+                              "that: the tables were prepared again since it started; restart it")
+        return eng.source_ids
+
     def recommend(self, req: RecommendRequest) -> dict[str, Any]:
         bundle = self.holder.current  # taken ONCE: the request finishes on this version
         eng = bundle.engine
-        hist = req.history  # plain dicts (HistoryItem is a TypedDict)
+        hist: Any = req.history  # plain dicts (HistoryItem is a TypedDict)
+        ids, unknown = self._source_ids(eng), Unknown()
+        if ids is not None:  # the source file's ids -> the tables' (once, here)
+            hist = ids.history_in(hist, unknown)
         fusion = None if req.fusion is None else req.fusion.model_dump()
         kw: dict[str, Any] = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda,
                                   sources=req.sources, surface=req.surface, request_ts=req.request_ts, fusion=fusion,
@@ -157,7 +173,7 @@ class Service:
                 self.metrics.degraded.inc()
                 out = eng.recommend(hist, rank=False, **kw)  # type: ignore[arg-type]
         out.update(degraded=degraded, index_version=bundle.version)
-        return out
+        return out if ids is None else ids.answer_out(out, unknown)
 
     def _remote_rank(self, eng: Engine) -> Callable[..., torch.Tensor]:
         pool = self._ensure_pool(eng)
@@ -190,8 +206,18 @@ class Service:
 
     def rank(self, req: RankRequest) -> dict[str, Any]:
         bundle = self.holder.current
+        eng = bundle.engine
         t0 = time.perf_counter()
-        out = bundle.engine.rank_items(req.history, req.candidates, req.surface, req.request_ts)
+        hist: Any = req.history
+        cands: Any = req.candidates
+        ids, unknown = self._source_ids(eng), Unknown()
+        if ids is not None:  # the source file's ids -> the tables' (once, here)
+            hist, cands = ids.history_in(hist, unknown), ids.ids_in(cands, unknown)
+        fusion = None if req.fusion is None else req.fusion.model_dump()
+        out = eng.rank_items(hist, cands, req.surface, req.request_ts, fusion=fusion, beam_width=req.beam_width,
+                             diversity_lambda=req.diversity_lambda)
+        if ids is not None:
+            ids.answer_out(out, unknown)
         ms = (time.perf_counter() - t0) * 1e3
         out.update(index_version=bundle.version, timings_ms={"rank": ms, "total": ms})
         return out
