@@ -6,6 +6,12 @@
 #   RUNS="beauty:configs/ladder-beauty.json ml100k:configs/ladder-ml.json" bash benchmarks/gpu_ladder.sh
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
+sid_variants() {  # WD CB: the same tables and features quantised from the other SID sources, in WD-sid-SOURCE
+  for src in engagement content+engagement; do
+    local v=$1-sid-${src/+/-}; mkdir -p $v && ln -sfn "$(realpath $1/tables)" $v/tables \
+      && ln -sfn "$(realpath $1/features)" $v/features && python3 -m genrec.cli sid build $v $2 --source $src || return 1
+  done
+}
 one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
   local name=$1 ladder=$2 wd=runs/$1 p5 prep
   case $name in
@@ -14,7 +20,8 @@ one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $O
     mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
   esac
   { python3 -m genrec.cli data prepare $prep && python3 -m genrec.cli features build $wd \
-      && python3 -m genrec.cli sid build $wd $cb; } > /tmp/$name.prep.log 2>&1 || { tail -5 /tmp/$name.prep.log; return 1; }
+      && python3 -m genrec.cli sid build $wd $cb && sid_variants $wd "$cb"; } > /tmp/$name.prep.log 2>&1 \
+      || { tail -5 /tmp/$name.prep.log; return 1; }
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
     --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
 }

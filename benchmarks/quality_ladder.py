@@ -67,7 +67,8 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
         while todo and len(procs) < a.parallel:
             r = todo.pop(0)
             d = root / r["name"]
-            _link_parts(base, d, r.get("sid_from"))
+            sid_from = r.get("sid_from")
+            _link_parts(base, d, sid_from.format(workdir=str(base).rstrip("/")) if sid_from else None)
             cmd = [sys.executable, "-m", "genrec.cli", "train", str(d), "--preset", ladder.get("preset", "gpu-base"),
                    "--no-resume", *ladder.get("common", []), *a.set, *r["overrides"]]
             (d / "command.txt").write_text(" ".join(cmd[2:]) + "\n")
