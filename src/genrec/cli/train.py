@@ -22,6 +22,10 @@ def train(
                                                               "--show-config lists every key."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Start from scratch: the previous run's checkpoints, "
                                                              "logs and reports move to WORKDIR/previous-runs/."),
+    stage: str = typer.Option("joint", help="joint (the joint objective) or dpo (preference tuning of the SID "
+                                            "head from init_from=CHECKPOINT, which stays as DPO's frozen "
+                                            "reference; pairs are liked vs disliked or skipped items of one "
+                                            "slate)."),
     show_config: bool = typer.Option(False, "--show-config", help="Print every override key with its value under "
                                                                   "--preset and the given overrides, one key=value "
                                                                   "a line, and exit without training (model sizes "
@@ -38,7 +42,7 @@ def train(
     from genrec.recipes.training import train_run
     from genrec.train.run import RunConfig
 
-    cfg = RunConfig.from_name(preset, list(overrides or []))
+    cfg = RunConfig.from_name(preset, list(overrides or []), stage=stage)
     if show_config:
         from genrec.train.config import to_dict
 

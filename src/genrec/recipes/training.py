@@ -116,7 +116,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     def factory(spec: Any) -> Any:
         stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
                              context_len=cfg.data.context_len, n_actions=len(info.actions),
-                             p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 else 0.0,
+                             p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
                              neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
                              pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick,

@@ -33,6 +33,7 @@ from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.losses import action_loss, sampled_softmax_loss
 from genrec.model.sketch import CountMinSketch
 from genrec.train.batches import TrainBatch
+from genrec.train.dpo import dpo_loss, preference_pairs, sid_sequence_logprob
 from genrec.validation import trusted_inputs
 
 
@@ -50,6 +51,8 @@ class ObjectiveConfig:
     action_weights: tuple[float, ...] | None = None  # w_c; default 1 per action
     engagement_dropout: float = 0.0  # train-time: zero an item's engagement vector with this probability,
     # so the item tower also learns to place items from content alone (cold start: new items have none)
+    w_dpo: float = 0.0  # preference tuning (genrec train --stage dpo): DPO on SID sequences, genrec.train.dpo
+    dpo_beta: float = 0.1  # DPO's beta: how far the policy may move from the frozen reference per unit of margin
 
     def validate(self) -> None:
         if self.item_loss not in ("sampled", "full"):
@@ -62,6 +65,10 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.sid_label_smoothing must be in [0, 1), got {self.sid_label_smoothing}")
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
+        if not (math.isfinite(self.w_dpo) and self.w_dpo >= 0):
+            raise ConfigError(f"objective.w_dpo must be a finite number >= 0, got {self.w_dpo}")
+        if not (math.isfinite(self.dpo_beta) and self.dpo_beta > 0):
+            raise ConfigError(f"objective.dpo_beta must be a finite number > 0, got {self.dpo_beta}")
 
 
 class JointObjective(nn.Module):
@@ -97,6 +104,65 @@ class JointObjective(nn.Module):
         # the sketch moves to the model's device on first use; its counts travel in the state dict (exact resume)
         self._register_state_dict_hook(_save_sketch)
         self._register_load_state_dict_pre_hook(_load_sketch, with_module=True)
+        self.__dict__["_reference"] = None  # DPO's frozen model: not a submodule, so never in the state dict
+
+    def set_reference(self, reference: GenRecModel) -> None:
+        """Freeze ``reference`` (a copy of the model the DPO stage starts from) as DPO's reference policy."""
+        reference.eval().requires_grad_(False)
+        self.__dict__["_reference"] = reference
+
+    def _appended(self, b: TrainBatch, idx: torch.Tensor, rows: torch.Tensor) -> TrainBatch:
+        """Rows ``idx`` of ``b`` (histories cut at their request) with catalogue row ``rows[j]`` appended as
+        the next item: engaged with the first positive action, on the request's surface, at its time."""
+        n = b.rows.shape[1] + 1
+        L = b.lengths[idx]  # [P]
+        ar = torch.arange(idx.shape[0], device=idx.device)
+
+        def grow(t: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(idx.shape[0], n, dtype=t.dtype, device=t.device)
+            out[:, :n - 1] = t[idx]
+            out[ar, L] = last.to(t.dtype)
+            return out
+
+        act = torch.full_like(L, int(self.pos_action.nonzero()[0, 0]))
+        surf = b.cand_surface[idx] if b.cand_surface is not None else torch.zeros_like(L)
+        ts = b.request_ts[idx] if b.request_ts is not None else b.timestamps[idx, (L - 1).clamp(min=0)]
+        return TrainBatch(grow(b.rows, rows), grow(b.actions, act), grow(b.surfaces, surf), grow(b.timestamps, ts),
+                          L + 1, None, None, None, None, None)
+
+    def _dpo_logprob(self, model: GenRecModel, tb: TrainBatch) -> torch.Tensor:
+        mb, _ = self.model_batch(tb, mask_actions=False)
+        mb.pos_lengths = (tb.lengths - 1).clamp(min=1)  # the appended item is the target (as in training)
+        with trusted_inputs():
+            return sid_sequence_logprob(model, mb, self.codes[tb.rows.gather(1, (tb.lengths - 1)[:, None])[:, 0]])
+
+    def dpo_terms(self, b: TrainBatch) -> dict[str, torch.Tensor]:
+        """DPO on the batch's slates (:mod:`genrec.train.dpo`): ``dpo`` (the loss, 0 without pairs),
+        ``dpo_acc`` (share of pairs the implicit reward orders right), ``dpo_pairs``."""
+        ref = self.__dict__["_reference"]
+        if ref is None:
+            raise ConfigError("objective.w_dpo > 0 needs a reference model: train with `--stage dpo` and init_from")
+        zero = self.feats.new_zeros(())
+        if b.cand_rows is None or b.cand_labels is None or b.cand_valid is None:
+            return {"dpo": zero, "dpo_acc": zero, "dpo_pairs": zero}
+        salt = b.rows[:, 0] * 7919 + b.lengths  # the request: its history's first item and length
+        idx, win, lose = preference_pairs(b.cand_rows, b.cand_labels, b.cand_valid, self.pos_action,
+                                          ~self.pos_action, salt)
+        if idx.numel() == 0:
+            return {"dpo": zero, "dpo_acc": zero, "dpo_pairs": zero}
+        tw, tl = self._appended(b, idx, win), self._appended(b, idx, lose)
+        if next(ref.parameters()).device != self.feats.device:
+            ref.to(self.feats.device)
+        was_training = self.model.training
+        self.model.eval()  # no dropout: policy and reference agree exactly at the start
+        try:
+            pi_w, pi_l = self._dpo_logprob(self.model, tw), self._dpo_logprob(self.model, tl)
+        finally:
+            self.model.train(was_training)
+        with torch.no_grad():
+            ref_w, ref_l = self._dpo_logprob(ref, tw), self._dpo_logprob(ref, tl)
+        loss, acc = dpo_loss(pi_w, pi_l, ref_w, ref_l, self.cfg.dpo_beta)
+        return {"dpo": loss, "dpo_acc": acc.detach(), "dpo_pairs": zero + idx.numel()}
 
     def item_feats(self, rows: torch.Tensor) -> torch.Tensor:
         """Features of catalogue ``rows`` (any shape) -> ``[..., F]``, with engagement dropout in training."""
@@ -207,6 +273,10 @@ class JointObjective(nn.Module):
             terms["action"] = action_loss(out.action_logits.flatten(0, 1).float(), lab_past.flatten(0, 1),
                                           m_past.flatten(), lc.float(), yc, mc, self.action_w)
             total = total + cfg.w_action * terms["action"]
+        if cfg.w_dpo > 0:
+            dpo = self.dpo_terms(b)
+            terms.update(dpo)
+            total = total + cfg.w_dpo * dpo["dpo"]
         return {"loss": total, **terms, "n_items": n_items, "n_tokens": n_items * out.layout.tokens_per_item}
 
     def _item_loss(self, users: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:

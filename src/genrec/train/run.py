@@ -24,6 +24,8 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,11 +116,14 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     @classmethod
-    def from_name(cls, name: str, overrides: list[str] | None = None) -> "RunConfig":
+    def from_name(cls, name: str, overrides: list[str] | None = None, stage: str = "joint") -> "RunConfig":
+        """Preset ``name``, then the ``stage``'s overrides (:data:`STAGES`), then ``overrides``."""
         if name not in RUN_PRESETS:
             raise ConfigError(f"unknown run preset {name!r}; choose one of {sorted(RUN_PRESETS)}")
+        if stage not in STAGES:
+            raise ConfigError(f"unknown training stage {stage!r}; choose one of {sorted(STAGES)}")
         cfg = from_dict(cls, RUN_PRESETS[name])
-        cfg = apply_overrides(cfg, overrides or [])
+        cfg = apply_overrides(cfg, [*STAGES[stage], *(overrides or [])])
         _check_model_overrides(overrides or [])
         if cfg.variant not in VARIANTS:
             raise ConfigError(f"config key 'variant': {cfg.variant!r} is not one of {VARIANTS}")
@@ -126,6 +131,16 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+# Training stages: ``joint`` trains the joint objective; ``dpo`` (PinGER's post-training) starts from
+# ``init_from``, keeps it frozen as the reference and adds DPO on the SID sequences of pairs from one slate
+# (genrec.train.dpo); every row is cut at a request so it has a slate, and no weight average (it would hold
+# the weights near the start for the few steps the stage takes).
+STAGES: dict[str, tuple[str, ...]] = {
+    "joint": (),
+    "dpo": ("objective.w_dpo=1", "data.p_rank=1", "train.ema_decay=0"),
+}
 
 
 def _check_model_overrides(overrides: list[str]) -> None:
@@ -255,6 +270,11 @@ def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
         raise ConfigError("variant 'frozen-ft' needs init_from=<retrieval run's checkpoints folder>")
     if cfg.init_from:
         load_checkpoint(cfg.init_from, objective, restore_rng=False)
+    if objective.cfg.w_dpo > 0:
+        if not cfg.init_from:
+            raise ConfigError("the DPO stage (objective.w_dpo > 0) needs init_from=<the checkpoint to tune>: it is "
+                              "the frozen reference")
+        objective.set_reference(copy.deepcopy(objective.model))
     if cfg.freeze_item_encoder or cfg.variant == "frozen-ft":
         for p in objective.model.item_encoder.parameters():
             p.requires_grad_(False)
