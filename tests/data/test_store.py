@@ -273,24 +273,55 @@ def test_catalog_config_from_environment(monkeypatch, tmp_path):
         catalog_config()
 
 
-def test_moved_tables_get_a_clear_error(tmp_path: Path) -> None:
-    """Iceberg records absolute paths: a tables directory copied elsewhere (its original gone) cannot
-    be read, and the error says so, naming both places, instead of a bare missing-file error."""
+@pytest.mark.parametrize("how", ["move", "copy"])
+def test_moved_or_copied_tables_read_where_they_lie_now(tmp_path: Path, how: str) -> None:
+    """Iceberg records absolute paths, but a tables directory moved or copied elsewhere (its original gone) reads
+    back the same rows from its new place, each data file opened there; its files on disk are not touched."""
+    import hashlib
     import shutil
 
-    old, new = tmp_path / "old", tmp_path / "new"
+    def tree(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    old, new = tmp_path / "old", tmp_path / "elsewhere" / "new"
     TableStore(old).write(small_dataset(), n_buckets=2)
-    shutil.copytree(old, new)
-    shutil.rmtree(old)
-    with pytest.raises(GenrecError, match="moved or copied") as e:
-        TableStore(new).read_events()
-    assert str(new) in str(e.value) and str(old) in str(e.value)
+    before = TableStore(old).read()
+    new.parent.mkdir()
+    if how == "move":
+        shutil.move(old, new)
+    else:
+        shutil.copytree(old, new)
+        shutil.rmtree(old)
+    files = tree(new)
+    st = TableStore(new)
+    assert_same(st.read_events(), before.events, ["user_id", "seq"])
+    assert_same(st.read_feedviews(), before.feedviews, ["user_id", "request_seq"])
+    assert st.read_items().equals(before.items)
+    assert sorted(st.read_events(1).column("user_id").to_pylist()) == sorted(
+        u for u in before.events.column("user_id").to_pylist() if user_bucket([u], 2)[0] == 1)
+    assert all(Path(f).is_relative_to(new) for f in st.planned_files("events"))
+    assert tree(new) == files  # a read-only open: nothing rewritten
+    shutil.move(new, tmp_path / "again")  # moved a second time
+    assert TableStore(tmp_path / "again").read_items().equals(before.items)
+
+
+def test_a_folder_name_that_a_uri_would_quote_keeps_its_files_inside(tmp_path: Path) -> None:
+    """The warehouse was handed to pyiceberg as a file:// URI, whose path pyiceberg does not unquote: the tables
+    of ``run dir`` were written to ``run%20dir``, beside the run directory (and left behind by a move)."""
+    import shutil
+
+    where = tmp_path / "run dir#1"
+    TableStore(where).write(small_dataset(), n_buckets=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run dir#1"]
+    shutil.move(where, tmp_path / "moved")
+    assert TableStore(tmp_path / "moved").read_events().num_rows == small_dataset().events.num_rows
 
 
 def test_preparing_a_copy_again_never_deletes_its_originals_tables(tmp_path: Path) -> None:
-    """A tables directory copied while its original still exists reads the original's files (its catalogue
-    names them; the same tables). Writing new tables into the copy had purged those files -- the original's
-    data lost. The old entries are now only dropped from the copy's catalogue."""
+    """A tables directory copied while its original still exists reads its own copies of the files (its catalogue
+    names the original's). Writing new tables into the copy had purged the original's files -- its data lost.
+    The copy now purges only its own."""
     import shutil
 
     old, new = tmp_path / "old", tmp_path / "new"
@@ -300,6 +331,7 @@ def test_preparing_a_copy_again_never_deletes_its_originals_tables(tmp_path: Pat
     assert TableStore(new).read_events().equals(before)
     TableStore(new).write(small_dataset(), n_buckets=3, overwrite=True)  # prepare the copy again, in place
     assert TableStore(old).read_events().equals(before)  # the original still reads, unchanged
+    assert not list((new / "warehouse" / "genrec_v0001").rglob("*.parquet"))  # the copy's own old files purged
     assert TableStore(new).n_buckets == 3 and TableStore(new).read_events().num_rows == before.num_rows
     assert all(Path(f).is_relative_to(new.resolve()) or f.startswith("file://" + str(new.resolve()))
                for f in TableStore(new).planned_files("events"))

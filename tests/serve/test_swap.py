@@ -16,6 +16,7 @@ from genrec.serve.app import create_app
 from genrec.serve.config import ServeConfig
 from genrec.serve.swap import BundleHolder
 
+from ._load import Load
 from ._server import ServerThread
 
 REQ = {"history": [{"item_id": i} for i in (1, 50, 172, 181)], "k": 5, "beam_width": 8}
@@ -27,31 +28,17 @@ def test_swap_under_load_fails_nothing(run_copy: Path) -> None:
     app = create_app(ServeConfig(workdir=run_copy))
     with ServerThread(app) as s:
         v0 = app.service.holder.current.version
-        results: list[tuple[int, str]] = []
-        stop = threading.Event()
-
-        def client() -> None:
-            with httpx.Client(base_url=s.url, timeout=30) as c:
-                while not stop.is_set():
-                    r = c.post("/v1/recommend", json=REQ)
-                    results.append((r.status_code, r.json().get("index_version", "")))
-
-        ts = [threading.Thread(target=client) for _ in range(4)]
-        for t in ts:
-            t.start()
-        time.sleep(0.5)
-        new = build_semantic_ids(run_copy)  # a new complete SID version -> CURRENT
-        with httpx.Client(base_url=s.url, timeout=60) as c:
-            res = c.post("/admin/reload").json()
-        time.sleep(0.5)
-        stop.set()
-        for t in ts:
-            t.join(60)
+        with Load(s.url, 4, lambda i, n: REQ) as load:  # 4 clients, each sending until the block ends
+            time.sleep(0.5)
+            new = build_semantic_ids(run_copy)  # a new complete SID version -> CURRENT
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                res = c.post("/admin/reload").json()
+            time.sleep(0.5)
+        replies = load.check({"200"})  # every request sent answered 200: no timeout, reset or error
         assert res["ok"] and res["swapped"], res
         v1 = app.service.holder.current.version
         assert v1 != v0 and v1.endswith(new.version)
-        assert results and all(code == 200 for code, _ in results), {c for c, _ in results}
-        versions = [v for _, v in results]
+        versions = [r.body["index_version"] for r in replies]
         assert versions[-1] == v1 and v0 in versions  # served both, switched once
         with httpx.Client(base_url=s.url) as c:
             assert f'version="{v1}"' in c.get("/metrics").text

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from genrec.serve.app import create_app
 from genrec.serve.config import ServeConfig
 
+from ._load import Load
 from ._server import ServerThread
 
 HISTS = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305, 306, 307], [12], [100, 98, 56, 22]]
@@ -75,59 +75,30 @@ def test_two_process_equals_one_process(server: ServerThread) -> None:
 
 def test_concurrent_requests_pool_smaller_than_concurrency(server: ServerThread) -> None:
     want = {tuple(h): solo(server, h) for h in HISTS}
-    errors: list[str] = []
-
-    def client(i: int) -> None:
-        with httpx.Client(base_url=server.url, timeout=30) as c:
-            for j in range(4):
-                h = HISTS[(i + j) % len(HISTS)]
-                r = c.post("/v1/recommend", json=body(h))
-                try:
-                    assert r.status_code == 200 and not r.json()["degraded"], r.text
-                    assert_same(r.json(), want[tuple(h)], server.atol)
-                except AssertionError as e:
-                    errors.append(str(e)[:300])
-
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(6)]  # 6 clients, 2 pool slots
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors[:3]
+    load = Load(server.url, 6, lambda i, j: body(HISTS[(i + j) % len(HISTS)]), per_client=4)  # 6 clients, 2 slots
+    with load:
+        load.join(120)
+    for r in load.check({"200"}):  # 24 requests sent, 24 answered 200
+        assert not r.body["degraded"], r.body
+        assert_same(r.body, want[tuple(HISTS[(r.client + r.n) % len(HISTS)])], server.atol)
 
 
 def test_kill_ranker_under_load_degrades_then_recovers(server: ServerThread) -> None:
     svc = server.service
     pid0 = svc.ranker.pid
     restarts0 = svc.ranker.restarts
-    results: list[tuple[int, bool, float]] = []
-    stop = threading.Event()
-
-    def client() -> None:
-        with httpx.Client(base_url=server.url, timeout=20) as c:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                r = c.post("/v1/recommend", json=body(HISTS[0]))
-                results.append((r.status_code, bool(r.status_code == 200 and r.json()["degraded"]),
-                                time.perf_counter() - t0))
-
-    ts = [threading.Thread(target=client) for _ in range(3)]
-    for t in ts:
-        t.start()
-    time.sleep(1.0)
-    os.kill(pid0, signal.SIGKILL)
-    t_end = time.time() + 60
-    while (svc.ranker.restarts == restarts0 or not svc.ranker.alive) and time.time() < t_end:
-        time.sleep(0.1)
-    svc.ranker.wait_ready(60)
-    time.sleep(1.0)
-    stop.set()
-    for t in ts:
-        t.join(60)
+    with Load(server.url, 3, lambda i, n: body(HISTS[0]), timeout=20) as load:
+        time.sleep(1.0)
+        os.kill(pid0, signal.SIGKILL)
+        t_end = time.time() + 60
+        while (svc.ranker.restarts == restarts0 or not svc.ranker.alive) and time.time() < t_end:
+            time.sleep(0.1)
+        svc.ranker.wait_ready(60)
+        time.sleep(1.0)
+    replies = load.check({"200", "503"})  # every request answered: ranked, degraded (200) or 503; none timed out
     assert svc.ranker.restarts > restarts0 and svc.ranker.pid != pid0
-    assert results and all(s in (200, 503) for s, _, _ in results), {s for s, _, _ in results}
-    assert max(d for _, _, d in results) < 15.0  # never a hang
-    assert any(deg for _, deg, _ in results), "the kill produced no degraded answer"
+    assert max(r.seconds for r in replies) < 15.0  # never a hang
+    assert any(r.outcome == "200" and r.body["degraded"] for r in replies), "the kill produced no degraded answer"
     with httpx.Client(base_url=server.url, timeout=30) as c:  # recovered: ranked again, same as one-process
         r = c.post("/v1/recommend", json=body(HISTS[1]))
         assert r.status_code == 200 and r.json()["degraded"] is False

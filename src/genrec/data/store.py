@@ -155,7 +155,9 @@ class TableStore:
     ``catalog=None`` uses a SQLite-backed ``SqlCatalog`` at ``tables_dir/catalog.db`` with
     warehouse ``tables_dir/warehouse``; a dict is passed to
     :func:`pyiceberg.catalog.load_catalog` (``{"type": "rest", "uri": ...}``, Hive, Glue).
-    ``tables_dir/manifest.json`` is always local and says which namespace holds the tables.
+    ``tables_dir/manifest.json`` is always local and says which namespace holds the tables. The local catalogue
+    records absolute paths; a run directory moved or copied since reads its tables where they lie now
+    (:mod:`genrec.data.relocate`).
     """
 
     def __init__(self, tables_dir: str | Path, catalog: dict[str, Any] | None = None,
@@ -178,11 +180,16 @@ class TableStore:
             if self._catalog_conf is None:
                 from pyiceberg.catalog.sql import SqlCatalog
 
+                from genrec.data.relocate import recorded_roots, relocation_properties
+
                 wh = self.tables_dir / "warehouse"
                 wh.mkdir(parents=True, exist_ok=True)
-                self._catalog = SqlCatalog(
-                    "genrec", uri=f"sqlite:///{self.tables_dir / 'catalog.db'}", warehouse=wh.as_uri()
-                )
+                # the warehouse as a plain path, not a file:// URI: pyiceberg does not unquote a URI's path, so a
+                # folder named "a b" would have its files written to "a%20b", outside the run directory
+                cat = SqlCatalog("genrec", uri=f"sqlite:///{self.tables_dir / 'catalog.db'}", warehouse=str(wh))
+                # a moved or copied run directory: its tables are read where they lie now (genrec.data.relocate)
+                cat.properties.update(relocation_properties(recorded_roots(cat, self.tables_dir), self.tables_dir))
+                self._catalog = cat
             else:
                 conf = dict(self._catalog_conf)
                 self._catalog = load_catalog(conf.pop("name", "genrec"), **conf)
@@ -214,18 +221,27 @@ class TableStore:
                 out.append(int(m.group(1)))
         return sorted(out)
 
+    def _local(self, location: str) -> str:
+        """Where a location recorded in the local catalogue lies now (a moved or copied run directory's tables
+        are read under its current ``tables_dir``: :mod:`genrec.data.relocate`); others unchanged."""
+        if self._catalog_conf is not None:
+            return location
+        from genrec.data.relocate import relocate
+
+        return relocate(location, self.catalog.properties)
+
     def _elsewhere(self, location: str | None) -> bool:
-        """With the local catalogue: does a table's metadata ``location`` lie outside this store's
-        ``tables_dir`` (a copied work directory's catalogue still names the original's files)? Remote
-        catalogues own their locations: always False."""
+        """With the local catalogue: does a table's metadata ``location`` lie outside this store's ``tables_dir``
+        even where the directory was moved or copied (:meth:`_local`)? Remote catalogues own their locations:
+        always False."""
         if self._catalog_conf is not None or not location:
             return False
-        return not Path(location.removeprefix("file://")).is_relative_to(self.tables_dir)
+        return not Path(self._local(location).removeprefix("file://")).is_relative_to(self.tables_dir)
 
     def _purge_namespace(self, ns: str) -> None:
-        """Drop every table in ``ns`` (deleting its files) and then ``ns`` itself; best effort. A table whose
-        files are not under ``tables_dir`` (a copied work directory: another directory's files) is only
-        dropped from this catalogue: its files are never deleted from here."""
+        """Drop every table in ``ns`` (deleting its files) and then ``ns`` itself; best effort. A moved or copied
+        run directory deletes its own copies of the files (:meth:`_local`), never those of the place it came
+        from; a table whose files lie outside ``tables_dir`` anyway is only dropped from this catalogue."""
         with contextlib.suppress(Exception):
             for ident in self.catalog.list_tables(ns):
                 with contextlib.suppress(Exception):
@@ -348,22 +364,12 @@ class TableStore:
         if name not in TABLES:
             raise ValueError(f"unknown table {name!r}; expected one of {TABLES}")
         try:
-            # (a copy beside its original reads the original's files -- the same tables -- until it is prepared
-            # again; it never deletes them: see _purge_namespace)
             return self.catalog.load_table(self.manifest()["tables"][name])
         except FileNotFoundError as e:
             if self._catalog_conf is not None:  # a remote catalogue: its own error says it best
                 raise
-            # the local catalogue records absolute paths: a copied or moved directory still points at the old one
-            m = re.search(r"'([^']*)/warehouse/", str(e))
-            was = m.group(1) if m else None
-            if was and Path(was) != self.tables_dir:
-                msg = (f"the tables at {self.tables_dir} were moved or copied from {was}: Iceberg records absolute "
-                       f"paths, so their catalogue still points there. Move the work directory back, or prepare it "
-                       f"again in place (`genrec data prepare DATASET WORKDIR`)")
-            else:
-                msg = f"the {name} table's files under {self.tables_dir} are missing ({e}); prepare the data again"
-            raise GenrecError(msg) from e
+            raise GenrecError(f"the {name} table's files under {self.tables_dir} are missing ({e}); prepare the "
+                              f"data again (`genrec data prepare DATASET WORKDIR`)") from e
 
     def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
         from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference
@@ -381,7 +387,7 @@ class TableStore:
 
     def planned_files(self, name: str, bucket: int | None = None) -> list[str]:
         """Data files a read of ``name`` (one bucket or all) would open: shows partition pruning."""
-        return [task.file.file_path for task in self._scan(name, bucket).plan_files()]
+        return [self._local(task.file.file_path) for task in self._scan(name, bucket).plan_files()]
 
     def _read(self, name: str, bucket: int | None, columns: list[str] | None) -> pa.Table:
         schema = _SCHEMAS[name]

@@ -1,9 +1,12 @@
 """The service's pure-ASGI middleware and the Prometheus metrics they feed: :class:`BodyLimit` (413 before any
-JSON parsing, also for chunked bodies), :class:`Track` (in-flight gauge, requests by endpoint and status) and
-:class:`Metrics` (the registry ``/metrics`` exports)."""
+JSON parsing, also for chunked bodies; the refused body is read to its end, so the client gets the 413),
+:class:`Track` (in-flight gauge, requests by endpoint and status) and :class:`Metrics` (the registry ``/metrics``
+exports)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,11 +16,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 __all__ = ["BodyLimit", "Metrics", "Track"]
 
 
-class BodyLimit:
-    """Pure ASGI middleware: 413 when Content-Length or the streamed body exceeds ``limit`` bytes."""
+DRAIN_BYTES = 64 << 20
+"""The most of a refused body :class:`BodyLimit` reads (and discards) before it closes the connection."""
+DRAIN_SECONDS = 30.0
+"""The longest :class:`BodyLimit` waits for the rest of a refused body."""
 
-    def __init__(self, app: Any, limit: int) -> None:
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 when Content-Length or the streamed body exceeds ``limit`` bytes.
+
+    The 413 goes out at once, with ``Connection: close``; the rest of the refused body is then read and thrown
+    away (up to ``drain_bytes``, for up to ``drain_seconds``) before the response ends and the connection
+    closes. A connection closed with request bytes still unread is *reset* by the kernel, and a client that
+    sends its whole body before reading the answer (``urllib``, ``http.client``) then sees the reset, not the
+    413. (A client waiting on ``Expect: 100-continue`` gets no "100 Continue" after the 413 -- uvicorn sends none
+    once the response started -- so it sends no body and closes: the drain ends there.)"""
+
+    def __init__(self, app: Any, limit: int, *, drain_bytes: int = DRAIN_BYTES,
+                 drain_seconds: float = DRAIN_SECONDS) -> None:
         self.app, self.limit = app, limit
+        self.drain_bytes, self.drain_seconds = drain_bytes, drain_seconds
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
         if scope["type"] != "http":
@@ -29,7 +47,7 @@ class BodyLimit:
                 except ValueError:
                     return await _send_json(send, 400, {"error": "bad request", "message": "invalid Content-Length"})
                 if n > self.limit:
-                    return await _send_json(send, 413, _too_big(self.limit, n))
+                    return await self._refuse(send, receive if n <= self.drain_bytes else None, n, 0)
         # read (at most limit + 1 bytes of) the body here, so a chunked body without Content-Length is
         # refused too; the app then gets the buffered body replayed
         chunks: list[bytes] = []
@@ -43,7 +61,7 @@ class BodyLimit:
             seen += len(chunks[-1])
             more = msg.get("more_body", False)
             if seen > self.limit:
-                return await _send_json(send, 413, _too_big(self.limit, seen))
+                return await self._refuse(send, receive if more else None, seen, seen)
         body = b"".join(chunks)
         sent = False
 
@@ -55,6 +73,25 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Callable, receive: Callable[[], Awaitable[dict]] | None, n: int,
+                      seen: int) -> None:
+        """Answer 413 for a body of ``n`` bytes (or more); with ``receive``, read and drop the body's rest
+        (``seen`` bytes were read already) before the response ends."""
+        await _send_json(send, 413, _too_big(self.limit, n), close=True, more=receive is not None)
+        if receive is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_seconds
+        with contextlib.suppress(asyncio.TimeoutError):
+            while seen <= self.drain_bytes:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                if msg["type"] != "http.request":
+                    break  # the client went away
+                seen += len(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    break
+        await send({"type": "http.response.body", "body": b""})
 
 
 class Track:
@@ -99,11 +136,15 @@ def _too_big(limit: int, n: int) -> dict[str, Any]:
             "fields": ["body"]}
 
 
-async def _send_json(send: Callable, status: int, obj: dict[str, Any]) -> None:
+async def _send_json(send: Callable, status: int, obj: dict[str, Any], *, close: bool = False,
+                     more: bool = False) -> None:
+    """A JSON response; ``close``: with ``Connection: close``; ``more``: the body is sent but the response not
+    ended (the caller sends the final empty body)."""
     body = json.dumps(obj).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
+    await send({"type": "http.response.body", "body": body, "more_body": more})
 
 
 class Metrics:
