@@ -1,4 +1,4 @@
-"""docs/USAGE.md's "Your own logs" example runs as written (so the doc cannot rot): the two CSVs between the
+"""The README's "Your own logs" example runs as written (so the doc cannot rot): the two CSVs between the
 `own-logs-example` markers are saved as events.csv and impressions.csv and every command after them runs, in
 order, in a fresh folder; the impressions' label-0 items reach the feedviews; `genrec recommend --user u196`
 answers with the CSVs' own item ids."""
@@ -14,15 +14,15 @@ from typer.testing import CliRunner
 
 from genrec.cli import app
 
-USAGE = Path(__file__).resolve().parents[2] / "docs" / "USAGE.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def own_logs_example() -> tuple[str, str, list[list[str]]]:
     """(the events CSV, the impressions CSV, the commands as argument lists without `genrec`) between the markers
-    of docs/USAGE.md."""
-    text = USAGE.read_text(encoding="utf-8")
+    of README.md."""
+    text = README.read_text(encoding="utf-8")
     m = re.search(r"<!-- own-logs-example:start -->(.*?)<!-- own-logs-example:end -->", text, re.S)
-    assert m, "docs/USAGE.md lost its <!-- own-logs-example:start/end --> markers"
+    assert m, "README.md lost its <!-- own-logs-example:start/end --> markers"
     blocks = re.findall(r"```(\w+)\n(.*?)```", m.group(1), re.S)
     assert [lang for lang, _ in blocks] == ["csv", "csv", "bash"], \
         f"the example holds two csv blocks (events, impressions) and one bash block, found {blocks}"
