@@ -54,6 +54,16 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun launched it (its RANK; 0 in a plain process)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def group_initialized() -> bool:
+    """Whether a process group is up in this process (torchrun's, once :func:`init_distributed` ran)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def init_distributed(device: str = "auto", *, timeout_s: float = 600.0) -> DistInfo:
     """Read torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK); init the process group if world > 1.
 
@@ -163,6 +173,16 @@ def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
         if info.backend == "nccl":
             y = y.to(info.device)
         dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y
+
+
+def global_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over the ranks of the process group, without gradient; ``x`` itself (no copy, no
+    collective) when there is no group or one rank. ``x`` lives on the group's device (CPU for gloo)."""
+    if not group_initialized() or dist.get_world_size() == 1:
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
     return y
 
 

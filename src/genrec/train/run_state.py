@@ -137,8 +137,11 @@ class LogWindow:
         self.n = float(saved.get("n", 0.0)) if is_main else 0.0
         self.items = self.tokens = 0.0
 
-    def add(self, step: int, terms: dict[str, torch.Tensor], n_items: float, n_tokens: float) -> None:
-        self.pending.append((step, terms, n_items))
+    def add(self, step: int, terms: dict[str, torch.Tensor], n_items: float, n_tokens: float, *,
+            weight: float | None = None) -> None:
+        """Queue a step's terms, weighted in the window by ``weight`` (default ``n_items``); the items and tokens
+        count towards the throughput."""
+        self.pending.append((step, terms, n_items if weight is None else weight))
         self.items += n_items
         self.tokens += n_tokens
 

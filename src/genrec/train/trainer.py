@@ -9,6 +9,14 @@ not logged as terms. ``train_iter_factory(IterSpec) -> Iterator[batch]`` must yi
 rank, the batches from global step ``spec.start_step`` onwards, deterministically from
 ``spec.seed`` — that is what makes resume exact.
 
+Under torchrun a loss that is one mean over the rank's items is count-weighted (``n_items``) so that
+DDP's gradient average is the global batch's mean. A loss made of several means over different
+counts (the joint objective's SID, item and action terms) cannot be: such a step divides each of its
+sums by the count over every rank itself and says so with the key ``"n_items_global"`` (Σ over ranks
+of ``n_items``). Its ``"loss"`` and terms are then this rank's additive shares -- summed over the
+ranks they are the one-process values of the global batch -- and the trainer backpropagates
+``W × loss`` (DDP averages over the W ranks) and logs each term's sum over the ranks.
+
 Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
 ``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
 uninterrupted run's loss trajectory without gathering per-rank RNG states; the LR schedule is a
@@ -67,7 +75,7 @@ from genrec.train.run_state import (
 )
 from genrec.workdir import WorkDir, atomic_write_json
 
-_RESERVED = {"loss", "n_items", "n_tokens"}
+_RESERVED = {"loss", "n_items", "n_items_global", "n_tokens"}
 TRAINER_KEY = "_trainer"
 
 
@@ -409,7 +417,13 @@ class Trainer:
             raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
         n_items = float(out["n_items"]) if "n_items" in out else float(leading_size(batch))
         n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
-        count_weighted_loss(loss, n_items, info).backward()
+        if "n_items_global" in out:  # shares of the global batch's means (module docstring): Σ over ranks
+            share = float(info.world_size)  # = the global value; DDP divides the gradients' sum by W
+            (loss * share if share != 1.0 else loss).backward()
+            weight = float(out["n_items_global"]) / share  # Σ over ranks: the global batch's items
+        else:
+            share, weight = 1.0, n_items
+            count_weighted_loss(loss, n_items, info).backward()
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                      if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
         self.optimizer.step()
@@ -422,10 +436,13 @@ class Trainer:
         self.step += 1
         terms = {k: v.detach().float() for k, v in out.items()
                  if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
-        terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
+        terms = {"loss": loss.detach().float(), **terms}
+        if share != 1.0:  # a share x W, weighted by the global items / W: the window's all-reduce sums the shares
+            terms = {k: v * share for k, v in terms.items()}
+        terms["grad_norm"] = grad_norm.detach().float()  # (the same on every rank)
         if graphs:
             terms = {k: v.clone() for k, v in terms.items()}
-        window.add(self.step, terms, n_items, n_tokens)
+        window.add(self.step, terms, n_items, n_tokens, weight=weight)
         return out_of_time
 
     def _log_step(self, window: LogWindow, result: TrainResult, logs: RunLogs, t0: float, bar: Any,
