@@ -100,12 +100,14 @@ def _assert_same_run(got: Path, want: Path, what: str) -> None:
 
 def test_torchrun_two_processes_equal_one_and_resume(prepared: Path, tmp_path: Path) -> None:
     one = _fork(prepared, tmp_path / "one")
-    train_run(one, RunConfig.from_name("cpu-tiny", OVERRIDES))  # one process, the same global batches
+    summary = train_run(one, RunConfig.from_name("cpu-tiny", OVERRIDES))  # one process, the same global batches
 
     two = _fork(prepared, tmp_path / "two")
     out = _torchrun_train(two)
     _assert_same_run(two, one, "2 processes vs 1")
-    assert out.count('"train_examples"') == 1  # rank 0 alone prints the summary
+    assert out.count('"train_examples"') == 1  # rank 0 alone prints the summary, whose last step is the global one
+    last = json.loads(out)["last_loss"]
+    assert last["step"] == STEPS and all(abs(last[k] - summary["last_loss"][k]) <= 1e-5 for k in TERMS), last
     # the comparison is not trivially true: the weights moved
     early = _weights(one, STOP)
     assert max((early[k] - v).abs().max().item() for k, v in _weights(one, STEPS).items()) > 1e-3

@@ -143,7 +143,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         cleanup()  # every rank meets first: gloo aborts a process whose peer has already gone
     return {"step": result.step, "best_step": result.best_step, "valid": final,
             "train_examples": len(examples), "valid_cases": len(valid),
-            "last_loss": result.history[-1] if result.history else None,
+            "last_loss": result.last_step,
             "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
             **({"interrupted": result.interrupted} if result.interrupted else {}),
             **({"previous_run": str(result.archived)} if result.archived else {})}

@@ -98,6 +98,9 @@ class TrainResult:
     best_step: int | None
     best_metric: float | None
     history: list[dict[str, float]] = field(default_factory=list)  # per step run in this process
+    # the last step's record over the global batch, the same on every rank (history[-1] in one process; under
+    # torchrun a rank's history holds its own values); None when this fit took no step
+    last_step: dict[str, float] | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     interrupted: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpointed first)
@@ -157,6 +160,7 @@ class Trainer:
         self.best_step: int | None = None
         self.bad_evals = 0
         self._last_saved: int | None = None
+        self._last_weight = 0.0  # the last step's weight among the ranks (its items, or its share of them)
 
     # ------------------------------------------------------------------ state
     def _trainer_state(self) -> dict[str, Any]:
@@ -348,6 +352,12 @@ class Trainer:
             window.absorb(result.history)
         if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
             result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
+        if result.history:  # (every rank took the same steps)
+            last = result.history[-1]
+            if info.is_distributed:
+                means, _ = all_reduce_weighted({k: v for k, v in last.items() if k != "step"}, self._last_weight, info)
+                last = {"step": last["step"], **means}
+            result.last_step = dict(last)
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
 
@@ -443,6 +453,7 @@ class Trainer:
         if graphs:
             terms = {k: v.clone() for k, v in terms.items()}
         window.add(self.step, terms, n_items, n_tokens, weight=weight)
+        self._last_weight = weight
         return out_of_time
 
     def _log_step(self, window: LogWindow, result: TrainResult, logs: RunLogs, t0: float, bar: Any,
