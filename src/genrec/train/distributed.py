@@ -214,6 +214,23 @@ def count_weighted_loss(loss: torch.Tensor, count: torch.Tensor | float, info: D
     return loss * (float(n[0]) * info.world_size / total)
 
 
+def step_loss(loss: torch.Tensor, n_items: float, n_global: float | None,
+              info: DistInfo) -> tuple[torch.Tensor, float, float]:
+    """What a training step backpropagates so that DDP's gradient average is the global batch's gradient, the
+    factor its logged terms take, and its weight in the log window.
+
+    ``n_global`` None: ``loss`` is one mean over this rank's ``n_items`` targets, count-weighted
+    (:func:`count_weighted_loss`); the terms stay as they are, weighted by ``n_items``. Else the step divided its
+    sums by their counts over every rank itself and ``n_global`` is Σ_r n_items: ``loss`` is this rank's share
+    (Σ over ranks = the global batch's loss), backpropagated × W (DDP averages); its terms × W, weighted by
+    ``n_global / W``, so that the window's count-weighted all-reduce adds the shares up.
+    """
+    if n_global is None:
+        return count_weighted_loss(loss, n_items, info), 1.0, n_items
+    w = float(info.world_size)
+    return (loss * w if w != 1.0 else loss), w, n_global / w
+
+
 def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank. JSON values only (sent as UTF-8 bytes, no pickle)."""
     if not info.is_distributed:

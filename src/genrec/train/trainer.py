@@ -9,13 +9,11 @@ not logged as terms. ``train_iter_factory(IterSpec) -> Iterator[batch]`` must yi
 rank, the batches from global step ``spec.start_step`` onwards, deterministically from
 ``spec.seed`` — that is what makes resume exact.
 
-Under torchrun a loss that is one mean over the rank's items is count-weighted (``n_items``) so that
-DDP's gradient average is the global batch's mean. A loss made of several means over different
-counts (the joint objective's SID, item and action terms) cannot be: such a step divides each of its
-sums by the count over every rank itself and says so with the key ``"n_items_global"`` (Σ over ranks
-of ``n_items``). Its ``"loss"`` and terms are then this rank's additive shares -- summed over the
-ranks they are the one-process values of the global batch -- and the trainer backpropagates
-``W × loss`` (DDP averages over the W ranks) and logs each term's sum over the ranks.
+Under torchrun a loss that is one mean over the rank's items is count-weighted by ``n_items``. A loss
+of several means over different counts (the joint objective's) divides each sum by its count over
+every rank itself and returns ``"n_items_global"`` (Σ over ranks of ``n_items``): its loss and terms
+are then this rank's shares, summed over the ranks the global batch's values
+(:func:`~genrec.train.distributed.step_loss`).
 
 Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
 ``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
@@ -55,10 +53,10 @@ from genrec.train.distributed import (
     all_reduce_weighted,
     barrier,
     broadcast_object,
-    count_weighted_loss,
     init_distributed,
     leading_size,
     pick_device,
+    step_loss,
     to_device,
     wrap_model,
 )
@@ -71,6 +69,7 @@ from genrec.train.run_state import (
     archive_previous_run,
     check_resume_config,
     config_changes,
+    global_record,
     truncate_log,
 )
 from genrec.workdir import WorkDir, atomic_write_json
@@ -98,9 +97,7 @@ class TrainResult:
     best_step: int | None
     best_metric: float | None
     history: list[dict[str, float]] = field(default_factory=list)  # per step run in this process
-    # the last step's record over the global batch, the same on every rank (history[-1] in one process; under
-    # torchrun a rank's history holds its own values); None when this fit took no step
-    last_step: dict[str, float] | None = None
+    last_step: dict[str, float] | None = None  # the last step's record over every rank (history's are one rank's)
     evals: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     interrupted: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpointed first)
@@ -353,11 +350,7 @@ class Trainer:
         if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
             result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
         if result.history:  # (every rank took the same steps)
-            last = result.history[-1]
-            if info.is_distributed:
-                means, _ = all_reduce_weighted({k: v for k, v in last.items() if k != "step"}, self._last_weight, info)
-                last = {"step": last["step"], **means}
-            result.last_step = dict(last)
+            result.last_step = global_record(result.history[-1], self._last_weight, info)
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
 
@@ -427,13 +420,9 @@ class Trainer:
             raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
         n_items = float(out["n_items"]) if "n_items" in out else float(leading_size(batch))
         n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
-        if "n_items_global" in out:  # shares of the global batch's means (module docstring): Σ over ranks
-            share = float(info.world_size)  # = the global value; DDP divides the gradients' sum by W
-            (loss * share if share != 1.0 else loss).backward()
-            weight = float(out["n_items_global"]) / share  # Σ over ranks: the global batch's items
-        else:
-            share, weight = 1.0, n_items
-            count_weighted_loss(loss, n_items, info).backward()
+        n_global = float(out["n_items_global"]) if "n_items_global" in out else None
+        to_backward, share, weight = step_loss(loss, n_items, n_global, info)
+        to_backward.backward()
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                      if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
         self.optimizer.step()
@@ -447,7 +436,7 @@ class Trainer:
         terms = {k: v.detach().float() for k, v in out.items()
                  if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
         terms = {"loss": loss.detach().float(), **terms}
-        if share != 1.0:  # a share x W, weighted by the global items / W: the window's all-reduce sums the shares
+        if share != 1.0:  # this rank's shares of the global values, scaled for the log window (step_loss)
             terms = {k: v * share for k, v in terms.items()}
         terms["grad_norm"] = grad_norm.detach().float()  # (the same on every rank)
         if graphs:
