@@ -37,7 +37,7 @@ TERMS = ("loss", "sid", "sid_l1", "sid_l2", "item", "action")
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tables, item features and SIDs of a small synthetic log (no dataset needed)."""
     wd = tmp_path_factory.mktemp("synth")
     P.synthesize(wd, users=120, items=80, events=2400, seed=0, n_buckets=2)
@@ -46,10 +46,10 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wd
 
 
-def _fork(prepared: Path, root: Path) -> Path:
+def _fork(synth_run: Path, root: Path) -> Path:
     root.mkdir()
     for part in ("tables", "features", "sid"):
-        (root / part).symlink_to(prepared / part)
+        (root / part).symlink_to(synth_run / part)
     return root
 
 
@@ -98,11 +98,11 @@ def _assert_same_run(got: Path, want: Path, what: str) -> None:
         torch.testing.assert_close(x, v, atol=1e-5, rtol=0, msg=lambda s, k=k: f"{what}: {k}: {s}")
 
 
-def test_torchrun_two_processes_equal_one_and_resume(prepared: Path, tmp_path: Path) -> None:
-    one = _fork(prepared, tmp_path / "one")
+def test_torchrun_two_processes_equal_one_and_resume(synth_run: Path, tmp_path: Path) -> None:
+    one = _fork(synth_run, tmp_path / "one")
     summary = train_run(one, RunConfig.from_name("cpu-tiny", OVERRIDES))  # one process, the same global batches
 
-    two = _fork(prepared, tmp_path / "two")
+    two = _fork(synth_run, tmp_path / "two")
     out = _torchrun_train(two)
     _assert_same_run(two, one, "2 processes vs 1")
     assert out.count('"train_examples"') == 1  # rank 0 alone prints the summary, whose last step is the global one
