@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrec.errors import ConfigError
-from genrec.model.losses import JointLossWeights, action_loss, sampled_softmax_loss, sid_loss
+from genrec.model.losses import JointLossWeights, action_loss, action_loss_sums, sampled_softmax_loss, sid_loss
 
 
 def t(x, dtype=torch.float64) -> torch.Tensor:
@@ -197,6 +197,40 @@ def test_action_loss_empty_sets_and_per_head_mask() -> None:
     assert got2.item() == pytest.approx(bce(1.0, 0) + 3 * (bce(-1.0, 1) + bce(2.0, 0)) / 2, abs=1e-6)
     with pytest.raises(ValueError, match="weights"):
         action_loss(lp, yp, None, lc, yc, None, [1.0])
+
+
+@settings(deadline=None, max_examples=30)
+@given(rows=st.integers(0, 9), cands=st.integers(0, 9), cut_p=st.integers(0, 9), cut_c=st.integers(0, 9),
+       seed=st.integers(0, 10_000))
+def test_action_loss_sums_split_over_processes_add_up_to_the_whole(rows: int, cands: int, cut_p: int, cut_c: int,
+                                                                   seed: int) -> None:
+    """The rows split between two processes (torchrun): each one's sums divided by the counts of both add up to
+    the whole batch's eq. 4 -- unlike the mean of the two processes' own losses when their counts differ."""
+    g = torch.Generator().manual_seed(seed)
+    C = 3
+    lp, yp = torch.randn(rows, C, generator=g, dtype=torch.float64), (torch.rand(rows, C, generator=g) > 0.5).double()
+    mp = torch.rand(rows, generator=g) > 0.4
+    lc, yc = torch.randn(cands, C, generator=g, dtype=torch.float64), (torch.rand(cands, C, generator=g) > 0.5).double()
+    mc = torch.rand(cands, generator=g) > 0.3
+    w = [1.0, 0.5, 2.0]
+    a, b = min(cut_p, rows), min(cut_c, cands)
+    parts = [action_loss_sums(lp[:a], yp[:a], mp[:a], lc[:b], yc[:b], mc[:b], w),
+             action_loss_sums(lp[a:], yp[a:], mp[a:], lc[b:], yc[b:], mc[b:], w)]
+    past_n, cand_n = sum(p[1] for p in parts), sum(p[3] for p in parts)
+    shares = [((ps / past_n.clamp_min(1)) + (cs / cand_n.clamp_min(1))).sum() for ps, _, cs, _ in parts]
+    whole = action_loss(lp, yp, mp, lc, yc, mc, w)
+    assert (shares[0] + shares[1]).item() == pytest.approx(whole.item(), abs=1e-12)
+
+
+def test_sampled_softmax_sum_reduction() -> None:
+    g = torch.Generator().manual_seed(0)
+    u, v, n = (torch.randn(k, 4, generator=g, dtype=torch.float64) for k in (5, 5, 7))
+    args = (u, v, torch.arange(5), n, torch.arange(10, 17), torch.zeros(5, dtype=torch.float64),
+            torch.zeros(7, dtype=torch.float64), 0.5)
+    assert sampled_softmax_loss(*args, reduction="sum").item() == pytest.approx(
+        5 * sampled_softmax_loss(*args).item(), rel=1e-12)
+    with pytest.raises(ValueError, match="reduction"):
+        sampled_softmax_loss(*args, reduction="none")
 
 
 def test_action_loss_gradient_only_through_selected_rows() -> None:

@@ -95,9 +95,9 @@ def test_sequence_logprob_equals_the_serving_beams(over: dict) -> None:
 def test_dpo_loss_starts_at_log2_and_prefers_the_chosen() -> None:
     pi_w = torch.tensor([-3.0, -2.0], requires_grad=True)
     pi_l = torch.tensor([-2.5, -4.0], requires_grad=True)
-    loss, acc = dpo_loss(pi_w, pi_l, pi_w.detach(), pi_l.detach(), beta=0.1)
-    assert abs(float(loss.detach()) - float(np.log(2))) < 1e-6 and float(acc) == 0.0
-    loss.backward()
+    losses, right = dpo_loss(pi_w, pi_l, pi_w.detach(), pi_l.detach(), beta=0.1)
+    assert torch.allclose(losses.detach(), torch.full((2,), float(np.log(2)))) and float(right.sum()) == 0.0
+    losses.mean().backward()
     assert bool((pi_w.grad < 0).all()) and bool((pi_l.grad > 0).all())  # descent raises chosen, lowers rejected
 
 
@@ -127,7 +127,7 @@ def test_dpo_stage_end_to_end(tmp_path, datasets_root) -> None:
     res = train_run(root, RunConfig.from_name("cpu-tiny", over, stage="dpo"), resume=False)
     log = [json.loads(x) for x in (root / "train_log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "dpo" in r]
-    assert len(steps) == 16 and all(r["dpo_pairs"] > 0 for r in steps)
+    assert len(steps) == 16 and all(0 <= r["dpo_acc"] <= 1 for r in steps)
     assert abs(steps[0]["dpo"] - float(np.log(2))) < 1e-4
     assert any(abs(r["dpo"] - float(np.log(2))) > 1e-3 for r in steps[1:])  # the policy moved off the reference
     rec = Recommender.from_checkpoint(root, res["checkpoint"])
@@ -164,12 +164,13 @@ def test_dpo_steps_raise_the_chosen_over_the_rejected() -> None:
     ref_before = {k: v.clone() for k, v in obj.__dict__["_reference"].state_dict().items()}
     losses = []
     for _ in range(25):
-        t = obj.dpo_terms(b)
-        assert int(t["dpo_pairs"]) == B
+        sums, pairs = obj.dpo_terms(b)
+        assert int(pairs) == B
+        loss = sums["dpo"] / pairs
         opt.zero_grad()
-        t["dpo"].backward()
+        loss.backward()
         opt.step()
-        losses.append(float(t["dpo"].detach()))
+        losses.append(float(loss.detach()))
     assert abs(losses[0] - float(np.log(2))) < 1e-5 and losses[-1] < 0.5 * losses[0]
     ref = obj.__dict__["_reference"].state_dict()
     assert all(torch.equal(ref[k], v) for k, v in ref_before.items())

@@ -40,6 +40,7 @@ def train(
     genrec/train/objective.py) and TrainConfig (genrec/train/config.py: train.*), documented there.
     Progress: a bar on a terminal, plain lines on stderr otherwise (train.progress, train.progress_every_s)."""
     from genrec.recipes.training import train_run
+    from genrec.train.distributed import launched_rank
     from genrec.train.run import RunConfig
 
     cfg = RunConfig.from_name(preset, list(overrides or []), stage=stage)
@@ -58,7 +59,8 @@ def train(
         typer.echo("\n".join(lines(to_dict(cfg))))
         return
     out = train_run(workdir, cfg, resume=not no_resume)
-    echo_json(out)
+    if launched_rank() == 0:  # under torchrun every process returns the same summary: one prints it
+        echo_json(out)
     if out.get("interrupted"):
         typer.secho(f"interrupted ({out['interrupted']}) at step {out['step']}, checkpoint written: run the same "
                     "command again to resume", fg=typer.colors.YELLOW, err=True)

@@ -96,13 +96,15 @@ def sampled_softmax_loss(
     *,
     remove_accidental_hits: bool = True,
     in_batch_negatives: bool = True,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """UniPinRec eq. 1 averaged over the ``P`` rows (eq. 3). Scalar.
+    """UniPinRec eq. 1 averaged over the ``P`` rows (eq. 3; ``reduction="sum"``: summed). Scalar.
 
     user_vecs [P, D], pos_item_vecs [P, D], pos_ids [P], neg_item_vecs [M, D], neg_ids [M],
     log_q_pos [P], log_q_neg [M] (log sampling probabilities, e.g. from
     :meth:`genrec.model.sketch.CountMinSketch.log_q`; pass zeros for no correction).
     """
+    _check(reduction in ("mean", "sum"), f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if user_vecs.shape[0] == 0:
         return user_vecs.sum() * 0.0
     logits, _ = sampled_softmax_logits(
@@ -111,7 +113,8 @@ def sampled_softmax_loss(
     )
     # -log softmax at column 0 = logsumexp(row) - logit_pos
     logits = _acc(logits)
-    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    nll = torch.logsumexp(logits, dim=1) - logits[:, 0]  # [P]
+    return nll.sum() if reduction == "sum" else nll.mean()
 
 
 def sid_loss(
@@ -151,8 +154,13 @@ def sid_loss(
     return total / count.clamp_min(1)
 
 
-def _masked_mean_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Per-head mean BCE over masked rows: ``[C]`` (0 where a head has no valid row)."""
+def masked_bce_sums(logits: torch.Tensor, labels: torch.Tensor,
+                    mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head BCE summed over masked rows, and the rows counted: ``([C], [C])``.
+
+    The mean is ``sum / count.clamp_min(1)``; split so that a batch split over processes can divide
+    every process's sum by the count over all of them (the whole batch's mean, not a mean of means).
+    """
     R, C = logits.shape
     _check(labels.shape == (R, C), f"labels must be [{R}, {C}], got {tuple(labels.shape)}")
     if mask is None:
@@ -166,7 +174,23 @@ def _masked_mean_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Ten
     logits = _acc(logits)
     bce = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")  # [R, C]
     bce = bce.masked_fill(~m, 0.0)
-    return bce.sum(0) / m.sum(0).clamp_min(1)  # [C]
+    return bce.sum(0), m.sum(0)  # [C], [C]
+
+
+def _masked_mean_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per-head mean BCE over masked rows: ``[C]`` (0 where a head has no valid row)."""
+    total, count = masked_bce_sums(logits, labels, mask)
+    return total / count.clamp_min(1)  # [C]
+
+
+def _check_action_args(logits_past: torch.Tensor, logits_cand: torch.Tensor,
+                       weights: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    C = logits_past.shape[-1]
+    _check(logits_past.dim() == 2 and logits_cand.dim() == 2, "action logits must be 2-D [rows, C]")
+    _check(logits_cand.shape[-1] == C, f"logits_cand has {logits_cand.shape[-1]} heads, logits_past has {C}")
+    w = torch.as_tensor(weights, device=logits_past.device).to(_acc(logits_past).dtype)
+    _check(w.shape == (C,), f"weights must be [{C}], got {tuple(w.shape)}")
+    return w
 
 
 def action_loss(
@@ -184,14 +208,28 @@ def action_loss(
     i.e. in ``M_past``); logits_cand/labels_cand [Q, C] with mask_cand [Q] or [Q, C] (True = a
     real candidate, False = padding); weights [C] = ``w_c``.
     """
-    C = logits_past.shape[-1]
-    _check(logits_past.dim() == 2 and logits_cand.dim() == 2, "action logits must be 2-D [rows, C]")
-    _check(logits_cand.shape[-1] == C, f"logits_cand has {logits_cand.shape[-1]} heads, logits_past has {C}")
-    w = torch.as_tensor(weights, device=logits_past.device).to(_acc(logits_past).dtype)
-    _check(w.shape == (C,), f"weights must be [{C}], got {tuple(w.shape)}")
+    w = _check_action_args(logits_past, logits_cand, weights)
     past = _masked_mean_bce(logits_past, labels_past, mask_past)  # [C]
     cand = _masked_mean_bce(logits_cand, labels_cand, mask_cand)  # [C]
     return (w * (past + cand)).sum()
+
+
+def action_loss_sums(
+    logits_past: torch.Tensor,
+    labels_past: torch.Tensor,
+    mask_past: torch.Tensor | None,
+    logits_cand: torch.Tensor,
+    labels_cand: torch.Tensor,
+    mask_cand: torch.Tensor | None,
+    weights: torch.Tensor | Sequence[float],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`action_loss` before its means: ``(past_sum, past_count, cand_sum, cand_count)``, each ``[C]``,
+    the sums already weighted by ``w_c``; ``action_loss`` is ``Σ_c past_sum/past_count + cand_sum/cand_count``
+    (counts clamped to 1). Same arguments."""
+    w = _check_action_args(logits_past, logits_cand, weights)
+    ps, pc = masked_bce_sums(logits_past, labels_past, mask_past)
+    cs, cc = masked_bce_sums(logits_cand, labels_cand, mask_cand)
+    return w * ps, pc, w * cs, cc
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from genrec.model.genrec_model import GenRecModel
 from genrec.sid.build import open_current
 from genrec.train.batches import BatchStream, materialise
 from genrec.train.config import compile_kwargs, compile_mode_for_world
-from genrec.train.distributed import launched_world_size, pick_device
+from genrec.train.distributed import broadcast_object, cleanup, group_initialized, init_distributed, pick_device
 from genrec.train.objective import JointObjective
 from genrec.train.run import RunConfig, build_model_config, check_features_split, init_and_freeze, variant_overrides
 from genrec.train.trainer import Trainer
@@ -39,8 +39,15 @@ __all__ = ["train_run"]
 
 
 def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
-    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``)."""
+    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``).
+
+    Under ``torchrun --nproc-per-node W`` each of the W processes trains on its share of every global batch
+    (``train.batch_size`` is global) through DDP, gloo on CPU and NCCL on CUDA: rank 0 writes the checkpoints
+    and logs and runs the validation, whose metrics -- and so early stopping -- every rank shares. Every
+    process returns the same summary; a process group this call set up is torn down before it returns."""
     pick_device(cfg.train.device)  # a missing CUDA device fails here, before the data is read
+    own_group = not group_initialized()
+    dist_info = init_distributed(cfg.train.device)
     wd = WorkDir(workdir)
     store = open_store(wd.root)
     info = store.info()
@@ -75,7 +82,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} is not used: train.compile=false (eager)",
               file=sys.stderr)
     if cfg.train.compile:  # (the device was checked at the top)
-        world = launched_world_size()
+        world = dist_info.world_size
         mode = compile_mode_for_world(cfg.train.compile_mode, world)
         if mode != cfg.train.compile_mode:
             print(f"[genrec.train] train.compile_mode={cfg.train.compile_mode} -> {mode} under torchrun ({world} "
@@ -126,13 +133,18 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
-                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()})
+                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()}, dist_info=dist_info)
     result = trainer.fit(resume=resume)
-    with trainer.averaged():
-        final = eval_fn(objective)  # the weights the last checkpoint serves
+    final: dict[str, float] = {}
+    if dist_info.is_main:  # (the weights are the same on every rank)
+        with trainer.averaged():
+            final = eval_fn(objective)  # the weights the last checkpoint serves
+    final = broadcast_object(final, dist_info)
+    if own_group:
+        cleanup()  # every rank meets first: gloo aborts a process whose peer has already gone
     return {"step": result.step, "best_step": result.best_step, "valid": final,
             "train_examples": len(examples), "valid_cases": len(valid),
-            "last_loss": result.history[-1] if result.history else None,
+            "last_loss": result.last_step,
             "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
             **({"interrupted": result.interrupted} if result.interrupted else {}),
             **({"previous_run": str(result.archived)} if result.archived else {})}

@@ -54,6 +54,16 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun launched it (its RANK; 0 in a plain process)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def group_initialized() -> bool:
+    """Whether a process group is up in this process (torchrun's, once :func:`init_distributed` ran)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def init_distributed(device: str = "auto", *, timeout_s: float = 600.0) -> DistInfo:
     """Read torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK); init the process group if world > 1.
 
@@ -166,6 +176,16 @@ def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return y
 
 
+def global_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over the ranks of the process group, without gradient; ``x`` itself (no copy, no
+    collective) when there is no group or one rank. ``x`` lives on the group's device (CPU for gloo)."""
+    if not group_initialized() or dist.get_world_size() == 1:
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y
+
+
 def all_reduce_weighted(values: Mapping[str, float], count: float, info: DistInfo) -> tuple[dict[str, float], float]:
     """Global per-item means ``Σ v_r·n_r / Σ n_r`` of each named value, and the global count ``Σ n_r``.
 
@@ -192,6 +212,23 @@ def count_weighted_loss(loss: torch.Tensor, count: torch.Tensor | float, info: D
     if total <= 0:
         return loss * 0.0
     return loss * (float(n[0]) * info.world_size / total)
+
+
+def step_loss(loss: torch.Tensor, n_items: float, n_global: float | None,
+              info: DistInfo) -> tuple[torch.Tensor, float, float]:
+    """What a training step backpropagates so that DDP's gradient average is the global batch's gradient, the
+    factor its logged terms take, and its weight in the log window.
+
+    ``n_global`` None: ``loss`` is one mean over this rank's ``n_items`` targets, count-weighted
+    (:func:`count_weighted_loss`); the terms stay as they are, weighted by ``n_items``. Else the step divided its
+    sums by their counts over every rank itself and ``n_global`` is Σ_r n_items: ``loss`` is this rank's share
+    (Σ over ranks = the global batch's loss), backpropagated × W (DDP averages); its terms × W, weighted by
+    ``n_global / W``, so that the window's count-weighted all-reduce adds the shares up.
+    """
+    if n_global is None:
+        return count_weighted_loss(loss, n_items, info), 1.0, n_items
+    w = float(info.world_size)
+    return (loss * w if w != 1.0 else loss), w, n_global / w
 
 
 def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:

@@ -73,6 +73,6 @@ def sid_sequence_logprob(model: GenRecModel, mb: ModelBatch, codes: torch.Tensor
 
 def dpo_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
              beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean DPO loss and the share of pairs whose implicit reward ranks the chosen item first."""
+    """Per pair: the DPO loss ``[P]`` and whether its implicit reward ranks the chosen item first (0/1 ``[P]``)."""
     margin = beta * ((pi_w - ref_w) - (pi_l - ref_l))
-    return -F.logsigmoid(margin).mean(), (margin > 0).float().mean()
+    return -F.logsigmoid(margin), (margin > 0).float().detach()

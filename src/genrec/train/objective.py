@@ -30,9 +30,10 @@ from torch import nn
 from genrec.catalog import ItemCatalog
 from genrec.errors import ConfigError
 from genrec.model.genrec_model import GenRecModel, ModelBatch
-from genrec.model.losses import action_loss, sampled_softmax_loss
+from genrec.model.losses import action_loss_sums, sampled_softmax_loss
 from genrec.model.sketch import CountMinSketch
 from genrec.train.batches import TrainBatch
+from genrec.train.distributed import global_sum, group_initialized
 from genrec.train.dpo import dpo_loss, preference_pairs, sid_sequence_logprob
 from genrec.validation import trusted_inputs
 
@@ -136,20 +137,20 @@ class JointObjective(nn.Module):
         with trusted_inputs():
             return sid_sequence_logprob(model, mb, self.codes[tb.rows.gather(1, (tb.lengths - 1)[:, None])[:, 0]])
 
-    def dpo_terms(self, b: TrainBatch) -> dict[str, torch.Tensor]:
-        """DPO on the batch's slates (:mod:`genrec.train.dpo`): ``dpo`` (the loss, 0 without pairs),
-        ``dpo_acc`` (share of pairs the implicit reward orders right), ``dpo_pairs``."""
+    def dpo_terms(self, b: TrainBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """DPO on the batch's slates (:mod:`genrec.train.dpo`) as sums over this process's pairs -- ``dpo`` (the
+        loss), ``dpo_acc`` (pairs whose implicit reward orders them right) -- and the number of pairs."""
         ref = self.__dict__["_reference"]
         if ref is None:
             raise ConfigError("objective.w_dpo > 0 needs a reference model: train with `--stage dpo` and init_from")
-        zero = self.feats.new_zeros(())
+        zero = self.feats.new_zeros((), dtype=torch.float32)
         if b.cand_rows is None or b.cand_labels is None or b.cand_valid is None:
-            return {"dpo": zero, "dpo_acc": zero, "dpo_pairs": zero}
+            return {"dpo": zero, "dpo_acc": zero}, zero
         salt = b.rows[:, 0] * 7919 + b.lengths  # the request: its history's first item and length
         idx, win, lose = preference_pairs(b.cand_rows, b.cand_labels, b.cand_valid, self.pos_action,
                                           ~self.pos_action, salt)
         if idx.numel() == 0:
-            return {"dpo": zero, "dpo_acc": zero, "dpo_pairs": zero}
+            return {"dpo": zero, "dpo_acc": zero}, zero
         tw, tl = self._appended(b, idx, win), self._appended(b, idx, lose)
         if next(ref.parameters()).device != self.feats.device:
             ref.to(self.feats.device)
@@ -161,8 +162,8 @@ class JointObjective(nn.Module):
             self.model.train(was_training)
         with torch.no_grad():
             ref_w, ref_l = self._dpo_logprob(ref, tw), self._dpo_logprob(ref, tl)
-        loss, acc = dpo_loss(pi_w, pi_l, ref_w, ref_l, self.cfg.dpo_beta)
-        return {"dpo": loss, "dpo_acc": acc.detach(), "dpo_pairs": zero + idx.numel()}
+        loss, right = dpo_loss(pi_w, pi_l, ref_w, ref_l, self.cfg.dpo_beta)
+        return {"dpo": loss.sum(), "dpo_acc": right.sum()}, zero + idx.numel()
 
     def item_feats(self, rows: torch.Tensor) -> torch.Tensor:
         """Features of catalogue ``rows`` (any shape) -> ``[..., F]``, with engagement dropout in training."""
@@ -231,33 +232,32 @@ class JointObjective(nn.Module):
         with trusted_inputs():  # checked above in one sync; codes and ids come from the catalogue
             out = self.model(mb)
         positive = self.pos_action[b.actions] & valid  # [B, n]
-        terms: dict[str, Any] = {}
-        total = out.hidden.new_zeros(())
-        if cfg.w_sid > 0 and out.sid_logits is not None:
-            # mean CE over (position, level) pairs that are valid and positive, by weights rather
-            # than boolean selection: selecting rows costs a device->host sync per level
+        # every term as a sum over this process's rows and a count of its targets; the means divide by the
+        # counts over the whole global batch (every torchrun process's share), so that the processes' losses
+        # add up to the one-process loss of that batch -- not a mean of per-process means
+        sums: dict[str, torch.Tensor] = {}
+        counts: dict[str, torch.Tensor] = {}
+        levels: list[str] = []
+        has_sid = cfg.w_sid > 0 and out.sid_logits is not None
+        if has_sid:
+            # CE over (position, level) pairs that are valid and positive, by weights rather than boolean
+            # selection: selecting rows costs a device->host sync per level
             tgt = self.codes[b.rows]  # [B, n, L]
-            loss_sum = out.hidden.new_zeros((), dtype=torch.float32)
-            count = out.hidden.new_zeros((), dtype=torch.float32)
             for lvl, (lg, ok) in enumerate(zip(out.sid_logits, out.sid_valid or [])):
                 w = (ok & positive).float()  # [B, n]
                 ce = F.cross_entropy(lg.float().flatten(0, 1), tgt[..., lvl].flatten(), reduction="none",
                                      label_smoothing=cfg.sid_label_smoothing)  # [B*n]
-                lvl_sum, lvl_count = torch.where(w.flatten() > 0, ce, 0.0).sum(), w.sum()
-                # each level's own CE, logged (not optimised separately): which level is hard to predict
-                terms[f"sid_l{lvl + 1}"] = (lvl_sum / lvl_count.clamp(min=1.0)).detach()
-                loss_sum = loss_sum + lvl_sum
-                count = count + lvl_count
-            terms["sid"] = loss_sum / count.clamp(min=1.0)
-            total = total + cfg.w_sid * terms["sid"]
+                # each level's own CE is logged (not optimised separately): which level is hard to predict
+                levels.append(f"sid_l{lvl + 1}")
+                sums[levels[-1]], counts[levels[-1]] = torch.where(w.flatten() > 0, ce, 0.0).sum(), w.sum()
         if cfg.w_item > 0 and out.user_vecs is not None:
             # position i predicts item i+1 (when i+1 is a positive, valid item)
             nxt = torch.zeros_like(positive)
             nxt[:, :-1] = positive[:, 1:]
             users = out.user_vecs[nxt]  # [P, D]
             pos_rows = b.rows[:, 1:][nxt[:, :-1]]  # [P]
-            terms["item"] = self._item_loss(users, pos_rows)
-            total = total + cfg.w_item * terms["item"]
+            sums["item"] = self._item_loss_sum(users, pos_rows)
+            counts["item"] = users.new_full((), float(users.shape[0]), dtype=torch.float32)
         if cfg.w_action > 0 and out.action_logits is not None:
             C = mcfg.n_actions
             assert mb.action_mask is not None  # model_batch always sets it
@@ -270,33 +270,57 @@ class JointObjective(nn.Module):
             else:
                 lc = out.action_logits.new_zeros(0, C)
                 yc, mc = lc, None
-            terms["action"] = action_loss(out.action_logits.flatten(0, 1).float(), lab_past.flatten(0, 1),
-                                          m_past.flatten(), lc.float(), yc, mc, self.action_w)
-            total = total + cfg.w_action * terms["action"]
+            sums["action_past"], counts["action_past"], sums["action_cand"], counts["action_cand"] = action_loss_sums(
+                out.action_logits.flatten(0, 1).float(), lab_past.flatten(0, 1), m_past.flatten(), lc.float(), yc, mc,
+                self.action_w)
         if cfg.w_dpo > 0:
-            dpo = self.dpo_terms(b)
-            terms.update(dpo)
-            total = total + cfg.w_dpo * dpo["dpo"]
-        return {"loss": total, **terms, "n_items": n_items, "n_tokens": n_items * out.layout.tokens_per_item}
+            dpo_sums, dpo_count = self.dpo_terms(b)
+            sums.update(dpo_sums)
+            counts.update({k: dpo_count for k in dpo_sums})
+        glob, n_global = _global_counts(counts, n_items, out.hidden.device)
+        means = {k: v / glob[k].clamp(min=1.0) for k, v in sums.items()}
+        terms: dict[str, Any] = {}
+        total = out.hidden.new_zeros((), dtype=torch.float32)
+        if has_sid:
+            terms.update({k: means[k].detach() for k in levels})
+            zero = total.new_zeros(())
+            terms["sid"] = sum((sums[k] for k in levels), zero) / sum((glob[k] for k in levels), zero).clamp(min=1.0)
+            total = total + cfg.w_sid * terms["sid"]
+        if "item" in sums:
+            terms["item"] = means["item"]
+            total = total + cfg.w_item * terms["item"]
+        if "action_past" in sums:  # eq. 4: per head, the past mean plus the candidates' mean
+            terms["action"] = (means["action_past"] + means["action_cand"]).sum()
+            total = total + cfg.w_action * terms["action"]
+        if "dpo" in sums:  # DPO's mean over every process's pairs; the share of pairs it orders right, logged
+            terms["dpo"], terms["dpo_acc"] = means["dpo"], means["dpo_acc"].detach()
+            total = total + cfg.w_dpo * terms["dpo"]
+        return {"loss": total, **terms, "n_items": n_items, "n_items_global": n_global,
+                "n_tokens": n_items * out.layout.tokens_per_item}
 
-    def _item_loss(self, users: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
+    def _item_loss_sum(self, users: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
+        """The next-item loss summed over the ``P`` targets (the caller divides by the count)."""
         cfg = self.cfg
         N = self.feats.shape[0]
-        if users.shape[0] == 0:
-            return users.sum() * 0.0
         if cfg.item_loss == "full":
+            if users.shape[0] == 0:
+                return users.sum() * 0.0
             all_vecs = self.catalogue_vectors()  # [N, D]
             logits = users.float() @ all_vecs.float().T / cfg.temperature  # [P, N]
-            return F.cross_entropy(logits, pos_rows)
-        pos_vecs = self.model.item_vectors(self.item_feats(pos_rows), self.item_ids[pos_rows])  # [P, D]
-        P = pos_rows.numel()
+            return F.cross_entropy(logits, pos_rows, reduction="sum")
         if self.sketch.device != pos_rows.device:  # the sketch follows the model (no host round trip)
             self.sketch.to(pos_rows.device)
         ids = pos_rows.detach()
-        self.sketch.add(_gather_ids(ids))  # every rank counts the global batch
+        # every rank counts the global batch: a collective, so a rank without targets takes part too
+        self.sketch.add(_gather_ids(ids))
+        P = pos_rows.numel()
+        if P == 0:
+            return users.sum() * 0.0
+        pos_vecs = self.model.item_vectors(self.item_feats(pos_rows), self.item_ids[pos_rows])  # [P, D]
         # in-batch negatives: other rows' positives, at most n_inbatch of them (a P x P logit
         # matrix over every history position would dominate the step); an item shows up there
-        # with probability ~ its frequency, hence the count-min logQ correction
+        # with probability ~ its frequency, hence the count-min logQ correction. Under torchrun they are
+        # this process's rows' positives, and each process draws its own uniform negatives
         n_ib = min(cfg.n_inbatch, P)
         ib = torch.randperm(P, device=pos_rows.device)[:n_ib]
         log_q_ib = self.sketch.log_q(ids[ib], n_sampled=P).to(users.device, torch.float32)
@@ -308,7 +332,25 @@ class JointObjective(nn.Module):
         log_q_neg = torch.cat([log_q_ib, torch.full((M,), math.log(M / N), device=users.device)])
         log_q_pos = self.sketch.log_q(ids, n_sampled=P).to(users.device, torch.float32)
         return sampled_softmax_loss(users.float(), pos_vecs.float(), pos_rows, neg_vecs.float(), neg_rows,
-                                    log_q_pos, log_q_neg, cfg.temperature, in_batch_negatives=False)
+                                    log_q_pos, log_q_neg, cfg.temperature, in_batch_negatives=False, reduction="sum")
+
+
+def _global_counts(counts: dict[str, torch.Tensor], n_items: int,
+                   device: torch.device) -> tuple[dict[str, torch.Tensor], float]:
+    """Every count summed over the torchrun processes, and the global batch's history items (one all-reduce of
+    them all); the counts as they are, and ``n_items``, in a single process (no collective, no host sync)."""
+    if not group_initialized():
+        return {k: v.float() for k, v in counts.items()}, float(n_items)
+    keys = list(counts)
+    flat = torch.cat([counts[k].reshape(-1).double() for k in keys]
+                     + [torch.tensor([float(n_items)], dtype=torch.float64, device=device)])
+    tot = global_sum(flat)
+    out, i = {}, 0
+    for k in keys:
+        n = counts[k].numel()
+        out[k] = tot[i:i + n].reshape(counts[k].shape).float()
+        i += n
+    return out, float(tot[-1])
 
 
 def _gather_ids(ids: torch.Tensor) -> torch.Tensor:

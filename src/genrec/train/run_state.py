@@ -19,7 +19,8 @@ from genrec.train import checkpoint as ckpt
 from genrec.train.distributed import DistInfo, all_reduce_weighted
 from genrec.workdir import WorkDir, atomic_write_bytes
 
-__all__ = ["RUN_FILES", "LogWindow", "RunLogs", "archive_previous_run", "check_resume_config", "config_changes", "truncate_log"]
+__all__ = ["RUN_FILES", "LogWindow", "RunLogs", "archive_previous_run", "check_resume_config", "config_changes",
+           "global_record", "truncate_log"]
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -137,8 +138,11 @@ class LogWindow:
         self.n = float(saved.get("n", 0.0)) if is_main else 0.0
         self.items = self.tokens = 0.0
 
-    def add(self, step: int, terms: dict[str, torch.Tensor], n_items: float, n_tokens: float) -> None:
-        self.pending.append((step, terms, n_items))
+    def add(self, step: int, terms: dict[str, torch.Tensor], n_items: float, n_tokens: float, *,
+            weight: float | None = None) -> None:
+        """Queue a step's terms, weighted in the window by ``weight`` (default ``n_items``); the items and tokens
+        count towards the throughput."""
+        self.pending.append((step, terms, n_items if weight is None else weight))
         self.items += n_items
         self.tokens += n_tokens
 
@@ -164,6 +168,15 @@ class LogWindow:
     def clear(self) -> None:
         self.sum.clear()
         self.n, self.items, self.tokens = 0.0, 0.0, 0.0
+
+
+def global_record(record: Mapping[str, float], weight: float, info: DistInfo) -> dict[str, float]:
+    """A step's record in a rank's history over every rank: the ``weight``-weighted mean of each value (the
+    weight the step had in the log window); the record itself in one process. All ranks call it."""
+    if not info.is_distributed:
+        return dict(record)
+    means, _ = all_reduce_weighted({k: v for k, v in record.items() if k != "step"}, weight, info)
+    return {"step": record["step"], **means}
 
 
 def drain(pending: list[Any]) -> list[dict[str, float]]:

@@ -9,6 +9,12 @@ not logged as terms. ``train_iter_factory(IterSpec) -> Iterator[batch]`` must yi
 rank, the batches from global step ``spec.start_step`` onwards, deterministically from
 ``spec.seed`` — that is what makes resume exact.
 
+Under torchrun a loss that is one mean over the rank's items is count-weighted by ``n_items``. A loss
+of several means over different counts (the joint objective's) divides each sum by its count over
+every rank itself and returns ``"n_items_global"`` (Σ over ranks of ``n_items``): its loss and terms
+are then this rank's shares, summed over the ranks the global batch's values
+(:func:`~genrec.train.distributed.step_loss`).
+
 Non-standard: randomness inside a step (dropout, MAM masking) is re-seeded from
 ``(seed, rank, step)`` before every step, so a resumed run on any number of ranks replays the
 uninterrupted run's loss trajectory without gathering per-rank RNG states; the LR schedule is a
@@ -47,10 +53,10 @@ from genrec.train.distributed import (
     all_reduce_weighted,
     barrier,
     broadcast_object,
-    count_weighted_loss,
     init_distributed,
     leading_size,
     pick_device,
+    step_loss,
     to_device,
     wrap_model,
 )
@@ -63,11 +69,12 @@ from genrec.train.run_state import (
     archive_previous_run,
     check_resume_config,
     config_changes,
+    global_record,
     truncate_log,
 )
 from genrec.workdir import WorkDir, atomic_write_json
 
-_RESERVED = {"loss", "n_items", "n_tokens"}
+_RESERVED = {"loss", "n_items", "n_items_global", "n_tokens"}
 TRAINER_KEY = "_trainer"
 
 
@@ -90,6 +97,7 @@ class TrainResult:
     best_step: int | None
     best_metric: float | None
     history: list[dict[str, float]] = field(default_factory=list)  # per step run in this process
+    last_step: dict[str, float] | None = None  # the last step's record over every rank (history's are one rank's)
     evals: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     interrupted: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpointed first)
@@ -149,6 +157,7 @@ class Trainer:
         self.best_step: int | None = None
         self.bad_evals = 0
         self._last_saved: int | None = None
+        self._last_weight = 0.0  # the last step's weight among the ranks (its items, or its share of them)
 
     # ------------------------------------------------------------------ state
     def _trainer_state(self) -> dict[str, Any]:
@@ -340,6 +349,8 @@ class Trainer:
             window.absorb(result.history)
         if result.last_checkpoint is None:  # nothing new written: the checkpoint this run stands at
             result.last_checkpoint = ckpt.resolve_checkpoint(self.ckpt_dir)
+        if result.history:  # (every rank took the same steps)
+            result.last_step = global_record(result.history[-1], self._last_weight, info)
         result.step, result.best_step, result.best_metric = self.step, self.best_step, self.best_metric
         return result
 
@@ -409,7 +420,9 @@ class Trainer:
             raise GenrecError(f"training_step 'loss' must be a scalar, got shape {tuple(loss.shape)}")
         n_items = float(out["n_items"]) if "n_items" in out else float(leading_size(batch))
         n_tokens = float(out["n_tokens"]) if "n_tokens" in out else 0.0
-        count_weighted_loss(loss, n_items, info).backward()
+        n_global = float(out["n_items_global"]) if "n_items_global" in out else None
+        to_backward, share, weight = step_loss(loss, n_items, n_global, info)
+        to_backward.backward()
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                      if cfg.grad_clip > 0 else torch.zeros((), device=loss.device))  # (logged beside the loss)
         self.optimizer.step()
@@ -422,10 +435,14 @@ class Trainer:
         self.step += 1
         terms = {k: v.detach().float() for k, v in out.items()
                  if k not in _RESERVED and isinstance(v, torch.Tensor) and v.dim() == 0}
-        terms = {"loss": loss.detach().float(), **terms, "grad_norm": grad_norm.detach().float()}
+        terms = {"loss": loss.detach().float(), **terms}
+        if share != 1.0:  # this rank's shares of the global values, scaled for the log window (step_loss)
+            terms = {k: v * share for k, v in terms.items()}
+        terms["grad_norm"] = grad_norm.detach().float()  # (the same on every rank)
         if graphs:
             terms = {k: v.clone() for k, v in terms.items()}
-        window.add(self.step, terms, n_items, n_tokens)
+        window.add(self.step, terms, n_items, n_tokens, weight=weight)
+        self._last_weight = weight
         return out_of_time
 
     def _log_step(self, window: LogWindow, result: TrainResult, logs: RunLogs, t0: float, bar: Any,
