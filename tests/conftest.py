@@ -43,8 +43,21 @@ def _missing_data(report: pytest.TestReport) -> bool:
     return "datasets not found" in reason or " not found at " in reason
 
 
+def _missing_browser(report: pytest.TestReport) -> bool:
+    """A test skipped because no headless browser (chromium + chromedriver, selenium) is installed."""
+    reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return "NOT CHECKED" in reason and "browser" in reason
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say loudly what was not checked for want of data: a clone without ../shared/datasets still passes."""
+    """Say loudly what was not checked for want of data (a clone without ../shared/datasets still passes) or of
+    a headless browser (the explorer page's test)."""
+    no_browser = [r for r in terminalreporter.stats.get("skipped", []) if _missing_browser(r)]
+    if no_browser:
+        terminalreporter.section("NOT CHECKED: no headless browser", sep="!", red=True, bold=True)
+        for r in no_browser:
+            reason = r.longrepr[2] if isinstance(r.longrepr, tuple) else r.longrepr
+            terminalreporter.write_line(f"  {r.nodeid}: {reason}")
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if _missing_data(r)]
     if not skipped:
         return

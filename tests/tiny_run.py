@@ -50,6 +50,10 @@ def build_string_id_run(root: Path, *, steps: int = 4, ckpt_every: int = 2) -> P
     src = root.parent / f"{root.name}.csv"
     write_string_id_log(src)
     P.prepare(root, "generic", source=src)
+    return _features_sids_train(root, steps, ckpt_every)
+
+
+def _features_sids_train(root: Path, steps: int, ckpt_every: int) -> Path:
     ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
     rng = np.random.default_rng(1)
     ItemVectors(ids, rng.normal(size=(len(ids), 12)).astype(np.float32),
@@ -58,3 +62,22 @@ def build_string_id_run(root: Path, *, steps: int = 4, ckpt_every: int = 2) -> P
     train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", f"train.ckpt_every={ckpt_every}",
                                                      "data.valid_cases=8", "data.context_len=12"]))
     return root
+
+
+def build_titled_run(root: Path, *, string_ids: bool, steps: int = 4) -> Path:
+    """:func:`write_string_id_log`'s log -- its string ids (remapped), or the same ids as integers (``u7`` -> 7,
+    ``m52`` -> 52: kept) -- with an items file giving every item a title (``Title of m52`` / ``Title of 52``), then
+    as :func:`build_string_id_run` (one checkpoint). The log is ``root.parent / 'log' / 'events.csv'`` beside its
+    ``items.csv``."""
+    src = root.parent / "log"
+    src.mkdir(parents=True)
+    items = sorted(write_string_id_log(src / "events.csv"))
+    if not string_ids:
+        text = (src / "events.csv").read_text()
+        lines = [text.splitlines()[0]] + [",".join([u[1:], m[1:], *rest]) for u, m, *rest in
+                                           (ln.split(",") for ln in text.splitlines()[1:])]
+        (src / "events.csv").write_text("\n".join(lines) + "\n")
+        items = [i[1:] for i in items]
+    (src / "items.csv").write_text("item_id,title\n" + "".join(f"{i},Title of {i}\n" for i in items))
+    P.prepare(root, "generic", source=src / "events.csv")
+    return _features_sids_train(root, steps, steps)

@@ -48,7 +48,8 @@ def serve(
                                                 "default (the start-up lines on stderr still come); /metrics "
                                                 "counts requests either way."),
 ) -> None:
-    """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP).
+    """HTTP service: /v1/recommend, /v1/rank, /healthz, /readyz, /metrics, /admin/reload (or SIGHUP), and the
+    explorer page at / (a user's history, each stage's candidates and latencies).
     With --workers > 1, SIGHUP the main process: it restarts every worker on the newest version.
     On stderr it says the URL it listens on, the checkpoint and index_version it loaded, the device, and
     when it is ready."""

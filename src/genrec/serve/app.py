@@ -4,7 +4,8 @@ Endpoints: ``POST /v1/recommend`` (one history encode -> SID beams + ANN -> rank
 KV cache), ``POST /v1/rank`` (score given candidates), ``GET /healthz`` (process up), ``/readyz``
 (a bundle is loaded; in two-process mode also the ranker), ``/metrics`` (Prometheus: per-stage
 latency histograms, in-flight gauge, KV-pool occupancy, index version, degraded/stale counters),
-``POST /admin/reload`` (and SIGHUP) for the versioned hot swap (:mod:`genrec.serve.swap`).
+``POST /admin/reload`` (and SIGHUP) for the versioned hot swap (:mod:`genrec.serve.swap`); ``GET /``, the
+explorer page, with ``/v1/users`` and ``/v1/users/{user_id}/history`` (:mod:`genrec.serve.explorer`).
 
 Non-standard: inference runs on a bounded thread pool (the event loop never blocks on torch); a
 pure-ASGI middleware enforces the body size limit (413) before any JSON parsing, also for chunked
@@ -57,6 +58,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from genrec.serve.config import ServeConfig
 from genrec.serve.errors import install_error_handlers
+from genrec.serve.explorer import install_explorer
 from genrec.serve.middleware import BodyLimit, Track
 from genrec.serve.schemas import RankRequest, RecommendRequest, api_models
 from genrec.serve.service import Service
@@ -127,6 +129,7 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     app.state.service = svc
 
     install_error_handlers(app)
+    install_explorer(app, svc)
 
     def _observe(endpoint: str, timings: dict[str, float]) -> None:
         for s in STAGES:

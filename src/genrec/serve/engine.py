@@ -35,6 +35,7 @@ from genrec.infer.recommender import Recommender
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.model.kv_cache import KVCache
+from genrec.serve.explain import Trace, explain_block, traced
 from genrec.serve.ids import SourceItemIds
 from genrec.workdir import read_json
 
@@ -108,6 +109,7 @@ class Engine:
         self.fingerprint: str | None = rec.fingerprint
         self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
+        self._leaf_t: torch.Tensor | None = None  # rec.leaf_rows on the trie's device (explained requests)
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
@@ -149,14 +151,19 @@ class Engine:
     def recommend(self, history: Sequence[Mapping[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
                   sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
                   remote_rank: RemoteRank | None = None, fusion: Mapping[str, float | None] | None = None,
-                  exclude_history: bool = False) -> dict[str, Any]:
+                  exclude_history: bool = False, explain: bool = False) -> dict[str, Any]:
         """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``). ``fusion``: the
         request's L1 weights (``action_weight`` / ``retrieval_weight`` / ``sid_weight``; None or a
         missing key: the served checkpoint's). ``exclude_history``: none of the history's items back
-        (the whole history given, as :meth:`Recommender.recommend`)."""
+        (the whole history given, as :meth:`Recommender.recommend`). ``explain``: the answer also holds
+        ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""
+        sent = history
         dropped, any_known, history = self.rec.history.screen(history)
         if not any_known:
-            return self.cold_start(dropped, k)
+            out = self.cold_start(dropped, k)
+            if explain:
+                out["explain"] = explain_block(self.rec, None, sent, [it["item_id"] for it in out["items"]])
+            return out
         rec = self.rec
         if remote_rank is not None and rank:
             rec = copy.copy(self.rec)  # shallow: shares model and indexes; only the ranking hook differs
@@ -172,13 +179,27 @@ class Engine:
                 return remote_rank(cache, v, sid, s, ts)[None].to(self.rec.device)  # [1, m, C]
 
             rec.score_candidates = score_candidates  # type: ignore[method-assign]
+        trace = None
+        if explain:
+            trace = Trace()
+            rec = traced(rec, trace, self._leaf_rows())
         try:
             res = rec.recommend(list(history), k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                                 sources=list(sources), rank=rank, surface=surface, request_ts=request_ts,
                                 exclude_history=exclude_history, **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
-        return self._format(res)
+        out = self._format(res)
+        if trace is not None:
+            out["explain"] = explain_block(self.rec, trace, sent, [r.item_id for r in res])
+        return out
+
+    def _leaf_rows(self) -> torch.Tensor | None:
+        """The catalogue row of each SID-trie leaf on the trie's device (None: no SID stage)."""
+        rec = self.rec
+        if self._leaf_t is None and rec.trie is not None and rec.leaf_rows is not None:
+            self._leaf_t = torch.as_tensor(np.asarray(rec.leaf_rows, dtype=np.int64), device=rec.trie.device)
+        return self._leaf_t
 
     def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,

@@ -38,6 +38,8 @@ from pydantic import (
 )
 from typing_extensions import Annotated, NotRequired, TypedDict  # pydantic needs typing_extensions' TypedDict < 3.12
 
+from genrec.serve.explain import Explain
+
 MAX_K = 1000
 MAX_BEAM = 256
 MAX_LAMBDA = 10.0
@@ -147,6 +149,12 @@ class RecommendRequest(_Strict):
                     "older than the newest context window the model reads (retrieval over-fetches by as many, so "
                     "`k` items still come back while the catalogue has them). Default false: items already in the "
                     "history may be recommended again.")
+    explain: StrictBool = Field(
+        default=False,
+        description="Also return `explain`: what each stage found for this request -- the history with titles "
+                    "and which events the model read, the SID beams (codes, log-probabilities, the item each "
+                    "reaches), the ANN items with their scores, the items' titles (the explorer page at `/` "
+                    "shows it). The items are the same as without it; the request is never micro-batched.")
 
 
 class SourceIdRecommendRequest(RecommendRequest):
@@ -274,6 +282,8 @@ class RecommendResponse(BaseModel):
     cold_start: bool = Field(default=False, description=_META["cold_start"])
     index_version: str = Field(description=_META["index_version"])
     timings_ms: Timings = Field(description=_META["timings_ms"])
+    explain: Optional[Explain] = Field(default=None, description="With the request's `explain`: what each stage "
+                                                                 "found (null otherwise).")
 
 
 class SourceIdRecommendResponse(RecommendResponse):

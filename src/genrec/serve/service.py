@@ -24,6 +24,7 @@ from genrec.infer.cases import SourceIds
 from genrec.serve.batcher import MicroBatcher
 from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
+from genrec.serve.explain import explain_ids_out
 from genrec.serve.ids import SourceItemIds, Unknown
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.middleware import Metrics
@@ -155,8 +156,10 @@ class Service:
         kw: dict[str, Any] = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda,
                                   sources=req.sources, surface=req.surface, request_ts=req.request_ts, fusion=fusion,
                                   exclude_history=req.exclude_history)
+        if req.explain:  # one history per call: never batched
+            kw["explain"] = True
         degraded = False
-        if self.batcher is not None and not (self.cfg.two_process and req.rank):
+        if self.batcher is not None and not (self.cfg.two_process and req.rank) and not req.explain:
             key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
                    req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
                    req.exclude_history)
@@ -173,7 +176,11 @@ class Service:
                 self.metrics.degraded.inc()
                 out = eng.recommend(hist, rank=False, **kw)  # type: ignore[arg-type]
         out.update(degraded=degraded, index_version=bundle.version)
-        return out if ids is None else ids.answer_out(out, unknown)
+        if ids is None:
+            return out
+        if "explain" in out:
+            explain_ids_out(out["explain"], ids, unknown)
+        return ids.answer_out(out, unknown)
 
     def _remote_rank(self, eng: Engine) -> Callable[..., torch.Tensor]:
         pool = self._ensure_pool(eng)
