@@ -90,20 +90,20 @@ def test_assign_sids_frozen_codebook(tmp_path) -> None:
     assert b3.stats["assigned"]["unchanged"] and b3.stats["assigned"]["already_present"] == 150
 
 
-def test_assign_publishes_unless_the_last_level_grew_and_use_switches_back(tmp_path) -> None:
+def test_assign_publishes_a_grown_level_unless_held_and_use_switches_back(tmp_path) -> None:
     from genrec.sid.build import set_current
 
     x, ids = _data(300)
     b1 = build_sids(x[:200], ids[:200], tmp_path, levels=2, codebook_size=5, niter=5)
     # one vector repeated: every copy lands in the same semantic prefix, so the disambiguation level must grow
     many = np.repeat(x[:1], 12, axis=0)
-    b2 = assign_sids(tmp_path, many, np.arange(1000, 1012))
+    b2 = assign_sids(tmp_path, many, np.arange(1000, 1012), publish_if_grown=False)  # held
     assert b2.codebook_sizes[-1] > b1.codebook_sizes[-1] and not b2.stats["assigned"]["published"]
     assert open_current(tmp_path).version == "v0001" and list_versions(tmp_path) == ["v0001", "v0002"]
-    # a version that keeps the sizes is published as before
-    b3 = assign_sids(tmp_path, x[200:202], ids[200:202])
-    if b3.codebook_sizes == b1.codebook_sizes:
-        assert open_current(tmp_path).version == b3.version and b3.stats["assigned"]["published"]
+    # by default a grown version is published too (served models reach its new codes through their prefixes)
+    b3 = assign_sids(tmp_path, np.repeat(x[:1], 12, axis=0), np.arange(2000, 2012))
+    assert b3.codebook_sizes[-1] > b1.codebook_sizes[-1] and b3.stats["assigned"]["published"]
+    assert open_current(tmp_path).version == b3.version == "v0003"
     assert set_current(tmp_path, "v0002").version == "v0002" and open_current(tmp_path).version == "v0002"
     with pytest.raises(ConfigError, match="not a version name"):
         set_current(tmp_path, "latest")

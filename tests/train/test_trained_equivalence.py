@@ -87,9 +87,8 @@ def test_coarse_prefix_sid_retrieval_equals_an_index_lookup_twin(trained: Recomm
     L = len(sizes)
     trie = TorchTrie.from_sid_trie(sb.trie)
     leaf_rows = sid_leaf_rows(sb.trie, rec.catalog, strict=True)
-    expansion = (np.asarray(sb.trie.leaf_start[L - 1]), np.asarray(sb.trie.codes[L - 1]))
     got = evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=(20,), beam_width=8, context_len=20,
-                             trie=trie, leaf_rows=leaf_rows, prefix_expansion=expansion)["sid"]
+                             trie=trie, leaf_rows=leaf_rows, sid_mode="prefix")["sid"]
     model = rec.model.eval()
     ptrie = TorchTrie.from_arrays(sb.trie.offsets[: L - 1], sb.trie.codes[: L - 1], sb.trie.children[: L - 1],
                                   sizes[: L - 1])

@@ -126,12 +126,18 @@ def cold_start(
     frac: float = typer.Option(0.05, help="Share of the catalogue withheld from training."),
     seed: int = typer.Option(0, help="Random seed choosing the withheld items."),
     preset: str = typer.Option("quickstart", help="Run preset of the training (as `genrec train --preset`)."),
+    assign: str = typer.Option("after", help="When the withheld items get codes: after (training on the warm "
+                                             "catalogue; then `sid assign`, served without retraining) or before "
+                                             "(in the training catalogue)."),
+    beam_width: int = typer.Option(20, help="SID beams (full-code, and over levels 1..L-1 for the prefix paths)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value training overrides"),
 ) -> None:
     """Cold-start items: withhold some from training, code them with the frozen SID codebook, score them.
 
-    Reports Recall@K per path on the test cases whose target is a withheld item."""
+    Reports Recall@K per path (ann; sid full-code; sid_prefix and sid_merged, the served coarse-prefix
+    retrieval) on the test cases whose target is a withheld item, and on those whose target is warm."""
     from genrec.recipes.coldstart import run_cold_start
 
-    r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []))
+    r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []),
+                       assign=assign, beam_width=beam_width)
     echo_json({k: v for k, v in r.items() if k != "cold_item_ids"})

@@ -9,6 +9,10 @@ import typer
 
 from genrec.cli._app import CHECKPOINT, RUNDIR, app, check_micro_batch, echo_json, friendly
 
+SID_MODE_HELP = ("The SID stage: full (full-code beams), prefix / merged (beams over the semantic levels, then every "
+                 "item under each prefix, beam by beam / by score: reaches items `genrec sid assign` added since "
+                 "training) or auto (default): merged while the catalogue holds such items, else full.")
+
 
 @app.command()
 @friendly
@@ -39,6 +43,7 @@ def serve(
                      "timer) or timed (a group's first request waits --micro-batch-wait-ms for more)."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
+    sid_mode: str = typer.Option("auto", help=SID_MODE_HELP),
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
     admin_token: Optional[str] = typer.Option(
@@ -74,8 +79,9 @@ def serve(
     # bundle loads (the app's own handler takes over once it runs)
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
     try:
-        from genrec.infer.load import find_checkpoint
+        from genrec.infer.load import find_checkpoint, resolve_sid_mode
 
+        os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
         find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
     except BaseException:
         if hup is not None:
@@ -112,6 +118,8 @@ def recommend(
     exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
     checkpoint: Optional[str] = CHECKPOINT,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    sid_mode: Optional[str] = typer.Option(None, help=SID_MODE_HELP.replace("auto (default)", "default "
+                                                                            "$GENREC_SID_MODE, else auto")),
     as_of: Optional[str] = typer.Option(None, help="With --user: valid | test -- the case genrec eval scores (the "
                                                    "events before that split's target), and where the target lands."),
 ) -> None:
@@ -127,7 +135,7 @@ def recommend(
     target = None
     ids = SourceIds.of(workdir)  # --map-ids data: people type and read the source file's ids
     unknown: list[str] = []
-    rec = Recommender.from_checkpoint(workdir, checkpoint)
+    rec = Recommender.from_checkpoint(workdir, checkpoint, sid_mode=sid_mode)
     if user is not None:
         if ids is not None:
             uid = ids.user(user)

@@ -80,11 +80,13 @@ def sid_assign(
     workdir: Path = RUNDIR,
     vectors: Path = typer.Option(..., help="Parquet (item_id + vector) or .npy with item_ids.npy beside it: "
                                            "content vectors of NEW items, in the item features' content space."),
-    publish: bool = typer.Option(False, "--publish", help="Make the new version CURRENT even when its last level "
-                                                          "grew (the served models cannot read it until retrained)."),
+    publish: bool = typer.Option(True, "--publish/--hold", help="Make the new version CURRENT also when its last "
+                                                               "level grew (served models reach the new codes through "
+                                                               "their prefixes); --hold keeps CURRENT then, for "
+                                                               "`genrec sid use` after retraining."),
 ) -> None:
     """Give new items codes with the frozen codebook and add them to the served catalogue: a new SID version
-    (none when no item is new), CURRENT unless its last level grew (then `genrec sid use` after retraining)."""
+    (none when no item is new), made CURRENT (a server picks it up on reload, no retraining)."""
     import numpy as np
 
     from genrec.errors import DataError
@@ -122,13 +124,11 @@ def sid_assign(
         typer.secho(f"note: {got['already_present']} of the {got.get('requested')} items already had codes in "
                     f"{cur.version}; they keep them (their vectors were not used)", fg=typer.colors.YELLOW, err=True)
     if list(sb.codebook_sizes) != list(cur.codebook_sizes):
-        where = (f"it is CURRENT (--publish): run `genrec sid use {workdir} {cur.version}` to serve the models "
-                 f"trained on {cur.version} again" if got.get("published") else
-                 f"CURRENT stays {cur.version}; after retraining on {sb.version}, `genrec sid use {workdir} "
-                 f"{sb.version}` publishes it")
-        typer.secho(f"warning: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}): "
-                    f"models trained on {cur.version} cannot serve {sb.version}; {where}",
-                    fg=typer.colors.YELLOW, err=True)
+        where = ("it is CURRENT: models trained before serve the new codes through their prefixes (sid_mode "
+                 "auto/merged) until retrained" if got.get("published") else
+                 f"CURRENT stays {cur.version} (--hold); `genrec sid use {workdir} {sb.version}` publishes it")
+        typer.secho(f"note: the last SID level grew ({list(cur.codebook_sizes)} -> {list(sb.codebook_sizes)}); "
+                    f"{where}", fg=typer.colors.YELLOW, err=True)
 
 
 @sid_app.command("use")

@@ -165,6 +165,19 @@ class TorchTrie:
             return int(self._levels[-1].offsets[-1].item())
         return self._level(depth).n_nodes
 
+    def cut(self, depth: int) -> TorchTrie:
+        """The trie of the prefixes of ``depth`` levels (this trie's first ``depth`` levels, the same tensors)."""
+        if not 1 <= depth <= self.n_levels:
+            raise ConfigError(f"depth must be in 1..{self.n_levels}, got {depth}")
+        return TorchTrie(self._levels[:depth], self.codebook_sizes[:depth], self.device)
+
+    def last_level(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The leaves under each depth-(L-1) node: (offsets int64 [n_{L-1} + 1], final code of each leaf
+        int64 [n_L], the most leaves under one node). Leaves are numbered in lexicographic SID order, so
+        node j's leaves are ``offsets[j]:offsets[j + 1]`` -- the trie's ``leaf_start[L-1]``."""
+        lv = self._levels[-1]
+        return lv.offsets, lv.codes, lv.max_fanout
+
     def is_dense(self, depth: int) -> bool:
         return self._level(depth).has_child is not None
 

@@ -329,7 +329,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or (p == "sid" and rec.trie is not None))
     res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                              diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
-                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists)
+                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists,
+                             sid_mode=rec.served_sid_mode, known=rec.known_leaves)  # the SID stage as served
     for p in ("sid", "ann"):
         if p in res:
             paths[p] = res[p]

@@ -3,7 +3,9 @@
 * **ann** (dense): the user vector at the last history token against every item vector
   (exact inner product, scored in chunks; no users × items matrix is held).
 * **sid** (generative): constrained beam search over the SID trie (PinGER), beams mapped to
-  items through their unique full codes; the beam order is the ranking (beams past K miss).
+  items through their unique full codes; the beam order is the ranking (beams past K miss). With
+  ``sid_mode="prefix"`` / ``"merged"`` the coarse-prefix retrieval the server runs instead
+  (:mod:`genrec.decode.prefix`: beams over levels 1..L-1, every item under each prefix).
 
 History items are NOT excluded from the ranking (the TIGER/SASRec protocol the published
 Beauty numbers use).
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
+from genrec.decode.prefix import PrefixLeaves, pad_codebooks, prefix_search
 from genrec.decode.rows import beam_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
@@ -85,7 +88,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None,
-                       prefix_expansion: tuple[np.ndarray, np.ndarray] | None = None,
+                       sid_mode: str = "full", known: np.ndarray | None = None,
                        ranks_out: dict[str, np.ndarray] | None = None,
                        lists_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path of ``objective``: a model with its catalogue tensors, the trainer's
@@ -97,12 +100,15 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     (int [C, K], -1 padded) that the metrics were computed on are stored in it (``genrec eval
     --dump-recs``); on the ANN path ties are ordered against the target, as its rank counts them.
 
-    ``prefix_expansion = (leaf_start at depth L-1, final code of each leaf)`` switches the SID path
-    to coarse-prefix retrieval (PinGER's index lookup at a shallower depth): beams over the
-    semantic levels 1..L-1 only, then every item under each beam's prefix, beam by beam, ordered
-    inside a prefix by the model's last-level logits. New items whose only difference from
-    their neighbours is an untrained disambiguation code are reachable this way.
+    ``sid_mode``: "full" (full-code beams), or the coarse-prefix retrieval the server runs
+    (:func:`genrec.decode.prefix.prefix_search`, PinGER's index lookup at a shallower depth): beams over the
+    semantic levels 1..L-1, then every item under each beam's prefix -- "prefix": beam by beam, inside a
+    prefix by score; "merged": all by score. ``known``: per trie leaf, whether the model has a trained
+    last-level logit for it (None: every code inside its head); the others take the new-code rule. A trie whose
+    last level grew past the model's head (``genrec sid assign``) is read with -inf for the codes it lacks.
     """
+    if sid_mode not in ("full", "prefix", "merged"):
+        raise ConfigError(f"sid_mode must be full, prefix or merged, got {sid_mode!r}")
     # model + catalogue tensors: the training objective, or a Recommender's CatalogModel
     obj = cast("JointObjective | CatalogModel", objective)
     model: GenRecModel = obj.model
@@ -118,6 +124,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     kmax = max(ks)
     lists = {p: np.full((len(es), kmax), -1, dtype=np.int64) for p in ("ann", "sid")} if lists_out is not None else None
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None
+    leaves: PrefixLeaves | None = None
     for lo, tb in _batches(es, batch_size, context_len, cfg.n_actions):
         tb = tb.to(dev)
         mb, _ = obj.model_batch(tb, mask_actions=False)
@@ -134,13 +141,16 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
             def step(prefix: torch.Tensor) -> torch.Tensor:
                 return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 
-            if prefix_expansion is None:
-                res = beam_search(step, tb.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
-                                  diversity_lambda=diversity_lambda, trie=trie, device=dev)
+            if sid_mode == "full":
+                res = beam_search(pad_codebooks(step, trie.codebook_sizes), tb.batch_size, cfg.sid_levels,
+                                  trie.codebook_sizes, beam_width, diversity_lambda=diversity_lambda, trie=trie,
+                                  device=dev)
                 top = beam_leaf_rows(res, trie, leaf_t)[:, :kmax].cpu().numpy()
             else:
-                top = _prefix_lists(model, cache, step, trie, tb.batch_size, beam_width, diversity_lambda,
-                                    prefix_expansion, np.asarray(leaf_rows), kmax, dev)
+                if leaves is None:
+                    leaves = PrefixLeaves.build(np.asarray(leaf_rows), known, trie.device)
+                top = prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax, order=sid_mode,  # type: ignore[arg-type]
+                                    diversity_lambda=diversity_lambda, device=dev).rows.cpu().numpy()
             ranks["sid"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
             if lists is not None:
                 lists["sid"][lo:lo + len(tgt), :top.shape[1]] = top
@@ -155,31 +165,3 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     model.train(was_training)
     return out
 
-
-def _prefix_lists(model: GenRecModel, cache: object, step: object, trie: TorchTrie, b: int, beam_width: int,
-                  diversity_lambda: float, expansion: tuple[np.ndarray, np.ndarray], leaf_rows: np.ndarray,
-                  kmax: int, dev: torch.device) -> np.ndarray:
-    """Coarse-prefix SID retrieval: beams over levels 1..L-1, then the items under each prefix.
-    Returns each row's ranked catalogue rows, int [b, kmax], -1 padded."""
-    cfg = model.config
-    ls = cfg.sid_levels - 1
-    leaf_start, leaf_code = expansion
-    # the same device trie cut at depth L-1 (its first L-1 levels are exactly the prefix trie)
-    ptrie = TorchTrie(trie._levels[:ls], trie.codebook_sizes[:ls], trie.device)
-    res = beam_search(step, b, ls, cfg.sid_codebook_sizes[:ls], beam_width,  # type: ignore[arg-type]
-                      diversity_lambda=diversity_lambda, trie=ptrie, device=dev)
-    node = ptrie.walk(res.codes.clamp_min(0))[..., -1].cpu().numpy()  # [B, W] depth-(L-1) node
-    last = F.log_softmax(model.sid_logits_next(cache, res.codes.clamp_min(0)).float(), -1).cpu().numpy()  # type: ignore[arg-type]
-    valid = res.valid.cpu().numpy()
-    out = np.full((b, kmax), -1, dtype=np.int64)
-    for i in range(b):
-        lst: list[int] = []
-        for w in range(node.shape[1]):
-            if not valid[i, w] or node[i, w] < 0 or len(lst) >= kmax:
-                continue
-            leaves = np.arange(leaf_start[node[i, w]], leaf_start[node[i, w] + 1])
-            order = np.argsort(-last[i, w, leaf_code[leaves]], kind="stable")
-            lst.extend(leaf_rows[leaves[order]].tolist())
-        lst = lst[:kmax]
-        out[i, :len(lst)] = lst
-    return out

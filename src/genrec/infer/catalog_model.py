@@ -20,7 +20,19 @@ from torch import nn
 from genrec.catalog import ItemCatalog
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 
-__all__ = ["CatalogModel", "HistoryBatch"]
+__all__ = ["CatalogModel", "HistoryBatch", "model_codes"]
+
+
+def model_codes(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """The SID codes ``[N, L]`` as the model reads them: a code past its level's codebook -- a final code that
+    `genrec sid assign` added when the disambiguation level grew beyond the model's -- is read as code 0 of that
+    level (the first item of the same prefix: the level numbers the items of a prefix and carries no content).
+    The catalogue keeps the real codes; retrieval reaches such items through their prefix
+    (:mod:`genrec.decode.prefix`)."""
+    if codes.shape[1] == 0 or codes.shape[1] != len(sizes):
+        return codes
+    k = torch.tensor(sizes, dtype=codes.dtype, device=codes.device)  # [L]
+    return torch.where(codes < k, codes, torch.zeros_like(codes))
 
 
 class HistoryBatch(Protocol):
@@ -42,7 +54,7 @@ class CatalogModel(nn.Module):
 
     feats: torch.Tensor  # [N, F] buffer
     item_ids: torch.Tensor  # [N] buffer
-    codes: torch.Tensor  # [N, L] buffer (L = 0 without SIDs)
+    codes: torch.Tensor  # [N, L] buffer (L = 0 without SIDs): the codes the model reads (model_codes)
 
     def __init__(self, model: GenRecModel, catalog: ItemCatalog) -> None:
         super().__init__()
@@ -52,7 +64,7 @@ class CatalogModel(nn.Module):
         self.register_buffer("item_ids", torch.from_numpy(np.asarray(catalog.item_ids, dtype=np.int64)),
                              persistent=False)
         codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
-        self.register_buffer("codes", codes.long(), persistent=False)
+        self.register_buffer("codes", model_codes(codes.long(), model.config.sid_codebook_sizes), persistent=False)
 
     def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""

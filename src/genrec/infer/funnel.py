@@ -6,9 +6,9 @@ the ANN search with the user vector, each over-retrieving ``k * overretrieve`` r
 :func:`rank` (L1: the action heads score every candidate over the cached history, fused with the
 dense and SID scores) or, without ranking, :func:`merged_order`, and :func:`top_k`.
 
-Every model call goes through the Recommender's stage methods (``encode``, ``decode_sids``,
-``beam_rows``, ``score_candidates``), so a Recommender whose ranking stage is replaced (the
-service's remote ranker) runs the same funnel.
+Every model call goes through the Recommender's stage methods (``encode``, ``retrieve_sids`` -- full-code
+beams through ``decode_sids`` and ``beam_rows``, or the coarse-prefix retrieval -- and ``score_candidates``),
+so a Recommender whose ranking stage is replaced (the service's remote ranker) runs the same funnel.
 """
 
 from __future__ import annotations
@@ -103,8 +103,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
             # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
             # graphed beam searches capture a few widths, not one per history length
             width = 1 << (beam_width + extra - 1).bit_length()
-        beams = rec.decode_sids(cache, width, diversity_lambda)
-        sid_rows, sid_lp = rec.beam_rows(beams, n + extra)
+        beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
         t["sid"] = _ms(t0)
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)

@@ -35,7 +35,7 @@ from genrec.model.checkpoint_io import (
 )
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
-from genrec.sid.build import open_current
+from genrec.sid.build import SidBuild, open_current, open_version
 from genrec.workdir import WorkDir, file_digest, read_json
 
 
@@ -145,6 +145,20 @@ def resolve_precision(precision: str | None) -> str:
     return prec
 
 
+SID_MODES = ("auto", "full", "prefix", "merged")
+
+
+def resolve_sid_mode(mode: str | None) -> str:
+    """The SID stage's retrieval: ``mode``, else ``$GENREC_SID_MODE``, else "auto". "full": full-code beams;
+    "prefix" / "merged": the coarse-prefix retrieval (:mod:`genrec.decode.prefix`), items beam by beam or all by
+    score; "auto": "merged" while the catalogue holds items the model has no trained logit for (added by
+    `genrec sid assign` since training), else "full"."""
+    m = (mode or os.environ.get("GENREC_SID_MODE") or "auto").strip().lower()
+    if m not in SID_MODES:
+        raise ConfigError(f"sid_mode must be one of {', '.join(SID_MODES)} (argument or GENREC_SID_MODE), got {m!r}")
+    return m
+
+
 @dataclass
 class LoadedRun:
     """What :func:`open_run` read of a run directory, for the Recommender to hold."""
@@ -163,6 +177,7 @@ class LoadedRun:
     leaf_rows: np.ndarray | None  # catalogue row of each leaf of that trie
     sid_index: Any
     sid_version: str | None
+    known: np.ndarray | None = None  # per leaf: the model has a trained last-level logit for it (known_leaves)
 
 
 def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
@@ -199,20 +214,45 @@ def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
         raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
     held = CatalogModel(model, catalog).to(device)
     step = int(read_json(ckpt / "meta.json")["step"])
-    trie = sid_index = leaf_rows = None
+    trie = sid_index = leaf_rows = known = None
     sid_version: str | None = None
     if mcfg.uses_sids:
         sb = open_current(wd.sid)
         sizes = [int(k) for k in sb.codebook_sizes]
-        if sizes != list(mcfg.sid_codebook_sizes):
+        want = list(mcfg.sid_codebook_sizes)
+        # `genrec sid assign` may grow the last (disambiguation) level past the model's head: its new codes
+        # are served through the coarse-prefix retrieval (genrec.decode.prefix); the semantic levels must match
+        if len(sizes) != len(want) or sizes[:-1] != want[:-1] or sizes[-1] < want[-1]:
             raise ConfigError(f"{wd.sid}: current SID version {sb.version} has codebooks {sizes}, the model was "
-                              f"trained with {mcfg.sid_codebook_sizes}; retrain or point CURRENT back")
+                              f"trained with {want}; retrain or point CURRENT back")
         sid_index, sid_version = sb.index, sb.version
         if mcfg.layout in ("pinger", "tiger"):  # SID heads -> a decoding stage (dense + fusion has none)
             trie = TorchTrie.from_sid_trie(sb.trie, device=device)
             leaf_rows = sid_leaf_rows(sb.trie, catalog)
+            known = known_leaves(wd, ckpt, sb, want[-1])
     return LoadedRun(wd, ckpt, cfg.get("run"), held, catalog, actions, positive, surfaces, step, digest, trie,
-                     leaf_rows, sid_index, sid_version)
+                     leaf_rows, sid_index, sid_version, known)
+
+
+def known_leaves(wd: WorkDir, ckpt: Path, sb: SidBuild, head: int) -> np.ndarray:
+    """bool [n_L] per leaf of ``sb``'s trie: does the model have a trained last-level logit for it -- its final
+    code inside the model's head (``head`` codes) and the item, with this very code, in the SID version the
+    checkpoint was trained on (``extra.json``'s ``sid_version``). Items `genrec sid assign` added since are not
+    known: the model never saw a positive for their code under their prefix. When the training version is not
+    recorded or was pruned, every code inside the head counts as known."""
+    items = np.asarray(sb.trie.leaf_items, dtype=np.int64)
+    final = np.asarray(sb.index.codes_of(items), dtype=np.int64)  # [n_L, L]
+    known = final[:, -1] < head
+    extra = ckpt / "extra.json"
+    trained = read_json(extra).get("sid_version") if extra.exists() else None
+    if not trained or trained == sb.version or not (wd.sid / str(trained) / "manifest.json").exists():
+        return known
+    tv = open_version(wd.sid, str(trained))
+    had = tv.index.contains(items)
+    same = np.zeros(len(items), dtype=bool)
+    if had.any():
+        same[had] = (np.asarray(tv.index.codes_of(items[had]), dtype=np.int64) == final[had]).all(1)
+    return known & same
 
 
 def load_or_build_ann(wd: WorkDir, ckpt: Path, cfg: AnnConfig, *, step: int, fp: str | None,

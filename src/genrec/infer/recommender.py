@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from genrec.catalog import ItemCatalog
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
+from genrec.decode.prefix import PrefixLeaves, pad_codebooks, prefix_search
 from genrec.decode.rows import beam_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -59,7 +60,7 @@ from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import rank_given, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
-from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision
+from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
 from genrec.infer.results import SOURCES, BatchResult, RankedList, Recommendation, RecommendationList, \
     recommendation_lists
 from genrec.model.config import ModelConfig
@@ -109,6 +110,11 @@ class Recommender:
         self.context_len = self.config.max_items - 1
         self.history = HistoryParser(catalog, self.actions, self.positive_actions, self.surfaces, self.context_len)
         self.leaf_rows: np.ndarray | None = None  # catalogue row of each SID-trie leaf (beams -> rows)
+        # per leaf: the model has a trained last-level logit for it (None: every code inside its head); items
+        # `genrec sid assign` added since training have none and are reached through their prefix
+        self.known_leaves: np.ndarray | None = None
+        self.sid_mode = "auto"  # the SID stage's retrieval (infer.load.resolve_sid_mode; from_checkpoint sets it)
+        self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
         # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "all" (default; "1" too): the history encode,
@@ -126,19 +132,22 @@ class Recommender:
     @classmethod
     def from_checkpoint(cls, workdir: str | Path, checkpoint: str | Path | None = None,
                         device: str | torch.device = "cpu", *, ann_config: AnnConfig | None = None,
-                        precision: str | None = None) -> "Recommender":
+                        precision: str | None = None, sid_mode: str | None = None) -> "Recommender":
         """Load WORKDIR's model (``checkpoint``: None = BEST if marked else LATEST; else a name -- best, last,
         a step number, a folder name under ``WORKDIR/checkpoints`` -- or a path:
         :func:`~genrec.infer.load.find_checkpoint`), catalogue, current SIDs (trie on ``device``) and the ANN
         index (built once per checkpoint and cached atomically under ``WORKDIR/ann/``). ``precision``:
         "float32" or "bf16" (autocast on CUDA; no effect on CPU); None = ``$GENREC_PRECISION``,
-        else float32 -- the server's ``--precision`` sets that variable for all its processes."""
+        else float32 -- the server's ``--precision`` sets that variable for all its processes. ``sid_mode``:
+        the SID stage's retrieval (:func:`genrec.infer.load.resolve_sid_mode`; None = ``$GENREC_SID_MODE``,
+        else "auto"), set by the server's ``--sid-mode`` likewise."""
         run = open_run(workdir, checkpoint, device)
         wd, ckpt = run.workdir, run.checkpoint
         rec = cls(run.catalog_model, run.catalog, actions=run.actions, positive_actions=run.positive_actions,
                   surfaces=run.surfaces, ann=None, trie=run.trie, sid_index=run.sid_index, step=run.step,
                   checkpoint=ckpt, run_config=run.run_config, device=device)
-        rec.leaf_rows = run.leaf_rows
+        rec.leaf_rows, rec.known_leaves = run.leaf_rows, run.known
+        rec.sid_mode = resolve_sid_mode(sid_mode)
         rec.weights_digest = run.weights_digest
         # the weights as loaded, not as now
         rec.fingerprint = fingerprint([wd.features / "manifest.json"], first=run.weights_digest)
@@ -261,24 +270,67 @@ class Recommender:
 
     def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0,
                     constrain: bool = True) -> BeamResult:
-        """SID beams over the cached history: codes [B, W, L] (constrained through the trie)."""
+        """SID beams over the cached history: codes [B, W, L] (constrained through the trie). Codes of a last
+        level grown past the model's head (`genrec sid assign`) get -inf: full-code beams never reach them."""
         if self.trie is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
         cfg = self.config
+        sizes = self.trie.codebook_sizes
         # shared-prefix plan checked once here; every step then runs sync-free over the context
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        if ctx is not None and self.cuda_graphs in ("sid", "all"):
+        if ctx is not None and self.cuda_graphs in ("sid", "all") and sizes == list(cfg.sid_codebook_sizes):
             if self._graphed is None or self._graphed.trie is not self.trie:
                 self._graphed = GraphedBeamSearch(self.model, self.trie)
             if self._graphed.supports(ctx):
                 return self._graphed(ctx, beam_width, diversity_lambda=diversity_lambda, constrain=constrain)
+        return beam_search(pad_codebooks(self._sid_step(cache, ctx), sizes), cache.batch_size, cfg.sid_levels, sizes,
+                           beam_width, diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain,
+                           device=self.device)
 
+    def _sid_step(self, cache: KVCache, ctx: Any) -> Any:
+        """The beam step over the cached history: prefix [B, W, d] -> log-probs [B, W, K_{d+1}] (the model's sizes)."""
         def step(prefix: torch.Tensor) -> torch.Tensor:
             logits = self.model.sid_logits_ctx(ctx, prefix) if ctx is not None else self.model.sid_logits_next(cache, prefix)
             return F.log_softmax(logits.float(), dim=-1)  # [B, W, K]
 
-        return beam_search(step, cache.batch_size, cfg.sid_levels, cfg.sid_codebook_sizes, beam_width,
-                           diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain, device=self.device)
+        return step
+
+    @property
+    def served_sid_mode(self) -> str:
+        """The SID retrieval requests get: :attr:`sid_mode`, "auto" resolved -- "merged" while some catalogue
+        item has no trained last-level logit (:attr:`known_leaves`), else "full"."""
+        if self.sid_mode != "auto":
+            return self.sid_mode
+        kn = self.known_leaves
+        return "merged" if kn is not None and not bool(np.all(kn)) else "full"
+
+    def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int
+                      ) -> tuple[BeamResult, np.ndarray, np.ndarray]:
+        """The SID stage (:attr:`served_sid_mode`): (beams, catalogue rows int64 [B, limit] (-1 pad), the
+        log-probability each was retrieved with, float32 [B, limit] (nan pad)). "full": the full-code beams'
+        items in beam order (:meth:`beam_rows`); "prefix" / "merged": the coarse-prefix retrieval
+        (:func:`genrec.decode.prefix.prefix_search`; the beams are then those over levels 1..L-1), each item's
+        log P(SID) or, for an item the model has no trained logit for, the new-code rule's score."""
+        mode = self.served_sid_mode
+        if mode == "full":
+            beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            rows, lp = self.beam_rows(beams, limit)
+            return beams, rows, lp
+        if self.trie is None or self.leaf_rows is None:
+            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
+        held = self._leaves
+        if held is None or held[0] is not self.leaf_rows or held[1] is not self.known_leaves \
+                or held[2].rows.device != self.trie.device:
+            held = (self.leaf_rows, self.known_leaves,
+                    PrefixLeaves.build(self.leaf_rows, self.known_leaves, self.trie.device))
+            self._leaves = held
+        ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
+        res = prefix_search(self._sid_step(cache, ctx), self.trie, held[2], cache.batch_size, beam_width, limit,
+                            order=mode, diversity_lambda=diversity_lambda, device=self.device)  # type: ignore[arg-type]
+        packed = torch.cat([res.rows.double(), res.scores.double()], 1).cpu().numpy()  # one device->host copy
+        rows = packed[:, :limit].astype(np.int64)
+        lp = np.where(rows >= 0, packed[:, limit:], np.nan).astype(np.float32)
+        return res.beams, rows, lp
 
     def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Valid beams -> catalogue rows through the SID trie's leaves, beam order, deduplicated, at most
@@ -400,9 +452,9 @@ class Recommender:
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
                              sid_weight=sid_weight, action_weight=action_weight)
         t0 = time.perf_counter()
-        sids = None  # SIDs of every result row in ONE device->host copy (not one per item)
-        if self.codes is not None:
-            sids = self.codes[torch.from_numpy(np.maximum(res.rows, 0)).to(self.codes.device)].cpu().numpy()  # [B, K, L]
+        sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
+        if self.codes is not None and self.catalog.codes is not None:
+            sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
         outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
         # outside the pipeline's "total": parsing + batching, building the results, the whole call
         extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}

@@ -1,16 +1,25 @@
-"""Cold-start protocol (issue 4): can a model retrieve items it never saw in training?
+"""Cold-start protocol (issue 4; served path, issue 41): can a model retrieve items it never saw in training?
 
 A random ``frac`` of the catalogue is withheld: every interaction with those items is
 removed from the users' histories, except a user's LAST event (the leave-one-out test
-target), so the test set still asks for them. Item vectors are rebuilt on the reduced data
+target), so the test set still asks for them. Item vectors are built on the reduced data
 (content from text for every item; engagement from the train split, which never contains a
-cold item — their engagement vectors are zero). Semantic IDs are quantised on the warm
-items only; the cold items get codes afterwards from the frozen codebook
-(:func:`genrec.sid.build.assign_sids`, as ``genrec sid assign`` does), exactly as a new item
-would in production. The joint model trains on the reduced data, and Recall@K is reported
-per path on the test cases whose target is a cold item. An ID-only model has nothing to
-retrieve them with; genrec's SID path (content-derived codes) and ANN path (content-fed item
-vectors) can.
+cold item -- their engagement vectors are zero). Semantic IDs are quantised on the warm
+items only; the cold items get codes from the frozen codebook
+(:func:`genrec.sid.build.assign_sids`, as ``genrec sid assign`` does). Two orders:
+
+* ``assign="after"`` (default; the served path): the model trains on the warm catalogue, then the cold
+  items are assigned with their content vectors -- a new SID version the Recommender loads without
+  retraining, exactly as a new item reaches a running server. Their final codes are codes the model never
+  saw a positive for (or past its last-level head when the level grew): full-code beams miss them, the
+  coarse-prefix retrieval (:mod:`genrec.decode.prefix`) scores them by the new-code rule.
+* ``assign="before"`` (the first protocol): the cold items are coded before training, so they sit in the
+  training catalogue (as negatives) and the model's head covers their codes.
+
+Recall@K is reported per path -- full-code SID, the served coarse-prefix retrieval ("prefix", "merged"),
+ANN -- on the test cases whose target is a cold item, and beside it on those whose target is warm (the
+warm baseline, same model and paths). An ID-only model has nothing to retrieve cold items with; genrec's
+SID path (content-derived codes) and ANN path (content-fed item vectors) can.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from genrec.data.schema import Dataset
 from genrec.data.splits import SplitSpec
 from genrec.data.store import TableStore
 from genrec.errors import ConfigError
-from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
+from genrec.features.store import ItemVectors
 from genrec.infer.recommender import Recommender
 from genrec.recipes import pipeline
 from genrec.recipes.training import train_run
@@ -69,42 +79,64 @@ def withhold_items(ds: Dataset, frac: float, seed: int = 0) -> tuple[Dataset, np
 
 def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, seed: int = 0,
                    preset: str = "quickstart", overrides: list[str] | None = None, levels: int = 3,
-                   beam_width: int = 20) -> dict[str, Any]:
-    """Build the cold-start run in ``out`` from the prepared tables of ``base``; returns the metrics."""
+                   beam_width: int = 20, assign: str = "after", ks: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
+    """Build the cold-start run in ``out`` from the prepared tables of ``base``; returns the metrics
+    (``WORKDIR/reports/cold_start.json``)."""
+    if assign not in ("after", "before"):
+        raise ConfigError(f"assign must be 'after' (the served path) or 'before' (training), got {assign!r}")
     wd = WorkDir(out).ensure()
     ds, cold = withhold_items(TableStore(WorkDir(base).tables).read(), frac, seed)
     TableStore(wd.tables).write(ds, n_buckets=4, overwrite=True)
-    vecs = pipeline.build_item_features(wd.root)
+    pipeline.build_item_features(wd.root)
+    vecs = ItemVectors.load(wd.features, mmap=False)
     ids = np.asarray(vecs.item_ids)
     warm = ~np.isin(ids, cold)
     content = np.asarray(vecs.content)
+    if assign == "after":  # the model's catalogue holds the warm items only; the cold ones arrive after training
+        ItemVectors(ids[warm], content[warm], np.asarray(vecs.engagement)[warm], meta=vecs.meta).save(wd.features)
     build_sids(content[warm], ids[warm], wd.sid, levels=levels, inputs={"cold_start": "warm items only"})
-    assign_sids(wd.sid, content[~warm], ids[~warm], inputs={"cold_start": "withheld items"})
+
+    def add_cold() -> None:
+        assign_sids(wd.sid, content[~warm], ids[~warm], inputs={"cold_start": "withheld items"},
+                    content=content[~warm] if assign == "after" else None)
+
+    if assign == "before":
+        add_cold()
     cfg = RunConfig.from_name(preset, list(overrides or []))
     res = train_run(wd.root, cfg, resume=False)
+    if assign == "after":
+        add_cold()  # a new SID version, CURRENT: the Recommender below loads it without retraining
 
-    store = pipeline.open_store(wd.root)
-    catalog = pipeline.load_catalog(wd.root)
-    recs = list(BucketJoinReader(store, split=SplitSpec("loo"), role="test", context_len=cfg.data.context_len))
-    es_all = make_eval_set(recs, catalog)
-    cold_rows = set(catalog.rows(cold).tolist())
-    pick = [i for i, r in enumerate(es_all.target_rows.tolist()) if r in cold_rows]
-    es = EvalSet([es_all.examples[i] for i in pick], es_all.target_rows[pick])
     rec = Recommender.from_checkpoint(wd.root)
+    store = pipeline.open_store(wd.root)
+    recs = list(BucketJoinReader(store, split=SplitSpec("loo"), role="test", context_len=cfg.data.context_len))
+    es_all = make_eval_set(recs, rec.catalog)
+    is_cold = np.isin(es_all.target_rows, rec.catalog.rows(cold))
+    metrics: dict[str, dict[str, dict[str, float]]] = {}
+    for name, pick in (("cold", np.flatnonzero(is_cold)), ("warm", np.flatnonzero(~is_cold))):
+        es = es_all.subset(pick)
+        if not len(es):
+            continue
+        m: dict[str, dict[str, float]] = {}
+        kw: dict[str, Any] = dict(ks=ks, beam_width=beam_width, context_len=cfg.data.context_len, trie=rec.trie,
+                                  leaf_rows=rec.leaf_rows, known=rec.known_leaves)
+        for mode in ("full", "prefix", "merged"):
+            got = evaluate_retrieval(rec.catalog_model, es, paths=("ann", "sid") if mode == "full" else ("sid",),
+                                     sid_mode=mode, **kw)
+            if "ann" in got:
+                m["ann"] = got["ann"]
+            if "sid" in got:
+                m["sid" if mode == "full" else f"sid_{mode}"] = got["sid"]
+        metrics[name] = m
+    k10 = 10 if 10 in ks else max(ks)
     sb = open_current(wd.sid)
-    trie, leaf_rows = rec.trie, rec.leaf_rows  # the device trie and leaf map the Recommender serves with
-    metrics = evaluate_retrieval(rec.catalog_model, es, beam_width=beam_width, context_len=cfg.data.context_len,
-                                 trie=trie, leaf_rows=leaf_rows) if len(es) else {}
-    if len(es) and "sid" in metrics:  # coarse-prefix SID retrieval (levels 1..L-1, then the index)
-        L = len(sb.codebook_sizes)
-        expansion = (np.asarray(sb.trie.leaf_start[L - 1]), np.asarray(sb.trie.codes[L - 1]))
-        metrics["sid_prefix"] = evaluate_retrieval(
-            rec.catalog_model, es, paths=("sid",), beam_width=beam_width, context_len=cfg.data.context_len, trie=trie,
-            leaf_rows=leaf_rows, prefix_expansion=expansion)["sid"]
-    report = {"cold_items": int(len(cold)), "cold_test_cases": len(es), "all_test_cases": len(es_all),
-              "recall@10": {p: m["recall@10"] for p, m in metrics.items()},
-              "metrics": metrics, "train_step": res["step"], "sid_version": sb.version,
-              "cold_item_ids": [int(c) for c in cold]}
+    report = {"assign": assign, "cold_items": int(len(cold)), "cold_test_cases": int(is_cold.sum()),
+              "warm_test_cases": int((~is_cold).sum()), "train_step": res["step"], "sid_version": sb.version,
+              "codebook_sizes": [int(k) for k in sb.codebook_sizes],
+              "model_codebook_sizes": list(rec.config.sid_codebook_sizes),
+              "untrained_leaves": int((~rec.known_leaves).sum()) if rec.known_leaves is not None else 0,
+              f"recall@{k10}": {g: {p: v[f"recall@{k10}"] for p, v in m.items()} for g, m in metrics.items()},
+              "metrics": metrics, "cold_item_ids": [int(c) for c in cold]}
     wd.reports.mkdir(parents=True, exist_ok=True)
     atomic_write_json(wd.reports / "cold_start.json", report)
     return report

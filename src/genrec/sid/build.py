@@ -309,7 +309,7 @@ def open_current(out_root: str | Path) -> SidBuild:
 
 def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
                 inputs: dict[str, Any] | None = None, *, content: Any = None,
-                publish_if_grown: bool = False) -> SidBuild:
+                publish_if_grown: bool = True) -> SidBuild:
     """Code new items with the current version's frozen codebooks; write a new version.
 
     Items already in the current version keep their codes (their vectors are ignored).
@@ -322,9 +322,10 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
     ``new_item_ids``). They are kept in the version (:func:`added_items`), and
     :func:`genrec.catalog.load_catalog` appends them to the catalogue, engagement zero -- a new
     item is then retrievable and rankable by the served model as soon as it has codes (PinGER §1),
-    and pointing ``CURRENT`` back drops it again. The new version becomes ``CURRENT`` unless the last
-    level grew (models trained on the old sizes cannot serve it): then it is written but not published
-    unless ``publish_if_grown`` (``genrec sid use`` publishes it after retraining)."""
+    and pointing ``CURRENT`` back drops it again. The new version becomes ``CURRENT``, also when the last
+    level grew: models trained on the old sizes serve it, reaching the codes past their last-level head through
+    the items' prefixes (:mod:`genrec.decode.prefix`). ``publish_if_grown=False`` keeps ``CURRENT`` where it
+    was in that case (``genrec sid use`` publishes it later, e.g. after retraining)."""
     root = Path(out_root)
     cur = open_current(root)
     x = check_vectors(new_vectors, name="new_vectors")

@@ -1,0 +1,202 @@
+"""Coarse-prefix SID retrieval (PinGER's index lookup at a shallower depth): the one implementation that the
+serving Recommender and the offline evaluation share.
+
+Full-code SID retrieval returns an item only when the model gives its whole code a high probability. A new
+item (``genrec sid assign``) shares its semantic levels with the items it resembles; its last code -- the
+disambiguation level, which numbers the items of one prefix -- is new: a code the model never saw a positive
+for under that prefix, or, when the level grew, one past its last-level head. So full-code beams reach no such
+item. Here:
+
+1. beams run over the semantic levels 1..L-1 only (the same trie-constrained, diverse beam search, on the
+   trie cut at depth L-1);
+2. every item under each kept prefix is read out of the trie's last level on the device: [B, W, F] slots,
+   F the most items under one prefix (no loop over rows or beams);
+3. an item scores ``log P(prefix) + log p(final code | prefix)`` where the model has a trained logit for it
+   (``known``; a code inside the head and the item in the SID version the model was trained on), and
+   otherwise by the **new-code rule**: ``log P(prefix) + log(mean p of the prefix's known items)`` -- a new
+   item is taken to be as likely as its average sibling; with no known sibling, the prefix's probability is
+   split evenly over its items: ``log P(prefix) - log n``;
+4. the items are ordered ``"prefix"``: beam by beam, inside a prefix by score (the index lookup PinGER
+   describes), or ``"merged"``: all by score. The full-code beams' known items are among the merged ones with
+   the same scores (their first L-1 levels are these beams; their score is the same sum of log-probs), so
+   ``merged`` is the full-code list with the prefixes' other items merged in by score, without duplicates.
+
+:func:`prefix_lists_reference` is the slow, obviously-correct twin (loops over rows, beams and leaves).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from genrec.decode.beam import NEG_INF, BeamResult, StepFn, beam_search
+from genrec.decode.trie_torch import TorchTrie
+from genrec.errors import ConfigError
+
+__all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "pad_codebooks", "prefix_lists_reference", "prefix_search"]
+
+ORDERS = ("prefix", "merged")
+Order = Literal["prefix", "merged"]
+
+
+@dataclass
+class PrefixLeaves:
+    """Per leaf of the full trie (depth-L node order), on the trie's device."""
+
+    rows: torch.Tensor  # int64 [n_L]: catalogue row (-1: not in the catalogue, never returned)
+    known: torch.Tensor  # bool [n_L]: the model has a trained last-level logit for the leaf
+
+    @classmethod
+    def build(cls, rows: np.ndarray, known: np.ndarray | None, device: torch.device | str) -> "PrefixLeaves":
+        r = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=device)
+        k = torch.ones_like(r, dtype=torch.bool) if known is None else \
+            torch.as_tensor(np.asarray(known, dtype=bool), device=device)
+        if k.shape != r.shape:
+            raise ConfigError(f"known: one flag per leaf ({tuple(r.shape)}), got {tuple(k.shape)}")
+        return cls(r, k)
+
+
+@dataclass
+class PrefixResult:
+    """rows int64 [B, limit] (-1 pad) in list order, their scores float [B, limit] (-inf pad), whether the model
+    had a trained logit for each (bool [B, limit]), and the beams over levels 1..L-1."""
+
+    rows: torch.Tensor
+    scores: torch.Tensor
+    known: torch.Tensor
+    beams: BeamResult
+
+
+def pad_codebooks(step_fn: StepFn, sizes: Sequence[int]) -> StepFn:
+    """``step_fn`` with each level's log-probs padded with -inf up to ``sizes`` (a trie whose last level grew
+    past the model's head after `genrec sid assign`): full-code beams never take a code the model has no
+    logit for. Levels already as wide pass through unchanged."""
+    ks = [int(k) for k in sizes]
+
+    def step(prefix: torch.Tensor) -> torch.Tensor:
+        lp = step_fn(prefix)  # [B, W, K_model]
+        k = ks[prefix.shape[-1]]
+        if lp.shape[-1] > k:
+            raise ConfigError(f"level {prefix.shape[-1] + 1}: the model has {lp.shape[-1]} codes, the trie {k}")
+        if lp.shape[-1] == k:
+            return lp
+        return torch.cat([lp, lp.new_full((*lp.shape[:-1], k - lp.shape[-1]), NEG_INF)], dim=-1)
+
+    return step
+
+
+def _check(order: str, limit: int, trie: TorchTrie, leaves: PrefixLeaves) -> None:
+    if order not in ORDERS:
+        raise ConfigError(f"order must be one of {ORDERS}, got {order!r}")
+    if limit < 1:
+        raise ConfigError(f"limit must be >= 1, got {limit}")
+    if trie.n_levels < 2:
+        raise ConfigError("coarse-prefix retrieval needs at least 2 SID levels")
+    if leaves.rows.shape[0] != trie.n_nodes(trie.n_levels):
+        raise ConfigError(f"leaves: {leaves.rows.shape[0]} rows for a trie of {trie.n_nodes(trie.n_levels)} leaves")
+
+
+def _expand(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, beams: BeamResult
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every leaf under each beam: (score [B, W, F] (-inf: no item), row [B, W, F], known [B, W, F])."""
+    ptrie = trie.cut(trie.n_levels - 1)
+    prefix = beams.codes.clamp_min(0)  # [B, W, L-1]
+    node = ptrie.walk(prefix)[..., -1]  # [B, W] depth-(L-1) node (-1 none)
+    alive = beams.valid & (node >= 0)
+    last = step_fn(prefix).float()  # [B, W, K_model]
+    km = last.shape[-1]
+    off, codes, fan = trie.last_level()
+    safe = node.clamp_min(0)
+    start = off[safe]  # [B, W]
+    count = torch.where(alive, off[safe + 1] - start, torch.zeros_like(start))  # [B, W] items under the prefix
+    slot = torch.arange(max(fan, 1), device=node.device)  # [F]
+    leaf = (start[..., None] + slot).clamp(max=max(codes.numel() - 1, 0))  # [B, W, F]
+    on = slot < count[..., None]  # [B, W, F]
+    code = codes[leaf]  # [B, W, F]
+    kn = on & leaves.known[leaf] & (code < km)
+    lp = last.gather(2, code.clamp(max=km - 1))  # [B, W, F] log p(code | prefix)
+    # the new-code rule: the mean probability of the prefix's known items, else an even share of the prefix
+    n_kn = kn.sum(-1)  # [B, W]
+    mean = torch.logsumexp(lp.masked_fill(~kn, NEG_INF), -1) - n_kn.clamp_min(1).float().log()
+    rule = torch.where(n_kn > 0, mean, -count.clamp_min(1).float().log())  # [B, W]
+    score = beams.scores.float()[..., None] + torch.where(kn, lp, rule[..., None])
+    row = leaves.rows[leaf]
+    score = score.masked_fill(~(on & (row >= 0)), NEG_INF)
+    return score, row, kn
+
+
+def prefix_search(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, batch_size: int, beam_width: int,
+                  limit: int, *, order: Order = "merged", diversity_lambda: float = 0.0,
+                  penalty: Literal["sum", "max"] = "sum", device: torch.device | str = "cpu") -> PrefixResult:
+    """Coarse-prefix SID retrieval (module docstring): up to ``limit`` catalogue rows per request.
+
+    ``step_fn(prefix [B, W, d]) -> log-probs [B, W, K_{d+1}]`` as for :func:`~genrec.decode.beam.beam_search`,
+    at the model's codebook sizes (its last level may be narrower than the trie's); ``trie`` the full trie of
+    the served SIDs; ``leaves`` its leaves' catalogue rows and known flags."""
+    _check(order, limit, trie, leaves)
+    ls = trie.n_levels - 1
+    beams = beam_search(step_fn, batch_size, ls, trie.codebook_sizes[:ls], beam_width,
+                        diversity_lambda=diversity_lambda, penalty=penalty, trie=trie.cut(ls), device=device)
+    score, row, kn = _expand(step_fn, trie, leaves, beams)  # [B, W, F]
+    b = score.shape[0]
+    if order == "prefix":  # inside each beam by score, beams in their order; then the empty slots last
+        score, i = score.sort(dim=2, descending=True, stable=True)
+        row, kn = row.gather(2, i), kn.gather(2, i)
+        flat_s, flat_r, flat_k = score.reshape(b, -1), row.reshape(b, -1), kn.reshape(b, -1)
+        j = (~torch.isfinite(flat_s)).to(torch.int8).sort(dim=1, stable=True).indices
+    else:
+        flat_s, flat_r, flat_k = score.reshape(b, -1), row.reshape(b, -1), kn.reshape(b, -1)
+        j = flat_s.sort(dim=1, descending=True, stable=True).indices
+    j = j[:, :limit]
+    s, r, k = flat_s.gather(1, j), flat_r.gather(1, j), flat_k.gather(1, j)
+    if j.shape[1] < limit:  # fewer slots than asked for
+        pad = limit - j.shape[1]
+        s = torch.cat([s, s.new_full((b, pad), NEG_INF)], 1)
+        r = torch.cat([r, r.new_full((b, pad), -1)], 1)
+        k = torch.cat([k, k.new_zeros((b, pad))], 1)
+    ok = torch.isfinite(s)
+    return PrefixResult(torch.where(ok, r, torch.full_like(r, -1)), s, k & ok, beams)
+
+
+def prefix_lists_reference(beam_codes: np.ndarray, beam_scores: np.ndarray, beam_valid: np.ndarray,
+                           last_logprobs: np.ndarray, sids: np.ndarray, rows: np.ndarray, known: np.ndarray,
+                           limit: int, order: Order = "merged") -> tuple[np.ndarray, np.ndarray]:
+    """The slow twin of :func:`prefix_search`'s expansion and ordering, one row, beam and item at a time.
+
+    ``beam_codes`` int [B, W, L-1], ``beam_scores`` float [B, W], ``beam_valid`` bool [B, W] (the beams over
+    levels 1..L-1), ``last_logprobs`` float [B, W, K_model] (the model's last-level log-probs after each beam),
+    ``sids`` int [N, L] the full SIDs in lexicographic order (the trie's leaves), ``rows`` / ``known`` per
+    SID. Returns (rows int64 [B, limit] (-1 pad), scores float64 [B, limit] (-inf pad)); ties keep beam order,
+    then SID order."""
+    b, w = beam_scores.shape
+    km = last_logprobs.shape[-1]
+    out_r = np.full((b, limit), -1, np.int64)
+    out_s = np.full((b, limit), -np.inf)
+    for i in range(b):
+        got: list[tuple[float, int, int, int]] = []  # (score, beam, position in the SID order, row)
+        for j in range(w):
+            if not beam_valid[i, j]:
+                continue
+            under = [n for n in range(len(sids)) if list(sids[n][:-1]) == list(beam_codes[i, j])]
+            if not under:
+                continue
+            kn = [n for n in under if known[n] and sids[n][-1] < km]
+            p = [math.exp(float(last_logprobs[i, j, sids[n][-1]])) for n in kn]
+            rule = math.log(sum(p) / len(p)) if kn else -math.log(len(under))
+            for n in under:
+                s = float(beam_scores[i, j]) + (float(last_logprobs[i, j, sids[n][-1]]) if n in kn else rule)
+                if rows[n] >= 0:
+                    got.append((s, j, n, int(rows[n])))
+        if order == "prefix":
+            got.sort(key=lambda t: (t[1], -t[0], t[2]))
+        else:
+            got.sort(key=lambda t: (-t[0], t[1], t[2]))
+        got = got[:limit]
+        out_r[i, :len(got)] = [t[3] for t in got]
+        out_s[i, :len(got)] = [t[0] for t in got]
+    return out_r, out_s
