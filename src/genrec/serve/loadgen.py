@@ -10,7 +10,7 @@ Two clients (``client=``): ``"raw"`` (default) is :class:`RawConnection`, a mini
 keep-alive client on asyncio streams, one connection per closed-loop client, writing request
 bytes encoded before the clock starts -- so the latency is the service's, not the client
 library's; ``"httpx"`` is an ``httpx.AsyncClient`` (what earlier figures used; it adds ~2 ms more
-per 1,000-item request than the raw client on the 2-core CPU box, see BENCHMARKS.md). The load
+per 1,000-item request than the raw client on the 2-core CPU box, see docs/RESULTS.md). The load
 runs on uvloop when installed (:func:`run_client`).
 """
 
