@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from genrec.cli import app
 from genrec.data import append as append_mod
+from genrec.data.ingest import ColumnMapping, IngestOptions
 from genrec.data.ingest.feedviews import feedviews_reference
 from genrec.data.store import TableStore
 from genrec.errors import DataError
@@ -190,3 +191,31 @@ def test_cli_append_and_versions(logs: tuple[Path, Path, Path], tmp_path: Path) 
     assert [x["kind"] for x in v["versions"]] == ["prepare", "append"]
     assert all(set(x["snapshots"]) == {"events", "feedviews", "items"} for x in v["versions"])
     np.testing.assert_array_less(0, [x["counts"]["events"] for x in v["versions"]])
+
+
+def test_generic_logs_keep_the_tables_columns_and_vocabulary(tmp_path: Path) -> None:
+    """A generic log prepared with its own column names: the next day's file is read by the same mapping without
+    naming it again; a new item comes with its row from the items file; an action the tables lack is refused."""
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "d1" / "events.csv").write_text("uid,iid,ts,act\n1,10,100,click\n1,11,110,buy\n2,10,105,click\n")
+    (tmp_path / "d1" / "items.csv").write_text("iid,title\n10,Ten\n11,Eleven\n")
+    (tmp_path / "d2" / "events.csv").write_text("uid,iid,ts,act\n1,12,200,click\n3,10,210,buy\n")
+    (tmp_path / "d2" / "items.csv").write_text("iid,title\n10,Ten\n11,Eleven\n12,Twelve\n")
+    (tmp_path / "bad" / "events.csv").write_text("uid,iid,ts,act\n1,12,300,share\n")
+    (tmp_path / "bad" / "items.csv").write_text("iid,title\n12,Twelve\n")
+    wd = tmp_path / "run"
+    P.prepare(wd, "generic", source=tmp_path / "d1" / "events.csv", n_buckets=2,
+              options=IngestOptions(columns=ColumnMapping(user="uid", item="iid", timestamp="ts", action="act")))
+    out = P.append(wd, tmp_path / "d2" / "events.csv")
+    assert out["added"] == {**out["added"], "events": 2, "items": 1, "users": 1}
+    store = TableStore(wd / "tables")
+    ev = store.read_events()
+    assert _rows(ev, ["user_id", "item_id", "action", "seq"]) == [(1, 10, "click", 0), (1, 11, "buy", 1),
+                                                                 (1, 12, "click", 2), (2, 10, "click", 0),
+                                                                 (3, 10, "buy", 0)]
+    assert "Twelve" in store.read_items().column("title").to_pylist()
+    with pytest.raises(DataError, match="share"):
+        P.append(wd, tmp_path / "bad" / "events.csv")
+    assert TableStore(wd / "tables").data_version == 2

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from genrec.cli._app import WORKDIR, data_app, echo_json, friendly, working
+from genrec.cli._app import RUNDIR, WORKDIR, data_app, echo_json, friendly, working
 
 
 # ----------------------------------------------------------------------------- data
@@ -89,7 +89,7 @@ def data_prepare(
 @data_app.command("append")
 @friendly
 def data_append(
-    workdir: Path = WORKDIR,
+    workdir: Path = RUNDIR,
     source: Path = typer.Option(..., help="Folder (or file, for generic) with the new logs, in the form the tables "
                                           "were prepared from (MovieLens: u.data + u.item, ...)."),
     skip_duplicates: bool = typer.Option(False, "--skip-duplicates", help="Append the events that are not in the "
@@ -129,7 +129,7 @@ def data_append(
 
 @data_app.command("versions")
 @friendly
-def data_versions(workdir: Path = WORKDIR) -> None:
+def data_versions(workdir: Path = RUNDIR) -> None:
     """WORKDIR's data versions, oldest first (1 = as prepared, then one per append): each one's tables_version,
     Iceberg snapshot ids and counts. Every one stays readable (`genrec.open_store(WORKDIR).at(N)`)."""
     from genrec.catalog import open_store

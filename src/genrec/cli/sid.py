@@ -97,14 +97,15 @@ def sid_assign(
     from genrec.sid.build import assign_sids, open_current
     from genrec.sid.source import new_item_vectors
 
-    cur = open_current(Path(workdir) / "sid")
     if vectors is None:
+        cur = open_current(Path(workdir) / "sid")
         with working("coding the tables' new items with the frozen codebooks ..."):
             sb = assign_new_items(workdir, publish_if_grown=publish)
         vecs = np.zeros((0, 0), np.float32)
         feat_dim = None
     else:
         ids, vecs = fc.read_vector_file(vectors.expanduser())
+        cur = open_current(Path(workdir) / "sid")
         vecs = np.asarray(vecs, dtype=np.float32)
         feat_dim = int(np.asarray(ItemVectors.load(Path(workdir) / "features").content).shape[1]) \
             if (Path(workdir) / "features" / "manifest.json").exists() else None
