@@ -2,9 +2,10 @@
 
 :func:`split_by_time` cuts a MovieLens 100K folder (or a part of it: the movies above an id, to keep the
 tests quick) at a timestamp quantile: day 1 is the earlier events, day 2 the rest; day 1's ``u.item`` lists
-only the movies day 1 rates, day 2's the whole catalogue, so day 2 brings new items. :func:`fake_movielens` writes a log of the same form
-from nothing (for a checkout without ``../shared/datasets``): topic-coherent users, titles that share words
-within a topic (for TF-IDF), all events at distinct times.
+only the movies day 1 rates, day 2's the whole catalogue, so day 2 brings new items. :func:`fake_movielens`
+writes a log of the same form from nothing (for a checkout without ``../shared/datasets``): topic-coherent
+users, titles that share words within a topic (for TF-IDF), movies coming out over time, events at distinct
+times.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def split_by_time(src: Path, out: Path, *, frac: float = 0.8, min_item: int = 0)
         d.mkdir(parents=True)
         (d / "u.data").write_text("".join("\t".join(rows[i]) + "\n" for i in sorted(idx)))
         rated = {rows[i][1] for i in order[:cut]}
-        keep = [x for x in lines if int(x.split(b"|")[0]) > min_item and (d == day2 or x.split(b"|")[0].decode() in rated)]
+        keep = [x for x in lines
+                if int(x.split(b"|")[0]) > min_item and (d == day2 or x.split(b"|")[0].decode() in rated)]
         (d / "u.item").write_bytes(b"\n".join(keep) + b"\n")  # day 2's items file: the whole catalogue
         if (src / "u.genre").exists():
             shutil.copy(src / "u.genre", d / "u.genre")

@@ -7,8 +7,8 @@ answers with day 2's tables, SID and checkpoint versions, a day-2 item is served
 its checkpoint, SID version and table snapshot all still read back as they were.
 
 The logs: MovieLens 100K's movies with ids above 1000 (682 of them, 7,693 ratings: small for CI's 2 cores) cut at
-the 80% timestamp quantile, day 1's items file holding only what day 1 rates; without ../shared/datasets a MovieLens-form log made
-here (tests/daily_logs.py)."""
+the 80% timestamp quantile, day 1's items file holding only what day 1 rates; without ../shared/datasets a
+MovieLens-form log made here (tests/daily_logs.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_two_days_hot_swapped_and_nothing_lost(days: tuple[Path, Path], tmp_path
     with ServerThread(application) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
         ready1 = http.get("/readyz").json()
         v1 = ready1["versions"]
-        assert v1["tables"] == "genrec_v0001.1" and v1["sid"] == "v0001" and v1["checkpoint"] == "checkpoints/step-000004"
+        assert v1["tables"] == "genrec_v0001.1" and v1["sid"] == "v0001"
+        assert v1["checkpoint"] == "checkpoints/step-000004"
         assert v1["trained_on"]["tables"] == "genrec_v0001.1" and v1["trained_on"]["sid"] == "v0001"
         hist = [{"item_id": int(i)} for i in events1.column("item_id").to_numpy()[:5]]
         first = http.post("/v1/recommend", json={"history": hist, "k": 5, "beam_width": 8}).json()
@@ -109,7 +110,7 @@ def test_two_days_hot_swapped_and_nothing_lost(days: tuple[Path, Path], tmp_path
         new = int(new_items[0])
         rec = http.post("/v1/recommend", json={"history": [*hist, {"item_id": new}], "k": 5, "beam_width": 8}).json()
         assert rec["index_version"] == ready2["index_version"] != ready1["index_version"]
-        assert rec["index_version"].endswith("+genrec_v0001.2+v0002") or "+genrec_v0001.2+v0002+" in rec["index_version"]
+        assert "+genrec_v0001.2+v0002" in rec["index_version"]
         assert rec["dropped_items"] == []  # a day-2 item is in the served catalogue ...
         ranked = http.post("/v1/rank", json={"history": hist, "candidates": [new, hist[0]["item_id"]]}).json()
         assert ranked["unknown_candidates"] == [] and new in [x["item_id"] for x in ranked["items"]]  # ... rankable

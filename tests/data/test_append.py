@@ -63,7 +63,7 @@ def test_append_is_preparing_everything_at_once(logs: tuple[Path, Path, Path], t
                                                          ev1.column("seq").to_pylist())]))))
     assert new.num_rows == ev.num_rows - n1 == out["added"]["events"]
     info = store.info()
-    want = (feedviews_reference(ev1.to_pylist(), info.actions, 8) + feedviews_reference(new.to_pylist(), info.actions, 8))
+    want = feedviews_reference(ev1.to_pylist(), info.actions, 8) + feedviews_reference(new.to_pylist(), info.actions, 8)
     got = store.read_feedviews().to_pylist()
     key = lambda r: (r["user_id"], r["request_seq"])  # noqa: E731
     assert sorted(got, key=key) == sorted(want, key=key)
@@ -108,7 +108,8 @@ def test_older_events_and_unknown_vocabulary_refused(logs: tuple[Path, Path, Pat
     wd = _day1(tmp_path, day1)
     last = TableStore(wd / "tables").read_events()
     u = int(last.column("user_id")[0].as_py())
-    t_last = max(t for uu, t in zip(last.column("user_id").to_pylist(), last.column("timestamp").to_pylist()) if uu == u)
+    t_last = max(t for uu, t in zip(last.column("user_id").to_pylist(), last.column("timestamp").to_pylist())
+                 if uu == u)
     old = tmp_path / "old"
     old.mkdir()
     (old / "u.item").write_bytes((day2 / "u.item").read_bytes())

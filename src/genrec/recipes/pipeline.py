@@ -45,7 +45,8 @@ from genrec.sid.source import choose_sid_source, features_text_quality, new_item
 from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
-__all__ = ["append", "assign_new_items", "build_item_features", "build_semantic_ids", "default_split", "evaluate", "load_catalog", "open_store",
+__all__ = ["append", "assign_new_items", "build_item_features", "build_semantic_ids", "default_split", "evaluate",
+           "load_catalog", "open_store",
            "prepare", "recommender", "synthesize", "train_model", "tune_fusion"]
 
 

@@ -299,7 +299,8 @@ def _rank_example(ids: list[Any]) -> dict[str, Any]:
     return {"items": [{"item_id": ids[0], "score": 1.62, "action_probs": _EX_PROBS},
                       {"item_id": ids[1], "score": 0.97, "action_probs": {"view": 0.64, "like": 0.49, "dislike": 0.16}}],
             "unknown_candidates": [ids[2]], "dropped_items": [], "truncated_items": 0, "cold_start": False,
-            "index_version": "step-000500@3f9c2a1b7e+genrec_v0001.2+v0001", "timings_ms": {**_EX_TIMES, "sid": 0.0, "ann": 0.0}}
+            "index_version": "step-000500@3f9c2a1b7e+genrec_v0001.2+v0001",
+            "timings_ms": {**_EX_TIMES, "sid": 0.0, "ann": 0.0}}
 
 
 _UNKNOWN = "Candidates not in the catalogue, in request order: left out{}."
