@@ -9,8 +9,8 @@ from genrec._version import __version__
 
 # The library API (genrec.recipes.pipeline), imported on first use so that `import genrec` stays light.
 # (not `train`/`eval`: those are subpackages, whose module attributes would shadow a function of the name)
-_API = ("prepare", "synthesize", "build_item_features", "build_semantic_ids", "train_model", "tune_fusion", "evaluate",
-        "recommender", "load_catalog", "open_store")
+_API = ("prepare", "append", "synthesize", "build_item_features", "build_semantic_ids", "train_model", "tune_fusion",
+        "evaluate", "recommender", "load_catalog", "open_store")
 __all__ = ["__version__", *_API]
 
 

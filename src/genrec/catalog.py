@@ -17,6 +17,7 @@ import torch
 from genrec.data.store import TableStore, catalog_config, open_store
 from genrec.errors import ConfigError, DataError
 from genrec.features.build import table_fingerprint
+from genrec.features.extend import featured_rows
 from genrec.features.store import ItemVectors
 from genrec.sid.build import ADDED_CONTENT, added_items, open_current
 from genrec.workdir import WorkDir
@@ -92,7 +93,12 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
         items = store.read_items()
         built_from = vecs.meta.get("inputs", {}).get("items", {}).get("sha256")
         if built_from is not None:
-            if table_fingerprint(items, ["item_id", "text"]) != built_from:  # the data was prepared again since
+            # the features' items as they were built from: the whole table, or -- after `genrec data append` added
+            # items -- the featured rows of it, unchanged (an append keeps a known item's stored row)
+            featured = featured_rows(items, np.asarray(vecs.item_ids))
+            same = table_fingerprint(items, ["item_id", "text"]) == built_from or (
+                not isinstance(featured, int) and table_fingerprint(featured, ["item_id", "text"]) == built_from)
+            if not same:  # the data was prepared again since
                 raise ConfigError(f"{wd.features}: the item features were built from other item tables than "
                                   f"those now in {wd.tables} (the data was prepared again since): run `genrec "
                                   f"features build`, `genrec sid build` and `genrec train` for {wd.root} again")

@@ -1,4 +1,4 @@
-"""``genrec data``: ingest raw logs into canonical tables (list, prepare, export-p5)."""
+"""``genrec data``: ingest raw logs into canonical tables (list, prepare, append, versions, synth, export-p5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from genrec.cli._app import WORKDIR, data_app, echo_json, friendly, working
+from genrec.cli._app import RUNDIR, WORKDIR, data_app, echo_json, friendly, working
 
 
 # ----------------------------------------------------------------------------- data
@@ -84,6 +84,60 @@ def data_prepare(
     echo_json({"tables": str(Path(workdir) / "tables"), "counts": m["counts"],
                 "feedview_rule": info.get("feedview_rule"),
                 **({"time_rule": info["time_rule"]} if info.get("time_rule") else {})})
+
+
+@data_app.command("append")
+@friendly
+def data_append(
+    workdir: Path = RUNDIR,
+    source: Path = typer.Option(..., help="Folder (or file, for generic) with the new logs, in the form the tables "
+                                          "were prepared from (MovieLens: u.data + u.item, ...)."),
+    skip_duplicates: bool = typer.Option(False, "--skip-duplicates", help="Append the events that are not in the "
+                                                                          "tables yet and skip the others (default: "
+                                                                          "refuse a log holding any)."),
+    user_col: Optional[str] = typer.Option(None, help="generic: user column (default: the tables')."),
+    item_col: Optional[str] = typer.Option(None, help="generic: item column (default: the tables')."),
+    time_col: Optional[str] = typer.Option(None, help="generic: timestamp column (default: the tables')."),
+    action_col: Optional[str] = typer.Option(None, help="generic: action column (default: the tables')."),
+    surface_col: Optional[str] = typer.Option(None, help="generic: surface column (default: the tables')."),
+    time_format: Optional[str] = typer.Option(None, help="generic: how --time-col is written (as for prepare; "
+                                                         "default auto)."),
+    items: Optional[Path] = typer.Option(None, help="generic: items file with the new items (default: "
+                                                    "items.csv|parquet beside the events)."),
+    delimiter: Optional[str] = typer.Option(None, help="generic: field delimiter of CSV files."),
+    impressions: Optional[Path] = typer.Option(None, help="generic: impressions file of the new logs (tables "
+                                                          "prepared with --impressions need one)."),
+) -> None:
+    """Add a later day's logs to WORKDIR's tables as a new data version (one Iceberg snapshot per table; the
+    manifest names it last, so a failed append leaves the tables as they were). Read by the tables' ingestor
+    under their rules (rating rule, slate size, vocabularies, column names). A user's new events follow their
+    stored ones; an event already stored is refused (or skipped); new items are added, known ones keep their
+    stored rows. Earlier versions stay readable: `genrec data versions WORKDIR`."""
+    from genrec.recipes.pipeline import append
+
+    cols = {k: v for k, v in {"user": user_col, "item": item_col, "timestamp": time_col, "action": action_col,
+                              "surface": surface_col}.items() if v is not None}
+    with working(f"appending {source} to {workdir}/tables ..."):
+        out = append(workdir, source, skip_duplicates=skip_duplicates, columns=cols, time_format=time_format,
+                     items_path=str(items) if items is not None else None,
+                     impressions_path=str(impressions) if impressions is not None else None,
+                     delimiter=delimiter.replace("\\t", "\t") if delimiter is not None else None)
+    for note in out["notes"]:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
+    echo_json({k: out[k] for k in ("tables_version", "data_version", "added", "counts")})
+
+
+@data_app.command("versions")
+@friendly
+def data_versions(workdir: Path = RUNDIR) -> None:
+    """WORKDIR's data versions, oldest first (1 = as prepared, then one per append): each one's tables_version,
+    Iceberg snapshot ids and counts. Every one stays readable (`genrec.open_store(WORKDIR).at(N)`)."""
+    from genrec.catalog import open_store
+
+    store = open_store(workdir)
+    echo_json({"current": store.tables_version, "versions": [
+        {k: h.get(k) for k in ("data_version", "tables_version", "kind", "created", "counts", "added", "snapshots")
+         if h.get(k) is not None} for h in store.history()]})
 
 
 @data_app.command("synth")

@@ -78,8 +78,11 @@ def sid_build(
 @friendly
 def sid_assign(
     workdir: Path = RUNDIR,
-    vectors: Path = typer.Option(..., help="Parquet (item_id + vector) or .npy with item_ids.npy beside it: "
-                                           "content vectors of NEW items, in the item features' content space."),
+    vectors: Optional[Path] = typer.Option(None, help="Parquet (item_id + vector) or .npy with item_ids.npy beside "
+                                                      "it: content vectors of NEW items, in the item features' "
+                                                      "content space. Default: the items of the tables that have "
+                                                      "no SID yet (added by `genrec data append`), their content "
+                                                      "vectors made by the item features' own encoder."),
     publish: bool = typer.Option(True, "--publish/--hold", help="Make the new version CURRENT also when its last "
                                                                "level grew (served models reach the new codes through "
                                                                "their prefixes); --hold keeps CURRENT then, for "
@@ -92,21 +95,29 @@ def sid_assign(
     from genrec.errors import DataError
     from genrec.features import content as fc
     from genrec.features.store import ItemVectors
+    from genrec.recipes.pipeline import assign_new_items
     from genrec.sid.build import assign_sids, open_current
     from genrec.sid.source import new_item_vectors
 
-    ids, vecs = fc.read_vector_file(vectors.expanduser())
-    cur = open_current(Path(workdir) / "sid")
-    vecs = np.asarray(vecs, dtype=np.float32)
-    feat_dim = int(np.asarray(ItemVectors.load(Path(workdir) / "features").content).shape[1]) \
-        if (Path(workdir) / "features" / "manifest.json").exists() else None
-    try:
-        x = new_item_vectors(cur.path, vecs, cur.quantizer.dim)
-        sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64),
-                         content=vecs if vecs.ndim == 2 and vecs.shape[1] == feat_dim else None,
-                         publish_if_grown=publish)
-    except DataError as e:  # name the file the bad vectors came from
-        raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
+    if vectors is None:
+        cur = open_current(Path(workdir) / "sid")
+        with working("coding the tables' new items with the frozen codebooks ..."):
+            sb = assign_new_items(workdir, publish_if_grown=publish)
+        vecs = np.zeros((0, 0), np.float32)
+        feat_dim = None
+    else:
+        ids, vecs = fc.read_vector_file(vectors.expanduser())
+        cur = open_current(Path(workdir) / "sid")
+        vecs = np.asarray(vecs, dtype=np.float32)
+        feat_dim = int(np.asarray(ItemVectors.load(Path(workdir) / "features").content).shape[1]) \
+            if (Path(workdir) / "features" / "manifest.json").exists() else None
+        try:
+            x = new_item_vectors(cur.path, vecs, cur.quantizer.dim)
+            sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64),
+                             content=vecs if vecs.ndim == 2 and vecs.shape[1] == feat_dim else None,
+                             publish_if_grown=publish)
+        except DataError as e:  # name the file the bad vectors came from
+            raise (DataError(e.reason, path=vectors, line=e.line, field=e.field) if e.path is None else e) from None
     got = sb.stats.get("assigned", {})
     echo_json({"version": sb.version, "items": len(sb.item_ids), "codebook_sizes": sb.codebook_sizes,
                 "new_items": got.get("new"), "already_present": got.get("already_present"),
@@ -119,7 +130,8 @@ def sid_assign(
                     "content vectors in the features' space to serve them)", fg=typer.colors.YELLOW, err=True)
     if got.get("unchanged"):
         typer.secho(f"note: every one of the {got.get('requested')} items already had codes in {sb.version}: "
-                    f"no new version written", fg=typer.colors.YELLOW, err=True)
+                    f"no new version written" if vectors is not None else f"note: every item of the tables has "
+                    f"codes in {sb.version} already: no new version written", fg=typer.colors.YELLOW, err=True)
     elif got.get("already_present"):
         typer.secho(f"note: {got['already_present']} of the {got.get('requested')} items already had codes in "
                     f"{cur.version}; they keep them (their vectors were not used)", fg=typer.colors.YELLOW, err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +27,14 @@ def train(
                                             "head from init_from=CHECKPOINT, which stays as DPO's frozen "
                                             "reference; pairs are liked vs disliked or skipped items of one "
                                             "slate)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Warm start (the daily cycle): a new run "
+                                                                      "from this checkpoint's weights -- a run "
+                                                                      "directory (its best, else last checkpoint), "
+                                                                      "a checkpoint folder, or a name of one of "
+                                                                      "WORKDIR's (best, last, a step). WORKDIR's "
+                                                                      "current run moves to previous-runs/ first. "
+                                                                      "A catalogue that grew since (new SID codes, "
+                                                                      "new items) is carried over."),
     show_config: bool = typer.Option(False, "--show-config", help="Print every override key with its value under "
                                                                   "--preset and the given overrides, one key=value "
                                                                   "a line, and exit without training (model sizes "
@@ -33,7 +42,8 @@ def train(
                                                                   "preset's)."),
 ) -> None:
     """Train the joint model (SID + dense retrieval + action heads) on WORKDIR's prepared tables, features and
-    SIDs; resumes from the last checkpoint. Ctrl-C or SIGTERM stops after the current step with a checkpoint.
+    SIDs; resumes from the last checkpoint (--init-from: a new run, warm-started). Ctrl-C or SIGTERM stops after the
+    current step with a checkpoint.
 
     Override keys: `genrec train WORKDIR --preset P --show-config` lists them all with the preset's values;
     they are the fields of RunConfig (genrec/train/run.py: variant, model.*, data.*, objective.* from
@@ -58,7 +68,18 @@ def train(
 
         typer.echo("\n".join(lines(to_dict(cfg))))
         return
-    out = train_run(workdir, cfg, resume=not no_resume)
+    if init_from is not None:
+        from genrec.recipes.warmstart import train_warm
+
+        out = train_warm(workdir, cfg, init_from)
+    else:
+        if not cfg.init_from and not no_resume:
+            from genrec.recipes.warmstart import recorded_init_from
+
+            kept = recorded_init_from(workdir)
+            if kept:  # resuming a warm start: it keeps the checkpoint it started from
+                cfg = dataclasses.replace(cfg, init_from=kept)
+        out = train_run(workdir, cfg, resume=not no_resume)
     if launched_rank() == 0:  # under torchrun every process returns the same summary: one prints it
         echo_json(out)
     if out.get("interrupted"):

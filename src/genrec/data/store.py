@@ -22,6 +22,12 @@ What is non-standard here:
   Readers only ever follow the manifest, so they see the old tables or the new ones,
   never a mix. A ``TableStore`` object pins the version it first read; an overwrite by
   another process purges that version, so long-lived readers should reopen the store.
+* **Readers read the Iceberg snapshot the manifest names**, not a table's current one: ``genrec data append``
+  (:mod:`genrec.data.append`) adds each table's new rows as one more snapshot and then rewrites the manifest
+  (the commit point) with the new snapshot ids, so a reader sees all three tables before an append or all three
+  after it. The manifest's ``history`` lists every data version (1 = as prepared, then one per append) with its
+  snapshot ids: :meth:`TableStore.at` reads the tables as they were at one of them (Iceberg time travel), and
+  ``tables_version`` (``<namespace>.<data version>``) names what a checkpoint was trained on.
 """
 
 from __future__ import annotations
@@ -38,113 +44,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from genrec.data.schema import EVENTS_SCHEMA, FEEDVIEWS_SCHEMA, ITEMS_SCHEMA, Dataset, DatasetInfo
-from genrec.errors import ConfigError, DataError, GenrecError
+# the bucketing and the chunk check live in genrec.data.buckets (re-exported here)
+from genrec.data.buckets import (  # noqa: F401
+    _BUCKETED,
+    _SCHEMAS,
+    _SORT_KEYS,
+    _STORED_SCHEMAS,
+    BUCKET,
+    TABLES,
+    conform,
+    layout,
+    murmur3_int64,
+    user_bucket,
+)
+from genrec.data.schema import Dataset, DatasetInfo
+from genrec.errors import ConfigError, GenrecError
 from genrec.workdir import MANIFEST, WorkDir, atomic_write_json, manifest, read_json
-
-BUCKET = "bucket"
-TABLES = ("events", "feedviews", "items")
-_SCHEMAS = {"events": EVENTS_SCHEMA, "feedviews": FEEDVIEWS_SCHEMA, "items": ITEMS_SCHEMA}
-_BUCKETED = ("events", "feedviews")
-_STORED_SCHEMAS = {name: _SCHEMAS[name].append(pa.field(BUCKET, pa.int32(), nullable=False)) if name in _BUCKETED
-                   else _SCHEMAS[name] for name in TABLES}
-_SORT_KEYS = {
-    "events": [("user_id", "ascending"), ("seq", "ascending")],
-    "feedviews": [("user_id", "ascending"), ("request_seq", "ascending")],
-    "items": [("item_id", "ascending")],
-}
-
-# ----------------------------------------------------------------------------- hashing
-
-_C1 = np.uint32(0xCC9E2D51)
-_C2 = np.uint32(0x1B873593)
-
-
-def _rotl32(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
-
-
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
-
-
-def murmur3_int64(values: np.ndarray) -> np.ndarray:
-    """Vectorised 32-bit MurmurHash3 (x86, seed 0) of each int64's 8 little-endian bytes.
-
-    This is the hash the Iceberg spec uses for ``bucket[N]`` of ``long`` columns
-    (spec test vector: ``34 -> 2017239379``). Returns int32 (signed, like Java).
-    """
-    v = np.ascontiguousarray(values, dtype="<i8").view("<u4").reshape(-1, 2)  # [N, 2] lo, hi words
-    h = np.zeros(v.shape[0], dtype=np.uint32)
-    with np.errstate(over="ignore"):
-        for j in range(2):
-            k = v[:, j].astype(np.uint32) * _C1
-            k = _rotl32(k, 15) * _C2
-            h = h ^ k
-            h = _rotl32(h, 13) * np.uint32(5) + np.uint32(0xE6546B64)
-        h = h ^ np.uint32(8)  # total length in bytes
-        h = _fmix32(h)
-    return h.view(np.int32)
-
-
-def user_bucket(user_ids: np.ndarray | pa.Array | pa.ChunkedArray, n_buckets: int) -> np.ndarray:
-    """Iceberg ``bucket[n_buckets](user_id)``: ``(murmur3(user_id) & 0x7FFFFFFF) % n_buckets`` as int32."""
-    if n_buckets < 1:
-        raise ValueError(f"n_buckets must be >= 1, got {n_buckets}")
-    if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
-        user_ids = user_ids.to_numpy()
-    h = murmur3_int64(np.asarray(user_ids, dtype=np.int64)).astype(np.int64)  # [N]
-    return ((h & 0x7FFFFFFF) % n_buckets).astype(np.int32)
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def conform(table: pa.Table, name: str) -> pa.Table:
-    """Select and cast ``table`` to the canonical schema of ``name``; bad input raises DataError."""
-    schema = _SCHEMAS[name]
-    cols = []
-    for f in schema:
-        if f.name not in table.column_names:
-            raise DataError(f"missing column (has {table.column_names})", path=name, field=f.name)
-        col = table.column(f.name)
-        try:
-            col = col.cast(f.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise DataError(f"cannot convert {col.type} to {f.type}: {e}", path=name, field=f.name) from e
-        if not f.nullable and col.null_count:
-            row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"null value in row {row} (column must not be null)", path=name, field=f.name)
-        cols.append(col)
-    out = pa.Table.from_arrays(cols, schema=schema)
-    if name == "feedviews" and out.num_rows:
-        n_items = pc.list_value_length(out.column("item_ids")).to_numpy()
-        n_labels = pc.list_value_length(out.column("labels")).to_numpy()
-        bad = np.flatnonzero(n_items != n_labels)
-        if bad.size:
-            r = int(bad[0])
-            raise DataError(
-                f"row {r}: {n_labels[r]} labels for {n_items[r]} slate items", path=name, field="labels"
-            )
-        if pc.any(pc.equal(n_items, 0)).as_py():
-            r = int(np.flatnonzero(n_items == 0)[0])
-            raise DataError(f"row {r}: empty slate", path=name, field="item_ids")
-    return out
-
-
-def layout(table: pa.Table, name: str, n_buckets: int) -> pa.Table:
-    """A conformed table as it is stored: events/feedviews gain the ``bucket`` column; rows sorted by
-    (bucket,) user and seq (items: by item_id)."""
-    if name not in _BUCKETED:
-        return table.sort_by(_SORT_KEYS[name])
-    b = pa.array(user_bucket(table.column("user_id"), n_buckets), pa.int32())
-    table = table.append_column(pa.field(BUCKET, pa.int32(), nullable=False), b)
-    return table.sort_by([(BUCKET, "ascending"), *_SORT_KEYS[name]])
-
 
 # ----------------------------------------------------------------------------- store
 
@@ -161,8 +76,11 @@ class TableStore:
     """
 
     def __init__(self, tables_dir: str | Path, catalog: dict[str, Any] | None = None,
-                 *, namespace: str = "genrec") -> None:
+                 *, namespace: str = "genrec", data_version: int | None = None) -> None:
+        """``data_version``: read the tables as they were at that entry of the manifest's ``history``
+        (:meth:`at`); None: as they are now."""
         self.tables_dir = Path(tables_dir).expanduser().resolve()
+        self.pinned_version = data_version
         self.namespace = namespace
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", namespace):
             raise ValueError(f"namespace must be an identifier, got {namespace!r}")
@@ -211,6 +129,54 @@ class TableStore:
                 )
             self._manifest = read_json(self.manifest_path)
         return self._manifest
+
+    # -- versions (appends and time travel) -------------------------------------
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every data version of these tables, oldest first: ``data_version`` (1 = as prepared, then one per
+        ``genrec data append``), ``tables_version``, ``snapshots`` (the Iceberg snapshot id of each table; None
+        for a table still empty), ``counts``, ``created``, ``kind`` (prepare / append). Tables written before
+        versions were recorded have one entry without snapshots (their current data)."""
+        m = self.manifest()
+        if m.get("history"):
+            return [dict(h) for h in m["history"]]
+        return [{"data_version": 1, "tables_version": f"{m['namespace']}.1", "snapshots": None,
+                 "counts": m.get("counts", {}), "created": m.get("created"), "kind": "prepare"}]
+
+    def _entry(self) -> dict[str, Any]:
+        """The history entry this store reads: the pinned one, else the newest."""
+        hist = self.history()
+        if self.pinned_version is None:
+            return hist[-1]
+        for h in hist:
+            if int(h["data_version"]) == int(self.pinned_version):
+                return h
+        have = ", ".join(str(h["data_version"]) for h in hist)
+        raise GenrecError(f"{self.tables_dir}: no data version {self.pinned_version} (these tables have {have}; "
+                          f"`genrec data versions` lists them)")
+
+    @property
+    def data_version(self) -> int:
+        """1 for the tables as prepared, +1 per append (of the version read: :meth:`at` pins an older one)."""
+        return int(self._entry()["data_version"])
+
+    @property
+    def tables_version(self) -> str:
+        """``<namespace>.<data version>``: what checkpoints record and the server names."""
+        return str(self._entry()["tables_version"])
+
+    def snapshot_ids(self) -> dict[str, int | None] | None:
+        """The Iceberg snapshot each table is read at (None: tables without recorded snapshots, read as they are)."""
+        snaps = self._entry().get("snapshots")
+        return None if snaps is None else {k: (None if v is None else int(v)) for k, v in snaps.items()}
+
+    def at(self, data_version: int) -> "TableStore":
+        """These tables as they were at ``data_version`` (Iceberg time travel through the recorded snapshots):
+        a read-only view; its reads return exactly what a reader got then."""
+        view = TableStore(self.tables_dir, self._catalog_conf, namespace=self.namespace, data_version=data_version)
+        view._catalog, view._manifest = self._catalog, self.manifest()
+        view._entry()  # an unknown version fails here, naming the ones there are
+        return view
 
     def _versions(self) -> list[int]:
         pat = re.compile(rf"{re.escape(self.namespace)}_v(\d+)")
@@ -326,6 +292,7 @@ class TableStore:
             w = TableWriter(self, tables, n_buckets, info, dict(source or {}))
             yield w
             counts = {**w.rows, "users": w.users}
+            snapshots = {name: snapshot_id(tables[name]) for name in TABLES}
             body = manifest(
                 "tables",
                 inputs=w.source,
@@ -338,7 +305,12 @@ class TableStore:
                 version=version,
                 tables={name: f"{ns}.{name}" for name in TABLES},
                 catalog="sqlite" if self._catalog_conf is None else str(self._catalog_conf.get("type", "custom")),
+                snapshots=snapshots,
+                data_version=1,
+                tables_version=f"{ns}.1",
             )
+            body["history"] = [{"data_version": 1, "tables_version": f"{ns}.1", "snapshots": snapshots,
+                                "counts": counts, "created": body["created"], "kind": "prepare"}]
             atomic_write_json(self.manifest_path, body)  # the commit point
         except BaseException:
             self._purge_namespace(ns)
@@ -357,7 +329,7 @@ class TableStore:
         return int(self.manifest()["n_buckets"])
 
     def counts(self) -> dict[str, int]:
-        return dict(self.manifest()["counts"])
+        return dict(self._entry().get("counts") or self.manifest()["counts"])
 
     def table(self, name: str) -> Any:
         """The pyiceberg ``Table`` currently holding ``name`` (events / feedviews / items)."""
@@ -372,6 +344,7 @@ class TableStore:
                               f"data again (`genrec data prepare DATASET WORKDIR`)") from e
 
     def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
+        """The scan of ``name`` at the snapshot this store reads; None when that table was empty then."""
         from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference
         from pyiceberg.expressions.literals import literal
 
@@ -383,11 +356,17 @@ class TableStore:
                 raise ValueError(f"bucket must be an int in [0, {self.n_buckets}), got {bucket!r}")
             row_filter = EqualTo(term=Reference(BUCKET), value=literal(int(bucket)))
         fields = tuple(columns) if columns is not None else ("*",)
-        return self.table(name).scan(row_filter=row_filter, selected_fields=fields)
+        snaps = self.snapshot_ids()
+        if snaps is None:  # tables written before snapshots were recorded: as they are
+            return self.table(name).scan(row_filter=row_filter, selected_fields=fields)
+        if snaps.get(name) is None:
+            return None
+        return self.table(name).scan(row_filter=row_filter, selected_fields=fields, snapshot_id=snaps[name])
 
     def planned_files(self, name: str, bucket: int | None = None) -> list[str]:
         """Data files a read of ``name`` (one bucket or all) would open: shows partition pruning."""
-        return [self._local(task.file.file_path) for task in self._scan(name, bucket).plan_files()]
+        scan = self._scan(name, bucket)
+        return [] if scan is None else [self._local(task.file.file_path) for task in scan.plan_files()]
 
     def _read(self, name: str, bucket: int | None, columns: list[str] | None) -> pa.Table:
         schema = _SCHEMAS[name]
@@ -396,7 +375,16 @@ class TableStore:
             if unknown:
                 raise ValueError(f"unknown column(s) {unknown} for table {name!r}; has {schema.names}")
             schema = pa.schema([schema.field(c) for c in columns])
-        raw = self._scan(name, bucket, columns).to_arrow()
+        # after an append a table is several writes' files, each sorted: the rows are sorted again, as prepared
+        order = ([(BUCKET, "ascending")] if name in _BUCKETED else []) + _SORT_KEYS[name] \
+            if self.data_version > 1 else []
+        read = None if columns is None else list(dict.fromkeys([*columns, *(k for k, _ in order)]))
+        scan = self._scan(name, bucket, read)
+        if scan is None:
+            return schema.empty_table()
+        raw = scan.to_arrow()
+        if order:
+            raw = raw.sort_by(order)
         cols = [raw.column(f.name).cast(f.type) for f in schema]
         return pa.Table.from_arrays(cols, schema=schema)
 
@@ -420,6 +408,12 @@ class TableStore:
         m = self.manifest()
         return Dataset(self.info(), self.read_events(), self.read_items(), self.read_feedviews(),
                        source=dict(m.get("inputs", {})))
+
+
+def snapshot_id(table: Any) -> int | None:
+    """The current snapshot id of a pyiceberg ``Table`` (None: no snapshot yet, an empty table)."""
+    snap = table.current_snapshot()
+    return None if snap is None else int(snap.snapshot_id)
 
 
 class TableWriter:

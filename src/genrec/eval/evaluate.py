@@ -120,6 +120,7 @@ class EvalData:
     feedviews: list[list[Any]]
     split_kind: str
     train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tables_version: str = ""  # the tables' data version the cases were read from
 
 
 def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> EvalData:
@@ -134,7 +135,7 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     kept = [by_user[ex.user_id] for ex in es.examples]
     tr = train_events(store.read_events(columns=["user_id", "item_id", "seq", "timestamp"]), spec)
     return EvalData(es, kept, [fv[r.user_id] for r in kept], kind,
-                    np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64))
+                    np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64), store.tables_version)
 
 
 def _batches(rec: Recommender, es: EvalSet, batch_size: int, context_len: int):  # type: ignore[no-untyped-def]
@@ -399,6 +400,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         "notes": notes,
         "previous_test_reports": previous if cfg.split == "test" else [],
         "checkpoint": str(rec.checkpoint), "step": rec.step, "variant": run.get("variant"),
+        "versions": {"tables": data.tables_version, "sid": rec.sid_version, "weights_sha256": rec.weights_digest},
         "layout": mcfg.layout, "sid_levels": mcfg.sid_levels,
         "paths": paths, "ranking": ranking, "sid_diagnostics": diag, "sweeps": sweeps,
         "timings_s": timings, "config": {k: v for k, v in asdict(cfg).items()},

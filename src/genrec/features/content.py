@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,16 +112,33 @@ def truncated_svd(m: np.ndarray | sp.spmatrix, k: int, *, seed: int, method: str
     return u, s, vt
 
 
-def _project_down(x: np.ndarray, dim: int | None, *, seed: int) -> np.ndarray:
-    """Project ``x`` [n, d] onto its top ``dim`` principal directions when ``dim < d``."""
+Encode = Callable[[np.ndarray], np.ndarray]
+"""A fitted projection or encoder applied to more rows: [m, d] -> [m, d']."""
+
+
+def _fit_project_down(x: np.ndarray, dim: int | None, *, seed: int) -> tuple[np.ndarray, Encode]:
+    """Project ``x`` [n, d] onto its top ``dim`` principal directions when ``dim < d``; also the projection,
+    for more rows (``(y - mean) Vt^T``: the same numbers for ``x``'s rows when the SVD is exact)."""
     if dim is None or dim >= x.shape[1]:
-        return x
-    centred = x.astype(np.float64) - x.mean(axis=0, keepdims=True)  # [n, d]
+        return x, lambda y: np.asarray(y, dtype=np.float32)
+    mean = x.astype(np.float64).mean(axis=0, keepdims=True)  # [1, d]
+    centred = x.astype(np.float64) - mean  # [n, d]
     k = min(dim, min(centred.shape))
-    u, s, _ = truncated_svd(centred, k, seed=seed)
+    u, s, vt = truncated_svd(centred, k, seed=seed)
     out = np.zeros((x.shape[0], dim), dtype=np.float32)
     out[:, :k] = u * s  # [n, k]
-    return out
+
+    def project(y: np.ndarray) -> np.ndarray:
+        res = np.zeros((y.shape[0], dim), dtype=np.float32)
+        res[:, :k] = (np.asarray(y, np.float64) - mean) @ vt.T  # [m, k]
+        return res
+
+    return out, project
+
+
+def _project_down(x: np.ndarray, dim: int | None, *, seed: int) -> np.ndarray:
+    """Project ``x`` [n, d] onto its top ``dim`` principal directions when ``dim < d``."""
+    return _fit_project_down(x, dim, seed=seed)[0]
 
 
 # --------------------------------------------------------------------------- tf-idf
@@ -132,6 +150,14 @@ def tfidf_vectors(texts: list[str], *, dim: int = DEFAULT_TFIDF_DIM, seed: int =
     Each of the two TF-IDF blocks is row-L2-normalised by scikit-learn, so both count equally.
     Items with empty text get all-zero rows.
     """
+    return tfidf_fit(texts, dim=dim, seed=seed)[0]
+
+
+def tfidf_fit(texts: list[str], *, dim: int = DEFAULT_TFIDF_DIM, seed: int = 0
+              ) -> tuple[np.ndarray, Callable[[list[str]], np.ndarray]]:
+    """:func:`tfidf_vectors` and the fitted encoder for more texts: their TF-IDF rows under the same vocabulary
+    and idf, folded into the LSA space (``X_new Vt^T``, L2-normalised) -- for the fitted texts the same vectors
+    when the SVD is exact (:data:`DENSE_SVD_MAX`), the standard LSA fold-in either way."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     if dim < 1:
@@ -144,8 +170,13 @@ def tfidf_vectors(texts: list[str], *, dim: int = DEFAULT_TFIDF_DIM, seed: int =
                            dtype=np.float32)
     x = sp.hstack([word.fit_transform(texts), char.fit_transform(texts)], format="csr")  # [n, V]
     k = min(dim, min(x.shape))
-    u, s, _ = truncated_svd(x, k, seed=seed)  # U [n, k], S [k]
-    return l2_normalize(u * s)  # LSA document vectors U S (= X V): [n, k]
+    u, s, vt = truncated_svd(x, k, seed=seed)  # U [n, k], S [k], Vt [k, V]
+
+    def encode(more: list[str]) -> np.ndarray:
+        xn = sp.hstack([word.transform(more), char.transform(more)], format="csr")  # [m, V]
+        return l2_normalize(np.asarray(xn @ vt.T))  # [m, k]
+
+    return l2_normalize(u * s), encode  # LSA document vectors U S (= X V): [n, k]
 
 
 # --------------------------------------------------------------------------- sentence-transformers
@@ -335,22 +366,42 @@ def content_vectors(items: pa.Table, spec: str = "tfidf", *, dim: int | None = N
     ``dim`` is an upper bound (see the module docstring); ``seed`` fixes every SVD;
     ``batch_size`` and ``device`` are for ``st:`` encoders only.
     """
-    kind, arg = parse_spec(spec)
-    if dim is not None and dim < 1:
-        raise ConfigError(f"content dim must be >= 1, got {dim}")
-    ids = catalogue_ids(items)
-    if kind == "file":
-        return _project_down(file_vectors(arg, ids), dim, seed=seed)
+    return content_encoder(items, spec, dim=dim, seed=seed, batch_size=batch_size, device=device)[0]
+
+
+def _texts(items: pa.Table, ids: np.ndarray) -> list[str]:
     if "text" not in items.column_names:
         raise DataError("items table has no 'text' column", field="text")
     col = items.column("text")
     if col.null_count:
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError(f"null text for item_id {int(ids[row])}", line=row + 1, field="text")
-    texts = col.to_pylist()
+    return [str(t) for t in col.to_pylist()]
+
+
+def content_encoder(items: pa.Table, spec: str = "tfidf", *, dim: int | None = None, seed: int = 0,
+                    batch_size: int = 64, device: str | None = None
+                    ) -> tuple[np.ndarray, Callable[[pa.Table], np.ndarray]]:
+    """:func:`content_vectors` of ``items``, and the encoder as fitted on them for more items (a table of the
+    same form; rows in its order): the TF-IDF vocabulary, idf and SVD, the principal directions a projection
+    to ``dim`` chose, stay as they are -- new items land in the same space (:mod:`genrec.features.extend`)."""
+    kind, arg = parse_spec(spec)
+    if dim is not None and dim < 1:
+        raise ConfigError(f"content dim must be >= 1, got {dim}")
+    ids = catalogue_ids(items)
+    if kind == "file":
+        vecs, project = _fit_project_down(file_vectors(arg, ids), dim, seed=seed)
+        return vecs, lambda more: project(file_vectors(arg, catalogue_ids(more)))
+    texts = _texts(items, ids)
     if kind == "tfidf":
-        return tfidf_vectors(texts, dim=DEFAULT_TFIDF_DIM if dim is None else dim, seed=seed)
+        vecs, fold = tfidf_fit(texts, dim=DEFAULT_TFIDF_DIM if dim is None else dim, seed=seed)
+        return vecs, lambda more: fold(_texts(more, catalogue_ids(more)))
     vecs = st_vectors(texts, arg, batch_size=batch_size, device=device)
+
+    def encode(more: pa.Table) -> np.ndarray:
+        return st_vectors(_texts(more, catalogue_ids(more)), arg, batch_size=batch_size, device=device)
+
     if dim is not None and dim < vecs.shape[1]:
-        vecs = l2_normalize(_project_down(vecs, dim, seed=seed))
-    return vecs
+        vecs, project = _fit_project_down(vecs, dim, seed=seed)
+        return l2_normalize(vecs), lambda more: l2_normalize(project(encode(more)))
+    return vecs, encode

@@ -6,6 +6,7 @@ manifest, so a later step can check it is looking at the versions it expects::
 
     import genrec
     genrec.prepare("runs/ml", "movielens-100k", data_dir="datasets")   # genrec data prepare
+    # (a later day's logs: genrec.append("runs/ml", "day2/")            # genrec data append)
     # (or a synthetic log of any size: genrec.synthesize("runs/syn", users=10**5, items=10**5, events=10**7))
     genrec.build_item_features("runs/ml")                                # genrec features build
     genrec.build_semantic_ids("runs/ml")                                 # genrec sid build
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from genrec.catalog import load_catalog, open_store
+from genrec.data.append import append_dataset, append_options
 from genrec.data.ingest import REGISTRY, IngestOptions, prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.data.store import TableStore, catalog_config
@@ -34,15 +36,17 @@ from genrec.eval.evaluate import EvalConfig, run_eval
 from genrec.eval.evaluate import evaluate as _evaluate
 from genrec.eval.evaluate import tune_fusion as _tune
 from genrec.features.build import build_features
+from genrec.features.extend import new_item_content
 from genrec.features.store import ItemVectors
 from genrec.infer.recommender import Recommender
 from genrec.recipes.training import train_run
-from genrec.sid.build import build_sids
-from genrec.sid.source import choose_sid_source, features_text_quality, sid_input_vectors
+from genrec.sid.build import assign_sids, build_sids, open_current
+from genrec.sid.source import choose_sid_source, features_text_quality, new_item_vectors, sid_input_vectors
 from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
-__all__ = ["build_item_features", "build_semantic_ids", "default_split", "evaluate", "load_catalog", "open_store",
+__all__ = ["append", "assign_new_items", "build_item_features", "build_semantic_ids", "default_split", "evaluate",
+           "load_catalog", "open_store",
            "prepare", "recommender", "synthesize", "train_model", "tune_fusion"]
 
 
@@ -59,6 +63,23 @@ def prepare(workdir: str | Path, dataset: str, *, source: str | Path | None = No
     wd = WorkDir(workdir).ensure()
     store = TableStore(wd.tables, catalog_config())
     return store.write(ds, n_buckets=n_buckets, overwrite=overwrite)
+
+
+def append(workdir: str | Path, source: str | Path, *, skip_duplicates: bool = False,
+           columns: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """``genrec data append``: a later day's logs (``source``, read by the ingestor the tables were prepared
+    with, under their rules: :func:`genrec.data.append.append_options`; ``columns`` and ``options`` for what
+    the new files need) added to WORKDIR's tables as one new data version, atomically
+    (:mod:`genrec.data.append`). Returns the new ``tables_version``, what was added and the totals."""
+    store = open_store(workdir)
+    info = store.info()
+    if info.name not in REGISTRY:
+        raise ConfigError(f"{store.tables_dir} holds {info.name!r} tables (not read from files by an ingestor): "
+                          f"`genrec data append` can only add logs to tables `genrec data prepare` made")
+    ds = prepare_dataset(info.name, source, options=append_options(info, columns=columns, **options))
+    man, plan = append_dataset(store, ds, skip_duplicates=skip_duplicates, where=str(source))
+    return {"tables_version": man.get("tables_version"), "data_version": man.get("data_version"),
+            "added": plan.added, "counts": man["counts"], "notes": plan.notes}
 
 
 def default_split(store: TableStore) -> SplitSpec:
@@ -99,6 +120,27 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
         inputs["engagement_weight"] = float(engagement_weight)
     return build_sids(x, np.asarray(vecs.item_ids), wd.sid, levels=levels,
                       codebook_size=codebook_size, method=method, seed=seed, inputs=inputs)
+
+
+def assign_new_items(workdir: str | Path, *, publish_if_grown: bool = False) -> Any:
+    """``genrec sid assign WORKDIR`` (no ``--vectors``): the items of WORKDIR's tables that neither the item
+    features nor the current SID version hold -- those a ``genrec data append`` added -- get content vectors
+    from the features' own encoder (:func:`genrec.features.extend.new_item_content`) and codes from the
+    current version's frozen codebooks, in a new SID version that adds them to the served catalogue
+    (:func:`genrec.sid.build.assign_sids`; CURRENT unless the last level grew, or ``publish_if_grown``).
+    No such item: the current version, unchanged."""
+    wd = WorkDir(workdir)
+    store = open_store(wd.root)
+    cur = open_current(wd.sid)
+    ids, content = new_item_content(wd.features, store.read_items(), exclude=np.asarray(cur.item_ids))
+    inputs = {"tables_version": store.tables_version, "features": str(wd.features),
+              "vectors": "content of new items from the features' encoder (genrec.features.extend)"}
+    if not len(ids):
+        cur.stats = {**cur.stats, "assigned": {"requested": 0, "new": 0, "already_present": 0,
+                                               "reconstruction_new": [], "final_level_grew": False, "unchanged": True}}
+        return cur
+    x = new_item_vectors(cur.path, content, cur.quantizer.dim)
+    return assign_sids(wd.sid, x, ids, inputs, content=content, publish_if_grown=publish_if_grown)
 
 
 def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[str] | tuple[str, ...] = (), *,

@@ -130,7 +130,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                              rank_rows=cfg.data.rank_rows)
         return stream.iter_from(spec.start_step)
 
-    extra = {"tables": store.manifest().get("namespace", ""), "sid_version": sid_build.version if sid_build else None,
+    # what the run was trained on, recorded together in every checkpoint (and named by the server that serves it)
+    extra = {"tables": store.tables_version, "tables_snapshots": store.snapshot_ids(),
+             "sid_version": sid_build.version if sid_build else None, "init_from": cfg.init_from or None,
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
                       config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()}, dist_info=dist_info)

@@ -172,7 +172,10 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
                                                   "timeouts_in_a_row": svc.ranker.timeouts_in_a_row,
                                                   "hang_kills": svc.ranker.hang_kills}
         body: dict[str, Any] = {"ready": ready, "ranker": ranker, "last_reload_error": svc.holder.last_error,
-                                "index_version": svc.holder.current.version if svc.holder.ready else None}
+                                "index_version": svc.holder.current.version if svc.holder.ready else None,
+                                # checkpoint, tables and SID versions served, and those the checkpoint was trained on
+                                "versions": svc.holder.current.engine.versions(svc.holder.workdir)
+                                if svc.holder.ready else None}
         if svc.holder.ready:  # the L1 score fusion this version ranks with (genrec fusion tune / defaults)
             rec = svc.holder.current.engine.rec
             fusion: dict[str, Any] = dataclasses.asdict(rec.fusion)

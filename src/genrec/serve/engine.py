@@ -97,8 +97,12 @@ def _input_error(e: Exception) -> InputError:
 class Engine:
     """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
-    def __init__(self, rec: Any, pop_rank: np.ndarray, source_ids: SourceItemIds | None = None) -> None:
+    def __init__(self, rec: Any, pop_rank: np.ndarray, source_ids: SourceItemIds | None = None, *,
+                 tables_version: str | None = None, trained_on: Mapping[str, Any] | None = None) -> None:
         self.rec = rec
+        # the tables read at load (popularity, titles) and what the checkpoint was trained on (its extra.json)
+        self.tables_version = tables_version
+        self.trained_on = dict(trained_on or {})
         # a run whose ids were remapped: the source file's ids, which the service speaks (None: the tables' ints)
         self.source_ids = source_ids
         self.cfg: ModelConfig = rec.config
@@ -115,28 +119,49 @@ class Engine:
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
         rec.warmup()  # CUDA graphs of the common shapes captured before the bundle is served (no-op on CPU)
-        ev = open_store(workdir).read_events(columns=["item_id"]).column("item_id").to_numpy()
+        store = open_store(workdir)
+        ev = store.read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
         counts = np.bincount(rows[rows >= 0], minlength=len(rec.catalog))
         order = np.argsort(-counts, kind="stable")
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
-        return cls(rec, rank, SourceItemIds.of(workdir, rec.catalog.item_ids))
+        extra_path = Path(rec.checkpoint) / "extra.json" if rec.checkpoint is not None else None
+        extra = read_json(extra_path) if extra_path is not None and extra_path.exists() else {}
+        trained_on = {"tables": extra.get("tables"), "sid": extra.get("sid_version"),
+                      "init_from": extra.get("init_from")}
+        return cls(rec, rank, SourceItemIds.of(workdir, rec.catalog.item_ids), tables_version=store.tables_version,
+                   trained_on=trained_on)
 
     @property
     def version(self) -> str:
-        """``<checkpoint>@<fingerprint>+<SID version>``, and ``+l1-a<a>-w<w>-v<v>`` when the checkpoint has
-        stored fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload swaps it
-        in. The fingerprint hashes the weights as loaded and the item features' manifest, so weights or
-        features replaced in place (same folder name) are a new version too."""
+        """``<checkpoint>@<fingerprint>+<tables version>+<SID version>``, and ``+l1-a<a>-w<w>-v<v>`` when the
+        checkpoint has stored fusion weights (``genrec fusion tune``): a new choice is a new version, so a reload
+        swaps it in. The fingerprint hashes the weights as loaded and the item features' manifest, so weights or
+        features replaced in place (same folder name) are a new version too; the tables version
+        (``<namespace>.<data version>``, :attr:`genrec.data.store.TableStore.tables_version`) is the one read at
+        load, so a ``genrec data append`` is a new version as well."""
         ck = self.checkpoint.name if self.checkpoint is not None else "model"
         if self.fingerprint:
             ck += f"@{self.fingerprint}"
+        if self.tables_version:
+            ck += f"+{self.tables_version}"
         v = f"{ck}+{self.sid_version}" if self.sid_version else ck
         if self.rec.fusion_path is not None:
             f = self.rec.fusion
             v += f"+l1-a{f.action_weight:g}-w{f.retrieval_weight:g}-v{f.sid_weight:g}"
         return v
+
+    def versions(self, workdir: str | Path | None = None) -> dict[str, Any]:
+        """What this bundle serves, for ``/readyz``: the checkpoint (its path, relative to ``workdir`` when inside
+        it, and its weights' sha256), the tables version and SID version served, and the tables and SID versions
+        the checkpoint was trained on (with the checkpoint it was warm-started from)."""
+        ck = Path(self.checkpoint) if self.checkpoint is not None else None
+        where = str(ck) if ck is not None else None
+        if ck is not None and workdir is not None and ck.resolve().is_relative_to(Path(workdir).resolve()):
+            where = str(ck.resolve().relative_to(Path(workdir).resolve()))
+        return {"checkpoint": where, "weights_sha256": self.weights_digest, "tables": self.tables_version,
+                "sid": self.sid_version, "trained_on": dict(self.trained_on)}
 
     # ------------------------------------------------------------------ recommend
     def cold_start(self, dropped: list[int], k: int) -> dict[str, Any]:

@@ -257,7 +257,7 @@ def _recommend_example(ids: list[Any]) -> dict[str, Any]:
                       {"item_id": ids[1], "score": 1.41, "action_probs": {"view": 0.88, "like": 0.71, "dislike": 0.18},
                        "sid": [3, 2, 9], "sources": ["ann"]}],
             "dropped_items": [ids[2]], "truncated_items": 0, "degraded": False, "cold_start": False,
-            "index_version": "step-000500@3f9c2a1b7e+v0001", "timings_ms": _EX_TIMES}
+            "index_version": "step-000500@3f9c2a1b7e+genrec_v0001.2+v0001", "timings_ms": _EX_TIMES}
 
 
 _DROPPED = ("History item ids not in the catalogue, in request order: left out, not an error{}.")
@@ -265,8 +265,9 @@ _META = {
     "truncated_items": "Known history events older than the newest context window the model reads (left out).",
     "cold_start": "True when no history item was known: the answer is by popularity, without action "
                   "probabilities.",
-    "index_version": "The served model: `<checkpoint>@<weights+features hash>+<SID version>` (and the stored "
-                     "fusion weights); it changes on a hot swap.",
+    "index_version": "The served model: `<checkpoint>@<weights+features hash>+<tables version>+<SID version>` "
+                     "(and the stored fusion weights); it changes on a hot swap. /readyz's `versions` spells it "
+                     "out, with the tables and SID versions the checkpoint was trained on.",
     "timings_ms": "Server time per stage, milliseconds.",
 }
 
@@ -308,7 +309,8 @@ def _rank_example(ids: list[Any]) -> dict[str, Any]:
     return {"items": [{"item_id": ids[0], "score": 1.62, "action_probs": _EX_PROBS},
                       {"item_id": ids[1], "score": 0.97, "action_probs": {"view": 0.64, "like": 0.49, "dislike": 0.16}}],
             "unknown_candidates": [ids[2]], "dropped_items": [], "truncated_items": 0, "cold_start": False,
-            "index_version": "step-000500@3f9c2a1b7e+v0001", "timings_ms": {**_EX_TIMES, "sid": 0.0, "ann": 0.0}}
+            "index_version": "step-000500@3f9c2a1b7e+genrec_v0001.2+v0001",
+            "timings_ms": {**_EX_TIMES, "sid": 0.0, "ann": 0.0}}
 
 
 _UNKNOWN = "Candidates not in the catalogue, in request order: left out{}."

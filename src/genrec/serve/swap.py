@@ -7,7 +7,7 @@ uses that bundle to the end, so in-flight requests finish on the version they st
 (the caller runs it in a thread), then replaces the reference in one assignment (atomic in
 CPython). A failed build (half-written SID version, codebook mismatch, torn checkpoint) leaves
 the served bundle untouched and is reported. Reloads are serialised by a lock; a reload that
-finds the same checkpoint + SID version keeps the current bundle.
+finds the same version (checkpoint, tables and SID versions: :attr:`Engine.version`) keeps the current bundle.
 
 Non-standard: ``genrec sid build`` publishes a version by renaming a complete folder and then
 rewriting ``CURRENT`` atomically, so a build killed at any point cannot make ``reload`` see a

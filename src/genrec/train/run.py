@@ -25,17 +25,17 @@ The resolved config is written beside the checkpoints (``checkpoints/config.json
 from __future__ import annotations
 
 import copy
-
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from genrec.catalog import ItemCatalog
 from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
-from genrec.train.checkpoint import load_checkpoint
 from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
 from genrec.train.objective import JointObjective, ObjectiveConfig
+from genrec.train.warm import warm_start
 from genrec.workdir import WorkDir, read_json
 
 VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu", "frozen-ft")
@@ -108,7 +108,7 @@ class ModelOverrides:
 class RunConfig:
     variant: str = "pinger"
     model_preset: str = "cpu-small"
-    init_from: str = ""  # a checkpoint (folder or checkpoints root) to start from; weights only
+    init_from: str = ""  # a checkpoint (folder or checkpoints root) to start from; weights only (genrec.train.warm)
     freeze_item_encoder: bool = False
     model: ModelOverrides = field(default_factory=ModelOverrides)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -269,7 +269,11 @@ def init_and_freeze(objective: JointObjective, cfg: RunConfig) -> None:
     if cfg.variant == "frozen-ft" and not cfg.init_from:
         raise ConfigError("variant 'frozen-ft' needs init_from=<retrieval run's checkpoints folder>")
     if cfg.init_from:
-        load_checkpoint(cfg.init_from, objective, restore_rng=False)
+        done = warm_start(objective, cfg.init_from)  # weights only; a catalogue that grew since is carried over
+        if done["grown"]:
+            print(f"[genrec.train] init_from {done['checkpoint']}: the catalogue grew since, so "
+                  f"{', '.join(done['grown'])} kept the checkpoint's rows and initialised the new ones",
+                  file=sys.stderr)
     if objective.cfg.w_dpo > 0:
         if not cfg.init_from:
             raise ConfigError("the DPO stage (objective.w_dpo > 0) needs init_from=<the checkpoint to tune>: it is "
