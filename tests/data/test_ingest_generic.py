@@ -191,7 +191,7 @@ def test_bad_inputs_that_had_raised_tracebacks_are_one_line_errors(tmp_path: Pat
     r = CliRunner().invoke(app, ["serve", str(tmp_path / "w5")])
     assert r.exit_code == 2 and "run `genrec train" in r.output, r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path / "w5"), "--checkpoint", str(tmp_path / "nosuch")])
-    assert r.exit_code == 2 and "not a checkpoint folder" in r.output, r.output
+    assert r.exit_code == 2 and "nor a path to a checkpoint folder" in r.output, r.output
 
 
 def test_tsv_delimiter_and_header_checks(tmp_path: Path) -> None:
