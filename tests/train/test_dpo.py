@@ -104,6 +104,7 @@ def test_dpo_loss_starts_at_log2_and_prefers_the_chosen() -> None:
 def test_dpo_stage_needs_a_checkpoint_to_start_from() -> None:
     cfg = RunConfig.from_name("cpu-tiny", stage="dpo")
     assert cfg.objective.w_dpo == 1.0 and cfg.data.p_rank == 1.0 and cfg.train.ema_decay == 0.0
+    assert cfg.data.rank_rows == "extra"
     with pytest.raises(ConfigError, match="training stage"):
         RunConfig.from_name("cpu-tiny", stage="rlhf")
 

@@ -135,11 +135,12 @@ class RunConfig:
 
 # Training stages: ``joint`` trains the joint objective; ``dpo`` (PinGER's post-training) starts from
 # ``init_from``, keeps it frozen as the reference and adds DPO on the SID sequences of pairs from one slate
-# (genrec.train.dpo); every row is cut at a request so it has a slate, and no weight average (it would hold
-# the weights near the start for the few steps the stage takes).
+# (genrec.train.dpo); every user with a slate adds a row cut at a request (its pairs) beside its whole history
+# (the joint loss keeps training on that), and no weight average (it would hold the weights near the start for
+# the few steps the stage takes).
 STAGES: dict[str, tuple[str, ...]] = {
     "joint": (),
-    "dpo": ("objective.w_dpo=1", "data.p_rank=1", "train.ema_decay=0"),
+    "dpo": ("objective.w_dpo=1", "data.p_rank=1", "data.rank_rows=extra", "train.ema_decay=0"),
 }
 
 
