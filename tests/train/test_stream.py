@@ -85,11 +85,11 @@ def twin(by_bucket: dict[int, list[TrainExample]], *, batch: int, rank: int, wor
     out = []
     for e in range(epochs):
         own = [b for b in range(n) if b % world == rank]
-        order = [int(b) for b in np.random.default_rng([SEED, e, rank]).permutation(own)]
+        order = [int(b) for b in np.random.default_rng([SEED, e, rank, 1]).permutation(own)]
         seq: list[TrainExample] = []
         for w, i in enumerate(range(0, len(order), k)):
             win = [ex for b in order[i:i + k] for ex in by_bucket[b]]
-            seq += [win[j] for j in np.random.default_rng([SEED, e, rank, w]).permutation(len(win))]
+            seq += [win[j] for j in np.random.default_rng([SEED, e, rank, 2, w]).permutation(len(win))]
         out += [(e, seq[s * per:(s + 1) * per]) for s in range(spe)]
     return out
 

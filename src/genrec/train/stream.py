@@ -8,17 +8,18 @@ into batches; memory is bounded by the window (plus one batch carried across a w
 seed, the epoch, the rank, the world size and the window size:
 
 * rank ``r`` of ``W`` owns the buckets ``b`` with ``b % W == r`` (users never meet across ranks);
-* epoch ``e``: the rank's buckets in the order ``rng(seed, e, r).permutation(own)``, cut into windows of
+* epoch ``e``: the rank's buckets in the order ``rng(seed, e, r, 1).permutation(own)``, cut into windows of
   ``window_buckets`` consecutive buckets (the last may be shorter);
 * window ``w``: its buckets' examples one bucket after the other in that order, each bucket's in the join's
-  order (user id), then permuted by ``rng(seed, e, r, w)``;
+  order (user id), then permuted by ``rng(seed, e, r, 2, w)``;
 * the rank's epoch is its windows' permuted examples one after the other; its batch ``i`` of the epoch is
   positions ``[i*P, (i+1)*P)``, ``P = batch_size / W`` (a batch may straddle two windows);
 * every rank takes ``steps_per_epoch = min over ranks of (rank's examples // P)`` steps per epoch (DDP needs
   the same count on every rank); a rank's examples past that are not seen that epoch -- another tail every
   epoch, as the order changes.
 
-(``rng(k...)`` is ``numpy.random.default_rng([k...])``.) Buckets are hash partitions of the users, so a
+(``rng(k...)`` is ``numpy.random.default_rng([k...])``; the tags 1 and 2 keep the two draws apart: a
+seed sequence pads a short key with zeros, so ``(s, e, r)`` and ``(s, e, r, 0)`` would be one draw.) Buckets are hash partitions of the users, so a
 window is already a uniform sample of them: shuffling within it is close to a global shuffle at any window size.
 The batch itself is :func:`genrec.train.batches.collate` of its examples, as in ``BatchStream``.
 
@@ -162,7 +163,7 @@ class WindowPlan:
         self.steps_per_epoch = min(totals) // self.per_rank
 
     def windows(self, epoch: int) -> list[tuple[int, ...]]:
-        order = _rng(self.seed, epoch, self.rank).permutation(np.asarray(self.own, dtype=np.int64))
+        order = _rng(self.seed, epoch, self.rank, 1).permutation(np.asarray(self.own, dtype=np.int64))
         k = self.window_buckets
         return [tuple(int(b) for b in order[i:i + k]) for i in range(0, len(order), k)]
 
@@ -186,7 +187,7 @@ def window_pieces(task: WindowTask, examples: list[TrainExample], spec: StreamSp
     if len(examples) != task.size:
         raise DataError(f"buckets {list(task.buckets)}: {len(examples)} training examples read, the stream index "
                         f"counted {task.size}: the tables changed since it was built (remove TABLES/stream_index/)")
-    perm = _rng(spec.seed, task.epoch, spec.rank, task.window).permutation(task.size)
+    perm = _rng(spec.seed, task.epoch, spec.rank, 2, task.window).permutation(task.size)
     per = spec.per_rank
     pos = task.lo
     while pos < task.hi:
