@@ -168,18 +168,25 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     print(f"\nbatch {args.batch}, window_buckets {args.window}, ray workers {args.ray_workers}, one rank; "
-          f"steps: {'one epoch' if not args.steps else args.steps}")
-    print("| events | buckets | loader | start-up s | batches | examples/s | examples/s incl. start-up | "
-          "peak RSS MiB (trainer) | peak RSS MiB (all processes) |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+          f"batches drawn: {args.steps or 'one epoch'}")
+    print(table(rows, args.max_rss_gib))
+
+
+def table(rows: list[dict[str, Any]], max_rss_gib: float) -> str:
+    """The markdown table of the children's JSON rows (``first epoch s`` is projected from the drawn batches'
+    pace when fewer than an epoch were drawn)."""
+    out = ["| events | buckets | loader | start-up s | batches drawn | examples/s | first epoch s | "
+           "peak RSS MiB (trainer) | peak RSS MiB (all processes) |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "exceeded_kib" in r:
-            print(f"| {r['events']:,} | {r['buckets']} | {r['mode']} | stopped: summed RSS passed "
-                  f"{args.max_rss_gib:g} GiB | | | | | |")
+            out.append(f"| {r['events']:,} | {r['buckets']} | {r['mode']} | stopped: summed RSS passed "
+                       f"{max_rss_gib:g} GiB | | | | | |")
             continue
-        print(f"| {r['events']:,} | {r['buckets']} | {r['mode']} | {r['startup_s']:.1f} | {r['steps']:,} | "
-              f"{r['examples'] / r['seconds']:,.0f} | {r['examples'] / (r['seconds'] + r['startup_s']):,.0f} | "
-              f"{r['peak_kib'] / 1024:,.0f} | {r['tree_peak_kib'] / 1024:,.0f} |")
+        epoch = r["startup_s"] + r["seconds"] * r["steps_per_epoch"] / r["steps"]
+        out.append(f"| {r['events']:,} | {r['buckets']} | {r['mode']} | {r['startup_s']:.1f} | {r['steps']:,} | "
+                   f"{r['examples'] / r['seconds']:,.0f} | {epoch:,.0f} | {r['peak_kib'] / 1024:,.0f} | "
+                   f"{r['tree_peak_kib'] / 1024:,.0f} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

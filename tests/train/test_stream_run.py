@@ -22,3 +22,26 @@ def test_streamed_run_resumes_exactly(fork):  # noqa: ANN001
     for key in ("loss", "sid", "item", "action"):
         assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (key, a[key], b[key])
     assert straight["train_examples"] == 943  # every user (MovieLens users have >= 20 ratings)
+
+
+def test_streamed_run_under_torchrun_gives_each_rank_its_buckets(fork, tmp_path):  # noqa: ANN001
+    """Two gloo processes, each reading only its own bucket of the two: the same number of steps on both (or DDP
+    would hang at the first epoch's end), past the epoch's end."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    wd = fork("stream-ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    # 943 users in 2 buckets, 8 examples per rank a step: about 58 steps an epoch; 60 steps cross its end
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "genrec.cli", "train", str(wd), "--preset", "cpu-tiny", "--no-resume",
+                           "data.stream=true", "train.batch_size=16", "train.total_steps=60", "train.ckpt_every=0",
+                           "train.log_every=30", "data.valid_cases=16"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logged = [json.loads(line) for line in (wd / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [30, 60]

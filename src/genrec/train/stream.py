@@ -19,8 +19,9 @@ seed, the epoch, the rank, the world size and the window size:
   epoch, as the order changes.
 
 (``rng(k...)`` is ``numpy.random.default_rng([k...])``; the tags 1 and 2 keep the two draws apart: a
-seed sequence pads a short key with zeros, so ``(s, e, r)`` and ``(s, e, r, 0)`` would be one draw.) Buckets are hash partitions of the users, so a
-window is already a uniform sample of them: shuffling within it is close to a global shuffle at any window size.
+seed sequence pads a short key with zeros, so ``(s, e, r)`` and ``(s, e, r, 0)`` would be one draw.) Buckets are
+hash partitions of the users, so a window is already a uniform sample of them: shuffling within it is close to a
+global shuffle at any window size.
 The batch itself is :func:`genrec.train.batches.collate` of its examples, as in ``BatchStream``.
 
 **Resume**: step ``s`` is epoch ``s // steps_per_epoch``, position ``(s % steps_per_epoch) * P``; the window
@@ -50,8 +51,8 @@ from genrec.data.stream_index import StreamIndex
 from genrec.errors import ConfigError, DataError
 from genrec.train.batches import TrainBatch, TrainExample, collate, materialise
 
-__all__ = ["CollateOptions", "EmbeddedEngine", "StreamBatches", "StreamSpec", "WindowPlan", "WindowReader", "WindowTask", "row_counts",
-           "window_pieces"]
+__all__ = ["CollateOptions", "EmbeddedEngine", "Partial", "StreamBatches", "StreamSpec", "WindowPlan", "WindowReader",
+           "WindowTask", "row_counts", "window_pieces"]
 
 _MASK63 = (1 << 63) - 1
 
@@ -112,7 +113,7 @@ class CollateOptions:
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """What turning a window into batches needs besides its examples (small; sent to every worker)."""
+    """What turning a window into batches needs besides its examples (sent to every worker once)."""
 
     seed: int
     rank: int
@@ -183,7 +184,8 @@ class WindowPlan:
 
 def window_pieces(task: WindowTask, examples: list[TrainExample], spec: StreamSpec) -> Iterator[Piece]:
     """The pieces of ``task``'s positions ``[lo, hi)``: whole batches collated, and the examples of a batch cut
-    by the window's edge (or by ``lo``/``hi``) as a :class:`Partial`. ``examples``: the window's, in the module's order."""
+    by the window's edge (or by ``lo``/``hi``) as a :class:`Partial`. ``examples``: the window's, in the module's
+    order."""
     if len(examples) != task.size:
         raise DataError(f"buckets {list(task.buckets)}: {len(examples)} training examples read, the stream index "
                         f"counted {task.size}: the tables changed since it was built (remove TABLES/stream_index/)")
