@@ -89,11 +89,14 @@ def build_stream_index(store: BucketSource, split: SplitSpec, *, min_len: int = 
         raise ConfigError("build_stream_index: resolve the temporal split over all events first (cut_ts is None)")
     n = store.n_buckets
     examples = np.zeros(n, dtype=np.int64)
-    ids: list[np.ndarray] = []
+    ids, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # per bucket: distinct items, occurrences
     for b in range(n) if buckets is None else buckets:
         examples[b], items = bucket_counts(store, int(b), split, min_len)
-        ids.append(items)
-    item_ids, item_counts = np.unique(np.concatenate(ids) if ids else np.zeros(0, np.int64), return_counts=True)
+        u, c = np.unique(items, return_counts=True)
+        ids.append(u)
+        counts.append(c)
+    item_ids, inverse = np.unique(np.concatenate(ids), return_inverse=True)  # at most items x buckets
+    item_counts = np.bincount(inverse, weights=np.concatenate(counts), minlength=item_ids.size)
     return StreamIndex(examples, item_ids.astype(np.int64), item_counts.astype(np.int64))
 
 
