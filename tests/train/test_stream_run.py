@@ -25,8 +25,8 @@ def test_streamed_run_resumes_exactly(fork):  # noqa: ANN001
 
 
 def test_streamed_run_under_torchrun_gives_each_rank_its_buckets(fork, tmp_path):  # noqa: ANN001
-    """Two gloo processes, each reading only its own bucket of the two: the same number of steps on both (or DDP
-    would hang at the first epoch's end), past the epoch's end."""
+    """``genrec train`` under torchrun with streaming: two gloo processes, each reading only its own bucket of the
+    two (ranks 0 and 1 of the plan), train in step past the first epoch's end and log the global loss."""
     import json
     import os
     import subprocess
