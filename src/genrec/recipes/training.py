@@ -10,6 +10,7 @@ from here: ``genrec.train`` itself does not import ``genrec.eval``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ import torch
 from genrec.catalog import load_catalog, open_store
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec
+from genrec.data.store import catalog_config
+from genrec.data.stream_index import stream_index
 from genrec.decode.rows import leaf_rows as sid_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
@@ -31,7 +34,9 @@ from genrec.train.batches import BatchStream, materialise
 from genrec.train.config import compile_kwargs, compile_mode_for_world
 from genrec.train.distributed import broadcast_object, cleanup, group_initialized, init_distributed, pick_device
 from genrec.train.objective import JointObjective
+from genrec.train.ray_engine import RayEngine
 from genrec.train.run import RunConfig, build_model_config, check_features_split, init_and_freeze, variant_overrides
+from genrec.train.stream import CollateOptions, EmbeddedEngine, StreamBatches, WindowPlan, WindowReader, row_counts
 from genrec.train.trainer import Trainer
 from genrec.workdir import WorkDir
 
@@ -64,12 +69,17 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         sid_sizes = [int(k) for k in sid_build.codebook_sizes]
     split = SplitSpec(kind="temporal" if cfg.data.split == "temporal" else "loo")
     reader = BucketJoinReader(store, split=split, role="train", context_len=10 ** 9, seed=cfg.train.seed)
-    examples = materialise(reader, catalog)
     # how often the training split shows each catalogue row: ID vectors only for rows it shows
     # (others would stay at their random init); popularity-sampled negatives weigh by it
-    row_counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
-        else np.zeros(len(catalog), dtype=np.int64)
-    seen_ids = catalog.item_ids[row_counts > 0]
+    if cfg.data.stream:  # per-bucket counts only: each rank reads its own buckets while it trains
+        index = stream_index(store, reader.split)
+        n_train, counts = index.total, row_counts(index, catalog)
+    else:
+        examples = materialise(reader, catalog)
+        n_train = len(examples)
+        counts = np.bincount(np.concatenate([e.rows for e in examples]), minlength=len(catalog)) if examples \
+            else np.zeros(len(catalog), dtype=np.int64)
+    seen_ids = catalog.item_ids[counts > 0]
     mcfg = build_model_config(cfg, catalog, len(info.actions), len(info.surfaces), sid_sizes, len(seen_ids))
     torch.manual_seed(cfg.train.seed)
     model = GenRecModel(mcfg)
@@ -118,12 +128,28 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                           f"got {cfg.data.neg_sampling!r}")
     neg_weights = None
     if cfg.data.neg_sampling == "popularity":
-        neg_weights = row_counts.astype(np.float64) ** 0.75 if examples else np.ones(len(catalog))
+        neg_weights = counts.astype(np.float64) ** 0.75 if n_train else np.ones(len(catalog))
+    p_rank = cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0
+    engine: EmbeddedEngine | RayEngine | None = None
+    if cfg.data.stream:  # the batches' settings, checked before anything trains
+        options = CollateOptions(
+            context_len=cfg.data.context_len, n_actions=len(info.actions), p_rank=p_rank,
+            max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
+            neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, len(catalog)),
+            pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick, rank_rows=cfg.data.rank_rows)
+        engine = EmbeddedEngine(WindowReader(store, reader.split, catalog, seed=cfg.train.seed)) \
+            if cfg.data.engine == "embedded" else \
+            RayEngine(store.tables_dir, catalog_config(), reader.split, catalog.item_ids, seed=cfg.train.seed,
+                      workers=cfg.data.ray_workers)
 
     def factory(spec: Any) -> Any:
+        if engine is not None:
+            plan = WindowPlan(index.examples, batch_size=cfg.train.batch_size, seed=spec.seed, rank=spec.rank,
+                              world=spec.world_size, window_buckets=cfg.data.window_buckets)
+            return StreamBatches(engine, plan, options).iter_from(spec.start_step)
         stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
                              context_len=cfg.data.context_len, n_actions=len(info.actions),
-                             p_rank=cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0,
+                             p_rank=p_rank,
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
                              neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
                              pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick,
@@ -136,7 +162,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
                       config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()}, dist_info=dist_info)
-    result = trainer.fit(resume=resume)
+    with engine if engine is not None else contextlib.nullcontext():
+        result = trainer.fit(resume=resume)
     final: dict[str, float] = {}
     if dist_info.is_main:  # (the weights are the same on every rank)
         with trainer.averaged():
@@ -145,7 +172,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     if own_group:
         cleanup()  # every rank meets first: gloo aborts a process whose peer has already gone
     return {"step": result.step, "best_step": result.best_step, "valid": final,
-            "train_examples": len(examples), "valid_cases": len(valid),
+            "train_examples": n_train, "valid_cases": len(valid),
             "last_loss": result.last_step,
             "checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
             **({"interrupted": result.interrupted} if result.interrupted else {}),

@@ -72,6 +72,22 @@ class DataConfig:
     # training batches pad item and candidate slots to a multiple of this (1 = to the longest
     # row): the same loss, and shapes that repeat, so GPU kernels and attention plans are reused
     pad_multiple: int = 8
+    # streaming input (genrec.train.stream): false = every training example materialised in memory on every rank;
+    # true = each rank reads only its buckets, window_buckets buckets at a time, shuffled within the window
+    stream: bool = False
+    window_buckets: int = 1
+    engine: str = "embedded"  # embedded (pyiceberg in the trainer) | ray (Ray Data workers; needs stream=true)
+    ray_workers: int = 2  # Ray actors preparing this rank's batches (engine=ray)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("embedded", "ray"):
+            raise ConfigError(f"config key 'data.engine': must be 'embedded' or 'ray', got {self.engine!r}")
+        if self.engine == "ray" and not self.stream:
+            raise ConfigError("config key 'data.engine': 'ray' prepares streamed windows; set data.stream=true too")
+        if self.window_buckets < 1:
+            raise ConfigError(f"config key 'data.window_buckets': must be >= 1, got {self.window_buckets}")
+        if self.ray_workers < 1:
+            raise ConfigError(f"config key 'data.ray_workers': must be >= 1, got {self.ray_workers}")
 
 
 @dataclass
