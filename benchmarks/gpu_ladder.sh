@@ -11,6 +11,8 @@ sid_variants() {  # WD CB: the same tables and features quantised from the other
     local v=$1-sid-${src/+/-}; mkdir -p $v && ln -sfn "$(realpath $1/tables)" $v/tables \
       && ln -sfn "$(realpath $1/features)" $v/features && python3 -m genrec.cli sid build $v $2 --source $src || return 1
   done
+  local v=$1-sid-k32; mkdir -p $v && ln -sfn "$(realpath $1/tables)" $v/tables \
+    && ln -sfn "$(realpath $1/features)" $v/features && python3 -m genrec.cli sid build $v --codebook-size 32
 }
 one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
   local name=$1 ladder=$2 wd=runs/$1 p5 prep
