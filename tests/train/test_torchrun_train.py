@@ -124,3 +124,35 @@ def test_torchrun_two_processes_equal_one_and_resume(synth_run: Path, tmp_path: 
     (ckpts / "LATEST").write_text(f"step-{STOP:06d}\n")
     _torchrun_train(resumed)
     _assert_same_run(resumed, two, "2 processes resumed vs uninterrupted")
+
+
+def test_ctrl_c_on_torchrun_checkpoints_before_torchrun_kills_the_workers(synth_run: Path, tmp_path: Path) -> None:
+    """Ctrl-C on ``torchrun`` (it sends SIGINT to its workers and kills them 30 s later): on the CPU the workers
+    agree to stop at the next step, not at the next log boundary (here never: log_every 10^6), and write their
+    checkpoint in time."""
+    import signal
+    import time
+
+    run = _fork(synth_run, tmp_path / "ctrl-c")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    over = ["train.total_steps=1000000", "train.batch_size=16", "train.log_every=1000000", "train.ckpt_every=0",
+            "train.eval_every=0", "data.valid_cases=16", "train.progress=off"]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "genrec.cli", "train", str(run), "--preset", "cpu-tiny", *over], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t0 = time.monotonic()
+        while not (run / "checkpoints" / "config.json").exists() and time.monotonic() - t0 < 120:
+            time.sleep(0.5)
+        time.sleep(8)  # training steps
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    latest = run / "checkpoints" / "LATEST"
+    assert latest.exists(), out[-4000:]
+    step = int(latest.read_text().strip().removeprefix("step-"))
+    assert step >= 1 and "SIGINT" in out, out[-4000:]
+    assert "forcefully exiting" not in out, out[-4000:]

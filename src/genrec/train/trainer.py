@@ -499,10 +499,12 @@ class Trainer:
 
     def _interrupted(self, interrupts: Interrupts) -> bool:
         """Whether a signal asks the loop to stop after this step -- on every rank at the same step: with
-        several processes the flag is all-reduced at log boundaries only (one small collective there)."""
+        several processes the flag is all-reduced, on a GPU at log boundaries only (a host sync per step would
+        stall the stream; its steps take milliseconds), on the CPU every step (a slow step x log_every can outlast
+        the 30 s torchrun gives its workers after a Ctrl-C before killing them, checkpoint unwritten)."""
         if self.info.world_size <= 1:
             return interrupts.caught is not None
-        if not (self.cfg.log_every and self.step % self.cfg.log_every == 0):
+        if self.device.type != "cpu" and not (self.cfg.log_every and self.step % self.cfg.log_every == 0):
             return False
         import torch.distributed as dist
 
