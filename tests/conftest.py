@@ -1,4 +1,5 @@
-"""Shared test setup: one torch thread (CI has 2 cores), dataset root, GPU marker skip."""
+"""Shared test setup: one torch thread (CI has 2 cores), dataset roots (the real datasets, and real-or-synthetic),
+GPU marker skip, and the summary of what was not checked for want of the real datasets."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from types import ModuleType
 from typing import Callable
 
 import pytest
+
+from tests.synthetic_datasets import WRITERS, is_synthetic, write_all
 
 os.environ.setdefault("GENREC_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 
@@ -23,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[_DATA_USERS] = [item.nodeid for item in items if "data_root" in getattr(item, "fixturenames", ())]
     try:
         import torch
 
@@ -35,6 +39,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_DATA_USERS = pytest.StashKey[list[str]]()
+_STAND_INS: list[str] = []  # dataset folders data_root filled with synthetic stand-ins this session
 
 
 def _missing_data(report: pytest.TestReport) -> bool:
@@ -59,22 +67,58 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             reason = r.longrepr[2] if isinstance(r.longrepr, tuple) else r.longrepr
             terminalreporter.write_line(f"  {r.nodeid}: {reason}")
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if _missing_data(r)]
-    if not skipped:
+    if not skipped and not _STAND_INS:
         return
-    files = sorted({r.nodeid.split("::")[0] for r in skipped})
     tr = terminalreporter
     tr.section("NOT CHECKED: datasets missing", sep="!", red=True, bold=True)
-    tr.write_line(f"{len(skipped)} tests did not run because the datasets are not at {os.environ['GENREC_DATA_DIR']} "
-                  f"(set GENREC_DATA_DIR, or put ../shared/datasets beside the checkout). Files:")
-    for f in files:
-        tr.write_line(f"  {f} ({sum(r.nodeid.startswith(f + '::') for r in skipped)})")
+    if skipped:
+        files = sorted({r.nodeid.split("::")[0] for r in skipped})
+        tr.write_line(f"{len(skipped)} tests did not run because the datasets are not at "
+                      f"{os.environ['GENREC_DATA_DIR']} (set GENREC_DATA_DIR, or put ../shared/datasets beside the "
+                      f"checkout). Files:")
+        for f in files:
+            tr.write_line(f"  {f} ({sum(r.nodeid.startswith(f + '::') for r in skipped)})")
+    if _STAND_INS:
+        ran = {r.nodeid for key in ("passed", "failed", "error") for r in tr.stats.get(key, [])}
+        users = [n for n in tr.config.stash.get(_DATA_USERS, []) if n in ran]
+        tr.write_line(f"{len(users)} tests ran on small synthetic stand-ins (tests/synthetic_datasets.py) of "
+                      f"{', '.join(_STAND_INS)} instead: their checks of the real data's own figures did not run.")
 
 
 @pytest.fixture(scope="session")
 def datasets_root() -> Path:
+    """The real datasets (``GENREC_DATA_DIR``); skips the test when absent. For tests of the real data's own
+    figures (counts, checksums, published results); others take :func:`data_root`."""
     root = Path(os.environ["GENREC_DATA_DIR"])
     if not root.is_dir():
         pytest.skip(f"datasets not found at {root}")
+    return root
+
+
+@pytest.fixture(scope="session")
+def synthetic_datasets_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root holding a small synthetic stand-in of every shared dataset, in its real on-disk format
+    (tests/synthetic_datasets.py), written once a session."""
+    return write_all(tmp_path_factory.mktemp("synthetic-datasets"))
+
+
+@pytest.fixture(scope="session")
+def data_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root for tests that need *some* data of a dataset's shape: ``GENREC_DATA_DIR`` when it holds every
+    dataset folder; otherwise a folder of links to the real folders present there and to synthetic stand-ins of
+    the others (``tests.synthetic_datasets.is_synthetic(root / folder)`` tells which a test got)."""
+    real = Path(os.environ["GENREC_DATA_DIR"])
+    if all((real / f).is_dir() for f in WRITERS):
+        return real
+    synth: Path = request.getfixturevalue("synthetic_datasets_root")
+    if not any((real / f).is_dir() for f in WRITERS):
+        _STAND_INS.extend(WRITERS)
+        return synth
+    root = tmp_path_factory.mktemp("data-root")
+    for f in WRITERS:
+        (root / f).symlink_to(real / f if (real / f).is_dir() else synth / f, target_is_directory=True)
+        if is_synthetic(root / f):
+            _STAND_INS.append(f)
     return root
 
 

@@ -25,16 +25,14 @@ def test_import_genrec_is_light_and_names_the_api() -> None:
         genrec.nope  # noqa: B018
 
 
-def test_the_documented_calls_end_to_end(tmp_path: Path, datasets_root: Path) -> None:
+def test_the_documented_calls_end_to_end(tmp_path: Path, data_root: Path) -> None:
     import genrec
 
-    if not (datasets_root / "movielens-100k").is_dir():
-        pytest.skip("movielens-100k not available")
     wd = tmp_path / "ml"
     with pytest.raises(ConfigError, match="swapped"):
-        genrec.prepare("movielens-100k", str(wd), data_dir=datasets_root)
+        genrec.prepare("movielens-100k", str(wd), data_dir=data_root)
     assert not wd.exists() and not Path("movielens-100k").exists()  # nothing made for a refused call
-    genrec.prepare(wd, "movielens-100k", data_dir=datasets_root)
+    genrec.prepare(wd, "movielens-100k", data_dir=data_root)
     genrec.build_item_features(wd, content_dim=16, engagement_dim=8)
     genrec.build_semantic_ids(wd, levels=2, codebook_size=8)
     # (genrec.train is the subpackage, not shadowed: train_model is the call)

@@ -1,4 +1,6 @@
-"""Exact counts on every shared dataset, and the ML-1M missing-ratings message."""
+"""Exact counts on every shared dataset (skipped without them), the same checks against the counts of their
+synthetic stand-ins (tests/synthetic_datasets.py: the real on-disk formats), and the ML-1M missing-ratings
+message."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from genrec.data.ingest import IngestOptions, list_datasets, prepare_dataset
 from genrec.data.schema import EVENTS_SCHEMA, FEEDVIEWS_SCHEMA, ITEMS_SCHEMA, Dataset
 from genrec.errors import ConfigError, MissingDataError
+from tests.synthetic_datasets import is_synthetic, stats
 
 
 def _check_invariants(ds: Dataset) -> None:
@@ -101,19 +104,20 @@ def test_taobao(datasets_root: Path) -> None:
     _check_invariants(ds)
 
 
-def test_movielens_1m_missing_ratings_message(datasets_root: Path) -> None:
+def test_movielens_1m_missing_ratings_message(data_root: Path) -> None:
+    """The shared ML-1M copy (and its stand-in) has movies.dat but no ratings.dat."""
     with pytest.raises(MissingDataError) as ei:
-        prepare_dataset("movielens-1m", data_dir=datasets_root)
+        prepare_dataset("movielens-1m", data_dir=data_root)
     msg = str(ei.value)
-    folder = (datasets_root / "movielens-1m").resolve()
+    folder = data_root.resolve() / "movielens-1m"
     assert "ratings.dat" in msg and "movies.dat" not in msg.split("not found")[0]
     assert str(folder / "ratings.dat") in msg
     assert "--download" in msg and "download=True" not in msg  # CLI words
     assert "https://files.grouplens.org/datasets/movielens/ml-1m.zip" in msg
 
 
-def test_slate_size_option(datasets_root: Path) -> None:
-    ds = prepare_dataset("taobao", data_dir=datasets_root, options=IngestOptions(slate_size=3))
+def test_slate_size_option(data_root: Path) -> None:
+    ds = prepare_dataset("taobao", data_dir=data_root, options=IngestOptions(slate_size=3))
     lens = [len(x) for x in ds.feedviews.column("item_ids").to_pylist()]
     assert max(lens) == 3 and ds.info.extra["slate_size"] == 3 and "chunks of 3" in ds.info.feedview_rule
 
@@ -130,7 +134,71 @@ def test_registry_and_unknown_name(tmp_path: Path) -> None:
         prepare_dataset("generic", data_dir=tmp_path)
 
 
-def test_sha256_matches_file(datasets_root: Path) -> None:
-    ds = prepare_dataset("taobao", data_dir=datasets_root)
+def test_sha256_matches_file(data_root: Path) -> None:
+    ds = prepare_dataset("taobao", data_dir=data_root)
     f = ds.source["files"][0]
     assert f["sha256"] == hashlib.sha256(Path(f["path"]).read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- the synthetic stand-ins
+# What the checks above assert of the real files, against the counts each stand-in's writer recorded: the
+# stand-ins are what many tests run on in a clone without the datasets, so they must ingest as the real ones do.
+
+
+def test_synthetic_movielens_100k(synthetic_datasets_root: Path) -> None:
+    folder = synthetic_datasets_root / "movielens-100k"
+    want = stats(folder)
+    assert is_synthetic(folder)
+    ds = prepare_dataset("movielens-100k", data_dir=synthetic_datasets_root)
+    assert _counts(ds) == (want["ratings"], want["users"], want["items"])
+    _check_invariants(ds)
+    n1, n2, n3, n4, n5 = want["ratings_by_value"]
+    assert ds.info.extra["counts"]["actions"] == {"view": n3, "like": n4 + n5, "dislike": n1 + n2}
+    per_user = np.bincount(ds.events.column("user_id").to_numpy())
+    assert per_user[1:].min() == want["user_events"]["min"] >= 20 and per_user[1] == want["user_events"]["user_1"]
+    row = ds.items.slice(0, 1).to_pylist()[0]
+    u_item = (folder / "u.item").read_bytes().decode("latin-1").splitlines()[0].split("|")
+    assert row["item_id"] == 1 and row["title"] == u_item[1]
+    assert any("\u00e9" in t for t in ds.items.column("title").to_pylist() if t)  # Latin-1 decoded
+    files = {Path(f["path"]).name: f for f in ds.source["files"]}
+    assert files["u.item"]["encoding"] == "latin-1" and "u.genre" in files
+
+
+def test_synthetic_movielens_latest_small(synthetic_datasets_root: Path) -> None:
+    want = stats(synthetic_datasets_root / "movielens-latest-small")
+    ds = prepare_dataset("movielens-latest-small", data_dir=synthetic_datasets_root)
+    assert _counts(ds) == (want["ratings"], want["users"], want["movies"])
+    assert ds.info.extra["counts"]["interacted_items"] == want["rated_movies"] < want["movies"]
+    _check_invariants(ds)
+    titles = ds.items.column("title").to_pylist()
+    assert any(", The (" in t for t in titles)  # a quoted CSV field holding a comma
+    assert any(json.loads(a)["genres"] == [] for a in ds.items.column("attributes").to_pylist())
+
+
+def test_synthetic_amazon_beauty(synthetic_datasets_root: Path) -> None:
+    folder = synthetic_datasets_root / "amazon-beauty-2014"
+    want = stats(folder)
+    ds = prepare_dataset("amazon-beauty-2014", data_dir=synthetic_datasets_root)
+    assert _counts(ds) == (want["events"], want["users"], want["items"])
+    assert ds.info.has_timestamps is False and ds.info.actions == ["review"]
+    _check_invariants(ds)
+    ev = ds.events
+    assert (ev.column("timestamp").to_numpy() == ev.column("seq").to_numpy()).all()
+    line = [int(t) for t in (folder / "sequential_data.txt").read_text().splitlines()[1].split()]
+    u = ev.column("user_id").to_numpy()
+    assert ev.column("item_id").to_numpy()[u == line[0]].tolist() == line[1:]
+    per_item = np.bincount(ev.column("item_id").to_numpy())
+    assert per_item[1:].min() >= 5 and np.bincount(u)[1:].min() >= 5  # 5-core, as the P5 files are
+    titles = ds.items.column("title").to_pylist()
+    assert not any("&amp;" in t for t in titles if t)  # unescaped
+    raws = [json.loads(a).get("title_raw") for a in ds.items.column("attributes").to_pylist()]
+    assert sum(r is not None for r in raws) == want["escaped_titles"] > 0
+    assert ds.info.extra["counts"]["synthesised_items"] == 0
+
+
+def test_synthetic_taobao(synthetic_datasets_root: Path) -> None:
+    want = stats(synthetic_datasets_root / "taobao-userbehavior-sample")
+    ds = prepare_dataset("taobao", data_dir=synthetic_datasets_root)
+    assert _counts(ds)[:2] == (want["events"], want["users"])
+    assert ds.info.extra["counts"]["actions"] == want["actions"]
+    _check_invariants(ds)

@@ -11,20 +11,21 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from typer.testing import CliRunner
 
 from genrec.cli import app
+from tests.synthetic_datasets import is_synthetic
 
 ACTIONS = {1: "dislike", 2: "dislike", 3: "view", 4: "like", 5: "like"}
 
 
-def movielens_slice(datasets_root: Path, out: Path, rows: int) -> list[tuple[str, str, int]]:
-    """The first ``rows`` ratings of MovieLens 100K as a log exports them: `u196,m242,<ISO time>,like`, the
-    times alternately with a zone ('...Z') and without one ('YYYY-MM-DD HH:MM:SS'). Returns (user, item, ts)."""
-    src = datasets_root / "movielens-100k" / "u.data"
-    if not src.is_file():
-        pytest.skip("movielens-100k not available")
+def movielens_slice(data_root: Path, out: Path, rows: int) -> list[tuple[str, str, int]]:
+    """The first ``rows`` ratings of MovieLens 100K (or its synthetic stand-in) as a log exports them:
+    `u196,m242,<ISO time>,like`, the times alternately with a zone ('...Z') and without one ('YYYY-MM-DD HH:MM:SS').
+    Returns (user, item, ts)."""
+    src = data_root / "movielens-100k" / "u.data"
+    if not is_synthetic(src.parent):  # the real file's first line, which the messages below quote
+        assert src.read_text().split("\n", 1)[0] == "196\t242\t3\t881250949"
     lines, got = ["user_id,item_id,timestamp,action"], []
     for i, rec in enumerate(src.read_text().splitlines()[:rows]):
         u, it, rating, ts = rec.split("\t")
@@ -40,17 +41,18 @@ def _prepare(*args: str) -> "object":
     return CliRunner().invoke(app, ["data", "prepare", "generic", *args])
 
 
-def test_the_issue_42_csv_ingests_with_no_flags(tmp_path: Path, datasets_root: Path) -> None:
+def test_the_issue_42_csv_ingests_with_no_flags(tmp_path: Path, data_root: Path) -> None:
     """It had stopped at line 2 (`not an integer ... (string ids need map_ids=True)`), then, with --map-ids, at
     the ISO timestamp. Now: ids mapped and times parsed, each with a note; the rule is in the manifest."""
     from genrec.catalog import open_store
     from genrec.infer.cases import SourceIds
 
-    want = movielens_slice(datasets_root, tmp_path / "ev.csv", 300)
+    want = movielens_slice(data_root, tmp_path / "ev.csv", 300)
+    user, when = want[0][0], datetime.fromtimestamp(want[0][2], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     r = _prepare(str(tmp_path / "wd"), "--source", str(tmp_path / "ev.csv"))
     assert r.exit_code == 0, r.output
-    assert "note: ids mapped: user_id 'u196' (line 2) is not an integer" in r.stderr
-    assert "have no zone (the first: '1997-12-04 15:55:49', line 2): read as UTC" in r.stderr
+    assert f"note: ids mapped: user_id '{user}' (line 2) is not an integer" in r.stderr  # real data: 'u196'
+    assert f"have no zone (the first: '{when}', line 2): read as UTC" in r.stderr  # '1997-12-04 15:55:49'
     m = json.loads((tmp_path / "wd" / "tables" / "manifest.json").read_text())
     assert "ISO 8601" in m["info"]["time_rule"] and "without a zone are UTC" in m["info"]["time_rule"]
     assert m["info"]["extra"]["map_ids"] is True and "auto" in m["info"]["extra"]["id_rule"]
@@ -65,10 +67,10 @@ def test_the_issue_42_csv_ingests_with_no_flags(tmp_path: Path, datasets_root: P
 
     # --no-map-ids keeps the old refusal, in the command's words, naming file, line and field
     r = _prepare(str(tmp_path / "wd2"), "--source", str(tmp_path / "ev.csv"), "--no-map-ids")
-    assert r.exit_code == 2 and f"{tmp_path / 'ev.csv'}:2: field 'user_id': not an integer: 'u196'" in r.output
+    assert r.exit_code == 2 and f"{tmp_path / 'ev.csv'}:2: field 'user_id': not an integer: '{user}'" in r.output
     assert "--no-map-ids" in r.output and "map_ids=" not in r.output, r.output
     r = _prepare(str(tmp_path / "wd2"), "--source", str(tmp_path / "ev.csv"), "--time-format", "epoch-s")
-    assert r.exit_code == 2 and "ev.csv:2: field 'timestamp': not a timestamp: '1997-12-04 15:55:49'" in r.output
+    assert r.exit_code == 2 and f"ev.csv:2: field 'timestamp': not a timestamp: '{when}'" in r.output
     assert "(--time-format epoch-s)" in r.output, r.output
     r = _prepare(str(tmp_path / "wd2"), "--source", str(tmp_path / "ev.csv"), "--time-format", "dd/mm")
     assert r.exit_code == 2 and "--time-format: 'dd/mm' is neither" in r.output, r.output
@@ -115,12 +117,13 @@ def test_map_ids_forces_mapping_surface_col_and_items_flag(tmp_path: Path) -> No
     assert r.exit_code == 0 and "ids mapped: uid 'a' (line 1)" in r.stderr, r.output
 
 
-def test_string_ids_round_trip_through_recommend(tmp_path: Path, datasets_root: Path) -> None:
+def test_string_ids_round_trip_through_recommend(tmp_path: Path, data_root: Path) -> None:
     """A log with string ids, prepared with no flags and trained (cpu-tiny, a few steps): `genrec recommend
     --user u196` takes the log's user id and answers with the log's item ids (`m242`), as does --history."""
     run = CliRunner().invoke
-    src = movielens_slice(datasets_root, tmp_path / "ev.csv", 1500)
+    src = movielens_slice(data_root, tmp_path / "ev.csv", 1500)
     items = {i for _u, i, _t in src}
+    user, history = src[0][0], ",".join(i for _u, i, _t in src[:3])  # real data: u196, m242,m302,m377
     wd = str(tmp_path / "wd")
     for cmd in (["data", "prepare", "generic", wd, "--source", str(tmp_path / "ev.csv")],
                 ["features", "build", wd, "--content-dim", "16", "--engagement-dim", "16"],
@@ -129,14 +132,14 @@ def test_string_ids_round_trip_through_recommend(tmp_path: Path, datasets_root: 
                  "data.valid_cases=8"]):
         r = run(app, cmd)
         assert r.exit_code == 0, (cmd, r.output)
-    r = run(app, ["recommend", wd, "--user", "u196", "--k", "5", "--json"])
+    r = run(app, ["recommend", wd, "--user", user, "--k", "5", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     got = [d["original_item_id"] for d in out["items"]]
     assert len(got) == 5 and set(got) <= items, got  # the log's own ids
-    r = run(app, ["recommend", wd, "--user", "u196", "--k", "5"])
+    r = run(app, ["recommend", wd, "--user", user, "--k", "5"])
     assert r.exit_code == 0 and got[0] in r.stdout, r.output
-    r = run(app, ["recommend", wd, "--history", "m242,m302,m377", "--k", "3", "--json"])
+    r = run(app, ["recommend", wd, "--history", history, "--k", "3", "--json"])
     assert r.exit_code == 0 and {d["original_item_id"] for d in json.loads(r.stdout)["items"]} <= items
-    r = run(app, ["recommend", wd, "--user", "196"])  # the table's number is not the log's id
+    r = run(app, ["recommend", wd, "--user", user[1:]])  # the table's number is not the log's id
     assert r.exit_code == 2 and "not in the source data" in r.output

@@ -11,8 +11,8 @@ from genrec.recipes.coldstart import withhold_items
 
 
 @pytest.fixture(scope="module")
-def ml100k(datasets_root):  # noqa: ANN001
-    return prepare_dataset("movielens-100k", data_dir=datasets_root)
+def ml100k(data_root):  # noqa: ANN001
+    return prepare_dataset("movielens-100k", data_dir=data_root)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

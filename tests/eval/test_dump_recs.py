@@ -21,10 +21,10 @@ KS = (5, 10, 20)
 
 
 @pytest.fixture(scope="module")
-def beauty_run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> tuple[Path, Path]:
+def beauty_run(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> tuple[Path, Path]:
     """A P5-form slice of Amazon Beauty (every 100th user's line, as in the file: their ids and item ids
     are sparse, so a table row or a renumbered id would not pass for the original) and a tiny run on it."""
-    full = datasets_root / "amazon-beauty-2014" / "sequential_data.txt"
+    full = data_root / "amazon-beauty-2014" / "sequential_data.txt"
     if not full.is_file():
         pytest.skip(f"Amazon Beauty not found at {full}")
     if not SCORE.is_file():
@@ -32,7 +32,7 @@ def beauty_run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) ->
     data = tmp_path_factory.mktemp("beauty-p5")
     lines = full.read_text().splitlines()[::100]
     (data / "sequential_data.txt").write_text("\n".join(lines) + "\n")
-    root = build_run(tmp_path_factory.mktemp("dump"), datasets_root, steps=6, dataset="amazon-p5", source=data)
+    root = build_run(tmp_path_factory.mktemp("dump"), data_root, steps=6, dataset="amazon-p5", source=data)
     return root, data
 
 

@@ -20,8 +20,8 @@ KS = (5, 10, 20)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> tuple[Path, Recommender]:
-    root = build_run(tmp_path_factory.mktemp("ev"), datasets_root)
+def run(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> tuple[Path, Recommender]:
+    root = build_run(tmp_path_factory.mktemp("ev"), data_root)
     return root, Recommender.from_checkpoint(root)
 
 

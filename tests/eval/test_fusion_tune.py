@@ -91,8 +91,8 @@ def test_choose_fusion_picks_the_weighting_that_ranks_targets_first() -> None:
 
 # ----------------------------------------------------------------------------- end to end on a trained run
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
-    return build_run(tmp_path_factory.mktemp("fusion"), datasets_root)
+def root(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    return build_run(tmp_path_factory.mktemp("fusion"), data_root)
 
 
 GRID = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 0.5), (1.0, 2.0, 1.0)]

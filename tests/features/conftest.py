@@ -9,16 +9,14 @@ import pytest
 
 
 @pytest.fixture
-def featured(tmp_path: Path, datasets_root: Path) -> Callable[..., Path]:
-    """``featured(dataset, folder)`` -> a run directory with ``dataset`` prepared and small item features built
-    (content 16, engagement 8); skips when the dataset's folder is absent."""
+def featured(tmp_path: Path, data_root: Path) -> Callable[..., Path]:
+    """``featured(dataset)`` -> a run directory with ``dataset`` prepared and small item features built
+    (content 16, engagement 8); the real dataset where present, else its synthetic stand-in (conftest's data_root)."""
     from genrec.recipes.pipeline import build_item_features, prepare
 
-    def make(dataset: str, folder: str, name: str = "wd") -> Path:
-        if not (datasets_root / folder).is_dir():
-            pytest.skip(f"{folder} not available")
+    def make(dataset: str, name: str = "wd") -> Path:
         wd = tmp_path / name
-        prepare(wd, dataset, data_dir=datasets_root)
+        prepare(wd, dataset, data_dir=data_root)
         build_item_features(wd, content_dim=16, engagement_dim=8)
         return wd
 

@@ -15,7 +15,7 @@ from genrec.errors import ConfigError
 def test_features_from_other_tables_are_refused(tmp_path: Path, featured: Callable[..., Path]) -> None:
     from genrec.recipes.pipeline import load_catalog, prepare
 
-    wd = featured("movielens-100k", "movielens-100k")
+    wd = featured("movielens-100k")
     assert len(load_catalog(wd, with_sids=False).item_ids) > 0  # same tables: loads
     src = tmp_path / "e.csv"
     src.write_text("user_id,item_id,timestamp,action\n" + "".join(f"{u},{i},{t},view\n" for t, (u, i) in

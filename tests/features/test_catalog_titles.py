@@ -10,7 +10,7 @@ from typing import Callable
 def test_items_without_titles_show_their_text(featured: Callable[..., Path]) -> None:
     from genrec.catalog import load_catalog, open_store
 
-    wd = featured("taobao", "taobao-userbehavior-sample")
+    wd = featured("taobao")
     items = open_store(wd).read_items()
     text = dict(zip(items.column("item_id").to_pylist(), items.column("text").to_pylist()))
     assert all(t is None for t in items.column("title").to_pylist())  # the data has none

@@ -15,17 +15,15 @@ from genrec.cli import app
 from genrec.errors import ConfigError
 
 
-def test_features_follow_the_split_and_train_refuses_a_mismatch(tmp_path: Path, datasets_root: Path) -> None:
+def test_features_follow_the_split_and_train_refuses_a_mismatch(tmp_path: Path, data_root: Path) -> None:
     from genrec.data.splits import SplitSpec, compute_cutoffs, train_events
     from genrec.recipes.pipeline import open_store, prepare
     from genrec.recipes.training import train_run
     from genrec.train.run import RunConfig, check_features_split
     from genrec.workdir import WorkDir
 
-    if not (datasets_root / "movielens-100k").is_dir():
-        pytest.skip("movielens-100k not available")
     wd = tmp_path / "ml"
-    prepare(wd, "movielens-100k", data_dir=datasets_root)
+    prepare(wd, "movielens-100k", data_dir=data_root)
     runner = CliRunner()
     r = runner.invoke(app, ["features", "build", str(wd), "--content-dim", "8", "--engagement-dim", "8"])
     assert r.exit_code == 0, r.output

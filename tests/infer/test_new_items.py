@@ -18,8 +18,8 @@ from tests.tiny_run import build_run
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
-    return build_run(tmp_path_factory.mktemp("new-items"), datasets_root, steps=4)
+def run(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    return build_run(tmp_path_factory.mktemp("new-items"), data_root, steps=4)
 
 
 def _spare_copies(run: Path, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,8 +16,8 @@ from tests.tiny_run import build_run
 
 
 @pytest.fixture(scope="module")
-def rec(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Recommender:
-    root = build_run(tmp_path_factory.mktemp("rec"), datasets_root, seed=0)
+def rec(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Recommender:
+    root = build_run(tmp_path_factory.mktemp("rec"), data_root, seed=0)
     return Recommender.from_checkpoint(root)
 
 

@@ -19,9 +19,9 @@ TOL = dict(atol=1e-5, rtol=0.0)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, datasets_root) -> Recommender:  # noqa: ANN001
+def trained(tmp_path_factory: pytest.TempPathFactory, data_root) -> Recommender:  # noqa: ANN001
     wd = tmp_path_factory.mktemp("trained")
-    pipeline.prepare(wd, "movielens-100k", data_dir=datasets_root, n_buckets=4)
+    pipeline.prepare(wd, "movielens-100k", data_dir=data_root, n_buckets=4)
     pipeline.build_item_features(wd, content_dim=16, engagement_dim=16)
     pipeline.build_semantic_ids(wd, levels=2)
     train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=8"]), resume=False)
