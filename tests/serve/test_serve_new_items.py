@@ -28,8 +28,8 @@ W = 8  # beams: every item under the W kept prefixes fits in one response (check
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, datasets_root: Path) -> Path:
-    return build_run(tmp_path_factory.mktemp("serve-new"), datasets_root, steps=4)
+def run(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    return build_run(tmp_path_factory.mktemp("serve-new"), data_root, steps=4)
 
 
 def _copies_into_a_kept_prefix(run: Path, top_sids: list[list[int]]) -> tuple[np.ndarray, tuple[int, ...], int]:

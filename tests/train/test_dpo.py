@@ -109,7 +109,7 @@ def test_dpo_stage_needs_a_checkpoint_to_start_from() -> None:
         RunConfig.from_name("cpu-tiny", stage="rlhf")
 
 
-def test_dpo_stage_end_to_end(tmp_path, datasets_root) -> None:
+def test_dpo_stage_end_to_end(tmp_path, data_root) -> None:
     """`--stage dpo` from a trained checkpoint: the first step's DPO loss is log 2 (policy == reference), pairs
     come from the slates, the policy moves, and the checkpoint serves (no reference weights in it)."""
     import json
@@ -118,7 +118,7 @@ def test_dpo_stage_end_to_end(tmp_path, datasets_root) -> None:
     from genrec.recipes.training import train_run
     from tests.tiny_run import build_run
 
-    root = build_run(tmp_path / "run", datasets_root, steps=4)
+    root = build_run(tmp_path / "run", data_root, steps=4)
     init = root / "checkpoints" / "step-000004"
     with pytest.raises(ConfigError, match="init_from"):
         train_run(root, RunConfig.from_name("cpu-tiny", ["train.total_steps=2"], stage="dpo"), resume=False)
