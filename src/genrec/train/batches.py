@@ -188,6 +188,45 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     return batch
 
 
+@dataclass(frozen=True)
+class CollateOptions:
+    """:func:`collate`'s settings, checked once (``BatchStream`` and the streaming input share them)."""
+
+    context_len: int
+    n_actions: int
+    p_rank: float = 0.5
+    max_cands: int = 32
+    neg_cands: int = 0
+    n_catalog: int = 0
+    neg_cdf: np.ndarray | None = None
+    pad_multiple: int = 1
+    fv_pick: str = "uniform"
+    rank_rows: str = "cut"
+
+    def __post_init__(self) -> None:
+        if self.pad_multiple < 1:
+            raise DataError(f"pad_multiple must be >= 1, got {self.pad_multiple}", field="pad_multiple")
+        if self.fv_pick not in ("uniform", "last"):
+            raise DataError(f"fv_pick must be 'uniform' or 'last', got {self.fv_pick!r}", field="fv_pick")
+        if self.rank_rows not in ("cut", "extra"):
+            raise DataError(f"rank_rows must be 'cut' or 'extra', got {self.rank_rows!r}", field="rank_rows")
+
+    @staticmethod
+    def negative_cdf(neg_weights: np.ndarray, n_catalog: int) -> np.ndarray:
+        """Sampling weights per catalogue row -> the normalised CDF ``collate`` draws negatives from."""
+        w = np.asarray(neg_weights, dtype=np.float64)
+        if w.shape != (n_catalog,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+            raise DataError(f"neg_weights: need {n_catalog} finite non-negative weights with a positive sum",
+                            field="neg_sampling")
+        return np.cumsum(w) / w.sum()
+
+    def collate(self, exs: list[TrainExample], *, epoch: int, seed: int) -> TrainBatch:
+        return collate(exs, epoch=epoch, seed=seed, context_len=self.context_len, n_actions=self.n_actions,
+                       p_rank=self.p_rank, max_cands=self.max_cands, neg_cands=self.neg_cands,
+                       n_catalog=self.n_catalog, neg_cdf=self.neg_cdf, pad_multiple=self.pad_multiple,
+                       fv_pick=self.fv_pick, rank_rows=self.rank_rows)
+
+
 class BatchStream:
     """Deterministic epochs of shuffled batches over materialised examples.
 
@@ -213,22 +252,12 @@ class BatchStream:
         self.max_cands = max_cands
         self.rank, self.world = rank, world
         self.neg_cands, self.n_catalog = neg_cands, n_catalog
-        if pad_multiple < 1:
-            raise DataError(f"pad_multiple must be >= 1, got {pad_multiple}", field="pad_multiple")
-        self.pad_multiple = pad_multiple
-        if fv_pick not in ("uniform", "last"):
-            raise DataError(f"fv_pick must be 'uniform' or 'last', got {fv_pick!r}", field="fv_pick")
-        self.fv_pick = fv_pick
-        if rank_rows not in ("cut", "extra"):
-            raise DataError(f"rank_rows must be 'cut' or 'extra', got {rank_rows!r}", field="rank_rows")
-        self.rank_rows = rank_rows
-        self.neg_cdf: np.ndarray | None = None
-        if neg_weights is not None:  # sampling weights per catalogue row -> normalised CDF
-            w = np.asarray(neg_weights, dtype=np.float64)
-            if w.shape != (n_catalog,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
-                raise DataError(f"neg_weights: need {n_catalog} finite non-negative weights with a positive sum",
-                                field="neg_sampling")
-            self.neg_cdf = np.cumsum(w) / w.sum()
+        self.options = CollateOptions(
+            context_len=context_len, n_actions=n_actions, p_rank=p_rank, max_cands=max_cands, neg_cands=neg_cands,
+            n_catalog=n_catalog, pad_multiple=pad_multiple, fv_pick=fv_pick, rank_rows=rank_rows,
+            neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, n_catalog))
+        self.pad_multiple, self.fv_pick, self.rank_rows = pad_multiple, fv_pick, rank_rows
+        self.neg_cdf = self.options.neg_cdf
         self.steps_per_epoch = max(1, len(examples) // batch_size)
 
     def batch_at(self, step: int) -> TrainBatch:
@@ -237,11 +266,7 @@ class BatchStream:
         glob = order[i * self.batch_size:(i + 1) * self.batch_size]
         per = self.batch_size // self.world
         mine = glob[self.rank * per:(self.rank + 1) * per]
-        return collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed, context_len=self.context_len,
-                       n_actions=self.n_actions, p_rank=self.p_rank, max_cands=self.max_cands,
-                       neg_cands=self.neg_cands, n_catalog=self.n_catalog, neg_cdf=self.neg_cdf,
-                       pad_multiple=self.pad_multiple, fv_pick=self.fv_pick,
-                       rank_rows=self.rank_rows)
+        return self.options.collate([self.examples[j] for j in mine], epoch=epoch, seed=self.seed)
 
     def iter_from(self, step: int) -> Iterator[TrainBatch]:
         while True:

@@ -49,7 +49,7 @@ from genrec.data.splits import SplitSpec
 from genrec.data.store import TableStore
 from genrec.data.stream_index import StreamIndex
 from genrec.errors import ConfigError, DataError
-from genrec.train.batches import TrainBatch, TrainExample, collate, materialise
+from genrec.train.batches import CollateOptions, TrainBatch, TrainExample, materialise
 
 __all__ = ["CollateOptions", "EmbeddedEngine", "Partial", "StreamBatches", "StreamSpec", "WindowPlan", "WindowReader",
            "WindowTask", "row_counts", "window_pieces"]
@@ -70,45 +70,6 @@ Piece = Union[TrainBatch, Partial]
 
 def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([int(k) & _MASK63 for k in key])
-
-
-@dataclass(frozen=True)
-class CollateOptions:
-    """:func:`genrec.train.batches.collate`'s settings (checked as ``BatchStream`` checks them)."""
-
-    context_len: int
-    n_actions: int
-    p_rank: float = 0.5
-    max_cands: int = 32
-    neg_cands: int = 0
-    n_catalog: int = 0
-    neg_cdf: np.ndarray | None = None
-    pad_multiple: int = 1
-    fv_pick: str = "uniform"
-    rank_rows: str = "cut"
-
-    def __post_init__(self) -> None:
-        if self.pad_multiple < 1:
-            raise DataError(f"pad_multiple must be >= 1, got {self.pad_multiple}", field="pad_multiple")
-        if self.fv_pick not in ("uniform", "last"):
-            raise DataError(f"fv_pick must be 'uniform' or 'last', got {self.fv_pick!r}", field="fv_pick")
-        if self.rank_rows not in ("cut", "extra"):
-            raise DataError(f"rank_rows must be 'cut' or 'extra', got {self.rank_rows!r}", field="rank_rows")
-
-    @staticmethod
-    def negative_cdf(neg_weights: np.ndarray, n_catalog: int) -> np.ndarray:
-        """Sampling weights per catalogue row -> the normalised CDF ``collate`` draws negatives from."""
-        w = np.asarray(neg_weights, dtype=np.float64)
-        if w.shape != (n_catalog,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
-            raise DataError(f"neg_weights: need {n_catalog} finite non-negative weights with a positive sum",
-                            field="neg_sampling")
-        return np.cumsum(w) / w.sum()
-
-    def collate(self, exs: list[TrainExample], *, epoch: int, seed: int) -> TrainBatch:
-        return collate(exs, epoch=epoch, seed=seed, context_len=self.context_len, n_actions=self.n_actions,
-                       p_rank=self.p_rank, max_cands=self.max_cands, neg_cands=self.neg_cands,
-                       n_catalog=self.n_catalog, neg_cdf=self.neg_cdf, pad_multiple=self.pad_multiple,
-                       fv_pick=self.fv_pick, rank_rows=self.rank_rows)
 
 
 @dataclass(frozen=True)
