@@ -8,8 +8,10 @@
 #                                                                                # use gpu_env.sh's helpers
 # With one argument the line is evaluated by this shell (so `&&`, `;`, $BT, step_workdir, train_serve_model and
 # bench_step work); with several, they are run as one command. The exit status is the command's.
+# GENREC_INSTALLED=1 bash benchmarks/gpu.sh ...: genrec from the wheel carried in .whl-genrec (`bash
+# scripts/fetch_gpu_wheels.sh genrec`), installed there, src/ off the path (gpu_env.sh; benchmarks/README.md).
 set -o pipefail
-[ $# -gt 0 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1   # the machine and versions gpu_env.sh prints go to the log too

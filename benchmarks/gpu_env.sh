@@ -1,15 +1,34 @@
 # Sourced on the lent GPU machine by gpu.sh and gpu_ladder.sh (its image has torch/triton but not faiss/pyiceberg):
 # installs the carried wheels from .whl into /tmp/site and puts genrec's src on the path. Without .whl (the kernel
 # benchmarks and probes need none of them) it says so and goes on.
+# GENREC_INSTALLED=1: genrec is not taken from src/ but installed from the wheel carried in .whl-genrec (made here
+# by `bash scripts/fetch_gpu_wheels.sh genrec`) into /tmp/genrec-site, and src/ stays off the path: the tests (and
+# `python3 -m genrec.cli`) then run the installed package, as a user's `pip install` would. The benchmark scripts
+# put src/ first themselves.
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 else
   echo "gpu_env: no .whl carried: faiss, pyiceberg and the serving packages are not installed"
 fi
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 GENREC_DATA_DIR=$PWD/.gpudata
+if [ "${GENREC_INSTALLED:-0}" = 1 ]; then
+  compgen -G ".whl-genrec/genrec-*.whl" > /dev/null || {
+    echo "gpu_env: GENREC_INSTALLED=1 but no .whl-genrec/genrec-*.whl carried (bash scripts/fetch_gpu_wheels.sh genrec)"
+    return 1; }
+  rm -rf /tmp/genrec-site
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/genrec-site .whl-genrec/genrec-*.whl || return 1
+  export PYTHONPATH=/tmp/genrec-site:/tmp/site
+else
+  export PYTHONPATH=/tmp/site:$PWD/src
+fi
+export PYTHONUNBUFFERED=1 GENREC_DATA_DIR=$PWD/.gpudata
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+GENREC_FILE=$(python3 -c "import genrec; print(genrec.__file__)") || return 1
+echo "genrec.__file__ $GENREC_FILE"   # the log shows which copy runs: src/ or the installed wheel
+if [ "${GENREC_INSTALLED:-0}" = 1 ] && [[ $GENREC_FILE != /tmp/genrec-site/genrec/* ]]; then
+  echo "gpu_env: GENREC_INSTALLED=1 but genrec is not imported from /tmp/genrec-site"; return 1
+fi
 # The serving benchmarks' model: gpu-base PinGER, 30 steps on Beauty with a 1,000-item context
 # (weights do not change the timing), in runs/beauty-serve; prints the log's tail on failure.
 train_serve_model() {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Check the data, set up .venv (the package alone, not the test extras) and run the whole pipeline on the
+# Check the data, set up .venv (the package and its [serve] extra, not the test extras) and run the whole pipeline on the
 # default data (MovieLens 100K) into runs/quickstart. Arguments go to `genrec quickstart` (e.g. --download).
 set -euo pipefail
 cd "$(dirname "$0")/.."

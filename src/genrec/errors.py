@@ -46,3 +46,8 @@ class MissingDataError(GenrecError, FileNotFoundError):
 
 class ConfigError(GenrecError, ValueError):
     """A configuration value is invalid; the message names the key."""
+
+
+class MissingExtraError(GenrecError, ImportError):
+    """A part of genrec whose optional dependencies (a pip extra) are not installed; the message names the
+    ``pip install`` that adds them."""

@@ -80,6 +80,8 @@ def serve(
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
     try:
         from genrec.infer.load import find_checkpoint, resolve_sid_mode
+        # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
+        from genrec.serve.config import ServeConfig, default_threads, default_torch_threads
 
         os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
         find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
@@ -87,7 +89,6 @@ def serve(
         if hup is not None:
             signal.signal(signal.SIGHUP, hup)
         raise
-    from genrec.serve.config import ServeConfig, default_threads, default_torch_threads
     from genrec.serve.app import serve as run_server
 
     threads = default_threads(device) if threads is None else threads
