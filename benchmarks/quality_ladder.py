@@ -13,6 +13,13 @@ its ANN path and, when it has SID heads, its SID path (beam ``--sid-beam``), wit
 interval against the rung it names as ``against`` (default: its ``base``, else the rung before), same
 users, same path. A rung's ``base`` names an earlier rung whose overrides it extends by its own.
 
+A rung's ``sid_from`` names another run directory whose SIDs it trains on (``{workdir}``: WORKDIR). A rung's
+``"sid_from_rung": "<earlier rung>"`` trains on SIDs quantised from that rung's trained model's item vectors
+(``genrec sid build --source model``): it starts only once the named rung has finished training (the others
+keep training meanwhile; it is skipped if that rung failed), then builds them into ``WORKDIR-ladder/<name>-sid``
+(tables and features linked from WORKDIR; ``"sid_args": [...]`` go to that ``sid build``, e.g.
+``["--codebook-size", "64"]``), links that ``sid`` into its run directory and trains. Scoring is the same.
+
 Prints Markdown tables; everything to ``$OUT/ladder.json`` (or ``--out``).
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -30,25 +38,61 @@ from typing import Any
 import numpy as np
 
 
-def _link_parts(base: Path, d: Path, sid_from: str | None = None) -> None:
+def _link_parts(base: Path, d: Path, sid_from: str | None = None,
+                parts: tuple[str, ...] = ("tables", "features", "sid")) -> None:
     """Link WORKDIR's tables/features/sid into a rung's run directory (``sid_from``: another run
     directory's SIDs, e.g. the same tables quantised from another ``--source``)."""
     d.mkdir(parents=True, exist_ok=True)
-    for part in ("tables", "features", "sid"):
+    for part in parts:
         src = Path(sid_from) if part == "sid" and sid_from else base
         if (src / part).exists() and not (d / part).exists():
             (d / part).symlink_to((src / part).resolve())
 
 
 def resolve(ladder: dict[str, Any]) -> None:
-    """A rung's ``base`` names an earlier rung whose overrides come first (one change per rung)."""
+    """A rung's ``base`` names an earlier rung whose overrides come first (one change per rung); its
+    ``sid_from_rung`` must name an earlier rung too."""
     by = {}
     for r in ladder["rungs"]:
         base = r.get("base")
         if base is not None and base not in by:
             raise SystemExit(f"rung {r['name']!r}: base {base!r} is not an earlier rung")
+        dep = r.get("sid_from_rung")
+        if dep is not None and dep not in by:
+            raise SystemExit(f"rung {r['name']!r}: sid_from_rung {dep!r} is not an earlier rung")
+        if dep is not None and r.get("sid_from"):
+            raise SystemExit(f"rung {r['name']!r}: give sid_from or sid_from_rung, not both")
         r["overrides"] = [*(by[base]["overrides"] if base else []), *r.get("overrides", [])]
         by[r["name"]] = r
+
+
+def readiness(rung: dict[str, Any], waiting: set[str], running: set[str], failed: set[str], root: Path) -> str:
+    """Whether ``rung`` may start now: "go", "wait" (its ``sid_from_rung`` is still to train or training) or
+    "skip" (that rung failed, or was not trained in this call and has no checkpoints under ``root``)."""
+    dep = rung.get("sid_from_rung")
+    if dep is None:
+        return "go"
+    if dep in waiting or dep in running:
+        return "wait"
+    if dep in failed or not (root / dep / "checkpoints").is_dir():
+        return "skip"
+    return "go"
+
+
+def model_sid_command(base: Path, root: Path, rung: dict[str, Any]) -> list[str]:
+    """For a rung with ``sid_from_rung``: link ``root/<name>-sid`` (WORKDIR's tables and features) and the rung's
+    ``sid`` to its ``sid`` folder; return the ``genrec sid build --source model`` command that fills it."""
+    d, sdir = root / rung["name"], root / f"{rung['name']}-sid"
+    _link_parts(base, sdir, parts=("tables", "features"))
+    (sdir / "sid").mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / "sid").is_symlink() or (d / "sid").exists():
+        if not (d / "sid").is_symlink():
+            raise SystemExit(f"{d / 'sid'}: a folder, not a link; move it away to train rung {rung['name']!r}")
+        (d / "sid").unlink()
+    (d / "sid").symlink_to((sdir / "sid").resolve())
+    return [sys.executable, "-m", "genrec.cli", "sid", "build", str(sdir), "--source", "model", "--from-run",
+            str(root / rung["sid_from_rung"]), *map(str, rung.get("sid_args", []))]
 
 
 def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str, float]:
@@ -63,15 +107,29 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
         out.unlink(missing_ok=True)
         yard = subprocess.Popen([sys.executable, a.yardstick, a.p5, "--loss", "ce", "--out", str(out)],
                                 stdout=open(root / "yardstick.log", "wb"), stderr=subprocess.STDOUT, env=env)
+    failed: set[str] = set()
     while todo or procs:
-        while todo and len(procs) < a.parallel:
-            r = todo.pop(0)
+        i = 0
+        while i < len(todo) and len(procs) < a.parallel:
+            state = readiness(todo[i], {r["name"] for r in todo}, set(procs), failed, root)
+            if state == "wait":  # its sid_from_rung is still training: start the ones after it
+                i += 1
+                continue
+            r = todo.pop(i)
+            if state == "skip":
+                print(f"{r['name']}: skipped (sid_from_rung {r['sid_from_rung']!r} has no trained model)", flush=True)
+                failed.add(r["name"])
+                continue
             d = root / r["name"]
             sid_from = r.get("sid_from")
+            sid_cmd = model_sid_command(base, root, r) if r.get("sid_from_rung") else None
             _link_parts(base, d, sid_from.format(workdir=str(base).rstrip("/")) if sid_from else None)
             cmd = [sys.executable, "-m", "genrec.cli", "train", str(d), "--preset", ladder.get("preset", "gpu-base"),
                    "--no-resume", *ladder.get("common", []), *a.set, *r["overrides"]]
-            (d / "command.txt").write_text(" ".join(cmd[2:]) + "\n")
+            first = shlex.join(sid_cmd[2:]) + "\n" if sid_cmd else ""
+            (d / "command.txt").write_text(first + " ".join(cmd[2:]) + "\n")
+            if sid_cmd:  # the SIDs from the named rung's model, then the training: one process, the loop goes on
+                cmd = ["bash", "-c", f"{shlex.join(sid_cmd)} && exec {shlex.join(cmd)}"]
             procs[r["name"]] = (subprocess.Popen(cmd, stdout=open(d / "train.log", "wb"), stderr=subprocess.STDOUT,
                                                  env=env), time.perf_counter())
         time.sleep(2)
@@ -81,6 +139,7 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
                 status = "ok" if p.returncode == 0 else f"FAILED rc {p.returncode}"
                 print(f"trained {name}: {status} in {took[name]:.0f}s", flush=True)
                 if p.returncode != 0:
+                    failed.add(name)
                     print((root / name / "train.log").read_text()[-3000:], flush=True)
                 del procs[name]
     if yard is not None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from genrec.cli._app import RUNDIR, echo_json, features_app, friendly, sid_app, working
+from genrec.cli._app import CHECKPOINT, RUNDIR, echo_json, features_app, friendly, sid_app, working
 
 
 # ----------------------------------------------------------------------------- features
@@ -59,18 +59,26 @@ def sid_build(
     seed: int = typer.Option(0, help="Random seed of the quantiser (same seed and vectors, same codes)."),
     source: Optional[str] = typer.Option(
         None, help="What is quantised: content (PinGER), content+engagement (collaborative SIDs: co-engaged items "
-                   "share prefixes) or engagement (the engagement vectors alone). Default: content, or engagement "
+                   "share prefixes), engagement (the engagement vectors alone) or model (the item vectors of the "
+                   "model trained in --from-run RUN, those its ANN index holds). Default: content, or engagement "
                    "when `genrec features build` found the item text degenerate (its manifest's text_quality)."),
     engagement_weight: float = typer.Option(1.0, help="content+engagement: the engagement block's weight."),
+    from_run: Optional[Path] = typer.Option(None, "--from-run", help="--source model: the run directory of a model "
+                                                                     "trained on the same items, whose item vectors "
+                                                                     "are quantised."),
+    checkpoint: Optional[str] = CHECKPOINT,
 ) -> None:
-    """Quantise item vectors into a new SID version (codes, trie, index, stats)."""
+    """Quantise item vectors into a new SID version (codes, trie, index, stats). --checkpoint (with --source
+    model) picks the checkpoint of --from-run RUN."""
     from genrec.recipes.pipeline import build_semantic_ids
 
     with working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
-                                source=source, engagement_weight=engagement_weight)  # says on stderr what it chose
+                                source=source, engagement_weight=engagement_weight, from_run=from_run,
+                                checkpoint=checkpoint)  # says on stderr what it chose
     echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
                 "source": sb.stats.get("source", {}).get("used"),
+                **({"checkpoint": sb.stats["source"].get("checkpoint")} if from_run is not None else {}),
                 "stats": {k: sb.stats.get(k) for k in ("collision_rate", "max_collision_group", "unique_rate")}})
 
 
@@ -95,9 +103,8 @@ def sid_assign(
     from genrec.errors import DataError
     from genrec.features import content as fc
     from genrec.features.store import ItemVectors
-    from genrec.recipes.pipeline import assign_new_items
+    from genrec.recipes.pipeline import assign_new_items, new_item_sid_vectors
     from genrec.sid.build import assign_sids, open_current
-    from genrec.sid.source import new_item_vectors
 
     if vectors is None:
         cur = open_current(Path(workdir) / "sid")
@@ -112,7 +119,7 @@ def sid_assign(
         feat_dim = int(np.asarray(ItemVectors.load(Path(workdir) / "features").content).shape[1]) \
             if (Path(workdir) / "features" / "manifest.json").exists() else None
         try:
-            x = new_item_vectors(cur.path, vecs, cur.quantizer.dim)
+            x = new_item_sid_vectors(cur.path, vecs, np.asarray(ids, dtype=np.int64), cur.quantizer.dim)
             sb = assign_sids(Path(workdir) / "sid", x, np.asarray(ids, dtype=np.int64),
                              content=vecs if vecs.ndim == 2 and vecs.shape[1] == feat_dim else None,
                              publish_if_grown=publish)

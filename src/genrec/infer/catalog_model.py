@@ -70,6 +70,16 @@ class CatalogModel(nn.Module):
         """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""
         return self.model.item_vectors(self.feats[start:stop], self.item_ids[start:stop])
 
+    @torch.no_grad()
+    def all_catalogue_vectors(self, chunk: int = 8192) -> torch.Tensor:
+        """Every catalogue row's item vector, f32 ``[N, item_dim]``, computed ``chunk`` rows at a time: what
+        the ANN index holds (:class:`genrec.infer.recommender.Recommender`'s ``item_vecs``) and what
+        ``genrec sid build --source model`` quantises."""
+        n = int(self.item_ids.shape[0])
+        if n == 0:
+            return torch.zeros(0, self.model.config.item_dim, device=self.feats.device)
+        return torch.cat([self.catalogue_vectors(i, i + chunk).float() for i in range(0, n, chunk)])
+
     def model_batch(self, b: HistoryBatch, *, mask_actions: Literal[False] = False) -> tuple[ModelBatch, torch.Tensor]:
         """The model's inputs for batch ``b`` and its valid-history mask ``[B, n]``. ``mask_actions`` is
         the objective's argument (evaluation calls either with it): masking is training only, so False."""

@@ -180,26 +180,26 @@ class LoadedRun:
     known: np.ndarray | None = None  # per leaf: the model has a trained last-level logit for it (known_leaves)
 
 
-def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
-             device: str | torch.device = "cpu") -> LoadedRun:
-    """WORKDIR's model (``checkpoint`` as :func:`find_checkpoint`) on ``device`` with its catalogue, and the
-    current SIDs (trie on ``device``)."""
-    wd = WorkDir(workdir)
-    ckpt = find_checkpoint(wd.root, checkpoint)
+def read_run_config(ckpt: Path, checkpoints_dir: Path | None = None) -> dict[str, Any]:
+    """The run configuration a checkpoint was trained with: its ``config.json``, else the one in
+    ``checkpoints_dir`` (the run's checkpoints folder; default: the checkpoint's parent)."""
     cfg_path = ckpt / "config.json"
     if not cfg_path.exists():
-        cfg_path = wd.checkpoints / "config.json"
+        cfg_path = (checkpoints_dir if checkpoints_dir is not None else ckpt.parent) / "config.json"
     if not cfg_path.exists():
         raise ConfigError(f"{ckpt}: no config.json beside the weights; cannot rebuild the model")
     cfg = read_json(cfg_path)
     if "model" not in cfg:
         raise DataError("missing key 'model'", path=cfg_path, field="model")
-    mcfg = ModelConfig.from_dict(cfg["model"])
-    catalog = load_catalog(wd.root, with_sids=mcfg.uses_sids)
-    if int(catalog.feats.shape[1]) != mcfg.item_feat_dim:
-        raise ConfigError(f"{wd.features}: item features have width {int(catalog.feats.shape[1])}, the model "
-                          f"was trained on {mcfg.item_feat_dim} (features rebuilt since training?)")
-    actions, positive, surfaces = dataset_vocab(wd, mcfg)
+    return cfg
+
+
+def load_model(ckpt: Path, mcfg: ModelConfig | None = None) -> tuple[GenRecModel, str | None]:
+    """The model of checkpoint folder ``ckpt`` on the CPU (``mcfg``: its configuration, default read by
+    :func:`read_run_config`), and the sha256 of its ``model.safetensors`` as loaded. A damaged file names
+    itself and the run's other checkpoints."""
+    if mcfg is None:
+        mcfg = ModelConfig.from_dict(read_run_config(ckpt)["model"])
     model = GenRecModel(mcfg)
     weights = ckpt / "model.safetensors"
     digest = file_digest(weights) if weights.exists() else None
@@ -212,6 +212,23 @@ def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
         raise CheckpointError(f"{e}; {hint}") from e
     if digest is not None and file_digest(weights) != digest:  # (remembered per size + mtime: no re-hash)
         raise ConfigError(f"{weights}: replaced while it was being loaded; load again")
+    return model, digest
+
+
+def open_run(workdir: str | Path, checkpoint: str | Path | None = None,
+             device: str | torch.device = "cpu") -> LoadedRun:
+    """WORKDIR's model (``checkpoint`` as :func:`find_checkpoint`) on ``device`` with its catalogue, and the
+    current SIDs (trie on ``device``)."""
+    wd = WorkDir(workdir)
+    ckpt = find_checkpoint(wd.root, checkpoint)
+    cfg = read_run_config(ckpt, wd.checkpoints)
+    mcfg = ModelConfig.from_dict(cfg["model"])
+    catalog = load_catalog(wd.root, with_sids=mcfg.uses_sids)
+    if int(catalog.feats.shape[1]) != mcfg.item_feat_dim:
+        raise ConfigError(f"{wd.features}: item features have width {int(catalog.feats.shape[1])}, the model "
+                          f"was trained on {mcfg.item_feat_dim} (features rebuilt since training?)")
+    actions, positive, surfaces = dataset_vocab(wd, mcfg)
+    model, digest = load_model(ckpt, mcfg)
     held = CatalogModel(model, catalog).to(device)
     step = int(read_json(ckpt / "meta.json")["step"])
     trie = sid_index = leaf_rows = known = None

@@ -123,9 +123,7 @@ class Recommender:
         self._graphed: GraphedBeamSearch | None = None
         self._graphed_encode = GraphedEncoder(self.model) if self.cuda_graphs == "all" else None
         self._graphed_rank = GraphedRanker(self.model) if self.cuda_graphs == "all" else None
-        with torch.no_grad():
-            self.item_vecs = torch.cat([catalog_model.catalogue_vectors(i, i + 8192).float()
-                                        for i in range(0, len(catalog), 8192)])  # [N, D]
+        self.item_vecs = catalog_model.all_catalogue_vectors()  # [N, D]: what the ANN index holds
         self.codes: torch.Tensor | None = catalog_model.codes if self.config.uses_sids else None  # [N, L]
 
     # ------------------------------------------------------------------ loading

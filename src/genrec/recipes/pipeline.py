@@ -39,14 +39,17 @@ from genrec.features.build import build_features
 from genrec.features.extend import new_item_content
 from genrec.features.store import ItemVectors
 from genrec.infer.recommender import Recommender
+from genrec.recipes.model_sids import model_item_vectors, new_item_model_vectors
 from genrec.recipes.training import train_run
 from genrec.sid.build import assign_sids, build_sids, open_current
-from genrec.sid.source import choose_sid_source, features_text_quality, new_item_vectors, sid_input_vectors
+from genrec.sid.source import (MODEL_SOURCE, choose_sid_source, features_text_quality, new_item_vectors,
+                               sid_input_vectors)
+from genrec.workdir import read_json
 from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, clean_stale_tmp
 
 __all__ = ["append", "assign_new_items", "build_item_features", "build_semantic_ids", "default_split", "evaluate",
-           "load_catalog", "open_store",
+           "load_catalog", "new_item_sid_vectors", "open_store",
            "prepare", "recommender", "synthesize", "train_model", "tune_fusion"]
 
 
@@ -102,21 +105,33 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
 
 def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
                        method: str = "rqkmeans", seed: int = 0, source: str | None = None,
-                       engagement_weight: float = 1.0) -> Any:
+                       engagement_weight: float = 1.0, from_run: str | Path | None = None,
+                       checkpoint: str | Path | None = None) -> Any:
     """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
     vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
-    SIDs, see :func:`genrec.sid.source.sid_input_vectors`) or engagement alone. ``None``: content, or
-    engagement when ``features build`` found the item text degenerate (said on stderr;
-    :func:`genrec.sid.source.choose_sid_source`)."""
+    SIDs, see :func:`genrec.sid.source.sid_input_vectors`), engagement alone, or (``"model"``) the item
+    vectors of the model trained in run ``from_run`` (``checkpoint`` of it; its ANN index's vectors:
+    :mod:`genrec.recipes.model_sids`). ``None``: content, or engagement when ``features build`` found the
+    item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`)."""
     wd = WorkDir(workdir)
+    if (source == MODEL_SOURCE) != (from_run is not None):
+        raise ConfigError("--source model needs --from-run RUN (the trained run whose item vectors are quantised)"
+                          if from_run is None else f"--from-run {from_run}: only with --source model (got "
+                          f"--source {source or 'the default'})")
+    if checkpoint is not None and from_run is None:
+        raise ConfigError("--checkpoint: only with --source model --from-run RUN (a checkpoint of RUN)")
     choice = choose_sid_source(features_text_quality(wd.features), source)
     if choice.message is not None:
         print(choice.message, file=sys.stderr)
     source = choice.source
     vecs = ItemVectors.load(wd.features)
-    x = sid_input_vectors(np.asarray(vecs.content), np.asarray(vecs.engagement), source, engagement_weight)
     inputs: dict[str, Any] = {"features": str(wd.features), "source": source}
-    if source != "content":
+    if from_run is not None:  # (source "model": checked above)
+        x, made = model_item_vectors(from_run, np.asarray(vecs.item_ids), checkpoint=checkpoint, workdir=wd.root)
+        inputs.update(made)
+    else:
+        x = sid_input_vectors(np.asarray(vecs.content), np.asarray(vecs.engagement), source, engagement_weight)
+    if source not in ("content", MODEL_SOURCE):
         inputs["engagement_weight"] = float(engagement_weight)
     return build_sids(x, np.asarray(vecs.item_ids), wd.sid, levels=levels,
                       codebook_size=codebook_size, method=method, seed=seed, inputs=inputs)
@@ -139,8 +154,19 @@ def assign_new_items(workdir: str | Path, *, publish_if_grown: bool = False) -> 
         cur.stats = {**cur.stats, "assigned": {"requested": 0, "new": 0, "already_present": 0,
                                                "reconstruction_new": [], "final_level_grew": False, "unchanged": True}}
         return cur
-    x = new_item_vectors(cur.path, content, cur.quantizer.dim)
+    x = new_item_sid_vectors(cur.path, content, ids, cur.quantizer.dim)
     return assign_sids(wd.sid, x, ids, inputs, content=content, publish_if_grown=publish_if_grown)
+
+
+def new_item_sid_vectors(version_path: str | Path, content: Any, item_ids: Any, quantizer_dim: int) -> np.ndarray:
+    """What ``sid assign`` quantises for NEW items (``content``: their content vectors, rows as ``item_ids``) under
+    the recipe of the SID version at ``version_path``: :func:`genrec.sid.source.new_item_vectors`, or for a
+    ``--source model`` version the recorded model's item vectors of them
+    (:func:`genrec.recipes.model_sids.new_item_model_vectors`)."""
+    inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
+    if inputs.get("source") == MODEL_SOURCE:
+        return new_item_model_vectors(version_path, content, item_ids)
+    return new_item_vectors(version_path, content, quantizer_dim)
 
 
 def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[str] | tuple[str, ...] = (), *,

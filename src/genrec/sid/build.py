@@ -44,7 +44,7 @@ from genrec.sid.index import SidIndex, level_bits
 from genrec.sid.rqkmeans import ResidualKMeans, check_vectors
 from genrec.sid.rqvae import RQVAE
 # what a build quantises (genrec.sid.source; its public names stay importable from here too)
-from genrec.sid.source import (SID_SOURCES, choose_sid_source, features_text_quality, new_item_vectors,
+from genrec.sid.source import (RECIPE_KEYS, SID_SOURCES, choose_sid_source, features_text_quality, new_item_vectors,
                                sid_input_vectors, source_stats)
 from genrec.sid.trie import SidTrie
 from genrec.workdir import (atomic_dir, atomic_write_bytes, atomic_write_json, clean_stale_tmp, manifest,
@@ -382,7 +382,9 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
     publish = not stats["assigned"]["final_level_grew"] or publish_if_grown
     stats["assigned"]["added_to_catalogue"] = int(ids_new.shape[0]) if content is not None else 0
     stats["assigned"]["published"] = publish
-    man = manifest("sid-assign", inputs={**(inputs or {}), "parent_version": cur.version},
+    # the recipe of the codes (what was quantised: source, run, ...) carries over, for the next `sid assign`
+    recipe = {k: v for k, v in read_json(cur.path / "manifest.json").get("inputs", {}).items() if k in RECIPE_KEYS}
+    man = manifest("sid-assign", inputs={**recipe, **(inputs or {}), "parent_version": cur.version},
                    params={"frozen_codebooks": cur.version}, counts={"items": int(all_ids.shape[0]),
                                                                     "new_items": int(ids_new.shape[0])})
     version = _write_version(root, all_ids, codes, sizes, cur.quantizer, stats, man, added=added, publish=publish)

@@ -1,7 +1,8 @@
 """What a SID build quantises: the content vectors (PinGER: a new item gets its SID from content alone), content
-beside engagement (collaborative SIDs), or the engagement vectors when ``genrec features build`` found the item
-text degenerate (:func:`choose_sid_source`); and what ``sid assign`` quantises for new items under a version's
-recipe (:func:`new_item_vectors`). Each version's stats.json says which, and why (:func:`source_stats`)."""
+beside engagement (collaborative SIDs), the engagement vectors when ``genrec features build`` found the item
+text degenerate (:func:`choose_sid_source`), or a trained model's own item vectors (``"model"``: computed by
+:mod:`genrec.recipes.model_sids`, which this layer does not import); and what ``sid assign`` quantises for new
+items under a version's recipe (:func:`new_item_vectors`). Each version's stats.json says which, and why (:func:`source_stats`)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from genrec.features.text_quality import describe, is_degenerate
 from genrec.sid.rqkmeans import check_vectors
 from genrec.workdir import MANIFEST, read_json
 
-__all__ = ["SID_SOURCES", "SourceChoice", "choose_sid_source", "features_text_quality", "new_item_vectors",
-           "sid_input_vectors", "source_stats"]
+__all__ = ["MODEL_SOURCE", "RECIPE_KEYS", "SID_SOURCES", "SourceChoice", "choose_sid_source", "features_text_quality",
+           "new_item_vectors", "sid_input_vectors", "source_stats"]
 
-SID_SOURCES = ("content", "content+engagement", "engagement")
+SID_SOURCES = ("content", "content+engagement", "engagement", "model")
 _SOURCE_VECTORS = {"content": "the content vectors", "content+engagement": "content beside engagement vectors",
-                   "engagement": "the engagement vectors"}
+                   "engagement": "the engagement vectors",
+                   "model": "a trained model's item vectors (those its ANN index holds)"}
+MODEL_SOURCE = "model"
+"""The source whose vectors come from a trained run (``--from-run``), not from the item features."""
 
 
 def sid_input_vectors(content: Any, engagement: Any | None, source: str = "content",
@@ -40,6 +44,9 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     """
     if source not in SID_SOURCES:
         raise ConfigError(f"SID source must be one of {', '.join(SID_SOURCES)}, got {source!r}")
+    if source == MODEL_SOURCE:
+        raise ConfigError("SID source 'model': the vectors are a trained run's item vectors, computed from that run "
+                          "(genrec.recipes.model_sids.model_item_vectors), not from the item features")
     if source == "engagement":
         if engagement is None:
             raise ConfigError("SID source 'engagement' needs the engagement vectors")
@@ -61,6 +68,11 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
         raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
                         field="engagement")
     return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
+
+
+RECIPE_KEYS = ("source", "engagement_weight", "run", "checkpoint", "step")
+"""The build inputs that say how a version's vectors were made: ``sid assign`` carries them from the version it
+extends into the new one, so the next ``sid assign`` codes new items under the same recipe."""
 
 
 def features_text_quality(features_dir: str | Path) -> dict[str, Any] | None:
@@ -102,7 +114,7 @@ def choose_sid_source(text_quality: dict[str, Any] | None, requested: str | None
         return SourceChoice("engagement", f"note: the item text is degenerate ({numbers}), so the SIDs quantise the "
                                           f"engagement vectors (the default --source on such text); pass "
                                           f"`--source content` to quantise the content vectors anyway.")
-    if bad and requested != "engagement":
+    if bad and requested not in ("engagement", MODEL_SOURCE):  # (a model's vectors also learned from engagement)
         harm = "these SIDs are largely noise" if requested == "content" else "half of what is quantised is noise"
         return SourceChoice(requested, f"warning: --source {requested} on degenerate item text ({numbers}): the "
                                        f"content vectors carry little or no meaning, so {harm}. Leave --source out "
@@ -116,6 +128,8 @@ def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
     source = str(inputs.get("source", "content"))
     q = features_text_quality(inputs["features"]) if inputs.get("features") else None
     out: dict[str, Any] = {"used": source, "vectors": _SOURCE_VECTORS.get(source, source)}
+    if source == MODEL_SOURCE:
+        out.update({k: inputs.get(k) for k in ("run", "checkpoint", "step")})
     if q is None:
         out["item_text"] = "not checked"
         return out
@@ -125,7 +139,7 @@ def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
     if bad and source == "engagement":
         out["why"] = (f"the item text is degenerate ({describe(q)}): the engagement vectors, the default --source "
                       f"on such text")
-    elif bad:
+    elif bad and source != MODEL_SOURCE:
         out["warning"] = (f"--source {source} on degenerate item text ({describe(q)}): content SIDs are largely "
                           f"noise; the default here is --source engagement")
     return out
@@ -138,6 +152,11 @@ def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int)
     a new item has no engagement yet, as the items nobody engaged with at build time."""
     inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
     source = inputs.get("source", "content")
+    if source == MODEL_SOURCE:
+        raise ConfigError(f"SID version {Path(version_path).name} quantised the item vectors of the trained run "
+                          f"{inputs.get('run')} (`genrec sid build --source model`): a new item's vector comes from "
+                          f"that model (genrec.recipes.model_sids.new_item_model_vectors; `genrec sid assign` does "
+                          f"this), not from its content vectors alone")
     if source == "engagement":
         raise ConfigError(f"SID version {Path(version_path).name} quantised the engagement vectors (`genrec sid build "
                           f"--source engagement`, the default on degenerate item text): a new item has no engagement "

@@ -1,0 +1,49 @@
+"""benchmarks/quality_ladder.py's ``sid_from_rung``: a rung waits for the named rung's training, is skipped when
+that failed, and trains on SIDs built by ``genrec sid build --source model`` into its own folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def test_a_rung_waits_for_its_sid_from_rung(benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    q = benchmark_script("quality_ladder")
+    plain, dep = {"name": "plain"}, {"name": "model-sids", "sid_from_rung": "joint"}
+    assert q.readiness(plain, {"joint"}, set(), set(), tmp_path) == "go"
+    assert q.readiness(dep, {"joint"}, set(), set(), tmp_path) == "wait"  # still to train
+    assert q.readiness(dep, set(), {"joint"}, set(), tmp_path) == "wait"  # training
+    assert q.readiness(dep, set(), set(), {"joint"}, tmp_path) == "skip"  # failed
+    assert q.readiness(dep, set(), set(), set(), tmp_path) == "skip"  # not trained here, no checkpoints
+    (tmp_path / "joint" / "checkpoints").mkdir(parents=True)
+    assert q.readiness(dep, set(), set(), set(), tmp_path) == "go"  # trained (in this call or before)
+
+
+def test_sid_from_rung_must_name_an_earlier_rung(benchmark_script: Callable[[str], ModuleType]) -> None:
+    q = benchmark_script("quality_ladder")
+    with pytest.raises(SystemExit, match="not an earlier rung"):
+        q.resolve({"rungs": [{"name": "a", "sid_from_rung": "b"}, {"name": "b"}]})
+    with pytest.raises(SystemExit, match="not both"):
+        q.resolve({"rungs": [{"name": "b"}, {"name": "a", "sid_from_rung": "b", "sid_from": "{workdir}-x"}]})
+    q.resolve({"rungs": [{"name": "b", "overrides": ["x=1"]}, {"name": "a", "base": "b", "sid_from_rung": "b"}]})
+
+
+def test_model_sid_command_links_its_own_sid_folder(benchmark_script: Callable[[str], ModuleType],
+                                                    tmp_path: Path) -> None:
+    q = benchmark_script("quality_ladder")
+    base, root = tmp_path / "wd", tmp_path / "wd-ladder"
+    for part in ("tables", "features", "sid"):
+        (base / part).mkdir(parents=True)
+    (root / "model-sids").mkdir(parents=True)
+    (root / "model-sids" / "sid").symlink_to(base / "sid")  # an earlier call's link to WORKDIR's SIDs
+    cmd = q.model_sid_command(base, root, {"name": "model-sids", "sid_from_rung": "joint",
+                                           "sid_args": ["--codebook-size", 64]})
+    sdir = root / "model-sids-sid"
+    assert cmd[cmd.index("sid"):] == ["sid", "build", str(sdir), "--source", "model", "--from-run",
+                                      str(root / "joint"), "--codebook-size", "64"]
+    assert (sdir / "tables").resolve() == base / "tables" and (sdir / "features").resolve() == base / "features"
+    assert (sdir / "sid").is_dir() and not (sdir / "sid").is_symlink()
+    assert (root / "model-sids" / "sid").resolve() == (sdir / "sid").resolve()
