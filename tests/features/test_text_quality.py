@@ -1,6 +1,6 @@
 """The item-text check of `genrec features build` (issue 36, "data without text"): coverage of real text
 (not an id placeholder), distinct ratio and duplicate share, the verdict in the features manifest -- and the
-data with real titles (MovieLens 100K, Amazon Beauty) is not flagged, so its default SID source stays content."""
+data with real titles (MovieLens 100K, Amazon Beauty) is not flagged, so its default SID source stays content beside engagement."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_duplicate_share_threshold() -> None:
     assert q["duplicate_share"] > MAX_DUPLICATE_SHARE and q["distinct_ratio"] > 0.5 and q["degenerate"]
 
 
-def test_movielens_titles_are_not_flagged_and_sid_build_stays_content(featured: Callable[..., Path]) -> None:
+def test_movielens_titles_are_not_flagged_and_sid_build_keeps_content(featured: Callable[..., Path]) -> None:
     from genrec.cli import app
     from genrec.sid.build import choose_sid_source, features_text_quality
 
@@ -75,12 +75,12 @@ def test_movielens_titles_are_not_flagged_and_sid_build_stays_content(featured: 
     q = json.loads((wd / "features" / "manifest.json").read_text())["text_quality"]
     assert q["items"] == 1682 and q["coverage"] == 1.0 and q["distinct_ratio"] > 0.98
     assert q["duplicate_share"] < 0.05 and not q["degenerate"] and q["content_from_text"]
-    assert choose_sid_source(features_text_quality(wd / "features")).source == "content"
+    assert choose_sid_source(features_text_quality(wd / "features")).source == "content+engagement"
     r = CliRunner().invoke(app, ["sid", "build", str(wd), "--levels", "2"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["source"] == "content" and "degenerate" not in r.stderr
+    assert json.loads(r.stdout)["source"] == "content+engagement" and "degenerate" not in r.stderr
     stats = json.loads((wd / "sid" / "v0001" / "stats.json").read_text())
-    assert stats["source"]["used"] == "content" and stats["source"]["item_text"] == "usable"
+    assert stats["source"]["used"] == "content+engagement" and stats["source"]["item_text"] == "usable"
 
 
 def test_beauty_titles_are_not_flagged(tmp_path: Path, data_root: Path) -> None:

@@ -111,7 +111,8 @@ def test_choose_sid_source() -> None:
            "distinct_texts": 0, "distinct_ratio": 0.0, "duplicate_share": 0.0}
     assert choose_sid_source(None) == choose_sid_source({**bad, "degenerate": False}) == choose_sid_source(
         {**bad, "content_from_text": False})  # older features, usable text, content from a file: as before
-    assert choose_sid_source(None).source == "content" and choose_sid_source(None).message is None
+    assert choose_sid_source(None).source == "content+engagement" and choose_sid_source(None).message is None
+    assert choose_sid_source(None, has_engagement=False).source == "content"  # no engagement vectors to add
     auto = choose_sid_source(bad)
     assert auto.source == "engagement" and not auto.loud and "--source content" in (auto.message or "")
     forced = choose_sid_source(bad, "content+engagement")

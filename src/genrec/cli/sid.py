@@ -60,7 +60,8 @@ def sid_build(
     source: Optional[str] = typer.Option(
         None, help="What is quantised: content (PinGER), content+engagement (collaborative SIDs: co-engaged items "
                    "share prefixes), engagement (the engagement vectors alone) or model (the item vectors of the "
-                   "model trained in --from-run RUN, those its ANN index holds). Default: content, or engagement "
+                   "model trained in --from-run RUN, those its ANN index holds). Default: content+engagement "
+                   "(chosen on validation recall; new items are coded from their content block), or engagement "
                    "when `genrec features build` found the item text degenerate (its manifest's text_quality)."),
     engagement_weight: float = typer.Option(1.0, help="content+engagement: the engagement block's weight."),
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="--source model: the run directory of a model "

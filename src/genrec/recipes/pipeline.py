@@ -111,8 +111,8 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
     vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
     SIDs, see :func:`genrec.sid.source.sid_input_vectors`), engagement alone, or (``"model"``) the item
     vectors of the model trained in run ``from_run`` (``checkpoint`` of it; its ANN index's vectors:
-    :mod:`genrec.recipes.model_sids`). ``None``: content, or engagement when ``features build`` found the
-    item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`)."""
+    :mod:`genrec.recipes.model_sids`). ``None``: content beside engagement (content without engagement
+    vectors), or engagement when ``features build`` found the item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`)."""
     wd = WorkDir(workdir)
     if (source == MODEL_SOURCE) != (from_run is not None):
         raise ConfigError("--source model needs --from-run RUN (the trained run whose item vectors are quantised)"
@@ -120,11 +120,12 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
                           f"--source {source or 'the default'})")
     if checkpoint is not None and from_run is None:
         raise ConfigError("--checkpoint: only with --source model --from-run RUN (a checkpoint of RUN)")
-    choice = choose_sid_source(features_text_quality(wd.features), source)
+    vecs = ItemVectors.load(wd.features)
+    has_eng = vecs.engagement is not None and np.asarray(vecs.engagement).shape[-1] > 0
+    choice = choose_sid_source(features_text_quality(wd.features), source, has_engagement=has_eng)
     if choice.message is not None:
         print(choice.message, file=sys.stderr)
     source = choice.source
-    vecs = ItemVectors.load(wd.features)
     inputs: dict[str, Any] = {"features": str(wd.features), "source": source}
     if from_run is not None:  # (source "model": checked above)
         x, made = model_item_vectors(from_run, np.asarray(vecs.item_ids), checkpoint=checkpoint, workdir=wd.root)
