@@ -13,7 +13,6 @@ so a Recommender whose ranking stage is replaced (the service's remote ranker) r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ import torch
 
 from genrec.decode.beam import BeamResult
 from genrec.errors import ConfigError
+from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.model.genrec_model import ModelBatch
 from genrec.model.kv_cache import KVCache
@@ -61,10 +61,6 @@ class Candidates:
         return int(self.rows.shape[1])
 
 
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
-
-
 def _round_robin(lists: list[list[int]]) -> list[int]:
     out: list[int] = []
     seen: set[int] = set()
@@ -96,25 +92,23 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
     if "sid" in srcs:
-        t0 = time.perf_counter()
-        width = beam_width
-        if extra and "ann" not in srcs:
-            # the beams are the only candidates: an excluded item empties at most one beam (one SID
-            # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
-            # graphed beam searches capture a few widths, not one per history length
-            width = 1 << (beam_width + extra - 1).bit_length()
-        beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
-        t["sid"] = _ms(t0)
+        with stage("sid", t):
+            width = beam_width
+            if extra and "ann" not in srcs:
+                # the beams are the only candidates: an excluded item empties at most one beam (one SID
+                # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
+                # graphed beam searches capture a few widths, not one per history length
+                width = 1 << (beam_width + extra - 1).bit_length()
+            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)
     ann_vecs = None
     if "ann" in srcs:
-        t0 = time.perf_counter()
-        assert rec.ann is not None and user is not None
-        kk = min(n + extra, len(rec.ann))
-        ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
-        ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
-        t["ann"] = _ms(t0)
+        with stage("ann", t):
+            assert rec.ann is not None and user is not None
+            kk = min(n + extra, len(rec.ann))
+            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
+            ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
     return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs)
 
 
@@ -157,29 +151,33 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
     """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
     :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion."""
     b, m = cands.rows.shape
-    rows_t = torch.from_numpy(cands.rows).to(rec.device)
-    vecs = rec.item_vecs[rows_t].clone()  # [B, M, D]
-    if got.ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
-        at = [(i, j, e[3]) for i, d in enumerate(cands.entries) for j, e in enumerate(d.values()) if e[3] is not None]
-        if at:  # one host-to-device copy for all of them
-            ii = torch.tensor([a[0] for a in at], device=rec.device)
-            jj = torch.tensor([a[1] for a in at], device=rec.device)
-            vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
-    logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
-    p = torch.sigmoid(logits.float())
-    util = (p * u).sum(-1)  # [B, M]
-    dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
-    if (retrieval_weight > 0 or keep_parts) and user is not None:
-        dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
-    sid_lp_m = _sid_lp_matrix(cands.entries, b, m) if sid_weight > 0 or keep_parts else None
-    sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
-    score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
-                     sid_weight=sid_weight).cpu().numpy()  # [B, M]
-    l1_parts = None
-    if keep_parts and sid_lp_m is not None:
-        l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
-                    "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
-    return score, p.cpu().numpy(), l1_parts
+    with stage("rank.gather"):
+        rows_t = torch.from_numpy(cands.rows).to(rec.device)
+        vecs = rec.item_vecs[rows_t].clone()  # [B, M, D]
+        if got.ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
+            at = [(i, j, e[3]) for i, d in enumerate(cands.entries) for j, e in enumerate(d.values())
+                  if e[3] is not None]
+            if at:  # one host-to-device copy for all of them
+                ii = torch.tensor([a[0] for a in at], device=rec.device)
+                jj = torch.tensor([a[1] for a in at], device=rec.device)
+                vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
+    with stage("rank.decode"):
+        logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
+    with stage("rank.fuse"):
+        p = torch.sigmoid(logits.float())
+        util = (p * u).sum(-1)  # [B, M]
+        dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
+        if (retrieval_weight > 0 or keep_parts) and user is not None:
+            dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+        sid_lp_m = _sid_lp_matrix(cands.entries, b, m) if sid_weight > 0 or keep_parts else None
+        sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
+        score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                         sid_weight=sid_weight).cpu().numpy()  # [B, M]
+        l1_parts = None
+        if keep_parts and sid_lp_m is not None:
+            l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
+                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
+        return score, p.cpu().numpy(), l1_parts
 
 
 def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, *, action_weight: float,
@@ -280,29 +278,26 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     srcs, do_rank = rec.check_sources(sources, rank_stage)
     u = rec.utility_vector(utility)
     t: dict[str, float] = {}
-    t0 = time.perf_counter()
-    cache, user = rec.encode(mb)
-    t["encode"] = _ms(t0)
+    with stage("encode", t):
+        cache, user = rec.encode(mb)
     b = mb.actions.shape[0]
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
     got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t)
-    t0 = time.perf_counter()
-    cands = union(got, b, n, exclude_rows)
-    t["union"] = _ms(t0)
+    with stage("union", t):
+        cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None
     if do_rank:
-        t0 = time.perf_counter()
-        score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
-                                      retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
-                                      request_surface=request_surface, request_ts=request_ts, keep_parts=keep_parts)
-        t["rank"] = _ms(t0)
+        with stage("rank", t):
+            score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
+                                          retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
+                                          request_surface=request_surface, request_ts=request_ts,
+                                          keep_parts=keep_parts)
     else:
         score = merged_order(cands, srcs)
-    t0 = time.perf_counter()
-    out = top_k(cands, score, probs, k, got.beams)
-    t["topk"] = _ms(t0)
+    with stage("topk", t):
+        out = top_k(cands, score, probs, k, got.beams)
     t["total"] = sum(t.values())
     out.timings_ms = t
     out.l1_parts = l1_parts

@@ -61,6 +61,7 @@ from genrec.infer.funnel import rank_given, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
 from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
+from genrec.infer.profile import stage
 from genrec.infer.results import SOURCES, BatchResult, RankedList, Recommendation, RecommendationList, \
     recommendation_lists
 from genrec.model.config import ModelConfig
@@ -311,8 +312,10 @@ class Recommender:
         log P(SID) or, for an item the model has no trained logit for, the new-code rule's score."""
         mode = self.served_sid_mode
         if mode == "full":
-            beams = self.decode_sids(cache, beam_width, diversity_lambda)
-            rows, lp = self.beam_rows(beams, limit)
+            with stage("sid.beams"):
+                beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            with stage("sid.rows"):
+                rows, lp = self.beam_rows(beams, limit)
             return beams, rows, lp
         if self.trie is None or self.leaf_rows is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
@@ -431,18 +434,20 @@ class Recommender:
         hs = list(history) if is_batch else [history]
         if not hs:
             raise DataError("empty batch of histories", field="history")
-        parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
-        mb = self.model_batch(parsed)
-        t_parse = _ms(t_wall)
-        surf = None
-        if surface is not None:
-            s = vocab_index(surface, self.surfaces, "surface", "surface")
-            surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
-        else:
-            surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
-        rts = None
-        if request_ts is not None:
-            rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
+        with stage("parse"):
+            parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
+        with stage("tensors"):
+            mb = self.model_batch(parsed)
+            t_parse = _ms(t_wall)
+            surf = None
+            if surface is not None:
+                s = vocab_index(surface, self.surfaces, "surface", "surface")
+                surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
+            else:
+                surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
+            rts = None
+            if request_ts is not None:
+                rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
         # the whole given history, not only the newest context_len items the model reads
         excl = [p["seen_rows"] for p in parsed] if exclude_history else None
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
@@ -450,10 +455,11 @@ class Recommender:
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
                              sid_weight=sid_weight, action_weight=action_weight)
         t0 = time.perf_counter()
-        sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
-        if self.codes is not None and self.catalog.codes is not None:
-            sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
-        outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
+        with stage("results"):
+            sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
+            if self.codes is not None and self.catalog.codes is not None:
+                sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
+            outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
         # outside the pipeline's "total": parsing + batching, building the results, the whole call
         extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
         for o in outs:
