@@ -212,23 +212,20 @@ class Recommender:
 
     def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
         """Right-padded ModelBatch of parsed histories (item vectors from the table the index holds)."""
-        b = len(parsed)
-        n = max(len(p["rows"]) for p in parsed)
-        rows = np.zeros((b, n), np.int64)
-        acts = np.zeros((b, n), np.int64)
-        surf = np.zeros((b, n), np.int64)
-        ts = np.zeros((b, n), np.int64)
-        lengths = np.zeros(b, np.int64)
-        for i, p in enumerate(parsed):
-            m = len(p["rows"])
-            rows[i, :m], acts[i, :m], surf[i, :m], ts[i, :m], lengths[i] = p["rows"], p["actions"], p["surfaces"], \
-                p["ts"], m
+        lengths = np.asarray([len(p["rows"]) for p in parsed], np.int64)
+        b, n = len(parsed), int(lengths.max())
+        # one [4, B, n] host array (rows, actions, surfaces, ts), right-padded with 0, filled by one masked
+        # assignment per column and copied to the device once
+        cols = np.zeros((4, b, n), np.int64)
+        at = np.arange(n)[None, :] < lengths[:, None]
+        for c, key in enumerate(("rows", "actions", "surfaces", "ts")):
+            cols[c][at] = np.concatenate([p[key] for p in parsed])
         dev = self.device
-        r = torch.from_numpy(rows).to(dev)
-        return ModelBatch(actions=torch.from_numpy(acts).to(dev), surfaces=torch.from_numpy(surf).to(dev),
-                          lengths=torch.from_numpy(lengths).to(dev),
+        t = torch.from_numpy(cols).to(dev)
+        r = t[0]
+        return ModelBatch(actions=t[1], surfaces=t[2], lengths=torch.from_numpy(lengths).to(dev),
                           sid_codes=self.codes[r] if self.codes is not None else None,
-                          item_vecs=self.item_vecs[r], timestamps=torch.from_numpy(ts).to(dev))
+                          item_vecs=self.item_vecs[r], timestamps=t[3])
 
     # ------------------------------------------------------------------ stages
     def check_sources(self, sources: Sequence[str] | None, rank: bool | None) -> tuple[tuple[str, ...], bool]:
@@ -352,10 +349,15 @@ class Recommender:
             surface = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
         if request_ts is None and self.config.time_buckets > 0:
             request_ts = cache.last_ts
-        if surface.numel() and not 0 <= int(surface.min()) <= int(surface.max()) < self.config.n_surfaces:
-            raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
-        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.item_vecs):
-            raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
+        if surface.numel() or rows.numel():  # one device->host copy for the four bounds
+            z = torch.zeros((), dtype=torch.int64, device=rows.device)
+            lo_s, hi_s, lo_r, hi_r = torch.stack([
+                surface.min().long() if surface.numel() else z, surface.max().long() if surface.numel() else z,
+                rows.min().long() if rows.numel() else z, rows.max().long() if rows.numel() else z]).tolist()
+            if not 0 <= lo_s <= hi_s < self.config.n_surfaces:
+                raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
+            if not 0 <= lo_r <= hi_r < len(self.item_vecs):
+                raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
         codes = self.codes[rows] if self.codes is not None else None
         rnk = self._graphed_rank
         if rnk is not None and rnk.supports(cache, cand_vecs):
