@@ -161,16 +161,13 @@ def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | N
     ann_score[ci, cj] = np.concatenate([got.ann_score[ai[~new], aj[~new]], got.ann_score[ai[new], aj[new]]])
     ann_at[ci, cj] = np.concatenate([aj[~new], aj[new]])
     valid = np.arange(m)[None, :] < counts[:, None]
-    # the round-robin merge: SID 0, ANN 0, SID 1, ANN 1, ..., each row at its first appearance
-    width = max(got.sid_rows.shape[1], got.ann_rows.shape[1], 1)
-    inter = np.full((b, 2 * width), -1, np.int64)
-    inter[si, 2 * sp], inter[ai, 2 * ap + 1] = s_rows, a_rows
-    first = first_seen(inter)
-    pos = np.cumsum(first, axis=1) - 1
-    fi, fj = np.nonzero(first)
-    vi, vj = np.nonzero(valid)
-    merged = np.zeros((b, m), np.int64)
-    merged[vi, vj] = pos[fi, fj][_lookup(fi * stride + inter[fi, fj], vi * stride + rows[vi, vj])]
+    # the round-robin merge (SID 0, ANN 0, SID 1, ANN 1, ...): a row's place is the rank of its first
+    # appearance there, SID position p at 2p, ANN position q at 2q + 1
+    first = np.full((b, m), 4 * m + 4, np.int64)
+    first[si, sp] = 2 * sp
+    first[si[hit], sp[hit]] = np.minimum(2 * sp[hit], 2 * ap[~new] + 1)
+    first[ai[new], col_new] = 2 * ap[new] + 1
+    merged = np.where(valid, np.argsort(np.argsort(first, axis=1, kind="stable"), axis=1, kind="stable"), 0)
     return Candidates(rows, valid, src, sid_lp, ann_score, ann_at, merged)
 
 

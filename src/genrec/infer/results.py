@@ -102,8 +102,7 @@ def recommendation_lists(res: BatchResult, parsed: Sequence[dict[str, Any]], cat
     ok = res.rows >= 0
     ids = np.where(ok, catalog.item_ids[np.maximum(res.rows, 0)], -1).tolist()
     rows, scores, bits = res.rows.tolist(), res.scores.tolist(), res.src.tolist()
-    sid_lp = np.where(np.isnan(res.sid_lp), None, res.sid_lp).tolist()
-    ann = np.where(np.isnan(res.ann_score), None, res.ann_score).tolist()
+    sid_lp, ann = (_none_for_nan(res.sid_lp), _none_for_nan(res.ann_score))
     codes = None if sids is None else sids.tolist()
     probs = None if res.probs is None else res.probs.tolist()
     titles = catalog.titles
@@ -119,3 +118,10 @@ def recommendation_lists(res: BatchResult, parsed: Sequence[dict[str, Any]], cat
         outs.append(RecommendationList(recs, timings_ms=res.timings_ms, dropped_items=p["dropped"],
                                        history_used=len(p["rows"]), history_truncated=p["truncated"]))
     return outs
+
+
+def _none_for_nan(a: np.ndarray) -> list[Any]:
+    """``a.tolist()`` with None where ``a`` is nan."""
+    o = a.astype(object)
+    o[np.isnan(a)] = None
+    return o.tolist()
