@@ -1,11 +1,22 @@
 """In-process latency of one recommendation, stage by stage (no HTTP): where the time goes.
 
     python benchmarks/bench_recommend.py WORKDIR [--device cuda] [--history-len 1000] [--beam-width 60]
-        [--precisions float32,bf16] [--n 50]
+        [--precisions float32,bf16] [--n 50] [--profile [--batch-sizes 1,8,32] [--sync]] [--torch-profile N]
 
 One request at a time (batch 1) through ``Recommender.recommend``: encode -> SID beams -> ANN ->
 union -> ranking decode -> top K, on histories of exactly ``--history-len`` real items. Prints the
 median of each stage and p50/p99 of the total per precision; JSON to $OUT/bench_recommend.json.
+
+``--profile``: then, per precision and batch size, the serving path's stages (:mod:`genrec.infer.profile`)
+for batches of requests that arrive together, as the server runs them: the request bodies validated
+from JSON bytes (``http.in``), the engine (``Engine.recommend`` at batch 1, else the micro-batch's
+``Engine.recommend_many``: screen, parse, history tensors, encode, SID beams and their rows, ANN, union,
+ranking gather / decode / fuse, top K, result objects, answer dicts) and the response models
+serialised (``http.out``; the response model's validation and dump, as FastAPI's response_model path
+does). Per stage: the median host milliseconds per batch, the device milliseconds between CUDA events
+at the stage's ends (GPU only) and host milliseconds per request. ``--sync``: synchronise the device at
+every stage boundary (host time = the stage's whole latency); without it host time is what the host
+spent, including any wait for the device a stage makes itself.
 """
 
 from __future__ import annotations
@@ -14,11 +25,62 @@ import argparse
 import json
 import os
 
+from typing import Any
+
 import numpy as np
 import torch
 
+from genrec.infer.profile import profiling, stage
 from genrec.infer.recommender import Recommender
+from genrec.serve.engine import Engine
 from genrec.serve.loadgen import sample_histories
+from genrec.serve.schemas import api_models
+
+
+def stage_profile(a: argparse.Namespace, hist: list[list[int]], prec: str) -> dict[int, dict[str, Any]]:
+    """Per batch size: {stage: {host_ms, device_ms, host_ms_per_request}} (medians over ``a.n`` batches)."""
+    os.environ["GENREC_PRECISION"] = prec  # Engine.load reads it, as the server's --precision sets it
+    eng = Engine.load(a.workdir, None, device=a.device)
+    models = api_models(False)
+    out: dict[int, dict[str, Any]] = {}
+    for b in (int(x) for x in a.batch_sizes.split(",")):
+        bodies = [json.dumps({"history": [{"item_id": int(x)} for x in hist[i % len(hist)]], "k": a.k,
+                              "beam_width": a.beam_width}).encode() for i in range(b * (a.n + a.warmup))]
+        host: dict[str, list[float]] = {}
+        dev: dict[str, list[float]] = {}
+        depth: dict[str, int] = {}
+        for rep in range(a.n + a.warmup):
+            with profiling(a.device, sync=a.sync) as prof:
+                with stage("request"):
+                    with stage("http.in"):
+                        reqs = [models.recommend_request.model_validate_json(x) for x in bodies[rep * b:(rep + 1) * b]]
+                    r0 = reqs[0]
+                    kw: dict[str, Any] = dict(k=r0.k, beam_width=r0.beam_width, diversity_lambda=r0.diversity_lambda,
+                                              sources=r0.sources, rank=r0.rank)
+                    hs: list[Any] = [r.history for r in reqs]
+                    with stage("engine"):
+                        res = [eng.recommend(hs[0], **kw)] if b == 1 else eng.recommend_many(hs, **kw)
+                    with stage("http.out"):
+                        for o in res:
+                            models.recommend_response.model_validate(
+                                {**o, "degraded": False, "index_version": eng.version}).model_dump_json()
+            if rep >= a.warmup:
+                depth.update(prof.depth)
+                for s_, v in prof.host.items():
+                    host.setdefault(s_, []).append(v)
+                for s_, v in prof.device().items():
+                    dev.setdefault(s_, []).append(v)
+        out[b] = {s_: {"host_ms": float(np.median(v)), "device_ms": float(np.median(dev[s_])) if s_ in dev else None,
+                       "host_ms_per_request": float(np.median(v)) / b} for s_, v in host.items()}
+        print(f"== stages, {prec}, {a.device}, batch {b} ({a.n} batches, median ms; history {a.history_len}, "
+              f"beam {a.beam_width}, k {a.k}{', synced' if a.sync else ''})")
+        print(f"{'stage':22s} {'host':>9s} {'device':>9s} {'host/req':>9s}")
+        for s_, r in out[b].items():
+            d = "-" if r["device_ms"] is None else f"{r['device_ms']:.3f}"
+            name = "  " * depth[s_] + s_
+            print(f"{name:22s} {r['host_ms']:9.3f} {d:>9s} {r['host_ms_per_request']:9.3f}")
+        print(flush=True)
+    return out
 
 
 def main() -> None:
@@ -31,9 +93,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--precisions", default="float32,bf16")
-    ap.add_argument("--profile", type=int, default=0, help="then profile N more requests per precision (top ops)")
+    ap.add_argument("--torch-profile", type=int, default=0,
+                    help="then profile N more requests per precision with torch.profiler (top ops)")
+    ap.add_argument("--profile", action="store_true", help="then the serving path's stages per batch size")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="--profile: requests per batch")
+    ap.add_argument("--sync", action="store_true", help="--profile: synchronise the device at every stage boundary")
     a = ap.parse_args()
-    hist = sample_histories(a.workdir, a.n + a.warmup + a.profile, a.history_len, exact=True)
+    hist = sample_histories(a.workdir, a.n + a.warmup + a.torch_profile, a.history_len, exact=True)
     out = {"args": vars(a), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "rows": {}}
     for prec in a.precisions.split(","):
         rec = Recommender.from_checkpoint(a.workdir, None, device=a.device, precision=prec)
@@ -48,7 +114,7 @@ def main() -> None:
         row["p99_wall"] = float(np.percentile(stages["wall"], 99))  # the whole recommend() call
         out["rows"][prec] = row
         print(f"{prec:8s} " + "  ".join(f"{s} {v:.2f}" for s, v in row.items()) + "  (ms, median)", flush=True)
-        if a.profile:
+        if a.torch_profile:
             from torch.profiler import ProfilerActivity, profile
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
@@ -56,9 +122,11 @@ def main() -> None:
                 for h in hist[a.n + a.warmup:]:
                     rec.recommend([{"item_id": x} for x in h], k=a.k, beam_width=a.beam_width, rank=True)
             for key in ("self_cpu_time_total",) + (("self_cuda_time_total",) if a.device == "cuda" else ()):
-                print(f"== profile {prec}, {a.profile} requests, by {key}")
+                print(f"== profile {prec}, {a.torch_profile} requests, by {key}")
                 print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
         del rec
+        if a.profile:
+            out.setdefault("stages", {})[prec] = stage_profile(a, hist, prec)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_recommend.json"), "w") as f:
             json.dump(out, f, indent=2)

@@ -16,7 +16,7 @@ from genrec.catalog import ItemCatalog
 from genrec.decode.beam import BeamResult
 from genrec.decode.trie_torch import SidArrays, TorchTrie
 
-__all__ = ["beam_leaf_rows", "beam_rows", "leaf_rows"]
+__all__ = ["beam_leaf_rows", "beam_rows", "compact", "first_seen", "leaf_rows"]
 
 
 def leaf_rows(trie: SidArrays, catalog: ItemCatalog, *, strict: bool = False) -> np.ndarray:
@@ -43,16 +43,28 @@ def beam_rows(beams: BeamResult, trie: TorchTrie, rows: torch.Tensor, limit: int
     scores = packed[b * w:].astype(np.float32).reshape(b, w)
     out = np.full((b, limit), -1, np.int64)
     lp = np.full((b, limit), np.nan, np.float32)
-    for i in range(b):
-        seen: set[int] = set()
-        m = 0
-        for j in range(w):
-            r = int(beam_row[i, j])
-            if r < 0 or r in seen:
-                continue
-            seen.add(r)
-            out[i, m], lp[i, m] = r, scores[i, j]
-            m += 1
-            if m == limit:
-                break
+    i, j, pos = compact(first_seen(beam_row), limit)  # no Python loop over requests or beams
+    out[i, pos], lp[i, pos] = beam_row[i, j], scores[i, j]
     return out, lp
+
+
+def first_seen(a: np.ndarray) -> np.ndarray:
+    """bool, shape of int ``a`` [B, W]: ``a[i, j] >= 0`` and no earlier ``a[i, j'] == a[i, j]`` (j' < j) --
+    each row's values deduplicated in order, negative values (padding) dropped."""
+    if a.size == 0:
+        return np.zeros(a.shape, bool)
+    order = np.argsort(a, axis=1, kind="stable")  # equal values keep their order: the first stays first
+    s = np.take_along_axis(a, order, 1)
+    dup = np.zeros(a.shape, bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    out = np.empty(a.shape, bool)
+    np.put_along_axis(out, order, ~dup, 1)
+    return out & (a >= 0)
+
+
+def compact(keep: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first ``limit`` True entries of each row of bool ``keep`` [B, W], moved to the front:
+    (row i, column j, new column) of each, row-major."""
+    pos = np.cumsum(keep, axis=1) - 1
+    i, j = np.nonzero(keep & (pos < limit))
+    return i, j, pos[i, j]

@@ -13,16 +13,17 @@ so a Recommender whose ranking stage is replaced (the service's remote ranker) r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from genrec.decode.beam import BeamResult
+from genrec.decode.rows import compact, first_seen
 from genrec.errors import ConfigError
+from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.model.genrec_model import ModelBatch
 from genrec.model.kv_cache import KVCache
@@ -49,43 +50,42 @@ class Retrieved:
 
 @dataclass
 class Candidates:
-    """The union of the L0 lists: per request, row -> [src bits, sid lp, ann score, ANN vector, merged
-    position]; ``rows`` int64 [B, M] in that order (0 pad) with ``valid`` bool [B, M]."""
+    """The union of the L0 lists, one row per request in union order -- the SID stage's rows in beam order,
+    then the ANN rows it did not find, in ANN order -- as arrays [B, M]: ``rows`` int64 (0 pad), ``valid``
+    bool, ``src`` int8 bitmask of the stages that found the row (1 = sid, 2 = ann), ``sid_lp`` / ``ann_score``
+    float32 (nan: that stage did not find it), ``ann_at`` int64 (the column of ``Retrieved.ann_vecs`` holding
+    the vector the index returned for it, -1: none) and ``merged`` int64 (its position in the round-robin
+    merge of the two lists)."""
 
-    entries: list[dict[int, list[Any]]]
     rows: np.ndarray
     valid: np.ndarray
+    src: np.ndarray
+    sid_lp: np.ndarray
+    ann_score: np.ndarray
+    ann_at: np.ndarray
+    merged: np.ndarray
 
     @property
     def width(self) -> int:
         return int(self.rows.shape[1])
 
 
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+def _lookup(table: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The index in ``table`` (distinct int64 keys) of each ``query`` key, -1 where absent."""
+    if len(table) == 0 or len(query) == 0:
+        return np.full(len(query), -1, np.int64)
+    order = np.argsort(table, kind="stable")
+    at = np.minimum(np.searchsorted(table[order], query), len(table) - 1)
+    return np.where(table[order][at] == query, order[at], -1)
 
 
-def _round_robin(lists: list[list[int]]) -> list[int]:
-    out: list[int] = []
-    seen: set[int] = set()
-    for j in range(max((len(x) for x in lists), default=0)):
-        for x in lists:
-            if j < len(x) and x[j] not in seen:
-                seen.add(x[j])
-                out.append(x[j])
-    return out
-
-
-def _sid_lp_matrix(union: Sequence[dict[int, list[Any]]], b: int, m: int) -> np.ndarray:
+def _sid_lp_matrix(cands: Candidates) -> np.ndarray:
     """float32 [B, M]: each union candidate's log P(SID) under the beams; for a candidate the SID
-    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none)."""
-    out = np.zeros((b, m), np.float32)
-    for i, d in enumerate(union):
-        lps = [e[1] for e in d.values() if not np.isnan(e[1])]
-        floor = min(lps) if lps else 0.0
-        for j, e in enumerate(d.values()):
-            out[i, j] = floor if np.isnan(e[1]) else e[1]
-    return out
+    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none; 0 pad)."""
+    lp = cands.sid_lp
+    has = ~np.isnan(lp)
+    floor = np.where(has.any(1), np.where(has, lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
+    return np.where(cands.valid, np.where(has, lp, floor[:, None]), 0.0).astype(np.float32)
 
 
 def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
@@ -96,58 +96,79 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
     if "sid" in srcs:
-        t0 = time.perf_counter()
-        width = beam_width
-        if extra and "ann" not in srcs:
-            # the beams are the only candidates: an excluded item empties at most one beam (one SID
-            # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
-            # graphed beam searches capture a few widths, not one per history length
-            width = 1 << (beam_width + extra - 1).bit_length()
-        beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
-        t["sid"] = _ms(t0)
+        with stage("sid", t):
+            width = beam_width
+            if extra and "ann" not in srcs:
+                # the beams are the only candidates: an excluded item empties at most one beam (one SID
+                # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
+                # graphed beam searches capture a few widths, not one per history length
+                width = 1 << (beam_width + extra - 1).bit_length()
+            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)
     ann_vecs = None
     if "ann" in srcs:
-        t0 = time.perf_counter()
-        assert rec.ann is not None and user is not None
-        kk = min(n + extra, len(rec.ann))
-        ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
-        ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
-        t["ann"] = _ms(t0)
+        with stage("ann", t):
+            assert rec.ann is not None and user is not None
+            kk = min(n + extra, len(rec.ann))
+            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
+            ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
     return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs)
 
 
 def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | None) -> Candidates:
-    """Deduplicate the stages' lists (the first ``n`` not excluded of each), remembering stages and scores."""
-    excl = [set() if exclude_rows is None else {int(x) for x in exclude_rows[i]} for i in range(b)]
-    entries: list[dict[int, list[Any]]] = []
-    for i in range(b):
-        d: dict[int, list[Any]] = {}  # row -> [src bits, sid lp, ann score, vec, merged position]
-        lists = []
-        for rows_i, sc_i, bit in ((got.sid_rows[i], got.sid_lp[i], 1), (got.ann_rows[i], got.ann_score[i], 2)):
-            kept = [(int(r), float(s), j) for j, (r, s) in enumerate(zip(rows_i, sc_i)) if r >= 0 and r not in excl[i]]
-            lists.append((kept[:n], bit))
-        order = _round_robin([[r for r, _, _ in kept] for kept, _ in lists])
-        for kept, bit in lists:
-            for r, s, j in kept:
-                e = d.setdefault(r, [0, np.nan, np.nan, None, 0])
-                e[0] |= bit
-                if bit == 1:
-                    e[1] = s
-                else:
-                    e[2] = s
-                    e[3] = got.ann_vecs[i, j]  # type: ignore[index]
-        for pos, r in enumerate(order):
-            d[r][4] = pos
-        entries.append(d)
-    m = max(1, max(len(d) for d in entries))
+    """Deduplicate the stages' lists (the first ``n`` not excluded of each; within a list the first
+    occurrence of a row counts), remembering stages and scores. Array operations over the whole batch:
+    no Python loop over requests or candidates (the item-by-item twin is in tests/infer/test_funnel_batch.py)."""
+    stride = 1 + max(int(got.sid_rows.max(initial=0)), int(got.ann_rows.max(initial=0)))  # key = request * stride + row
+    ex: np.ndarray | None = None
+    if exclude_rows is not None:
+        lens = [len(x) for x in exclude_rows]
+        flat = np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in exclude_rows]) if sum(lens) else \
+            np.zeros(0, np.int64)
+        req = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+        ok = (flat >= 0) & (flat < stride)
+        ex = req[ok] * stride + flat[ok]
+
+    def kept(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keep = first_seen(rows)
+        if ex is not None and keep.any():
+            keep &= ~np.isin(np.arange(b, dtype=np.int64)[:, None] * stride + rows, ex)
+        return compact(keep, n)
+
+    si, sj, sp = kept(got.sid_rows)
+    ai, aj, ap = kept(got.ann_rows)
+    n_s = np.bincount(si, minlength=b)
+    s_rows, a_rows = got.sid_rows[si, sj], got.ann_rows[ai, aj]
+    in_sid = _lookup(si * stride + s_rows, ai * stride + a_rows)  # each kept ANN row's index among the SID ones
+    new = in_sid < 0
+    # a new ANN row goes after its request's SID rows, in ANN order
+    new_at = np.cumsum(np.bincount(ai[new], minlength=b)) - np.bincount(ai[new], minlength=b)
+    col_new = n_s[ai[new]] + (np.arange(int(new.sum())) - new_at[ai[new]])
+    counts = n_s + np.bincount(ai[new], minlength=b)
+    m = max(1, int(counts.max(initial=0)))
     rows = np.zeros((b, m), np.int64)
-    valid = np.zeros((b, m), bool)
-    for i, d in enumerate(entries):
-        rows[i, :len(d)] = list(d)
-        valid[i, :len(d)] = True
-    return Candidates(entries, rows, valid)
+    src = np.zeros((b, m), np.int8)
+    sid_lp = np.full((b, m), np.nan, np.float32)
+    ann_score = np.full((b, m), np.nan, np.float32)
+    ann_at = np.full((b, m), -1, np.int64)
+    rows[si, sp], src[si, sp], sid_lp[si, sp] = s_rows, 1, got.sid_lp[si, sj]
+    hit = in_sid[~new]
+    ci = np.concatenate([si[hit], ai[new]])
+    cj = np.concatenate([sp[hit], col_new])
+    rows[ai[new], col_new] = a_rows[new]
+    src[ci, cj] |= 2
+    ann_score[ci, cj] = np.concatenate([got.ann_score[ai[~new], aj[~new]], got.ann_score[ai[new], aj[new]]])
+    ann_at[ci, cj] = np.concatenate([aj[~new], aj[new]])
+    valid = np.arange(m)[None, :] < counts[:, None]
+    # the round-robin merge (SID 0, ANN 0, SID 1, ANN 1, ...): a row's place is the rank of its first
+    # appearance there, SID position p at 2p, ANN position q at 2q + 1
+    first = np.full((b, m), 4 * m + 4, np.int64)
+    first[si, sp] = 2 * sp
+    first[si[hit], sp[hit]] = np.minimum(2 * sp[hit], 2 * ap[~new] + 1)
+    first[ai[new], col_new] = 2 * ap[new] + 1
+    merged = np.where(valid, np.argsort(np.argsort(first, axis=1, kind="stable"), axis=1, kind="stable"), 0)
+    return Candidates(rows, valid, src, sid_lp, ann_score, ann_at, merged)
 
 
 def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
@@ -157,29 +178,31 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
     """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
     :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion."""
     b, m = cands.rows.shape
-    rows_t = torch.from_numpy(cands.rows).to(rec.device)
-    vecs = rec.item_vecs[rows_t].clone()  # [B, M, D]
-    if got.ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
-        at = [(i, j, e[3]) for i, d in enumerate(cands.entries) for j, e in enumerate(d.values()) if e[3] is not None]
-        if at:  # one host-to-device copy for all of them
-            ii = torch.tensor([a[0] for a in at], device=rec.device)
-            jj = torch.tensor([a[1] for a in at], device=rec.device)
-            vecs[ii, jj] = torch.from_numpy(np.stack([np.asarray(a[2]) for a in at])).to(vecs)
-    logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
-    p = torch.sigmoid(logits.float())
-    util = (p * u).sum(-1)  # [B, M]
-    dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
-    if (retrieval_weight > 0 or keep_parts) and user is not None:
-        dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
-    sid_lp_m = _sid_lp_matrix(cands.entries, b, m) if sid_weight > 0 or keep_parts else None
-    sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
-    score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
-                     sid_weight=sid_weight).cpu().numpy()  # [B, M]
-    l1_parts = None
-    if keep_parts and sid_lp_m is not None:
-        l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
-                    "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
-    return score, p.cpu().numpy(), l1_parts
+    with stage("rank.gather"):
+        rows_t = torch.from_numpy(cands.rows).to(rec.device)
+        vecs = rec.item_vecs[rows_t].clone()  # [B, M, D]
+        if got.ann_vecs is not None:  # the ANN candidates' vectors are the ones the index returned
+            ii, jj = np.nonzero(cands.ann_at >= 0)
+            if len(ii):  # one host-to-device copy for all of them
+                vecs[torch.from_numpy(ii).to(rec.device), torch.from_numpy(jj).to(rec.device)] = \
+                    torch.from_numpy(got.ann_vecs[ii, cands.ann_at[ii, jj]]).to(vecs)
+    with stage("rank.decode"):
+        logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
+    with stage("rank.fuse"):
+        p = torch.sigmoid(logits.float())
+        util = (p * u).sum(-1)  # [B, M]
+        dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
+        if (retrieval_weight > 0 or keep_parts) and user is not None:
+            dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+        sid_lp_m = _sid_lp_matrix(cands) if sid_weight > 0 or keep_parts else None
+        sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
+        score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                         sid_weight=sid_weight).cpu().numpy()  # [B, M]
+        l1_parts = None
+        if keep_parts and sid_lp_m is not None:
+            l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
+                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
+        return score, p.cpu().numpy(), l1_parts
 
 
 def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, *, action_weight: float,
@@ -225,17 +248,14 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
 
 def merged_order(cands: Candidates, srcs: Sequence[str]) -> np.ndarray:
     """Scores without ranking [B, M]: a single source keeps its own (beam log-probability, or inner
-    product); both sources: 1 / (1 + position in the round-robin merge)."""
-    score = np.zeros(cands.rows.shape, np.float64)
-    for i, d in enumerate(cands.entries):
-        for j, (r, e) in enumerate(d.items()):
-            if srcs == ("sid",):
-                score[i, j] = e[1]
-            elif srcs == ("ann",):
-                score[i, j] = e[2]
-            else:
-                score[i, j] = 1.0 / (1.0 + e[4])
-    return score
+    product); both sources: 1 / (1 + position in the round-robin merge). 0 pad."""
+    if tuple(srcs) == ("sid",):
+        score = cands.sid_lp.astype(np.float64)
+    elif tuple(srcs) == ("ann",):
+        score = cands.ann_score.astype(np.float64)
+    else:
+        score = 1.0 / (1.0 + cands.merged)
+    return np.where(cands.valid, score, 0.0)
 
 
 def top_k(cands: Candidates, score: np.ndarray, probs: np.ndarray | None, k: int,
@@ -247,18 +267,13 @@ def top_k(cands: Candidates, score: np.ndarray, probs: np.ndarray | None, k: int
                       src=np.zeros((b, kk), np.int8), sid_lp=np.full((b, kk), np.nan),
                       ann_score=np.full((b, kk), np.nan),
                       probs=None if probs is None else np.full((b, kk, probs.shape[-1]), np.nan), beams=beams)
-    for i, d in enumerate(cands.entries):
-        ents = list(d.values())
-        masked = np.where(cands.valid[i], score[i], -np.inf)
-        top = [j for j in np.argsort(-masked, kind="stable")[:kk] if cands.valid[i, j]]
-        n = len(top)
-        out.rows[i, :n] = cands.rows[i, top]
-        out.scores[i, :n] = score[i, top]
-        out.src[i, :n] = [ents[j][0] for j in top]
-        out.sid_lp[i, :n] = [ents[j][1] for j in top]
-        out.ann_score[i, :n] = [ents[j][2] for j in top]
-        if probs is not None and out.probs is not None:
-            out.probs[i, :n] = probs[i, top]
+    order = np.argsort(-np.where(cands.valid, score, -np.inf), axis=1, kind="stable")[:, :kk]  # [B, kk]
+    i, c, pos = compact(np.take_along_axis(cands.valid, order, 1), kk)  # the valid ones, best first
+    j = order[i, c]
+    out.rows[i, pos], out.scores[i, pos], out.src[i, pos] = cands.rows[i, j], score[i, j], cands.src[i, j]
+    out.sid_lp[i, pos], out.ann_score[i, pos] = cands.sid_lp[i, j], cands.ann_score[i, j]
+    if probs is not None and out.probs is not None:
+        out.probs[i, pos] = probs[i, j]
     return out
 
 
@@ -280,29 +295,26 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     srcs, do_rank = rec.check_sources(sources, rank_stage)
     u = rec.utility_vector(utility)
     t: dict[str, float] = {}
-    t0 = time.perf_counter()
-    cache, user = rec.encode(mb)
-    t["encode"] = _ms(t0)
+    with stage("encode", t):
+        cache, user = rec.encode(mb)
     b = mb.actions.shape[0]
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
     got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t)
-    t0 = time.perf_counter()
-    cands = union(got, b, n, exclude_rows)
-    t["union"] = _ms(t0)
+    with stage("union", t):
+        cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None
     if do_rank:
-        t0 = time.perf_counter()
-        score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
-                                      retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
-                                      request_surface=request_surface, request_ts=request_ts, keep_parts=keep_parts)
-        t["rank"] = _ms(t0)
+        with stage("rank", t):
+            score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
+                                          retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
+                                          request_surface=request_surface, request_ts=request_ts,
+                                          keep_parts=keep_parts)
     else:
         score = merged_order(cands, srcs)
-    t0 = time.perf_counter()
-    out = top_k(cands, score, probs, k, got.beams)
-    t["topk"] = _ms(t0)
+    with stage("topk", t):
+        out = top_k(cands, score, probs, k, got.beams)
     t["total"] = sum(t.values())
     out.timings_ms = t
     out.l1_parts = l1_parts

@@ -86,9 +86,10 @@ class HistoryParser:
     def columns(self, history: Sequence[Any]) -> tuple[list[int], list[int], list[int], list[int]] | None:
         """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
         n = len(history)
-        if all(type(h) is int for h in history):
-            ids, acts_raw, surfs_raw, ts_raw = list(history), [None] * n, [None] * n, [None] * n
-        elif all(type(h) is dict for h in history):
+        if all(type(h) is int for h in history):  # bare ids (what the service's screen hands on): defaults
+            da = vocab_index(self.default_action(), self.actions, "default", "default")
+            return list(history), [da] * n, [vocab_index(0, self.surfaces, "default", "default")] * n, [0] * n
+        if all(type(h) is dict for h in history):
             try:
                 ids = [h["item_id"] for h in history]
             except KeyError:

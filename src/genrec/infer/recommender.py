@@ -61,6 +61,7 @@ from genrec.infer.funnel import rank_given, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
 from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
+from genrec.infer.profile import stage
 from genrec.infer.results import SOURCES, BatchResult, RankedList, Recommendation, RecommendationList, \
     recommendation_lists
 from genrec.model.config import ModelConfig
@@ -211,23 +212,20 @@ class Recommender:
 
     def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
         """Right-padded ModelBatch of parsed histories (item vectors from the table the index holds)."""
-        b = len(parsed)
-        n = max(len(p["rows"]) for p in parsed)
-        rows = np.zeros((b, n), np.int64)
-        acts = np.zeros((b, n), np.int64)
-        surf = np.zeros((b, n), np.int64)
-        ts = np.zeros((b, n), np.int64)
-        lengths = np.zeros(b, np.int64)
-        for i, p in enumerate(parsed):
-            m = len(p["rows"])
-            rows[i, :m], acts[i, :m], surf[i, :m], ts[i, :m], lengths[i] = p["rows"], p["actions"], p["surfaces"], \
-                p["ts"], m
+        lengths = np.asarray([len(p["rows"]) for p in parsed], np.int64)
+        b, n = len(parsed), int(lengths.max())
+        # one [4, B, n] host array (rows, actions, surfaces, ts), right-padded with 0, filled by one masked
+        # assignment per column and copied to the device once
+        cols = np.zeros((4, b, n), np.int64)
+        at = np.arange(n)[None, :] < lengths[:, None]
+        for c, key in enumerate(("rows", "actions", "surfaces", "ts")):
+            cols[c][at] = np.concatenate([p[key] for p in parsed])
         dev = self.device
-        r = torch.from_numpy(rows).to(dev)
-        return ModelBatch(actions=torch.from_numpy(acts).to(dev), surfaces=torch.from_numpy(surf).to(dev),
-                          lengths=torch.from_numpy(lengths).to(dev),
+        t = torch.from_numpy(cols).to(dev)
+        r = t[0]
+        return ModelBatch(actions=t[1], surfaces=t[2], lengths=torch.from_numpy(lengths).to(dev),
                           sid_codes=self.codes[r] if self.codes is not None else None,
-                          item_vecs=self.item_vecs[r], timestamps=torch.from_numpy(ts).to(dev))
+                          item_vecs=self.item_vecs[r], timestamps=t[3])
 
     # ------------------------------------------------------------------ stages
     def check_sources(self, sources: Sequence[str] | None, rank: bool | None) -> tuple[tuple[str, ...], bool]:
@@ -311,8 +309,10 @@ class Recommender:
         log P(SID) or, for an item the model has no trained logit for, the new-code rule's score."""
         mode = self.served_sid_mode
         if mode == "full":
-            beams = self.decode_sids(cache, beam_width, diversity_lambda)
-            rows, lp = self.beam_rows(beams, limit)
+            with stage("sid.beams"):
+                beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            with stage("sid.rows"):
+                rows, lp = self.beam_rows(beams, limit)
             return beams, rows, lp
         if self.trie is None or self.leaf_rows is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
@@ -349,10 +349,15 @@ class Recommender:
             surface = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
         if request_ts is None and self.config.time_buckets > 0:
             request_ts = cache.last_ts
-        if surface.numel() and not 0 <= int(surface.min()) <= int(surface.max()) < self.config.n_surfaces:
-            raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
-        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.item_vecs):
-            raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
+        if surface.numel() or rows.numel():  # one device->host copy for the four bounds
+            z = torch.zeros((), dtype=torch.int64, device=rows.device)
+            lo_s, hi_s, lo_r, hi_r = torch.stack([
+                surface.min().long() if surface.numel() else z, surface.max().long() if surface.numel() else z,
+                rows.min().long() if rows.numel() else z, rows.max().long() if rows.numel() else z]).tolist()
+            if not 0 <= lo_s <= hi_s < self.config.n_surfaces:
+                raise ConfigError(f"surface: values must lie in [0, {self.config.n_surfaces}), got {surface.tolist()}")
+            if not 0 <= lo_r <= hi_r < len(self.item_vecs):
+                raise ConfigError(f"rows: catalogue rows must lie in [0, {len(self.item_vecs)})")
         codes = self.codes[rows] if self.codes is not None else None
         rnk = self._graphed_rank
         if rnk is not None and rnk.supports(cache, cand_vecs):
@@ -431,18 +436,20 @@ class Recommender:
         hs = list(history) if is_batch else [history]
         if not hs:
             raise DataError("empty batch of histories", field="history")
-        parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
-        mb = self.model_batch(parsed)
-        t_parse = _ms(t_wall)
-        surf = None
-        if surface is not None:
-            s = vocab_index(surface, self.surfaces, "surface", "surface")
-            surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
-        else:
-            surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
-        rts = None
-        if request_ts is not None:
-            rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
+        with stage("parse"):
+            parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
+        with stage("tensors"):
+            mb = self.model_batch(parsed)
+            t_parse = _ms(t_wall)
+            surf = None
+            if surface is not None:
+                s = vocab_index(surface, self.surfaces, "surface", "surface")
+                surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
+            else:
+                surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
+            rts = None
+            if request_ts is not None:
+                rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
         # the whole given history, not only the newest context_len items the model reads
         excl = [p["seen_rows"] for p in parsed] if exclude_history else None
         res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
@@ -450,10 +457,11 @@ class Recommender:
                              request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
                              sid_weight=sid_weight, action_weight=action_weight)
         t0 = time.perf_counter()
-        sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
-        if self.codes is not None and self.catalog.codes is not None:
-            sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
-        outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
+        with stage("results"):
+            sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
+            if self.codes is not None and self.catalog.codes is not None:
+                sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
+            outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
         # outside the pipeline's "total": parsing + batching, building the results, the whole call
         extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
         for o in outs:

@@ -98,24 +98,30 @@ def recommendation_lists(res: BatchResult, parsed: Sequence[dict[str, Any]], cat
                          sids: np.ndarray | None, actions: Sequence[str]) -> list[RecommendationList]:
     """One :class:`RecommendationList` per parsed history (:mod:`genrec.infer.history`) from the batch's
     result; ``sids``: the full SID code of every result row [B, K, L] (None without SIDs)."""
+    # whole arrays to Python objects once (no per-element numpy scalars); the same values as float(x[i, j])
+    ok = res.rows >= 0
+    ids = np.where(ok, catalog.item_ids[np.maximum(res.rows, 0)], -1).tolist()
+    rows, scores, bits = res.rows.tolist(), res.scores.tolist(), res.src.tolist()
+    sid_lp, ann = (_none_for_nan(res.sid_lp), _none_for_nan(res.ann_score))
+    codes = None if sids is None else sids.tolist()
+    probs = None if res.probs is None else res.probs.tolist()
+    titles = catalog.titles
+    names = {b: tuple(s for s in SOURCES if b & SRC_BIT[s]) for b in range(4)}
+    acts = list(actions)
     outs = []
     for i, p in enumerate(parsed):
-        recs = []
-        for j in range(res.rows.shape[1]):
-            r = int(res.rows[i, j])
-            if r < 0:
-                continue
-            bits = int(res.src[i, j])
-            recs.append(Recommendation(
-                item_id=int(catalog.item_ids[r]),
-                title=catalog.titles[r] if catalog.titles is not None else None,
-                score=float(res.scores[i, j]),
-                sources=tuple(s for s in SOURCES if bits & SRC_BIT[s]),
-                sid=None if sids is None else tuple(int(c) for c in sids[i, j]),
-                action_probs=None if res.probs is None else
-                {a: float(res.probs[i, j, c]) for c, a in enumerate(actions)},
-                sid_logprob=None if np.isnan(res.sid_lp[i, j]) else float(res.sid_lp[i, j]),
-                ann_score=None if np.isnan(res.ann_score[i, j]) else float(res.ann_score[i, j])))
+        recs = [Recommendation(item_id=ids[i][j], title=titles[r] if titles is not None else None, score=scores[i][j],
+                               sources=names[bits[i][j]], sid=None if codes is None else tuple(codes[i][j]),
+                               action_probs=None if probs is None else dict(zip(acts, probs[i][j])),
+                               sid_logprob=sid_lp[i][j], ann_score=ann[i][j])
+                for j, r in enumerate(rows[i]) if r >= 0]
         outs.append(RecommendationList(recs, timings_ms=res.timings_ms, dropped_items=p["dropped"],
                                        history_used=len(p["rows"]), history_truncated=p["truncated"]))
     return outs
+
+
+def _none_for_nan(a: np.ndarray) -> list[Any]:
+    """``a.tolist()`` with None where ``a`` is nan."""
+    o = a.astype(object)
+    o[np.isnan(a)] = None
+    return o.tolist()

@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 from genrec.catalog import open_store
 from genrec.errors import ConfigError, DataError, GenrecError
+from genrec.infer.profile import stage
 from genrec.infer.recommender import Recommender
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
@@ -183,7 +184,8 @@ class Engine:
         (the whole history given, as :meth:`Recommender.recommend`). ``explain``: the answer also holds
         ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""
         sent = history
-        dropped, any_known, history = self.rec.history.screen(history)
+        with stage("screen"):
+            dropped, any_known, history = self.rec.history.screen(history)
         if not any_known:
             out = self.cold_start(dropped, k)
             if explain:
@@ -214,7 +216,8 @@ class Engine:
                                 exclude_history=exclude_history, **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
-        out = self._format(res)
+        with stage("format"):
+            out = self._format(res)
         if trace is not None:
             out["explain"] = explain_block(self.rec, trace, sent, [r.item_id for r in res])
         return out
@@ -234,13 +237,14 @@ class Engine:
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm = []
         plain: list[Sequence[Any]] = []
-        for i, h in enumerate(histories):
-            dropped, any_known, p = self.rec.history.screen(h)
-            if any_known:
-                warm.append(i)
-                plain.append(p)
-            else:
-                outs[i] = self.cold_start(dropped, k)
+        with stage("screen"):
+            for i, h in enumerate(histories):
+                dropped, any_known, p = self.rec.history.screen(h)
+                if any_known:
+                    warm.append(i)
+                    plain.append(p)
+                else:
+                    outs[i] = self.cold_start(dropped, k)
         if warm:
             try:
                 res = self.rec.recommend([list(p) for p in plain], k=k, beam_width=beam_width,
@@ -249,8 +253,9 @@ class Engine:
                                          **_fusion_kw(fusion))
             except (DataError, ConfigError) as e:
                 raise _input_error(e) from e
-            for i, r in zip(warm, res):
-                outs[i] = self._format(r)
+            with stage("format"):
+                for i, r in zip(warm, res):
+                    outs[i] = self._format(r)
         return outs  # type: ignore[return-value]
 
     @staticmethod
