@@ -220,6 +220,32 @@ def yardstick_result(root: Path) -> dict[str, Any] | None:
     return json.loads(lines[-1]) if lines else None
 
 
+def train_summary(root: Path, ladder: dict[str, Any], took: dict[str, float]) -> list[dict[str, Any]]:
+    """Per rung, from its train_log.jsonl: the last step, the median items/s over the log windows after the
+    first (which holds start-up and compiles), the peak device memory (CUDA runs) and the training seconds."""
+    out = []
+    for r in ladder["rungs"]:
+        p = root / r["name"] / "train_log.jsonl"
+        rows = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
+        if not rows:
+            continue
+        rates = [x["items_per_s"] for x in rows[1:] or rows if "items_per_s" in x]
+        peaks = [x["peak_mem_mib"] for x in rows if "peak_mem_mib" in x]
+        out.append({"rung": r["name"], "steps": rows[-1].get("step"), "items_per_s": float(np.median(rates)) if rates
+                    else None, "peak_mem_mib": max(peaks) if peaks else None, "seconds": took.get(r["name"])})
+    return out
+
+
+def train_table(rows: list[dict[str, Any]]) -> str:
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    out = ["| rung | steps | items/s (median) | peak device MiB | training s |", "|---|---|---|---|---|"]
+    out += [f"| {x['rung']} | {x['steps']} | {f(x['items_per_s'], ',.0f')} | {f(x['peak_mem_mib'], ',.0f')} | "
+            f"{f(x['seconds'], '.0f')} |" for x in rows]
+    return "\n".join(out)
+
+
 def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
     out = []
     if yard:
@@ -270,10 +296,11 @@ def main() -> None:
     took = {} if a.score_only else train_all(a.workdir, root, ladder, a)
     res = score(root, ladder, a)
     res["train_seconds"] = took
+    res["train"] = train_summary(root, ladder, took)
     yard = yardstick_result(root)
     res["yardstick"] = yard
     res["ladder"] = ladder
-    print("\n" + table(res, yard), flush=True)
+    print("\n" + table(res, yard) + "\n\n" + train_table(res["train"]), flush=True)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "ladder.json").write_text(json.dumps(res, indent=1, default=str))

@@ -1,8 +1,10 @@
-"""benchmarks/quality_ladder.py's ``sid_from_rung``: a rung waits for the named rung's training, is skipped when
-that failed, and trains on SIDs built by ``genrec sid build --source model`` into its own folder."""
+"""benchmarks/quality_ladder.py: a ``sid_from_rung`` rung waits for the named rung's training, is skipped when that
+failed, and trains on SIDs built by ``genrec sid build --source model`` into its own folder; each rung's training
+summary (steps, items/s, peak memory) comes from its train log."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -47,3 +49,18 @@ def test_model_sid_command_links_its_own_sid_folder(benchmark_script: Callable[[
     assert (sdir / "tables").resolve() == base / "tables" and (sdir / "features").resolve() == base / "features"
     assert (sdir / "sid").is_dir() and not (sdir / "sid").is_symlink()
     assert (root / "model-sids" / "sid").resolve() == (sdir / "sid").resolve()
+
+
+def test_train_summary_reads_each_rungs_log(benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    """Steps from the last entry, items/s the median after the first window (start-up), the peak memory the
+    largest logged; a rung without a log is left out."""
+    q = benchmark_script("quality_ladder")
+    (tmp_path / "a").mkdir()
+    logs = [{"step": 10, "items_per_s": 5.0, "peak_mem_mib": 100.0}, {"step": 20, "items_per_s": 50.0,
+            "peak_mem_mib": 300.0}, {"step": 30, "items_per_s": 70.0, "peak_mem_mib": 200.0},
+            {"step": 40, "items_per_s": 60.0}]
+    (tmp_path / "a" / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in logs))
+    ladder = {"rungs": [{"name": "a"}, {"name": "b"}]}
+    rows = q.train_summary(tmp_path, ladder, {"a": 12.0})
+    assert rows == [{"rung": "a", "steps": 40, "items_per_s": 60.0, "peak_mem_mib": 300.0, "seconds": 12.0}]
+    assert "| a | 40 | 60 | 300 | 12 |" in q.train_table(rows)

@@ -460,6 +460,8 @@ class Trainer:
         if not math.isfinite(means.get("loss", 0.0)):
             raise GenrecError(f"training loss became non-finite in the log window ending at step "
                               f"{self.step}: {means}")
+        if torch.cuda.is_available() and self.device.type == "cuda":  # the run's peak so far, this rank
+            rates["peak_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         if info.is_main:
             logs.append(logs.train, {"step": self.step, "lr": lr, **means, **rates})
             logs.scalars("train", {**means, **rates, "lr": lr}, self.step)
