@@ -7,7 +7,7 @@ import pytest
 from genrec.data.ingest import prepare_dataset
 from genrec.data.splits import SplitSpec, train_events
 from genrec.errors import ConfigError
-from genrec.recipes.coldstart import withhold_items
+from genrec.recipes.coldstart import run_cold_start, withhold_items
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +44,9 @@ def test_withheld_items_only_remain_as_test_targets(ml100k, seed):  # noqa: ANN0
 def test_bad_fraction_is_named(ml100k):  # noqa: ANN001
     with pytest.raises(ConfigError, match="fraction"):
         withhold_items(ml100k, 0.0)
+
+
+def test_a_source_that_cannot_code_cold_items_is_refused(tmp_path):  # noqa: ANN001
+    with pytest.raises(ConfigError, match="--source must be one of content, content\\+engagement"):
+        run_cold_start(tmp_path / "base", tmp_path / "out", source="engagement")
+    assert not (tmp_path / "out").exists()

@@ -130,6 +130,10 @@ def cold_start(
                                              "catalogue; then `sid assign`, served without retraining) or before "
                                              "(in the training catalogue)."),
     beam_width: int = typer.Option(20, help="SID beams (full-code, and over levels 1..L-1 for the prefix paths)."),
+    source: Optional[str] = typer.Option(None, help="What the SIDs quantise: content, or content+engagement (the "
+                                                    "withheld items' engagement block imputed from their nearest "
+                                                    "warm items by content, as `genrec sid assign` does). Default: "
+                                                    "`genrec sid build`'s default (content+engagement)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="key=value training overrides"),
 ) -> None:
     """Cold-start items: withhold some from training, code them with the frozen SID codebook, score them.
@@ -139,5 +143,5 @@ def cold_start(
     from genrec.recipes.coldstart import run_cold_start
 
     r = run_cold_start(base, out, frac=frac, seed=seed, preset=preset, overrides=list(overrides or []),
-                       assign=assign, beam_width=beam_width)
+                       assign=assign, beam_width=beam_width, source=source)
     echo_json({k: v for k, v in r.items() if k != "cold_item_ids"})

@@ -5,8 +5,10 @@ removed from the users' histories, except a user's LAST event (the leave-one-out
 target), so the test set still asks for them. Item vectors are built on the reduced data
 (content from text for every item; engagement from the train split, which never contains a
 cold item -- their engagement vectors are zero). Semantic IDs are quantised on the warm
-items only; the cold items get codes from the frozen codebook
-(:func:`genrec.sid.build.assign_sids`, as ``genrec sid assign`` does). Two orders:
+items only, from ``source`` (``genrec sid build``'s default, content beside engagement, or content alone);
+the cold items get codes from the frozen codebook as ``genrec sid assign`` gives them
+(:func:`genrec.sid.source.new_item_vectors`: a collaborative codebook's engagement block imputed from the
+nearest warm items by content; :func:`genrec.sid.build.assign_sids`). Two orders:
 
 * ``assign="after"`` (default; the served path): the model trains on the warm catalogue, then the cold
   items are assigned with their content vectors -- a new SID version the Recommender loads without
@@ -44,8 +46,12 @@ from genrec.infer.recommender import Recommender
 from genrec.recipes import pipeline
 from genrec.recipes.training import train_run
 from genrec.sid.build import assign_sids, build_sids, open_current
+from genrec.sid.source import choose_sid_source, features_text_quality, new_item_vectors, sid_input_vectors
 from genrec.train.run import RunConfig
 from genrec.workdir import WorkDir, atomic_write_json
+
+COLD_SOURCES = ("content", "content+engagement")
+"""What the cold-start SIDs may quantise: sources that can code an item nobody engaged with."""
 
 
 def withhold_items(ds: Dataset, frac: float, seed: int = 0) -> tuple[Dataset, np.ndarray]:
@@ -79,11 +85,16 @@ def withhold_items(ds: Dataset, frac: float, seed: int = 0) -> tuple[Dataset, np
 
 def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, seed: int = 0,
                    preset: str = "quickstart", overrides: list[str] | None = None, levels: int = 3,
-                   beam_width: int = 20, assign: str = "after", ks: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
+                   beam_width: int = 20, assign: str = "after", ks: tuple[int, ...] = (5, 10, 20),
+                   source: str | None = None, engagement_weight: float = 1.0) -> dict[str, Any]:
     """Build the cold-start run in ``out`` from the prepared tables of ``base``; returns the metrics
-    (``WORKDIR/reports/cold_start.json``)."""
+    (``WORKDIR/reports/cold_start.json``). ``source``: what the SIDs quantise, ``"content"`` or
+    ``"content+engagement"`` (the cold items' engagement block imputed from their content neighbours,
+    :func:`genrec.sid.source.new_item_vectors`); None: ``genrec sid build``'s default."""
     if assign not in ("after", "before"):
         raise ConfigError(f"assign must be 'after' (the served path) or 'before' (training), got {assign!r}")
+    if source not in (None, *COLD_SOURCES):
+        raise ConfigError(f"cold-start --source must be one of {', '.join(COLD_SOURCES)}, got {source!r}")
     wd = WorkDir(out).ensure()
     ds, cold = withhold_items(TableStore(WorkDir(base).tables).read(), frac, seed)
     TableStore(wd.tables).write(ds, n_buckets=4, overwrite=True)
@@ -92,12 +103,22 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
     ids = np.asarray(vecs.item_ids)
     warm = ~np.isin(ids, cold)
     content = np.asarray(vecs.content)
+    engagement = np.asarray(vecs.engagement)
+    choice = choose_sid_source(features_text_quality(wd.features), source, has_engagement=engagement.shape[1] > 0)
+    if choice.source not in COLD_SOURCES:
+        raise ConfigError(f"the SIDs here would quantise {choice.source!r} ({choice.message}), which cannot code an "
+                          f"item nobody engaged with: pass --source content")
     if assign == "after":  # the model's catalogue holds the warm items only; the cold ones arrive after training
-        ItemVectors(ids[warm], content[warm], np.asarray(vecs.engagement)[warm], meta=vecs.meta).save(wd.features)
-    build_sids(content[warm], ids[warm], wd.sid, levels=levels, inputs={"cold_start": "warm items only"})
+        ItemVectors(ids[warm], content[warm], engagement[warm], meta=vecs.meta).save(wd.features)
+    inputs: dict[str, Any] = {"cold_start": "warm items only", "features": str(wd.features), "source": choice.source}
+    if choice.source != "content":
+        inputs["engagement_weight"] = float(engagement_weight)
+    build_sids(sid_input_vectors(content[warm], engagement[warm], choice.source, engagement_weight), ids[warm],
+               wd.sid, levels=levels, inputs=inputs)
 
-    def add_cold() -> None:
-        assign_sids(wd.sid, content[~warm], ids[~warm], inputs={"cold_start": "withheld items"},
+    def add_cold() -> None:  # as `genrec sid assign` codes new items: new_item_vectors under the version's recipe
+        x = new_item_vectors(open_current(wd.sid).path, content[~warm], open_current(wd.sid).quantizer.dim)
+        assign_sids(wd.sid, x, ids[~warm], inputs={"cold_start": "withheld items"},
                     content=content[~warm] if assign == "after" else None)
 
     if assign == "before":
@@ -130,7 +151,7 @@ def run_cold_start(base: str | Path, out: str | Path, *, frac: float = 0.05, see
         metrics[name] = m
     k10 = 10 if 10 in ks else max(ks)
     sb = open_current(wd.sid)
-    report = {"assign": assign, "cold_items": int(len(cold)), "cold_test_cases": int(is_cold.sum()),
+    report = {"source": choice.source, "assign": assign, "cold_items": int(len(cold)), "cold_test_cases": int(is_cold.sum()),
               "warm_test_cases": int((~is_cold).sum()), "train_step": res["step"], "sid_version": sb.version,
               "codebook_sizes": [int(k) for k in sb.codebook_sizes],
               "model_codebook_sizes": list(rec.config.sid_codebook_sizes),

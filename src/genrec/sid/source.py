@@ -2,7 +2,9 @@
 beside engagement (collaborative SIDs), the engagement vectors when ``genrec features build`` found the item
 text degenerate (:func:`choose_sid_source`), or a trained model's own item vectors (``"model"``: computed by
 :mod:`genrec.recipes.model_sids`, which this layer does not import); and what ``sid assign`` quantises for new
-items under a version's recipe (:func:`new_item_vectors`). Each version's stats.json says which, and why (:func:`source_stats`)."""
+items under a version's recipe (:func:`new_item_vectors`: for a collaborative version, a new item's engagement block
+is imputed from its nearest trained items by content, :func:`impute_engagement`). Each version's stats.json says
+which, and why (:func:`source_stats`)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 
-from genrec.errors import ConfigError, DataError
+from genrec.errors import ConfigError, DataError, MissingDataError
+from genrec.features.store import ItemVectors
 from genrec.features.text_quality import describe, is_degenerate
 from genrec.sid.rqkmeans import check_vectors
 from genrec.workdir import MANIFEST, read_json
 
-__all__ = ["MODEL_SOURCE", "RECIPE_KEYS", "SID_SOURCES", "SourceChoice", "choose_sid_source", "features_text_quality",
-           "new_item_vectors", "sid_input_vectors", "source_stats"]
+__all__ = ["IMPUTE_NEIGHBOURS", "MODEL_SOURCE", "RECIPE_KEYS", "SID_SOURCES", "SourceChoice", "choose_sid_source",
+           "features_text_quality", "impute_engagement", "new_item_vectors", "sid_input_vectors", "source_stats",
+           "trained_item_vectors"]
 
 SID_SOURCES = ("content", "content+engagement", "engagement", "model")
 _SOURCE_VECTORS = {"content": "the content vectors", "content+engagement": "content beside engagement vectors",
@@ -37,8 +42,8 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     alone). ``"content+engagement"`` (collaborative SIDs): the L2-normalised content vector
     beside ``engagement_weight`` times the L2-normalised engagement vector, so items that are
     engaged with together tend to share SID prefixes. An all-zero engagement row (an item nobody
-    engaged with yet) leaves that block zero, which is how ``sid assign`` codes new items against
-    such a codebook. ``"engagement"``: the engagement vectors as they are -- the default of ``genrec
+    engaged with at build time) leaves that block zero; ``sid assign`` codes a new item against such a
+    codebook with an engagement block imputed from its content neighbours (:func:`new_item_vectors`). ``"engagement"``: the engagement vectors as they are -- the default of ``genrec
     sid build`` when the item text is degenerate (:func:`choose_sid_source`); items nobody engaged
     with share the all-zero vector and are told apart only by the disambiguation level.
     """
@@ -57,22 +62,64 @@ def sid_input_vectors(content: Any, engagement: Any | None, source: str = "conte
     if not math.isfinite(engagement_weight) or engagement_weight <= 0:
         raise ConfigError(f"engagement_weight must be a finite number > 0, got {engagement_weight}")
 
-    def unit(x: np.ndarray) -> np.ndarray:
-        n = np.linalg.norm(x, axis=1, keepdims=True)
-        return np.where(n > 0, x / np.maximum(n, 1e-12), 0.0).astype(np.float32)
-
     if engagement is None:
         raise ConfigError("SID source 'content+engagement' needs the engagement vectors")
     e = check_vectors(engagement, name="engagement vectors")
     if e.shape[0] != c.shape[0]:
         raise DataError(f"engagement vectors have {e.shape[0]} rows, content vectors {c.shape[0]}",
                         field="engagement")
-    return np.concatenate([unit(c), float(engagement_weight) * unit(e)], axis=1)
+    return np.concatenate([_unit(c), float(engagement_weight) * _unit(e)], axis=1)
 
 
-RECIPE_KEYS = ("source", "engagement_weight", "run", "checkpoint", "step")
-"""The build inputs that say how a version's vectors were made: ``sid assign`` carries them from the version it
-extends into the new one, so the next ``sid assign`` codes new items under the same recipe."""
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Rows L2-normalised, f32; an all-zero row stays zero."""
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.where(n > 0, x / np.maximum(n, 1e-12), 0.0).astype(np.float32)
+
+
+IMPUTE_NEIGHBOURS = 10
+"""k of :func:`impute_engagement`: how many trained items, nearest by content, a new item's engagement is imputed
+from."""
+
+
+def impute_engagement(content: Any, known_content: Any, known_engagement: Any,
+                      k: int = IMPUTE_NEIGHBOURS) -> np.ndarray:
+    """Engagement vectors for items nobody engaged with yet, f32 ``[m, de]``, from their ``content`` ``[m, dc]``.
+
+    Row i is the similarity-weighted mean of the L2-normalised engagement vectors (the block a collaborative
+    codebook quantises) of the ``k`` items of ``known_content`` ``[n, dc]`` nearest to ``content[i]`` by cosine
+    (exact search); the weights are those cosines, a neighbour of cosine <= 0 counting for nothing. A row with
+    no neighbour of positive cosine (an all-zero content vector, or no known items) stays zero: there is nothing
+    to impute from. Known items nobody engaged with (zero engagement) count with their zero vector."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"impute_engagement: k must be an integer >= 1, got {k!r}")
+    c = check_vectors(content, name="new item content vectors")
+    kc = check_vectors(known_content, name="trained items' content vectors")
+    ke = check_vectors(known_engagement, name="trained items' engagement vectors")
+    if kc.shape[0] != ke.shape[0]:
+        raise DataError(f"{kc.shape[0]} content vectors for {ke.shape[0]} engagement vectors of the trained items",
+                        field="engagement")
+    if c.shape[1] != kc.shape[1]:
+        raise DataError(f"new item content vectors have dimension {c.shape[1]}, the trained items' {kc.shape[1]}",
+                        field="content")
+    out = np.zeros((c.shape[0], ke.shape[1]), np.float32)
+    k = min(k, kc.shape[0])
+    index = faiss.IndexFlatIP(kc.shape[1])
+    index.add(_unit(kc))
+    sims, rows = index.search(_unit(c), k)  # [m, k] cosines, best first; [m, k] rows of the trained items
+    w = np.where((rows >= 0) & (sims > 0), sims, 0.0).astype(np.float64)  # [m, k]
+    total = w.sum(axis=1)  # [m]
+    e = _unit(ke).astype(np.float64)
+    mean = np.einsum("mk,mkd->md", w, e[np.maximum(rows, 0)])  # [m, de]
+    ok = total > 0
+    out[ok] = (mean[ok] / total[ok, None]).astype(np.float32)
+    return out
+
+
+RECIPE_KEYS = ("source", "engagement_weight", "features", "run", "checkpoint", "step")
+"""The build inputs that say how a version's vectors were made (``features``: the item features folder it was
+built from): ``sid assign`` carries them from the version it extends into the new one, so the next ``sid assign``
+codes new items under the same recipe."""
 
 
 def features_text_quality(features_dir: str | Path) -> dict[str, Any] | None:
@@ -151,12 +198,44 @@ def source_stats(inputs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int) -> np.ndarray:
+def trained_item_vectors(version_path: str | Path) -> ItemVectors:
+    """The item features a collaborative SID version was built from (its manifest's ``inputs["features"]``; that
+    folder moved with its run: the ``features`` beside the version's ``sid`` folder), restricted to the items the
+    version codes that have engagement -- those a new item's engagement is imputed from (:func:`impute_engagement`).
+    An item without engagement (nobody engaged with it at build time; or an item coded by an earlier ``sid assign``
+    whose features row is zero) has no engagement to give: its zero vector would only take a neighbour's place."""
+    path = Path(version_path)
+    recorded = read_json(path / MANIFEST).get("inputs", {}).get("features")
+    if not recorded:
+        raise ConfigError(f"SID version {path.name} quantised content beside engagement, but its manifest names no "
+                          f"item features folder (inputs.features), whose trained items a new item's engagement is "
+                          f"imputed from: build the SIDs with `genrec sid build`")
+    folder = Path(recorded)
+    if not (folder / MANIFEST).exists() and (path.parent.parent / "features" / MANIFEST).exists():
+        folder = path.parent.parent / "features"  # the run directory moved since the build
+    if not (folder / MANIFEST).exists():
+        raise MissingDataError(f"SID version {path.name} was built from the item features in {recorded}, which are "
+                               f"gone: a new item's engagement is imputed from them (`genrec features build`, then "
+                               f"`genrec sid build`, to start again)")
+    vecs = ItemVectors.load(folder, mmap=False)
+    coded = np.load(path / "item_ids.npy")
+    keep = np.isin(np.asarray(vecs.item_ids), coded) & np.any(np.asarray(vecs.engagement) != 0, axis=1)
+    if not keep.any():
+        raise DataError(f"none of the {len(coded)} items SID version {path.name} codes has engagement in the item "
+                        f"features in {folder}: nothing to impute a new item's engagement from", path=folder,
+                        field="engagement")
+    return ItemVectors(np.asarray(vecs.item_ids)[keep], np.asarray(vecs.content)[keep],
+                       np.asarray(vecs.engagement)[keep], meta={"folder": str(folder)})
+
+
+def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int,
+                     k: int = IMPUTE_NEIGHBOURS) -> np.ndarray:
     """What ``sid assign`` quantises for NEW items (content vectors only) under the build recipe of
     the version at ``version_path``: the content vectors themselves, or for a collaborative
-    (``content+engagement``) build the normalised content beside an all-zero engagement block --
-    a new item has no engagement yet, as the items nobody engaged with at build time."""
-    inputs = read_json(Path(version_path) / "manifest.json").get("inputs", {})
+    (``content+engagement``) build the normalised content beside an engagement block imputed from the
+    ``k`` trained items (with engagement) nearest by content (:func:`impute_engagement` over :func:`trained_item_vectors`): a new
+    item has no engagement yet, and is coded as the items it resembles were."""
+    inputs = read_json(Path(version_path) / MANIFEST).get("inputs", {})
     source = inputs.get("source", "content")
     if source == MODEL_SOURCE:
         raise ConfigError(f"SID version {Path(version_path).name} quantised the item vectors of the trained run "
@@ -174,5 +253,12 @@ def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int)
     if quantizer_dim <= c.shape[1]:
         raise DataError(f"new item vectors have dimension {c.shape[1]}; the {source!r} codebooks take "
                         f"{quantizer_dim} = content + engagement", field="vectors")
-    zeros = np.zeros((c.shape[0], quantizer_dim - c.shape[1]), np.float32)
-    return sid_input_vectors(c, zeros, source, float(inputs.get("engagement_weight", 1.0)))
+    known = trained_item_vectors(version_path)
+    dc, de = known.content.shape[1], known.engagement.shape[1]
+    if (dc, dc + de) != (c.shape[1], quantizer_dim):
+        raise DataError(f"the item features in {known.meta['folder']} have content dimension {dc} and engagement "
+                        f"{de}; SID version {Path(version_path).name}'s codebooks take {quantizer_dim} and the new "
+                        f"item content vectors have {c.shape[1]}: the features were rebuilt since the SID build?",
+                        field="vectors")
+    e = impute_engagement(c, known.content, known.engagement, k)
+    return sid_input_vectors(c, e, source, float(inputs.get("engagement_weight", 1.0)))
