@@ -193,7 +193,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                                           tensorboard=False, progress="off"),
                         dict(context_len=20, valid_cases=64, eval_beam=10),
                         model=dict(d_model=32, n_layers=1, n_heads=2, d_ff=64)),
-    # a real CPU run (tens of minutes on 2 cores)
+    # a real CPU run (about an hour on 2 free cores, MovieLens 100K; longer when they are shared)
     "cpu-small": _preset("cpu-small", dict(lr=1e-3, warmup_steps=100, total_steps=3000, batch_size=128,
                                            bf16=False, device="cpu", log_every=50, eval_every=500,
                                            ckpt_every=500),
