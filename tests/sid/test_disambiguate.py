@@ -72,3 +72,28 @@ def test_errors_name_fields() -> None:
         disambiguate(np.array([[0, -1]]), [1])
     with pytest.raises(DataError, match="levels"):
         extend_disambiguation(np.zeros((2, 3), int), np.zeros((1, 3), int), [5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 80), L=st.integers(0, 3), k=st.integers(1, 4))
+def test_popularity_order_matches_reference(seed: int, n: int, L: int, k: int) -> None:
+    codes, ids = _sem(seed, n, L, k)
+    pop = np.random.default_rng(seed + 1).integers(0, 4, size=n)  # few values: ties broken by id
+    out = disambiguate(codes, ids, popularity=pop)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i in range(n):
+        groups[tuple(codes[i])].append(i)
+    expect = np.zeros(n, dtype=np.int64)
+    for rows in groups.values():
+        for r, i in enumerate(sorted(rows, key=lambda i: (-pop[i], ids[i]))):
+            expect[i] = r
+    np.testing.assert_array_equal(out.codes[:, :L], codes)
+    np.testing.assert_array_equal(out.codes[:, L], expect)
+    assert out.final_size == max(len(v) for v in groups.values())
+
+
+def test_popularity_must_be_one_finite_number_per_item() -> None:
+    with pytest.raises(DataError, match="popularity"):
+        disambiguate(np.zeros((3, 1), int), [1, 2, 3], popularity=[1.0, 2.0])
+    with pytest.raises(DataError, match="popularity"):
+        disambiguate(np.zeros((2, 1), int), [1, 2], popularity=[1.0, np.nan])

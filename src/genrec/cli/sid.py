@@ -68,6 +68,10 @@ def sid_build(
                                                                      "trained on the same items, whose item vectors "
                                                                      "are quantised."),
     checkpoint: Optional[str] = CHECKPOINT,
+    disambiguation: str = typer.Option("item-id", help="How items sharing a semantic code are numbered on the "
+                                                       "last level: item-id (ascending) or popularity (most "
+                                                       "train-split interactions first, so code 0 means the "
+                                                       "prefix's most popular item everywhere)."),
 ) -> None:
     """Quantise item vectors into a new SID version (codes, trie, index, stats). --checkpoint (with --source
     model) picks the checkpoint of --from-run RUN."""
@@ -76,7 +80,7 @@ def sid_build(
     with working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
                                 source=source, engagement_weight=engagement_weight, from_run=from_run,
-                                checkpoint=checkpoint)  # says on stderr what it chose
+                                checkpoint=checkpoint, disambiguation=disambiguation)  # says on stderr what it chose
     echo_json({"version": sb.version, "codebook_sizes": sb.codebook_sizes, "items": len(sb.item_ids),
                 "source": sb.stats.get("source", {}).get("used"),
                 **({"checkpoint": sb.stats["source"].get("checkpoint")} if from_run is not None else {}),

@@ -85,6 +85,9 @@ def append(workdir: str | Path, source: str | Path, *, skip_duplicates: bool = F
             "added": plan.added, "counts": man["counts"], "notes": plan.notes}
 
 
+DISAMBIGUATIONS = ("item-id", "popularity")
+
+
 def default_split(store: TableStore) -> SplitSpec:
     return SplitSpec(kind="loo")
 
@@ -106,13 +109,17 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
 def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
                        method: str = "rqkmeans", seed: int = 0, source: str | None = None,
                        engagement_weight: float = 1.0, from_run: str | Path | None = None,
-                       checkpoint: str | Path | None = None) -> Any:
+                       checkpoint: str | Path | None = None, disambiguation: str = "item-id") -> Any:
     """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
     vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
     SIDs, see :func:`genrec.sid.source.sid_input_vectors`), engagement alone, or (``"model"``) the item
     vectors of the model trained in run ``from_run`` (``checkpoint`` of it; its ANN index's vectors:
     :mod:`genrec.recipes.model_sids`). ``None``: content beside engagement (content without engagement
-    vectors), or engagement when ``features build`` found the item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`)."""
+    vectors), or engagement when ``features build`` found the item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`).
+    ``disambiguation``: how items sharing a semantic code are numbered on the last level -- ``item-id`` or
+    ``popularity`` (most train-split interactions first)."""
+    if disambiguation not in DISAMBIGUATIONS:
+        raise ConfigError(f"--disambiguation must be one of {', '.join(DISAMBIGUATIONS)}, got {disambiguation!r}")
     wd = WorkDir(workdir)
     if (source == MODEL_SOURCE) != (from_run is not None):
         raise ConfigError("--source model needs --from-run RUN (the trained run whose item vectors are quantised)"
@@ -134,8 +141,25 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
         x = sid_input_vectors(np.asarray(vecs.content), np.asarray(vecs.engagement), source, engagement_weight)
     if source not in ("content", MODEL_SOURCE):
         inputs["engagement_weight"] = float(engagement_weight)
-    return build_sids(x, np.asarray(vecs.item_ids), wd.sid, levels=levels,
-                      codebook_size=codebook_size, method=method, seed=seed, inputs=inputs)
+    ids = np.asarray(vecs.item_ids)
+    popularity = None
+    if disambiguation == "popularity":
+        store = open_store(wd.root)
+        popularity = train_item_counts(store, default_split(store), ids)
+    return build_sids(x, ids, wd.sid, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
+                      inputs=inputs, popularity=popularity)
+
+
+def train_item_counts(store: TableStore, spec: SplitSpec, item_ids: np.ndarray) -> np.ndarray:
+    """int64 per item of ``item_ids``: its interactions in the train split (0 for an item with none)."""
+    seen, counts = np.unique(train_events(store.read_events(), spec).column("item_id").to_numpy(),
+                             return_counts=True)
+    out = np.zeros(len(item_ids), dtype=np.int64)
+    if len(seen):
+        pos = np.minimum(np.searchsorted(seen, item_ids), len(seen) - 1)
+        hit = seen[pos] == item_ids
+        out[hit] = counts[pos[hit]]
+    return out
 
 
 def assign_new_items(workdir: str | Path, *, publish_if_grown: bool = False) -> Any:

@@ -232,13 +232,14 @@ def _write_version(root: Path, item_ids: np.ndarray, codes: np.ndarray, sizes: l
 def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int = 3,
                codebook_size: int | list[int] | None = None, method: str = "rqkmeans", seed: int = 0,
                niter: int = 20, capacity: float | None = 2.0, rqvae_epochs: int = 30,
-               inputs: dict[str, Any] | None = None) -> SidBuild:
+               inputs: dict[str, Any] | None = None, popularity: Any = None) -> SidBuild:
     """Quantise ``vectors`` f32[n, d] of items ``item_ids`` int64[n] into a new SID version.
 
     ``codebook_size`` None picks :func:`default_codebook`. ``capacity`` (rqkmeans only):
     of the n_p items sharing a prefix, at most ceil(capacity * n_p / K) take the same next
     code (None = plain nearest centroid); see :func:`genrec.sid.rqkmeans.balanced_assign`.
-    Writes ``out_root/v000k`` atomically, then points ``out_root/CURRENT`` at it, and
+    ``popularity`` (a number per item) numbers the disambiguation level most popular first
+    (:func:`genrec.sid.disambiguate.disambiguate`; None: by item id). Writes ``out_root/v000k`` atomically, then points ``out_root/CURRENT`` at it, and
     returns the opened build. ``inputs`` go to the manifest; their ``source`` and ``features`` also
     make the stats' ``source`` entry (:func:`source_stats`).
     """
@@ -254,7 +255,7 @@ def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int
     else:
         raise ConfigError(f"method must be 'rqkmeans' or 'rqvae', got {method!r}")
     sem = rq.fit_encode(x)  # [n, L] training codes (balanced when capacity is set)
-    dis = disambiguate(sem, ids)
+    dis = disambiguate(sem, ids, popularity=popularity)
     sizes = rq.codebook_sizes + [dis.final_size]
     level_bits(sizes)  # fail before writing anything if the codes do not pack
     t_fit = time.perf_counter() - t0
@@ -270,7 +271,9 @@ def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int
     }
     man = manifest("sid", inputs=inputs or {}, params={"levels": levels, "codebook_size": k, "method": method,
                                                         "seed": seed, "niter": niter,
-                                                        "capacity": capacity, "rqvae_epochs": rqvae_epochs},
+                                                        "capacity": capacity, "rqvae_epochs": rqvae_epochs,
+                                                        "disambiguation": "item_id" if popularity is None
+                                                        else "popularity"},
                    counts={"items": int(x.shape[0]), "levels_total": len(sizes)})
     root = Path(out_root)
     version = _write_version(root, ids, dis.codes, sizes, rq, stats, man)

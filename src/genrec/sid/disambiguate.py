@@ -1,8 +1,11 @@
 """Collision handling: one extra SID level that makes every item's full code unique.
 
 TIGER / PinGER append a final level to the semantic code: items that share the same
-semantic prefix are numbered 0, 1, 2, ... Here the numbering order is fixed (ascending
-item_id), so a rebuild on the same inputs gives the same codes.
+semantic prefix are numbered 0, 1, 2, ... Here the numbering order is fixed, so a rebuild on the
+same inputs gives the same codes: ascending item_id, or (``popularity`` given) the most popular
+item first, ties by ascending item_id -- then code 0 of the last level means "the most popular item
+of its prefix" in every prefix, a meaning the model can learn once, where an id order gives the
+last level no meaning shared across prefixes.
 
 Non-standard here: :func:`extend_disambiguation` numbers NEW items against a frozen set
 of existing full codes (PinGER: a new item is retrievable as soon as it has a code). A
@@ -91,12 +94,20 @@ def collision_rate(codes: object) -> float:
     return 1.0 - distinct / arr.shape[0]
 
 
-def disambiguate(codes: object, item_ids: object) -> Disambiguated:
-    """Append a final level numbering items that share a semantic code by ascending item_id."""
+def disambiguate(codes: object, item_ids: object, popularity: object | None = None) -> Disambiguated:
+    """Append a final level numbering items that share a semantic code by ascending item_id, or, with
+    ``popularity`` (a number per item, e.g. its train interactions), by descending popularity, then id."""
     sem = check_codes(codes)
     ids = check_item_ids(item_ids, sem.shape[0])
     n = sem.shape[0]
-    order = lex_order(sem, tiebreak=ids)  # groups contiguous, ascending item_id inside
+    if popularity is None:
+        order = lex_order(sem, tiebreak=ids)  # groups contiguous, ascending item_id inside
+    else:
+        pop = np.asarray(popularity, dtype=np.float64)
+        if pop.shape != (n,) or not np.isfinite(pop).all():
+            raise DataError(f"expected {n} finite numbers, got shape {pop.shape}", field="popularity")
+        # np.lexsort: the last key is primary -- the semantic levels, then descending popularity, then id
+        order = np.lexsort([ids, -pop, *(sem[:, j] for j in range(sem.shape[1] - 1, -1, -1))])
     s = sem[order]
     starts = _group_starts(s)
     group_first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))  # index of group start
