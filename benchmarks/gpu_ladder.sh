@@ -1,19 +1,12 @@
 #!/usr/bin/env bash
 # One device call: quality ladders (benchmarks/quality_ladder.py), each dataset's rungs at once on the one GPU
-# beside the plain SASRec yardstick trained on the same sequences; several datasets run side by side.
+# beside the plain SASRec yardstick trained on the same sequences; several datasets run side by side. The SID
+# variants a ladder's rungs train on are declared in its "sids" and built by quality_ladder.py.
 # Carry .whl and .gpudata: amazon-beauty-2014 and yardstick/*.py copied from ../shared, and P5 exports of
 # MovieLens (`genrec data export-p5 movielens-100k .gpudata/p5-ml100k`, likewise p5-mlsmall).
 #   RUNS="beauty:configs/ladder-beauty.json ml100k:configs/ladder-ml.json" bash benchmarks/gpu_ladder.sh
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-sid_variants() {  # WD CB: the same tables and features quantised from the other SID sources, in WD-sid-SOURCE
-  for src in engagement content+engagement; do
-    local v=$1-sid-${src/+/-}; mkdir -p $v && ln -sfn "$(realpath $1/tables)" $v/tables \
-      && ln -sfn "$(realpath $1/features)" $v/features && python3 -m genrec.cli sid build $v $2 --source $src || return 1
-  done
-  local v=$1-sid-k32; mkdir -p $v && ln -sfn "$(realpath $1/tables)" $v/tables \
-    && ln -sfn "$(realpath $1/features)" $v/features && python3 -m genrec.cli sid build $v --codebook-size 32
-}
 one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
   local name=$1 ladder=$2 wd=runs/$1 p5 prep
   case $name in
@@ -22,7 +15,7 @@ one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $O
     mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
   esac
   { python3 -m genrec.cli data prepare $prep && python3 -m genrec.cli features build $wd \
-      && python3 -m genrec.cli sid build $wd $cb && sid_variants $wd "$cb"; } > /tmp/$name.prep.log 2>&1 \
+      && python3 -m genrec.cli sid build $wd $cb; } > /tmp/$name.prep.log 2>&1 \
       || { tail -5 /tmp/$name.prep.log; return 1; }
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
     --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log

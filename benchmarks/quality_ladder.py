@@ -20,6 +20,10 @@ keep training meanwhile; it is skipped if that rung failed), then builds them in
 (tables and features linked from WORKDIR; ``"sid_args": [...]`` go to that ``sid build``, e.g.
 ``["--codebook-size", "64"]``), links that ``sid`` into its run directory and trains. Scoring is the same.
 
+A ladder's top-level ``"sids": {"<name>": [<sid build args>]}`` declares SID variants of WORKDIR's tables and
+features: each is built once (``genrec sid build WORKDIR-sid-<name> ARGS``, skipped when it exists) before any rung
+trains, for rungs to name as ``"sid_from": "{workdir}-sid-<name>"``.
+
 Prints Markdown tables; everything to ``$OUT/ladder.json`` (or ``--out``).
 """
 
@@ -64,6 +68,19 @@ def resolve(ladder: dict[str, Any]) -> None:
             raise SystemExit(f"rung {r['name']!r}: give sid_from or sid_from_rung, not both")
         r["overrides"] = [*(by[base]["overrides"] if base else []), *r.get("overrides", [])]
         by[r["name"]] = r
+
+
+def sid_variants(base: Path, ladder: dict[str, Any]) -> list[list[str]]:
+    """The ``genrec sid build`` commands for the ladder's ``sids`` not built yet, their folders
+    (``WORKDIR-sid-<name>``, WORKDIR's tables and features linked) made; run them in order."""
+    cmds = []
+    for name, args in ladder.get("sids", {}).items():
+        d = Path(f"{str(base).rstrip('/')}-sid-{name}")
+        if (d / "sid" / "CURRENT").exists():
+            continue
+        _link_parts(base, d, parts=("tables", "features"))
+        cmds.append([sys.executable, "-m", "genrec.cli", "sid", "build", str(d), *map(str, args)])
+    return cmds
 
 
 def readiness(rung: dict[str, Any], waiting: set[str], running: set[str], failed: set[str], root: Path) -> str:
@@ -293,6 +310,9 @@ def main() -> None:
     resolve(ladder)
     root = a.workdir.parent / f"{a.workdir.name}-ladder"
     root.mkdir(parents=True, exist_ok=True)
+    for cmd in [] if a.score_only else sid_variants(a.workdir, ladder):
+        print(f"building SIDs: {shlex.join(cmd[2:])}", flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     took = {} if a.score_only else train_all(a.workdir, root, ladder, a)
     res = score(root, ladder, a)
     res["train_seconds"] = took

@@ -64,3 +64,36 @@ def test_train_summary_reads_each_rungs_log(benchmark_script: Callable[[str], Mo
     rows = q.train_summary(tmp_path, ladder, {"a": 12.0})
     assert rows == [{"rung": "a", "steps": 40, "items_per_s": 60.0, "peak_mem_mib": 300.0, "seconds": 12.0}]
     assert "| a | 40 | 60 | 300 | 12 |" in q.train_table(rows)
+
+
+def test_sid_variants_are_built_once_each(benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    """The ladder's ``sids`` become ``genrec sid build WORKDIR-sid-<name> ARGS`` over WORKDIR's linked tables and
+    features; a variant already built is not built again."""
+    q = benchmark_script("quality_ladder")
+    base = tmp_path / "wd"
+    for part in ("tables", "features", "sid"):
+        (base / part).mkdir(parents=True)
+    ladder = {"sids": {"e1x8": ["--source", "engagement", "--levels", 1, "--codebook-size", 8], "c": []}, "rungs": []}
+    cmds = q.sid_variants(base, ladder)
+    assert [c[c.index("sid"):] for c in cmds] == [
+        ["sid", "build", str(tmp_path / "wd-sid-e1x8"), "--source", "engagement", "--levels", "1", "--codebook-size",
+         "8"], ["sid", "build", str(tmp_path / "wd-sid-c")]]
+    v = tmp_path / "wd-sid-e1x8"
+    assert (v / "tables").resolve() == base / "tables" and (v / "features").resolve() == base / "features"
+    assert not (v / "sid").exists()  # the build makes it
+    (v / "sid").mkdir()
+    (v / "sid" / "CURRENT").write_text("v0001\n")
+    assert [c[c.index("sid") + 2] for c in q.sid_variants(base, ladder)] == [str(tmp_path / "wd-sid-c")]
+
+
+def test_every_ladders_sid_from_is_declared_in_its_sids() -> None:
+    """A rung that trains on ``{workdir}-sid-X`` finds X among its ladder's ``sids`` (built before training)."""
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("ladder-*.json"))
+    assert configs
+    for path in configs:
+        ladder = json.loads(path.read_text())
+        for r in ladder["rungs"]:
+            src = r.get("sid_from")
+            if src is not None:
+                assert src.startswith("{workdir}-sid-"), (path.name, r["name"], src)
+                assert src.removeprefix("{workdir}-sid-") in ladder.get("sids", {}), (path.name, r["name"], src)
