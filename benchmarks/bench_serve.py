@@ -1,6 +1,6 @@
 """Serving latency/QPS on loopback: server modes x client counts, side by side, with the client's CPU beside them.
 
-    python benchmarks/bench_serve.py WORKDIR --duration 60 --clients 1,16,64 [--procs 4]
+    python benchmarks/bench_serve.py WORKDIR --duration 60 --clients 1,16,64 [--procs 4] [--warmup 3]
         [--modes one,two,twocpu,norank,batch8,batch8busy,batch32,...] [--batch-buckets auto|off|1,2,4,8]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port and, for each client count of
@@ -14,7 +14,8 @@ two-process mode). ``--client raw`` (default: one lean HTTP/1.1 keep-alive conne
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
 (the server's ``--micro-batch N``). ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
 "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
-clients); full numbers to $OUT/bench_serve.json when OUT is set. The issue's GPU target (1,000-item history,
+clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
+not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there). The issue's GPU target (1,000-item history,
 beam 60, ranking on) is ``--history-len 1000 --exact-history --beam-width 60`` on a run trained with a long
 context (benchmarks/README.md has the command).
 """
@@ -59,6 +60,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workdir")
     ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="seconds of the same load before each measured run, not counted (first-use graph captures)")
     ap.add_argument("--clients", default=None, help="closed-loop client counts, e.g. 1,16,64 (default: --concurrency)")
     ap.add_argument("--concurrency", type=int, default=8, help="one client count (when --clients is not given)")
     ap.add_argument("--procs", default="1", help="client processes at most (auto: cores // 4, at most 4)")
@@ -85,8 +88,11 @@ def main() -> None:
         proc, url = start_server(a.workdir, device=a.device, **kw)
         try:
             for c in clients:
-                res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client,
-                            body={"k": a.k, "beam_width": a.beam_width, "rank": rank}, server_pid=proc.pid)
+                body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
+                if a.warmup > 0:
+                    drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body)
+                res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
+                            server_pid=proc.pid)
                 row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary()}
                 rows.append(row)
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
