@@ -2,10 +2,12 @@
 
 ``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}`` (or bare
 item ids), oldest first. Unknown item ids are dropped and reported; the newest ``context_len`` known items
-are kept. :meth:`HistoryParser.screen` is the service's first look (which ids are unknown, is any known:
-a cold start otherwise) and :meth:`HistoryParser.parse` the Recommender's; both map ids to rows through
-:func:`known_rows`. A long, well-formed history takes a columnar fast path; anything it does not handle
-exactly goes through :meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
+are kept. :meth:`HistoryParser.read` is the service's one parse of a ``/v1/recommend`` history (its rows, or a
+cold start when no id is known), :meth:`HistoryParser.screen` its first look at a ``/v1/rank`` one (which ids are
+unknown, is any known) and :meth:`HistoryParser.parse` the Recommender's; all map ids to rows through
+:func:`known_rows`. A long, well-formed history takes a columnar fast path (plain ``{"item_id": int}`` items: the
+default columns made as arrays at once); anything it does not handle exactly goes through
+:meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class HistoryParser:
             return self.parse_reference(history, where)
         return self._finish(*cols, where=where)
 
-    def columns(self, history: Sequence[Any]) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    def columns(self, history: Sequence[Any]
+                ) -> tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]] | None:
         """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
         n = len(history)
         ids: list[Any]
@@ -108,9 +111,10 @@ class HistoryParser:
                 return None
         else:
             ids = []
-        if len(ids) == n:
+        if len(ids) == n:  # the default columns as arrays at once (no per-item list to convert)
             da = vocab_index(self.default_action(), self.actions, "default", "default")
-            return ids, [da] * n, [vocab_index(0, self.surfaces, "default", "default")] * n, [0] * n
+            ds = vocab_index(0, self.surfaces, "default", "default")
+            return ids, np.full(n, da, np.int64), np.full(n, ds, np.int64), np.zeros(n, np.int64)
         if all(type(h) is dict for h in history):
             try:
                 ids = [h["item_id"] for h in history]
@@ -168,7 +172,7 @@ class HistoryParser:
             ts.append(0 if t is None else int(t))
         return self._finish(ids, acts, surfs, ts, where=where, cold_ok=cold_ok)
 
-    def _finish(self, ids: list[int], acts: list[int], surfs: list[int], ts: list[int], *,
+    def _finish(self, ids: Sequence[int], acts: Sequence[int], surfs: Sequence[int], ts: Sequence[int], *,
                 where: str, cold_ok: bool = False) -> dict[str, Any]:
         ids_a = np.asarray(ids, dtype=np.int64)
         rows, known, dropped = known_rows(self.catalog, ids_a)
