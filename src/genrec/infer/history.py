@@ -22,6 +22,8 @@ from genrec.errors import DataError
 
 __all__ = ["HistoryParser", "known_rows", "vocab_index"]
 
+Column = Sequence[int] | np.ndarray  # one field of a history's items, in order
+
 
 def vocab_index(value: Any, vocab: list[str], what: str, where: str) -> int:
     """An action / surface name or index -> its index in ``vocab`` (DataError naming ``where``)."""
@@ -95,8 +97,7 @@ class HistoryParser:
             return self.parse_reference(history, where)
         return self._finish(*cols, where=where)
 
-    def columns(self, history: Sequence[Any]
-                ) -> tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]] | None:
+    def columns(self, history: Sequence[Any]) -> tuple[Column, Column, Column, Column] | None:
         """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
         n = len(history)
         ids: list[Any]
@@ -172,7 +173,7 @@ class HistoryParser:
             ts.append(0 if t is None else int(t))
         return self._finish(ids, acts, surfs, ts, where=where, cold_ok=cold_ok)
 
-    def _finish(self, ids: Sequence[int], acts: Sequence[int], surfs: Sequence[int], ts: Sequence[int], *,
+    def _finish(self, ids: Column, acts: Column, surfs: Column, ts: Column, *,
                 where: str, cold_ok: bool = False) -> dict[str, Any]:
         ids_a = np.asarray(ids, dtype=np.int64)
         rows, known, dropped = known_rows(self.catalog, ids_a)
