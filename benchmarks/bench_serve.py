@@ -1,14 +1,23 @@
-"""Serving latency/QPS on loopback: one-process vs two-process mode (and ranking on/off), side by side.
+"""Serving latency/QPS on loopback: server modes x client counts, side by side, with the client's CPU beside them.
 
-    python benchmarks/bench_serve.py WORKDIR --duration 60 --concurrency 8 [--modes one,two,twocpu,norank,batch8,batch8busy,batch8timed]
+    python benchmarks/bench_serve.py WORKDIR --duration 60 --clients 1,16,64 [--procs 4] [--warmup 3]
+        [--modes one,two,twocpu,norank,batch8,batch8busy,batch32,...] [--batch-buckets auto|off|1,2,4,8]
 
-Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port, drives ``POST
-/v1/recommend`` with ``--concurrency`` closed-loop clients (``--client raw``, the default: one lean
-HTTP/1.1 keep-alive connection each; ``--client httpx``: an httpx.AsyncClient) for ``--duration`` seconds
-(histories of ``--history-len`` items sampled from the run's events), and stops it. Prints one
-table row per mode (p50/p90/p99 latency, QPS, errors, degraded); full numbers go to
-$OUT/bench_serve.json when OUT is set. The issue's GPU target (1,000-item history, beam 60,
-ranking on) is ``--history-len 1000 --beam-width 60`` on a run trained with a long context.
+Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port and, for each client count of
+``--clients``, drives ``POST /v1/recommend`` with that many closed-loop clients for ``--duration`` seconds
+(histories of ``--history-len`` items sampled from the run's events), then stops it. ``--procs P`` spreads the
+clients over up to P client processes (:mod:`genrec.serve.loadtest`; "auto": a quarter of the cores, at most 4),
+so the load generator is not the bottleneck: ``client_busy`` is the busiest client process's CPU seconds per
+second (near 1.0: that process is saturated, add processes), ``client_cpu`` the client processes' CPU seconds
+per second together and ``server_cpu`` the server's (its process and children: the ranking process of
+two-process mode). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
+bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
+(the server's ``--micro-batch N``). ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
+"auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
+clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
+not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there). The issue's GPU target (1,000-item history,
+beam 60, ranking on) is ``--history-len 1000 --exact-history --beam-width 60`` on a run trained with a long
+context (benchmarks/README.md has the command).
 """
 
 from __future__ import annotations
@@ -17,10 +26,13 @@ import argparse
 import json
 import os
 import platform
+import re
+from typing import Any
 
-from genrec.serve.loadgen import bench_serve
+from genrec.serve.loadgen import as_sent, sample_histories, start_server
+from genrec.serve.loadtest import drive, split, stop_server
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "one": dict(two_process=False, rank=True),
     "two": dict(two_process=True, rank=True),  # the KV pool on the server's device (GPU: CUDA IPC)
     "twocpu": dict(two_process=True, rank=True, kv_pool_device="cpu"),  # the KV pool in CPU shared memory
@@ -30,13 +42,29 @@ MODES = {
     "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
                         micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms
 }
+KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
+        "server_cpu_per_s"]
+
+
+def mode(name: str) -> dict[str, Any]:
+    """A mode's server settings (``rank``: what the requests ask for)."""
+    if name in MODES:
+        return dict(MODES[name])
+    m = re.fullmatch(r"batch(\d+)(busy|timed)?", name)
+    if m is None or int(m.group(1)) < 2:
+        raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)} or batch<N>[busy|timed]")
+    return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workdir")
     ap.add_argument("--duration", type=float, default=60.0)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="seconds of the same load before each measured run, not counted (first-use graph captures)")
+    ap.add_argument("--clients", default=None, help="closed-loop client counts, e.g. 1,16,64 (default: --concurrency)")
+    ap.add_argument("--concurrency", type=int, default=8, help="one client count (when --clients is not given)")
+    ap.add_argument("--procs", default="1", help="client processes at most (auto: cores // 4, at most 4)")
     ap.add_argument("--history-len", type=int, default=50)
     ap.add_argument("--beam-width", type=int, default=20)
     ap.add_argument("--k", type=int, default=10)
@@ -46,25 +74,38 @@ def main() -> None:
                     help="load-generator client (raw: pre-encoded bytes on asyncio streams; httpx: AsyncClient)")
     ap.add_argument("--exact-history", action="store_true",
                     help="every history exactly --history-len items (short users extended with others')")
+    ap.add_argument("--batch-buckets", default=None, help="the servers' $GENREC_BATCH_BUCKETS (auto, off, 1,2,4,8)")
     a = ap.parse_args()
-    rows = {}
-    for m in a.modes.split(","):
-        if m not in MODES:
-            raise SystemExit(f"--modes: unknown mode {m!r}; choose from {sorted(MODES)}")
-        res = bench_serve(a.workdir, duration=a.duration, concurrency=a.concurrency, history_len=a.history_len,
-                          beam_width=a.beam_width, k=a.k, device=a.device,
-                          exact_history=a.exact_history, client=a.client, **MODES[m])
-        rows[m] = res.summary()
-        print(f"[{m}]\n{res.table()}\n", flush=True)
+    clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
+    procs = max(1, min(4, (os.cpu_count() or 1) // 4)) if a.procs == "auto" else int(a.procs)
+    modes = {m: mode(m) for m in a.modes.split(",")}
+    if a.batch_buckets is not None:
+        os.environ["GENREC_BATCH_BUCKETS"] = a.batch_buckets  # the servers read it (start_server passes the env)
+    hist = as_sent(a.workdir, sample_histories(a.workdir, 512, a.history_len, 0, exact=a.exact_history))
+    rows: list[dict[str, Any]] = []
+    for name, kw in modes.items():
+        rank = kw.pop("rank")
+        proc, url = start_server(a.workdir, device=a.device, **kw)
+        try:
+            for c in clients:
+                body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
+                if a.warmup > 0:
+                    drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body)
+                res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
+                            server_pid=proc.pid)
+                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary()}
+                rows.append(row)
+                print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
+        finally:
+            stop_server(proc)
     out = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_serve.json"), "w") as f:
             json.dump(out, f, indent=2)
-    keys = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms"]
-    print("| mode | " + " | ".join(keys) + " |")
-    print("|---|" + "|".join("---" for _ in keys) + "|")
-    for m, s in rows.items():
-        print(f"| {m} | " + " | ".join(str(s[k]) for k in keys) + " |")
+    print("| mode | clients | procs | " + " | ".join(KEYS) + " |")
+    print("|---|---|---|" + "|".join("---" for _ in KEYS) + "|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['clients']} | {r['procs']} | " + " | ".join(str(r[k]) for k in KEYS) + " |")
 
 
 if __name__ == "__main__":

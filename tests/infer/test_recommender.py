@@ -227,7 +227,17 @@ def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
     @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.one_of(clean, near, st.lists(_item_strategy(), min_size=1, max_size=12)))
     def check(h):  # noqa: ANN001, ANN202
-        assert outcome(rec.parse_history, h) == outcome(rec.parse_history_reference, h)
+        want = outcome(rec.parse_history_reference, h)
+        assert outcome(rec.parse_history, h) == want
+        # the service's one parse: the same, except that no known item is a cold start (None + the ids)
+        got = outcome(lambda x: dict(zip(("parsed", "dropped"), rec.history.read(x))), h)
+        if isinstance(want, tuple) and "none of the" in want[1]:
+            assert got == {"parsed": None, "dropped": [int(x["item_id"] if isinstance(x, dict) else x) for x in h]}
+        elif isinstance(want, tuple):
+            assert got == want
+        else:
+            assert got["dropped"] == want["dropped"]
+            assert {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in got["parsed"].items()} == want
 
     check()
     long = [{"item_id": i % 1682 + 1, "action": rec.actions[i % len(rec.actions)]} for i in range(1000)]
@@ -316,11 +326,11 @@ def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: p
 
 def test_warmup_runs_one_request_per_history_bucket(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:
     assert rec.warmup() == []  # CPU: nothing is graphed, nothing to capture
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     monkeypatch.setattr(rec, "cuda_graphs", "sid")
     monkeypatch.setattr(rec, "context_len", 300)
-    monkeypatch.setattr(rec, "recommend", lambda h, **kw: seen.append(len(h)))
-    assert rec.warmup() == [64, 128, 256, 300] == seen
+    monkeypatch.setattr(rec, "recommend", lambda h, **kw: seen.append((len(h), len(h[0]))))  # (batch, history)
+    assert rec.warmup() == [64, 128, 256, 300] and seen == [(1, 64), (1, 128), (1, 256), (1, 300)]
     monkeypatch.undo()
     monkeypatch.setattr(rec, "cuda_graphs", "sid")  # the real requests (eager here), every stage
     assert rec.warmup(min_bucket=4) == [4, 8, rec.context_len]

@@ -1,4 +1,4 @@
-"""``genrec serve`` refuses bad --precision / --cuda-graphs values before loading anything."""
+"""``genrec serve`` refuses bad --precision / --cuda-graphs / --batch-buckets values before loading anything."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--precision must be float32 or bf16" in r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path), "--two-process", "--kv-pool-device", "gpu"])
     assert r.exit_code == 2 and "--kv-pool-device must be auto, cpu or cuda" in r.output
+    r = CliRunner().invoke(app, ["serve", str(tmp_path), "--batch-buckets", "8,4"])
+    assert r.exit_code == 2 and "batch buckets: distinct positive integers in increasing order" in r.output
 
 
 def test_kv_pool_device_follows_the_server_device(tmp_path: Path) -> None:

@@ -90,9 +90,11 @@ def bench_serve(
                                                      "from the machine); not with --url."),
     torch_threads: Optional[int] = typer.Option(None, help="The started server's --torch-threads (default: `genrec "
                                                            "serve`'s, from the machine); not with --url."),
+    procs: int = typer.Option(1, help="Client processes the --concurrency clients are spread over (a client "
+                                      "process near 1.0 client_busy is the bottleneck: add processes)."),
 ) -> None:
-    """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors."""
-    from genrec.serve.loadgen import bench_serve as run_bench
+    """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors, and the client's CPU use."""
+    from genrec.serve.loadtest import bench_serve as run_bench
 
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
     if url is not None and (threads is not None or torch_threads is not None):
@@ -101,6 +103,6 @@ def bench_serve(
                     history_len=history_len, beam_width=beam_width, k=k, rank=rank, two_process=two_process,
                     micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
                     micro_batch_wait_ms=micro_batch_wait_ms, client=client, threads=threads,
-                    torch_threads=torch_threads)
+                    torch_threads=torch_threads, procs=procs)
     typer.echo(res.table())
     echo_json(res.summary())

@@ -46,6 +46,10 @@ def serve(
     sid_mode: str = typer.Option("auto", help=SID_MODE_HELP),
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
+    batch_buckets: Optional[str] = typer.Option(
+        None, help="Static batch shapes: a micro-batch is padded to the next of these sizes, e.g. 1,2,4,8,16,32, "
+                   "so each graph is captured once per size; auto (default: those sizes when CUDA graphs replay, "
+                   "none on a CPU) or off."),
     admin_token: Optional[str] = typer.Option(
         None, envvar="GENREC_ADMIN_TOKEN", help="/admin/reload then needs 'Authorization: Bearer TOKEN' (set it "
                                                 "whenever --host is not loopback)."),
@@ -79,11 +83,15 @@ def serve(
     # bundle loads (the app's own handler takes over once it runs)
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") else None
     try:
+        from genrec.infer.buckets import resolve_buckets
         from genrec.infer.load import find_checkpoint, resolve_sid_mode
         # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
         from genrec.serve.config import ServeConfig, default_threads, default_torch_threads
 
         os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
+        if batch_buckets is not None:
+            resolve_buckets(batch_buckets, graphed=True)  # checked: a bad list is one line here
+            os.environ["GENREC_BATCH_BUCKETS"] = batch_buckets  # likewise
         find_checkpoint(workdir, checkpoint)  # before the server starts: a missing model is one line, not a traceback
     except BaseException:
         if hup is not None:

@@ -46,10 +46,11 @@ class _Inputs:
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None: the program is run eagerly on the static inputs (use_graph=False)
     inputs: _Inputs
     result: BeamResult
     nan: list[torch.Tensor]
+    run: Callable[[], tuple[BeamResult, list[torch.Tensor]]]
 
 
 class GraphedBeamSearch:
@@ -60,8 +61,9 @@ class GraphedBeamSearch:
     """
 
     def __init__(self, model: GenRecModel, trie: TorchTrie | None, *, min_bucket: int = 64,
-                 max_bucket: int = 1 << 15, max_graphs: int = 16) -> None:
+                 max_bucket: int = 1 << 15, max_graphs: int = 16, use_graph: bool = True) -> None:
         self.model, self.trie = model, trie
+        self.use_graph = use_graph  # False: the same static-shape program run eagerly (CPU tests)
         self.min_bucket, self.max_bucket = min_bucket, max_bucket
         self._cache = GraphCache(max_graphs)
         self._inputs: dict[tuple[Any, ...], _Inputs] = {}
@@ -72,7 +74,7 @@ class GraphedBeamSearch:
         return self._cache.captures
 
     def supports(self, ctx: BeamContext) -> bool:
-        return (ctx.last_hidden.is_cuda and not self.model.training and bool(ctx.k)
+        return ((ctx.last_hidden.is_cuda or not self.use_graph) and not self.model.training and bool(ctx.k)
                 and ctx.n_tokens <= self.max_bucket)
 
     # ------------------------------------------------------------------ capture
@@ -122,8 +124,10 @@ class GraphedBeamSearch:
         return run
 
     def _capture(self, inp: _Inputs, run: Callable[[], tuple[BeamResult, list[torch.Tensor]]]) -> _Graph:
+        if not self.use_graph:
+            return _Graph(None, inp, *run(), run)
         graph, (result, nan) = capture(run)
-        return _Graph(graph, inp, result, nan)
+        return _Graph(graph, inp, result, nan, run)
 
     # ------------------------------------------------------------------ replay
     @torch.no_grad()
@@ -147,7 +151,10 @@ class GraphedBeamSearch:
                 used = {k[0] for k in self._cache.graphs}
                 for stale in [k for k in self._inputs if k not in used]:  # buffers no graph reads any more
                     del self._inputs[stale]
-            g.graph.replay()
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                g.result, g.nan = g.run()
             res = BeamResult(g.result.codes.clone(), g.result.scores.clone(), g.result.valid.clone())
             nan = [f.clone() for f in g.nan]
         raise_on_nan(nan)

@@ -7,13 +7,13 @@ the ANN search with the user vector, each over-retrieving ``k * overretrieve`` r
 dense and SID scores) or, without ranking, :func:`merged_order`, and :func:`top_k`.
 
 Every model call goes through the Recommender's stage methods (``encode``, ``retrieve_sids`` -- full-code
-beams through ``decode_sids`` and ``beam_rows``, or the coarse-prefix retrieval -- and ``score_candidates``),
-so a Recommender whose ranking stage is replaced (the service's remote ranker) runs the same funnel.
+beams through ``decode_sids`` and ``beam_rows``, or the coarse-prefix retrieval -- and ``score_candidates``,
+or the :data:`Scorer` a call hands in: the service's remote ranker), so every caller runs the same funnel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,8 +31,13 @@ from genrec.model.kv_cache import KVCache
 if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py imports this module
     from genrec.infer.recommender import Recommender
 
-__all__ = ["Candidates", "Retrieved", "l1_score", "merged_order", "rank", "rank_given", "retrieve", "run_funnel",
-           "top_k", "union"]
+__all__ = ["Candidates", "Retrieved", "Scorer", "l1_score", "merged_order", "rank", "rank_given", "retrieve",
+           "run_funnel", "top_k", "union"]
+
+Scorer = Callable[[KVCache, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+"""The ranking stage: (cache, candidate rows [B, M], their vectors [B, M, D], request surface [B], request
+time [B]) -> action logits [B, M, C] -- ``Recommender.score_candidates``, or what replaces it (the service's
+remote ranker)."""
 
 
 @dataclass
@@ -89,9 +94,11 @@ def _sid_lp_matrix(cands: Candidates) -> np.ndarray:
 
 
 def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
-             extra: int, beam_width: int, diversity_lambda: float, t: dict[str, float]) -> Retrieved:
+             extra: int, beam_width: int, diversity_lambda: float, t: dict[str, float],
+             n_real: int | None = None) -> Retrieved:
     """L0: up to ``n + extra`` rows per request from each stage in ``srcs`` (``extra``: the most rows a
-    request excludes); stage times into ``t``."""
+    request excludes); stage times into ``t``. ``n_real``: rows past it are copies of row 0 (bucket
+    padding): the ANN index is searched for the first ``n_real`` only and row 0's answer copied."""
     beams = None
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
@@ -111,7 +118,11 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
         with stage("ann", t):
             assert rec.ann is not None and user is not None
             kk = min(n + extra, len(rec.ann))
-            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user.float().cpu().numpy(), kk)
+            real = b if n_real is None else n_real
+            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user[:real].float().cpu().numpy(), kk)
+            if real < b:
+                ann_ids, ann_sc, ann_vecs = (np.concatenate([x, np.repeat(x[:1], b - real, 0)])
+                                             for x in (ann_ids, ann_sc, ann_vecs))
             ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
     return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs)
 
@@ -173,10 +184,11 @@ def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | N
 
 def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
          u: torch.Tensor, *, action_weight: float, retrieval_weight: float, sid_weight: float,
-         request_surface: torch.Tensor | None, request_ts: torch.Tensor | None,
-         keep_parts: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
+         request_surface: torch.Tensor | None, request_ts: torch.Tensor | None, keep_parts: bool,
+         scorer: Scorer | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
     """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
-    :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion."""
+    :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion. ``scorer``: the ranking
+    stage (default ``rec.score_candidates``)."""
     b, m = cands.rows.shape
     with stage("rank.gather"):
         rows_t = torch.from_numpy(cands.rows).to(rec.device)
@@ -187,7 +199,7 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
                 vecs[torch.from_numpy(ii).to(rec.device), torch.from_numpy(jj).to(rec.device)] = \
                     torch.from_numpy(got.ann_vecs[ii, cands.ann_at[ii, jj]]).to(vecs)
     with stage("rank.decode"):
-        logits = rec.score_candidates(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
+        logits = (scorer or rec.score_candidates)(cache, rows_t, vecs, request_surface, request_ts)  # [B, M, C]
     with stage("rank.fuse"):
         p = torch.sigmoid(logits.float())
         util = (p * u).sum(-1)  # [B, M]
@@ -284,7 +296,7 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
                exclude_rows: Sequence[np.ndarray] | None = None, request_surface: torch.Tensor | None = None,
                request_ts: torch.Tensor | None = None, retrieval_weight: float | None = None,
                sid_weight: float | None = None, action_weight: float | None = None,
-               keep_parts: bool = False) -> BatchResult:
+               keep_parts: bool = False, n_real: int | None = None, scorer: Scorer | None = None) -> BatchResult:
     """The L0 -> L1 funnel for a batch of encoded-ready histories (arguments: see
     :meth:`genrec.infer.recommender.Recommender.run_batch`; ``rank_stage`` is its ``rank``)."""
     if k < 1:
@@ -301,7 +313,7 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
-    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t)
+    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real)
     with stage("union", t):
         cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None
@@ -310,7 +322,7 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
             score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
                                           retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
                                           request_surface=request_surface, request_ts=request_ts,
-                                          keep_parts=keep_parts)
+                                          keep_parts=keep_parts, scorer=scorer)
     else:
         score = merged_order(cands, srcs)
     with stage("topk", t):

@@ -2,10 +2,12 @@
 
 ``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}`` (or bare
 item ids), oldest first. Unknown item ids are dropped and reported; the newest ``context_len`` known items
-are kept. :meth:`HistoryParser.screen` is the service's first look (which ids are unknown, is any known:
-a cold start otherwise) and :meth:`HistoryParser.parse` the Recommender's; both map ids to rows through
-:func:`known_rows`. A long, well-formed history takes a columnar fast path; anything it does not handle
-exactly goes through :meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
+are kept. :meth:`HistoryParser.read` is the service's one parse of a ``/v1/recommend`` history (its rows, or a
+cold start when no id is known), :meth:`HistoryParser.screen` its first look at a ``/v1/rank`` one (which ids are
+unknown, is any known) and :meth:`HistoryParser.parse` the Recommender's; all map ids to rows through
+:func:`known_rows`. A long, well-formed history takes a columnar fast path (plain ``{"item_id": int}`` items: the
+default columns made as arrays at once); anything it does not handle exactly goes through
+:meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from genrec.catalog import ItemCatalog
 from genrec.errors import DataError
 
 __all__ = ["HistoryParser", "known_rows", "vocab_index"]
+
+Column = Sequence[int] | np.ndarray  # one field of a history's items, in order
 
 
 def vocab_index(value: Any, vocab: list[str], what: str, where: str) -> int:
@@ -70,6 +74,16 @@ class HistoryParser:
         _, known, dropped = known_rows(self.catalog, arr)
         return dropped, bool(known.any()), plain
 
+    def read(self, history: Sequence[Any], where: str = "history") -> tuple[dict[str, Any] | None, list[int]]:
+        """The service's one parse of a request: (:meth:`parse`'s answer, or None when no item id of the
+        history is known -- a cold start, not an error; the unknown ids). Bad fields raise as in :meth:`parse`."""
+        if history is None or len(history) == 0:
+            return None, []
+        cols = self.columns(history)
+        p = self.parse_reference(history, where, cold_ok=True) if cols is None else \
+            self._finish(*cols, where=where, cold_ok=True)
+        return (p if len(p["rows"]) else None), p["dropped"]
+
     def parse(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
         """One history -> catalogue rows / actions / surfaces / timestamps (newest ``context_len`` kept).
 
@@ -83,12 +97,25 @@ class HistoryParser:
             return self.parse_reference(history, where)
         return self._finish(*cols, where=where)
 
-    def columns(self, history: Sequence[Any]) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    def columns(self, history: Sequence[Any]) -> tuple[Column, Column, Column, Column] | None:
         """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
         n = len(history)
-        if all(type(h) is int for h in history):  # bare ids (what the service's screen hands on): defaults
+        ids: list[Any]
+        if all(type(h) is int for h in history):  # bare ids: the defaults
+            ids = list(history)
+        elif all(type(h) is dict and len(h) == 1 for h in history):  # {"item_id": int} (most requests): likewise
+            try:
+                ids = [h["item_id"] for h in history]
+            except KeyError:
+                return None
+            if not all(type(x) is int for x in ids):
+                return None
+        else:
+            ids = []
+        if len(ids) == n:  # the default columns as arrays at once (no per-item list to convert)
             da = vocab_index(self.default_action(), self.actions, "default", "default")
-            return list(history), [da] * n, [vocab_index(0, self.surfaces, "default", "default")] * n, [0] * n
+            ds = vocab_index(0, self.surfaces, "default", "default")
+            return ids, np.full(n, da, np.int64), np.full(n, ds, np.int64), np.zeros(n, np.int64)
         if all(type(h) is dict for h in history):
             try:
                 ids = [h["item_id"] for h in history]
@@ -121,8 +148,10 @@ class HistoryParser:
         ts = [0 if t is None else t for t in ts_raw]
         return ids, lookups[0], lookups[1], ts
 
-    def parse_reference(self, history: Sequence[Any], where: str = "history") -> dict[str, Any]:
-        """The item-by-item parse (the obviously-correct twin of the fast path; error messages)."""
+    def parse_reference(self, history: Sequence[Any], where: str = "history", *, cold_ok: bool = False
+                        ) -> dict[str, Any]:
+        """The item-by-item parse (the obviously-correct twin of the fast path; error messages). ``cold_ok``:
+        a history of unknown items only parses to no rows (:meth:`read`) instead of raising."""
         if history is None or len(history) == 0:
             raise DataError("empty history: give at least one item the user interacted with", field=where)
         default_action = self.default_action()
@@ -142,13 +171,13 @@ class HistoryParser:
             acts.append(vocab_index(default_action if a is None else a, self.actions, "action", f"{w}.action"))
             surfs.append(vocab_index(0 if s is None else s, self.surfaces, "surface", f"{w}.surface"))
             ts.append(0 if t is None else int(t))
-        return self._finish(ids, acts, surfs, ts, where=where)
+        return self._finish(ids, acts, surfs, ts, where=where, cold_ok=cold_ok)
 
-    def _finish(self, ids: list[int], acts: list[int], surfs: list[int], ts: list[int], *,
-                where: str) -> dict[str, Any]:
+    def _finish(self, ids: Column, acts: Column, surfs: Column, ts: Column, *,
+                where: str, cold_ok: bool = False) -> dict[str, Any]:
         ids_a = np.asarray(ids, dtype=np.int64)
         rows, known, dropped = known_rows(self.catalog, ids_a)
-        if not known.any():
+        if not known.any() and not cold_ok:
             raise DataError(f"none of the {len(ids)} history item ids is in the catalogue "
                             f"(e.g. {dropped[:5]})", field=where)
         sel = np.flatnonzero(known)

@@ -55,15 +55,16 @@ from genrec.decode.prefix import PrefixLeaves, pad_codebooks, prefix_search
 from genrec.decode.rows import beam_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
+from genrec.infer import calls
 from genrec.infer.ann import AnnConfig, AnnIndex
+from genrec.infer.buckets import HistoryBuffers, ShapeBuckets, resolve_buckets
 from genrec.infer.catalog_model import CatalogModel
-from genrec.infer.funnel import rank_given, run_funnel
+from genrec.infer.funnel import Scorer, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
 from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
 from genrec.infer.profile import stage
-from genrec.infer.results import SOURCES, BatchResult, RankedList, Recommendation, RecommendationList, \
-    recommendation_lists
+from genrec.infer.results import SOURCES, BatchResult, RankedList, RecommendationList
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
@@ -121,9 +122,16 @@ class Recommender:
         # CUDA graphs on a GPU: GENREC_CUDA_GRAPHS = "all" (default; "1" too): the history encode,
         # the SID beam search and the ranking decode; "sid": the SID beam search; "off" ("0"): eager
         self.cuda_graphs = graph_mode(self.device)
+        # batches padded to static shapes (infer.buckets): "auto" ($GENREC_BATCH_BUCKETS) pads when graphs replay
+        self.buckets: ShapeBuckets | None = resolve_buckets(None, graphed=self.cuda_graphs != "off")
+        self._buffers = HistoryBuffers(self.device)  # the batches' host arrays, reused (pinned on CUDA)
         self._graphed: GraphedBeamSearch | None = None
-        self._graphed_encode = GraphedEncoder(self.model) if self.cuda_graphs == "all" else None
-        self._graphed_rank = GraphedRanker(self.model) if self.cuda_graphs == "all" else None
+        self._graphed_encode: GraphedEncoder | None = None
+        self._graphed_rank: GraphedRanker | None = None
+        self._beam_graph: bool | None = None  # the beams replay graphs (False: their static shapes run eagerly)
+        self._beam_graphs = 16  # their graph cache's size
+        if self.cuda_graphs != "off":
+            self.use_graphs(stages=("encode", "sid", "rank") if self.cuda_graphs == "all" else ("sid",))
         self.item_vecs = catalog_model.all_catalogue_vectors()  # [N, D]: what the ANN index holds
         self.codes: torch.Tensor | None = catalog_model.codes if self.config.uses_sids else None  # [N, L]
 
@@ -212,20 +220,39 @@ class Recommender:
 
     def model_batch(self, parsed: Sequence[dict[str, Any]]) -> ModelBatch:
         """Right-padded ModelBatch of parsed histories (item vectors from the table the index holds)."""
-        lengths = np.asarray([len(p["rows"]) for p in parsed], np.int64)
-        b, n = len(parsed), int(lengths.max())
-        # one [4, B, n] host array (rows, actions, surfaces, ts), right-padded with 0, filled by one masked
-        # assignment per column and copied to the device once
-        cols = np.zeros((4, b, n), np.int64)
-        at = np.arange(n)[None, :] < lengths[:, None]
-        for c, key in enumerate(("rows", "actions", "surfaces", "ts")):
-            cols[c][at] = np.concatenate([p[key] for p in parsed])
-        dev = self.device
-        t = torch.from_numpy(cols).to(dev)
+        return self.history_batch(parsed)[0]
+
+    def history_batch(self, parsed: Sequence[dict[str, Any]]) -> tuple[ModelBatch, torch.Tensor]:
+        """(:meth:`model_batch`, each history's last surface [B]): one reused host array (rows, actions,
+        surfaces, ts; :class:`~genrec.infer.buckets.HistoryBuffers`) copied to the device once, right-padded
+        to the longest history or, with :attr:`buckets`, to its slot bucket."""
+        n = max(len(p["rows"]) for p in parsed)
+        if self.buckets is not None:
+            n = self.buckets.slots(n, self.config.max_items)
+        t, lengths, last_surface = self._buffers.fill(parsed, n)
         r = t[0]
-        return ModelBatch(actions=t[1], surfaces=t[2], lengths=torch.from_numpy(lengths).to(dev),
-                          sid_codes=self.codes[r] if self.codes is not None else None,
-                          item_vecs=self.item_vecs[r], timestamps=t[3])
+        mb = ModelBatch(actions=t[1], surfaces=t[2], lengths=lengths,
+                        sid_codes=self.codes[r] if self.codes is not None else None,
+                        item_vecs=self.item_vecs[r], timestamps=t[3])
+        return mb, last_surface
+
+    def use_graphs(self, *, use_graph: bool = True, stages: Sequence[str] = ("encode", "sid", "rank")) -> None:
+        """Replay ``stages`` from CUDA graphs captured once per static shape (``use_graph=False``: the same
+        static-shape path run eagerly, for the CPU tests of padding and capture counts). Each graph cache
+        holds the whole bucket grid of :attr:`buckets`, so a warm shape is never evicted and captured again."""
+        bk, m = self.buckets, self.model
+        cells = len(bk.batch_sizes) * len(bk.slot_grid(self.config.max_items)) if bk is not None else 8
+        # the ranker's shapes x 4 (candidate buckets), the beams' x 2 (beam widths)
+        self._graphed_encode = GraphedEncoder(m, min_bucket=bk.min_slots if bk is not None else 64, max_graphs=max(
+            8, cells), use_graph=use_graph) if "encode" in stages else None
+        self._graphed_rank = GraphedRanker(m, max_graphs=4 * cells, use_graph=use_graph) if "rank" in stages else None
+        self._beam_graph, self._beam_graphs, self._graphed = (use_graph if "sid" in stages else None), 2 * cells, None
+
+    @property
+    def graph_captures(self) -> dict[str, int]:
+        """Shapes captured so far per graphed stage (with ``use_graph=False``: static shapes built)."""
+        gs = {"encode": self._graphed_encode, "sid": self._graphed, "rank": self._graphed_rank}
+        return {name: g.captures for name, g in gs.items() if g is not None}
 
     # ------------------------------------------------------------------ stages
     def check_sources(self, sources: Sequence[str] | None, rank: bool | None) -> tuple[tuple[str, ...], bool]:
@@ -274,9 +301,10 @@ class Recommender:
         sizes = self.trie.codebook_sizes
         # shared-prefix plan checked once here; every step then runs sync-free over the context
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        if ctx is not None and self.cuda_graphs in ("sid", "all") and sizes == list(cfg.sid_codebook_sizes):
+        if ctx is not None and self._beam_graph is not None and sizes == list(cfg.sid_codebook_sizes):
             if self._graphed is None or self._graphed.trie is not self.trie:
-                self._graphed = GraphedBeamSearch(self.model, self.trie)
+                self._graphed = GraphedBeamSearch(self.model, self.trie, max_graphs=self._beam_graphs,
+                                                  use_graph=self._beam_graph)
             if self._graphed.supports(ctx):
                 return self._graphed(ctx, beam_width, diversity_lambda=diversity_lambda, constrain=constrain)
         return beam_search(pad_codebooks(self._sid_step(cache, ctx), sizes), cache.batch_size, cfg.sid_levels, sizes,
@@ -376,7 +404,8 @@ class Recommender:
                   utility: Mapping[str, float] | None = None, exclude_rows: Sequence[np.ndarray] | None = None,
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
                   retrieval_weight: float | None = None, sid_weight: float | None = None,
-                  action_weight: float | None = None, keep_parts: bool = False) -> BatchResult:
+                  action_weight: float | None = None, keep_parts: bool = False, n_real: int | None = None,
+                  scorer: Scorer | None = None) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring and
         :mod:`genrec.infer.funnel`).
 
@@ -389,20 +418,24 @@ class Recommender:
         terms are log-scale scores of the same encoding, so the fusion is a product of experts.
         A weight left None takes :attr:`fusion`'s (the weights ``genrec fusion tune`` chose on
         validation for this checkpoint, else a = 1, w = v = 0).
-        ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``)."""
+        ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``).
+        ``n_real``: the batch's first ``n_real`` rows are requests, the rest copies of its first row
+        (bucket padding: work off the device, the ANN search, runs for the requests only). ``scorer``: the
+        ranking stage in place of :meth:`score_candidates`."""
         with self._amp():
             return run_funnel(self, mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                               rank_stage=rank, overretrieve=overretrieve, utility=utility, exclude_rows=exclude_rows,
                               request_surface=request_surface, request_ts=request_ts,
                               retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
-                              keep_parts=keep_parts)
+                              keep_parts=keep_parts, n_real=n_real, scorer=scorer)
 
     # ------------------------------------------------------------------ public
-    def warmup(self, *, k: int = 10, beam_width: int = 20, min_bucket: int = 64) -> list[int]:
-        """Capture the CUDA graphs of the common shapes before serving: one request per history
-        bucket (powers of two from ``min_bucket`` up to the context length) at the default beam
-        width, so the first real requests do not pay a capture (~0.1-1 s each). Nothing to do
-        when no stage is graphed (CPU, ``GENREC_CUDA_GRAPHS=off``). Returns the history lengths run."""
+    def warmup(self, *, k: int = 10, beam_width: int = 20, min_bucket: int = 64,
+               batch_sizes: Sequence[int] = (1,)) -> list[int]:
+        """Capture the CUDA graphs of the common shapes before serving: a batch of each of ``batch_sizes`` (their
+        buckets) per history bucket (powers of two from ``min_bucket`` up to the context length) at the default
+        beam width, so the first real requests do not pay a capture (~0.1-1 s each). Nothing to do when no stage
+        is graphed (CPU, ``GENREC_CUDA_GRAPHS=off``). Returns the history lengths run."""
         if self.cuda_graphs == "off" or len(self.catalog) == 0:
             return []
         lens, n = [], min_bucket
@@ -411,9 +444,13 @@ class Recommender:
             n *= 2
         lens.append(self.context_len)
         ids = self.catalog.item_ids
+        sizes = sorted({self.buckets.batch(min(b, self.buckets.max_batch)) if self.buckets is not None else b
+                        for b in batch_sizes})
         for n in lens:
-            self.recommend([{"item_id": int(ids[i % len(ids)])} for i in range(n)], k=k, beam_width=beam_width,
-                           sources=None, rank=None)  # every stage this model has (a TIGER layout: SID only)
+            h = [{"item_id": int(ids[i % len(ids)])} for i in range(n)]
+            for b in sizes:
+                self.recommend([h] * b, k=k, beam_width=beam_width, sources=None,
+                               rank=None)  # every stage this model has (a TIGER layout: SID only)
         return lens
 
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
@@ -438,34 +475,11 @@ class Recommender:
             raise DataError("empty batch of histories", field="history")
         with stage("parse"):
             parsed = [self.parse_history(h, f"history[{i}]" if is_batch else "history") for i, h in enumerate(hs)]
-        with stage("tensors"):
-            mb = self.model_batch(parsed)
-            t_parse = _ms(t_wall)
-            surf = None
-            if surface is not None:
-                s = vocab_index(surface, self.surfaces, "surface", "surface")
-                surf = torch.full((len(hs),), s, dtype=torch.int64, device=self.device)
-            else:
-                surf = torch.tensor([int(p["surfaces"][-1]) for p in parsed], dtype=torch.int64, device=self.device)
-            rts = None
-            if request_ts is not None:
-                rts = torch.full((len(hs),), int(request_ts), dtype=torch.int64, device=self.device)
-        # the whole given history, not only the newest context_len items the model reads
-        excl = [p["seen_rows"] for p in parsed] if exclude_history else None
-        res = self.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
-                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
-                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
-                             sid_weight=sid_weight, action_weight=action_weight)
-        t0 = time.perf_counter()
-        with stage("results"):
-            sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
-            if self.codes is not None and self.catalog.codes is not None:
-                sids = self.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
-            outs = recommendation_lists(res, parsed, self.catalog, sids, self.actions)
-        # outside the pipeline's "total": parsing + batching, building the results, the whole call
-        extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
-        for o in outs:
-            o.timings_ms.update(extra)
+        outs = calls.run_parsed(self, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                                sources=sources, rank=rank, overretrieve=overretrieve, utility=utility,
+                                exclude_history=exclude_history, surface=surface, request_ts=request_ts,
+                                retrieval_weight=retrieval_weight, sid_weight=sid_weight,
+                                action_weight=action_weight, t_wall=t_wall)
         return outs if is_batch else outs[0]
 
     @torch.no_grad()
@@ -480,46 +494,6 @@ class Recommender:
         depend on the other candidates. ``beam_width`` / ``diversity_lambda``: the beams the SID term reads
         (only when the SID weight is > 0). Candidates not in the catalogue are left out and listed in
         ``unknown_items``; a history with no known item is a :class:`DataError`, as in :meth:`recommend`."""
-        t_wall = time.perf_counter()
-        if self.model.action_head is None:
-            raise ConfigError(f"rank: layout {self.config.layout!r} has no action heads")
-        fw = self.fusion.resolve(action_weight, retrieval_weight, sid_weight)
-        u = self.utility_vector(utility)
-        p = self.parse_history(history)
-        s = vocab_index(surface, self.surfaces, "surface", "surface") if surface is not None \
-            else int(p["surfaces"][-1])
-        ids = np.asarray(list(item_ids), dtype=np.int64)
-        rows = self.catalog.rows(ids, strict=False) if len(ids) else np.zeros(0, np.int64)
-        ok = np.flatnonzero(rows >= 0)
-        items: list[Recommendation] = []
-        t: dict[str, float] = {}
-        if len(ok):
-            dev = self.device
-            rts = None if request_ts is None else torch.tensor([int(request_ts)], device=dev)
-            with self._amp():
-                t0 = time.perf_counter()
-                cache, user = self.encode(self.model_batch([p]))
-                t["encode"] = _ms(t0)
-                t0 = time.perf_counter()
-                score, probs = rank_given(self, cache, user, torch.as_tensor(rows[ok], device=dev)[None], u,
-                                          action_weight=fw.action_weight, retrieval_weight=fw.retrieval_weight,
-                                          sid_weight=fw.sid_weight, beam_width=beam_width,
-                                          diversity_lambda=diversity_lambda,
-                                          request_surface=torch.tensor([s], device=dev), request_ts=rts)
-                t["rank"] = _ms(t0)
-            order = np.argsort(-score, kind="stable")
-            sel = rows[ok][order]
-            sids = None if self.codes is None else self.codes[torch.as_tensor(sel, device=self.codes.device)].cpu().tolist()
-            titles = self.catalog.titles
-            items = [Recommendation(item_id=int(ids[ok[j]]), title=None if titles is None else titles[int(r)],
-                                    score=float(score[j]), sources=(), sid=None if sids is None else tuple(sids[n]),
-                                    action_probs={a: float(probs[j, c]) for c, a in enumerate(self.actions)})
-                     for n, (j, r) in enumerate(zip(order, sel))]
-        t["total"] = sum(t.values())
-        t["wall"] = _ms(t_wall)
-        return RankedList(items, unknown_items=[int(i) for i in ids[rows < 0]], timings_ms=t,
-                          dropped_items=p["dropped"], history_used=len(p["rows"]), history_truncated=p["truncated"])
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+        return calls.rank_items(self, history, item_ids, surface=surface, request_ts=request_ts, utility=utility,
+                                action_weight=action_weight, retrieval_weight=retrieval_weight,
+                                sid_weight=sid_weight, beam_width=beam_width, diversity_lambda=diversity_lambda)

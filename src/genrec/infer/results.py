@@ -92,6 +92,16 @@ class BatchResult:
     ``sid_lp`` (log P(SID) under the beams, the request's lowest beam log-probability for
     candidates the SID stage did not retrieve). For choosing fusion weights offline."""
 
+    def head(self, b: int) -> "BatchResult":
+        """The first ``b`` rows (a batch padded to a bucket, its padding dropped); itself when it has ``b``."""
+        if b == self.rows.shape[0]:
+            return self
+        beams = None if self.beams is None else BeamResult(self.beams.codes[:b], self.beams.scores[:b],
+                                                            self.beams.valid[:b])
+        return BatchResult(self.rows[:b], self.scores[:b], self.src[:b], self.sid_lp[:b], self.ann_score[:b],
+                           None if self.probs is None else self.probs[:b], beams, self.timings_ms,
+                           None if self.l1_parts is None else {k: v[:b] for k, v in self.l1_parts.items()})
+
 
 
 def recommendation_lists(res: BatchResult, parsed: Sequence[dict[str, Any]], catalog: ItemCatalog,

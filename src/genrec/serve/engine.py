@@ -7,10 +7,12 @@ service needs around it:
 * the input policy's last cases: a history with no known item is a cold start (popularity list,
   not an error); the Recommender's ``DataError``/``ConfigError`` become :class:`InputError` (422
   naming the field);
-* a **remote ranking hook**: in two-process mode the ranking stage (``score_candidates``) of a
-  per-request shallow copy of the Recommender is replaced by a call that writes the history KV
-  into the shared pool and asks the ranking process — so the retrieval half runs unchanged and
-  the one encode is kept. A dead ranker gives retrieval-only results (``degraded``).
+* a **remote ranking hook**: in two-process mode the request's ranking stage (the funnel's
+  :data:`~genrec.infer.funnel.Scorer`, no copy of the Recommender) is a call that writes the history
+  KV into the shared pool and asks the ranking process — so the retrieval half runs unchanged and
+  the one encode is kept. A dead ranker gives retrieval-only results (``degraded``);
+* each request's history is parsed once (:meth:`genrec.infer.history.HistoryParser.read`: the rows,
+  or a cold start).
 
 Non-standard: the engine is immutable once built; hot swap replaces it whole (:mod:`genrec.serve.swap`).
 Checkpoint weights are read through safetensors only (no pickle).
@@ -18,7 +20,6 @@ Checkpoint weights are read through safetensors only (no pickle).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,8 +32,11 @@ from safetensors.torch import load_file
 
 from genrec.catalog import open_store
 from genrec.errors import ConfigError, DataError, GenrecError
+from genrec.infer.calls import run_parsed
+from genrec.infer.funnel import Scorer
 from genrec.infer.profile import stage
 from genrec.infer.recommender import Recommender
+from genrec.infer.results import RecommendationList
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel
 from genrec.model.kv_cache import KVCache
@@ -117,9 +121,13 @@ class Engine:
         self._leaf_t: torch.Tensor | None = None  # rec.leaf_rows on the trie's device (explained requests)
 
     @classmethod
-    def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> "Engine":
+    def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu", *,
+             max_batch: int = 1) -> "Engine":
+        """The engine of WORKDIR's checkpoint; on a GPU the CUDA graphs of the common shapes are captured before
+        it serves (no-op on a CPU): batches of 1 and, with batch buckets, of each bucket up to ``max_batch``
+        (the server's micro-batch)."""
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
-        rec.warmup()  # CUDA graphs of the common shapes captured before the bundle is served (no-op on CPU)
+        rec.warmup(batch_sizes=rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,))
         store = open_store(workdir)
         ev = store.read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
@@ -184,43 +192,57 @@ class Engine:
         (the whole history given, as :meth:`Recommender.recommend`). ``explain``: the answer also holds
         ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""
         sent = history
-        with stage("screen"):
-            dropped, any_known, history = self.rec.history.screen(history)
-        if not any_known:
+        with stage("parse"):
+            try:
+                parsed, dropped = self.rec.history.read(history)
+            except (DataError, ConfigError) as e:
+                raise _input_error(e) from e
+        if parsed is None:
             out = self.cold_start(dropped, k)
             if explain:
                 out["explain"] = explain_block(self.rec, None, sent, [it["item_id"] for it in out["items"]])
             return out
         rec = self.rec
-        if remote_rank is not None and rank:
-            rec = copy.copy(self.rec)  # shallow: shares model and indexes; only the ranking hook differs
-
-            def score_candidates(cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
-                                 surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
-                                 ) -> torch.Tensor:
-                r = rows[0]
-                v = (self.rec.item_vecs[r] if vecs is None else vecs[0]).float().cpu().numpy()  # [m, Di]
-                sid = None if self.rec.codes is None else self.rec.codes[r].cpu().numpy()  # [m, L]
-                s = 0 if surface is None else int(surface[0])
-                ts = None if request_ts is None else int(request_ts[0])
-                return remote_rank(cache, v, sid, s, ts)[None].to(self.rec.device)  # [1, m, C]
-
-            rec.score_candidates = score_candidates  # type: ignore[method-assign]
+        scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
         trace = None
         if explain:
             trace = Trace()
             rec = traced(rec, trace, self._leaf_rows())
-        try:
-            res = rec.recommend(list(history), k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                                sources=list(sources), rank=rank, surface=surface, request_ts=request_ts,
-                                exclude_history=exclude_history, **_fusion_kw(fusion))
-        except (DataError, ConfigError) as e:
-            raise _input_error(e) from e
+        res = self._run(rec, [parsed], k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                        sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
+                        exclude_history=exclude_history, scorer=scorer)[0]
         with stage("format"):
             out = self._format(res)
         if trace is not None:
             out["explain"] = explain_block(self.rec, trace, sent, [r.item_id for r in res])
         return out
+
+    def _remote_scorer(self, remote_rank: RemoteRank) -> Scorer:
+        """The ranking stage as ``remote_rank`` runs it (one history per call; in place of the Recommender's
+        ``score_candidates``, without a copy of the Recommender)."""
+        rec = self.rec
+
+        def score_candidates(cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
+                             surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
+                             ) -> torch.Tensor:
+            r = rows[0]
+            v = (rec.item_vecs[r] if vecs is None else vecs[0]).float().cpu().numpy()  # [m, Di]
+            sid = None if rec.codes is None else rec.codes[r].cpu().numpy()  # [m, L]
+            s = 0 if surface is None else int(surface[0])
+            ts = None if request_ts is None else int(request_ts[0])
+            return remote_rank(cache, v, sid, s, ts)[None].to(rec.device)  # [1, m, C]
+
+        return score_candidates
+
+    @staticmethod
+    def _run(rec: Any, parsed: list[dict[str, Any]], *, fusion: Mapping[str, float | None] | None,
+             sources: Sequence[str], **kw: Any) -> list[RecommendationList]:
+        """Parsed histories through ``rec`` (:func:`genrec.infer.calls.run_parsed`); input errors -> 422."""
+        try:
+            fw: dict[str, Any] = _fusion_kw(fusion)
+            return run_parsed(rec, parsed, sources=list(sources), **kw, **fw)
+        except (DataError, ConfigError) as e:
+            raise _input_error(e) from e
 
     def _leaf_rows(self) -> torch.Tensor | None:
         """The catalogue row of each SID-trie leaf on the trie's device (None: no SID stage)."""
@@ -233,26 +255,26 @@ class Engine:
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
                        exclude_history: bool = False) -> list[dict[str, Any]]:
-        """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows."""
+        """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows (in
+        static shapes on a GPU: :mod:`genrec.infer.buckets`). Each history is parsed once."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
-        warm = []
-        plain: list[Sequence[Any]] = []
-        with stage("screen"):
+        warm: list[int] = []
+        parsed: list[dict[str, Any]] = []
+        with stage("parse"):
             for i, h in enumerate(histories):
-                dropped, any_known, p = self.rec.history.screen(h)
-                if any_known:
-                    warm.append(i)
-                    plain.append(p)
-                else:
+                try:
+                    p, dropped = self.rec.history.read(h)  # each its own request's "history"
+                except (DataError, ConfigError) as e:
+                    raise _input_error(e) from e
+                if p is None:
                     outs[i] = self.cold_start(dropped, k)
+                else:
+                    warm.append(i)
+                    parsed.append(p)
         if warm:
-            try:
-                res = self.rec.recommend([list(p) for p in plain], k=k, beam_width=beam_width,
-                                         diversity_lambda=diversity_lambda, sources=list(sources), rank=rank,
-                                         surface=surface, request_ts=request_ts, exclude_history=exclude_history,
-                                         **_fusion_kw(fusion))
-            except (DataError, ConfigError) as e:
-                raise _input_error(e) from e
+            res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                            sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
+                            exclude_history=exclude_history)
             with stage("format"):
                 for i, r in zip(warm, res):
                     outs[i] = self._format(r)

@@ -11,7 +11,8 @@ keep-alive client on asyncio streams, one connection per closed-loop client, wri
 bytes encoded before the clock starts -- so the latency is the service's, not the client
 library's; ``"httpx"`` is an ``httpx.AsyncClient`` (what earlier figures used; it adds ~2 ms more
 per 1,000-item request than the raw client on the 2-core CPU box, see docs/RESULTS.md). The load
-runs on uvloop when installed (:func:`run_client`).
+runs on uvloop when installed (:func:`run_client`). Driving a server from several client processes, and
+``bench_serve`` (start a server, load it, stop it): :mod:`genrec.serve.loadtest`.
 """
 
 from __future__ import annotations
@@ -49,18 +50,27 @@ class BenchResult:
     degraded: int = 0
     client: str = "raw"
     client_loop: str = "asyncio"
+    procs: int = 1  # client processes (genrec.serve.loadgen_procs)
+    client_cpu_s: float = 0.0  # user + system CPU seconds of the client process(es) while the clock ran
+    client_busy: float = 0.0  # the busiest client process's CPU seconds per second (1.0: it used a whole core)
+    server_cpu_s: float | None = None  # the server's process tree over the same span, when measured
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
-        return {"client": self.client, "client_loop": self.client_loop, "requests": self.requests, "errors": self.errors, "degraded": self.degraded,
-                "seconds": round(self.seconds, 2), "qps": round(self.requests / max(self.seconds, 1e-9), 2),
+        sec = max(self.seconds, 1e-9)
+        return {"client": self.client, "client_loop": self.client_loop, "procs": self.procs,
+                "requests": self.requests, "errors": self.errors, "degraded": self.degraded,
+                "seconds": round(self.seconds, 2), "qps": round(self.requests / sec, 2),
                 "p50_ms": round(float(np.percentile(lat, 50)), 2), "p90_ms": round(float(np.percentile(lat, 90)), 2),
                 "p99_ms": round(float(np.percentile(lat, 99)), 2), "max_ms": round(float(lat.max()), 2),
+                "client_cpu_per_s": round(self.client_cpu_s / sec, 2), "client_busy": round(self.client_busy, 2),
+                "server_cpu_per_s": None if self.server_cpu_s is None else round(self.server_cpu_s / sec, 2),
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
     def table(self) -> str:
         s = self.summary()
-        keys = ["requests", "errors", "degraded", "seconds", "qps", "p50_ms", "p90_ms", "p99_ms", "max_ms"]
+        keys = ["requests", "errors", "degraded", "seconds", "qps", "p50_ms", "p90_ms", "p99_ms", "max_ms",
+                "client_cpu_per_s", "client_busy"]
         head = "| " + " | ".join(keys) + " |"
         sep = "|" + "|".join("---" for _ in keys) + "|"
         row = "| " + " | ".join(str(s[k]) for k in keys) + " |"
@@ -226,14 +236,17 @@ def run_client(coro: Coroutine[Any, Any, Any]) -> Any:
 
 async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, duration: float = 60.0, concurrency: int = 8,
                    max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
-                   timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend") -> BenchResult:
+                   timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
+                   ready: Callable[[], None] | None = None) -> BenchResult:
     """Closed-loop load: each of ``concurrency`` clients sends its next request when the last one returns.
 
     ``client``: ``"raw"`` (:class:`RawConnection`, one per closed-loop client) or ``"httpx"`` (one
     shared ``httpx.AsyncClient`` with ``concurrency`` keep-alive connections). Either way the clock
     runs from sending the pre-encoded body to having the full response body; the JSON answer is
     parsed (for its ``degraded`` flag) after the clock stops. A transport error or a request
-    slower than ``timeout`` seconds counts as status 0 (an error) and the next request reconnects."""
+    slower than ``timeout`` seconds counts as status 0 (an error) and the next request reconnects.
+    ``ready``: called once the request bytes are encoded, just before the clock starts (the multi-process
+    client's start barrier). The process's CPU time while the clock runs is ``client_cpu_s``."""
     check_loopback(url)
     if concurrency < 1 or duration <= 0 or max_requests < 1:
         raise ConfigError("concurrency, duration and max_requests must be positive")
@@ -252,6 +265,9 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
     bodies = [json.dumps({"history": [{"item_id": x if isinstance(x, str) else int(x)} for x in h], **extra}).encode()
               for h in histories]
     wire = [encode_request(host, port, path, b) for b in bodies] if client == "raw" else []
+    if ready is not None:
+        ready()
+    cpu0 = _cpu_s()
     t_start = time.perf_counter()
     t_end = t_start + duration
     counter = iter(range(max_requests))
@@ -332,7 +348,14 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
         async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as c:
             await drive(lambda i: httpx_client(i, c))
     res.seconds = time.perf_counter() - t_start
+    res.client_cpu_s = _cpu_s() - cpu0
+    res.client_busy = res.client_cpu_s / max(res.seconds, 1e-9)
     return res
+
+
+def _cpu_s() -> float:
+    """This process's user + system CPU seconds so far."""
+    return time.process_time()
 
 
 def _free_port() -> int:
@@ -370,32 +393,3 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
         time.sleep(0.2)
     proc.terminate()
     raise RuntimeError(f"server not ready after {ready_timeout}s")
-
-
-def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float = 60.0, concurrency: int = 8,
-                max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
-                rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
-                device: str = "cpu", exact_history: bool = False, client: str = "raw",
-                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0,
-                kv_pool_device: str = "auto", threads: int | None = None,
-                torch_threads: int | None = None) -> BenchResult:
-    """Start (or target) a local server, drive it, stop it; returns the result. ``threads`` /
-    ``torch_threads``: the started server's ``--threads`` / ``--torch-threads`` (None: its defaults)."""
-    if client not in CLIENTS:  # before starting anything
-        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
-    hist = as_sent(workdir, sample_histories(workdir, 512, history_len, seed, exact=exact_history))
-    proc = None
-    if url is None:
-        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
-                                 micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
-                                 kv_pool_device=kv_pool_device, threads=threads, torch_threads=torch_threads)
-    try:
-        return run_client(run_load(url, hist, duration=duration, concurrency=concurrency, max_requests=max_requests,
-                                    body={"k": k, "beam_width": beam_width, "rank": rank}, client=client))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()

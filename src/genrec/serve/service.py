@@ -5,6 +5,7 @@ bundle is loaded the heap is frozen out of the cyclic GC (:func:`freeze_heap`)."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -73,7 +74,9 @@ class Service:
         if cfg.threads == 0:
             cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
         self.cfg = cfg
-        self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device)
+        # the graphs of every micro-batch bucket are captured before a bundle serves (Engine.load)
+        self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device,
+                                             loader=functools.partial(Engine.load, max_batch=cfg.micro_batch))
         # the run's ids were remapped: requests and answers speak the source file's ids (genrec.serve.ids)
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.metrics = Metrics()

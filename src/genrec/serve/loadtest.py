@@ -1,0 +1,204 @@
+"""``genrec bench serve``'s driver (:func:`bench_serve`: start a server, load it, stop it) and closed-loop load from
+several client processes (:func:`run_load_procs`), so the load generator is not what limits the QPS.
+
+One asyncio client process tops out at a few thousand small requests a second (less with 1,000-item
+bodies): past that a benchmark measures the client. :func:`run_load_procs` spreads ``concurrency``
+closed-loop clients over ``procs`` processes (spawned; each runs :func:`genrec.serve.loadgen.run_load`
+with its share of the connections and of the histories, request bytes encoded before the clock), starts
+them together on a barrier, and merges what they measured: every latency, the statuses, and the CPU
+each client process used while the clock ran (``resource.getrusage``, user + system). The result says
+``client_cpu_per_s`` (client CPU seconds per wall second, summed over the processes) and
+``client_busy`` (the busiest process's share of one core): near 1.0 the client, not the server, is the
+bottleneck. When it is given the server's pid it also reports the server's CPU over the same span (that
+process and its descendants -- the ranking process of two-process mode -- read from ``/proc``; None
+elsewhere).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from genrec.errors import ConfigError
+from genrec.serve.loadgen import CLIENTS, BenchResult, as_sent, check_loopback, run_client, run_load, \
+    sample_histories, start_server
+
+__all__ = ["bench_serve", "drive", "proc_tree_cpu_s", "run_load_procs", "split", "stop_server"]
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` clients over at most ``parts`` processes, as evenly as can be (no empty process)."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def proc_tree_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` and its live descendants (Linux ``/proc``; else None)."""
+    proc = Path("/proc")
+    if not (proc / str(pid) / "stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        f = raw[raw.rindex(")") + 2:].split()  # the fields after "pid (comm)": state ppid ... utime stime
+        stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo += [c for c, (pp, _) in stats.items() if pp == p and c not in tree]
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
+def _child(idx: int, url: str, histories: Sequence[Sequence[int | str]], conns: int, duration: float,
+           max_requests: int, body: dict[str, Any] | None, timeout: float, client: str, path: str,
+           barrier: Any, out: Any) -> None:
+    """One client process: its closed loops from the barrier on; puts (idx, summary | error text) on ``out``."""
+    try:  # request bytes encoded, it waits for the others at the barrier, then starts its clock
+        res = run_client(run_load(url, histories, duration=duration, concurrency=conns, max_requests=max_requests,
+                                  body=body, timeout=timeout, client=client, path=path,
+                                  ready=lambda: barrier.wait(timeout=300)))
+        out.put((idx, {"requests": res.requests, "errors": res.errors, "seconds": res.seconds,
+                       "latencies_ms": res.latencies_ms, "statuses": res.statuses, "degraded": res.degraded,
+                       "client_loop": res.client_loop, "cpu_s": res.client_cpu_s}))
+    except BaseException as e:  # noqa: BLE001 - the parent reports it, naming this process
+        barrier.abort()
+        out.put((idx, f"{type(e).__name__}: {e}"))
+
+
+def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs: int, concurrency: int,
+                   duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
+                   timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
+                   server_pid: int | None = None) -> BenchResult:
+    """``concurrency`` closed-loop clients (:func:`genrec.serve.loadgen.run_load`) spread over ``procs``
+    processes (:func:`split`; process ``i`` sends histories ``i, i + procs, ...``), started together; the
+    merged result, with the client processes' CPU (and the server's, given ``server_pid``)."""
+    check_loopback(url)
+    if procs < 1 or concurrency < 1 or duration <= 0 or max_requests < 1:
+        raise ConfigError("procs, concurrency, duration and max_requests must be positive")
+    if client not in CLIENTS:
+        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
+    if not histories:
+        raise ConfigError("run_load_procs: no histories to send")
+    conns = split(concurrency, procs)
+    n = len(conns)
+    ctx = mp.get_context("spawn")  # a fresh interpreter each: nothing of the parent's threads or CUDA state
+    barrier = ctx.Barrier(n + 1)
+    out = ctx.Queue()
+    share = [list(histories[i::n]) or list(histories) for i in range(n)]
+    per = [max(1, max_requests // n + (i < max_requests % n)) for i in range(n)]
+    ps = [ctx.Process(target=_child, args=(i, url, share[i], c, duration, per[i], body, timeout, client, path,
+                                           barrier, out), daemon=True) for i, c in enumerate(conns)]
+    for p in ps:
+        p.start()
+    got: dict[int, Any] = {}
+    try:
+        try:
+            barrier.wait(timeout=300)  # every process has started and encoded its requests
+        except threading.BrokenBarrierError:
+            pass  # a child failed before the start: its error is on the queue
+        srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+        t0 = time.perf_counter()
+        t_end = time.monotonic() + duration + timeout + 120
+        while len(got) < n:
+            try:
+                i, r = out.get(timeout=max(1.0, t_end - time.monotonic()))
+            except queue.Empty:
+                dead = [i for i, p in enumerate(ps) if i not in got and not p.is_alive()]
+                raise RuntimeError(f"load processes {dead or sorted(set(range(n)) - set(got))} gave no result") \
+                    from None
+            got[i] = r
+        wall = time.perf_counter() - t0
+        srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+    finally:
+        for p in ps:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    bad = {i: r for i, r in got.items() if isinstance(r, str)}
+    if bad:
+        raise RuntimeError("load process(es) failed: " + "; ".join(f"#{i}: {r}" for i, r in sorted(bad.items())))
+    res = BenchResult(0, 0, 0.0, client=client, client_loop=got[0]["client_loop"], procs=n)
+    for i in range(n):
+        r = got[i]
+        res.requests += r["requests"]
+        res.errors += r["errors"]
+        res.degraded += r["degraded"]
+        res.latencies_ms += r["latencies_ms"]
+        for s, c in r["statuses"].items():
+            res.statuses[s] = res.statuses.get(s, 0) + c
+    res.seconds = max(got[i]["seconds"] for i in range(n))
+    res.client_cpu_s = sum(got[i]["cpu_s"] for i in range(n))
+    res.client_busy = max(got[i]["cpu_s"] / max(got[i]["seconds"], 1e-9) for i in range(n))
+    if srv0 is not None and srv1 is not None:  # over the wall time the processes ran, scaled to theirs
+        res.server_cpu_s = (srv1 - srv0) * res.seconds / max(wall, 1e-9)
+    return res
+
+
+def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, procs: int = 1,
+          duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
+          client: str = "raw", server_pid: int | None = None) -> BenchResult:
+    """``concurrency`` closed-loop clients against ``url``: in this process (``procs`` 1) or spread over
+    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``."""
+    if procs > 1 and concurrency > 1:
+        return run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
+                              max_requests=max_requests, body=body, client=client, server_pid=server_pid)
+    srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+    res = run_client(run_load(url, histories, duration=duration, concurrency=concurrency,
+                              max_requests=max_requests, body=body, client=client))
+    srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+    if srv0 is not None and srv1 is not None:  # encoding the requests included: an upper bound
+        res.server_cpu_s = srv1 - srv0
+    return res
+
+
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """End a server :func:`~genrec.serve.loadgen.start_server` started (SIGTERM, then SIGKILL after 20 s)."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float = 60.0, concurrency: int = 8,
+                max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
+                rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
+                device: str = "cpu", exact_history: bool = False, client: str = "raw",
+                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0,
+                kv_pool_device: str = "auto", threads: int | None = None,
+                torch_threads: int | None = None, procs: int = 1) -> BenchResult:
+    """Start (or target) a local server, drive it (:func:`drive`; ``procs`` client processes), stop it; returns
+    the result. ``threads`` / ``torch_threads``: the started server's ``--threads`` / ``--torch-threads``
+    (None: its defaults)."""
+    if client not in CLIENTS:  # before starting anything
+        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
+    if procs < 1:
+        raise ConfigError(f"procs must be >= 1, got {procs}")
+    hist = as_sent(workdir, sample_histories(workdir, 512, history_len, seed, exact=exact_history))
+    proc = None
+    if url is None:
+        proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
+                                 micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
+                                 kv_pool_device=kv_pool_device, threads=threads, torch_threads=torch_threads)
+    try:
+        return drive(url, hist, concurrency=concurrency, procs=procs, duration=duration, max_requests=max_requests,
+                     body={"k": k, "beam_width": beam_width, "rank": rank}, client=client,
+                     server_pid=None if proc is None else proc.pid)
+    finally:
+        stop_server(proc)
