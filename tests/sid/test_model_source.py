@@ -89,7 +89,9 @@ def test_model_source_quantises_the_ann_paths_item_vectors(id_run: Path, tmp_pat
     assert not np.allclose(ann, content_only, atol=1e-3)  # the learned ID vectors are part of them
     assert sb.quantizer.dim == rec.model.config.item_dim != vecs.content.shape[1]
     # the same quantiser on those vectors gives the same codes: they are what the build quantised
-    ref = build_sids(ann, ids, tmp_path / "ref", levels=2, codebook_size=4)
+    store = P.open_store(wd)
+    ref = build_sids(ann, ids, tmp_path / "ref", levels=2, codebook_size=4,
+                     popularity=P.train_item_counts(store, P.default_split(store), ids))  # sid build's default
     np.testing.assert_array_equal(np.asarray(sb.item_ids), np.asarray(ref.item_ids))
     np.testing.assert_array_equal(np.asarray(sb.codes), np.asarray(ref.codes))
 

@@ -52,10 +52,19 @@ def test_popularity_numbers_each_code_most_popular_first(run: Path) -> None:
     assert json.loads((sb.path / "manifest.json").read_text())["params"]["disambiguation"] == "popularity"
 
 
-def test_item_id_is_the_default_and_a_bad_choice_is_named(run: Path) -> None:
+def test_popularity_is_the_default_and_a_bad_choice_is_named(run: Path) -> None:
     res = CliRunner().invoke(app, ["sid", "build", str(run), "--levels", "1", "--codebook-size", "4"])
     assert res.exit_code == 0, res.output
     sb = open_current(WorkDir(run).sid)
+    assert json.loads((sb.path / "manifest.json").read_text())["params"]["disambiguation"] == "popularity"
+    res = CliRunner().invoke(app, ["sid", "build", str(run), "--levels", "1", "--codebook-size", "4",
+                                   "--disambiguation", "item-id"])
+    assert res.exit_code == 0, res.output
+    sb = open_current(WorkDir(run).sid)
     assert json.loads((sb.path / "manifest.json").read_text())["params"]["disambiguation"] == "item_id"
+    codes, ids = np.asarray(sb.codes), np.asarray(sb.item_ids)
+    for c in np.unique(codes[:, 0]):
+        rows = np.flatnonzero(codes[:, 0] == c)
+        assert [int(codes[i, 1]) for i in rows[np.argsort(ids[rows])]] == list(range(len(rows)))
     res = CliRunner().invoke(app, ["sid", "build", str(run), "--disambiguation", "random"])
     assert res.exit_code != 0 and "--disambiguation" in res.output

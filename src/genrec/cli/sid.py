@@ -68,10 +68,11 @@ def sid_build(
                                                                      "trained on the same items, whose item vectors "
                                                                      "are quantised."),
     checkpoint: Optional[str] = CHECKPOINT,
-    disambiguation: str = typer.Option("item-id", help="How items sharing a semantic code are numbered on the "
-                                                       "last level: item-id (ascending) or popularity (most "
-                                                       "train-split interactions first, so code 0 means the "
-                                                       "prefix's most popular item everywhere)."),
+    disambiguation: str = typer.Option("popularity", help="How items sharing a semantic code are numbered on the "
+                                                          "last level: popularity (most train-split interactions "
+                                                          "first, so code 0 means the prefix's most popular item "
+                                                          "everywhere; chosen on validation recall) or item-id "
+                                                          "(ascending)."),
 ) -> None:
     """Quantise item vectors into a new SID version (codes, trie, index, stats). --checkpoint (with --source
     model) picks the checkpoint of --from-run RUN."""

@@ -109,15 +109,15 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
 def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
                        method: str = "rqkmeans", seed: int = 0, source: str | None = None,
                        engagement_weight: float = 1.0, from_run: str | Path | None = None,
-                       checkpoint: str | Path | None = None, disambiguation: str = "item-id") -> Any:
+                       checkpoint: str | Path | None = None, disambiguation: str = "popularity") -> Any:
     """Quantise the item vectors into a new SID version under ``WORKDIR/sid``: the content
     vectors (``source="content"``, PinGER's choice), content beside engagement (collaborative
     SIDs, see :func:`genrec.sid.source.sid_input_vectors`), engagement alone, or (``"model"``) the item
     vectors of the model trained in run ``from_run`` (``checkpoint`` of it; its ANN index's vectors:
     :mod:`genrec.recipes.model_sids`). ``None``: content beside engagement (content without engagement
     vectors), or engagement when ``features build`` found the item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`).
-    ``disambiguation``: how items sharing a semantic code are numbered on the last level -- ``item-id`` or
-    ``popularity`` (most train-split interactions first)."""
+    ``disambiguation``: how items sharing a semantic code are numbered on the last level -- ``popularity`` (most
+    train-split interactions first) or ``item-id``."""
     if disambiguation not in DISAMBIGUATIONS:
         raise ConfigError(f"--disambiguation must be one of {', '.join(DISAMBIGUATIONS)}, got {disambiguation!r}")
     wd = WorkDir(workdir)
