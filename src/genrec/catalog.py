@@ -20,6 +20,7 @@ from genrec.features.build import table_fingerprint
 from genrec.features.extend import featured_rows
 from genrec.features.store import ItemVectors
 from genrec.sid.build import ADDED_CONTENT, added_items, open_current
+from genrec.sid.source import new_item_engagement
 from genrec.workdir import WorkDir
 
 __all__ = ["ItemCatalog", "load_catalog", "open_store"]
@@ -34,6 +35,9 @@ class ItemCatalog:
     codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
     titles: list[str | None] | None = None
     n_engagement: int = 0  # the last n_engagement feature columns are the engagement vector
+    # bool [N]: the items `genrec sid assign` added (not in the item features; their engagement block imputed);
+    # None: none
+    added: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not np.all(self.item_ids[1:] > self.item_ids[:-1]):
@@ -44,6 +48,8 @@ class ItemCatalog:
             self.codes = None if self.codes is None else self.codes[t]
             if self.titles is not None:
                 self.titles = [self.titles[i] for i in order]
+            if self.added is not None:
+                self.added = self.added[order]
 
     def __len__(self) -> int:
         return len(self.item_ids)
@@ -62,14 +68,17 @@ class ItemCatalog:
 def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
     """The per-item tensors the model reads: features, SID codes (current version) and titles.
 
-    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features)
-    come after the featured ones, with their content vectors and an all-zero engagement block -- as the
-    items nobody engaged with when the features were built (:func:`genrec.sid.build.added_items`)."""
+    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features; ``added``
+    marks them) join the featured ones with their content vectors and an engagement block imputed from the
+    featured items with engagement nearest by content (:func:`genrec.sid.source.new_item_engagement`: the block
+    their collaborative SIDs quantise). Nobody engaged with them yet, but an all-zero block would make them look
+    like the rare items nobody engaged with at training time, far from every user in the ANN index."""
     wd = WorkDir(workdir)
     vecs = ItemVectors.load(wd.features, mmap=False)
     ids = np.asarray(vecs.item_ids, dtype=np.int64)
     feat_np = np.ascontiguousarray(vecs.concat(), dtype=np.float32)
     codes = None
+    added = None
     if with_sids:
         sb = open_current(wd.sid)
         extra = added_items(sb.path)
@@ -80,10 +89,14 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
             if a_content.shape[1] != dc:
                 raise DataError(f"the items `sid assign` added have content vectors of dimension "
                                 f"{a_content.shape[1]}, the item features {dc}", path=sb.path / ADDED_CONTENT)
-            de = int(np.asarray(vecs.engagement).shape[1])
-            add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
+            engagement = np.asarray(vecs.engagement, dtype=np.float32)
+            known = np.any(engagement != 0, axis=1)
+            a_eng = np.zeros((len(a_ids), engagement.shape[1]), np.float32)
+            if len(a_ids) and engagement.shape[1] and known.any():
+                a_eng = new_item_engagement(a_content, np.asarray(vecs.content)[known], engagement[known])
+            added = np.r_[np.zeros(len(ids), bool), np.ones(len(a_ids), bool)]
             ids = np.concatenate([ids, a_ids])
-            feat_np = np.concatenate([feat_np, add])
+            feat_np = np.concatenate([feat_np, np.concatenate([a_content, a_eng], axis=1)])
         rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
         codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     feats = torch.from_numpy(feat_np)
@@ -109,4 +122,4 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
                                        items.column("text").to_pylist())}
         titles = [t.get(int(i)) for i in ids]
     return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
-                       n_engagement=int(np.asarray(vecs.engagement).shape[1]))
+                       n_engagement=int(np.asarray(vecs.engagement).shape[1]), added=added)
