@@ -23,7 +23,12 @@ from genrec.sid.build import ADDED_CONTENT, added_items, open_current
 from genrec.sid.source import new_item_engagement
 from genrec.workdir import WorkDir
 
-__all__ = ["ItemCatalog", "load_catalog", "open_store"]
+__all__ = ["COLD_ENGAGEMENT_SCALE", "ItemCatalog", "load_catalog", "open_store"]
+
+COLD_ENGAGEMENT_SCALE = 0.7
+"""Length of the imputed engagement block an item `genrec sid assign` added gets in the served catalogue
+(:func:`load_catalog`; 0 = the all-zero block). Every engaged item's block has length 1. Chosen on the cold-start
+protocol's validation cases (docs/RESULTS.md, C1); the SIDs quantise the unit-length block whatever this is."""
 
 
 @dataclass
@@ -65,14 +70,18 @@ class ItemCatalog:
         return np.where(ok, r, -1)
 
 
-def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
+def load_catalog(workdir: str | Path, *, with_sids: bool = True,
+                 cold_engagement_scale: float = COLD_ENGAGEMENT_SCALE) -> ItemCatalog:
     """The per-item tensors the model reads: features, SID codes (current version) and titles.
 
     With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features; ``added``
     marks them) join the featured ones with their content vectors and an engagement block imputed from the
     featured items with engagement nearest by content (:func:`genrec.sid.source.new_item_engagement`: the block
-    their collaborative SIDs quantise). Nobody engaged with them yet, but an all-zero block would make them look
-    like the rare items nobody engaged with at training time, far from every user in the ANN index."""
+    their collaborative SIDs quantise), times ``cold_engagement_scale``. Nobody engaged with them yet, but an
+    all-zero block would make them look like the rare items nobody engaged with at training time, far from every
+    user in the ANN index."""
+    if not (np.isfinite(cold_engagement_scale) and cold_engagement_scale >= 0):
+        raise ConfigError(f"cold_engagement_scale must be a finite number >= 0, got {cold_engagement_scale!r}")
     wd = WorkDir(workdir)
     vecs = ItemVectors.load(wd.features, mmap=False)
     ids = np.asarray(vecs.item_ids, dtype=np.int64)
@@ -93,7 +102,8 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
             known = np.any(engagement != 0, axis=1)
             a_eng = np.zeros((len(a_ids), engagement.shape[1]), np.float32)
             if len(a_ids) and engagement.shape[1] and known.any():
-                a_eng = new_item_engagement(a_content, np.asarray(vecs.content)[known], engagement[known])
+                a_eng = np.float32(cold_engagement_scale) * new_item_engagement(
+                    a_content, np.asarray(vecs.content)[known], engagement[known])
             added = np.r_[np.zeros(len(ids), bool), np.ones(len(a_ids), bool)]
             ids = np.concatenate([ids, a_ids])
             feat_np = np.concatenate([feat_np, np.concatenate([a_content, a_eng], axis=1)])

@@ -21,6 +21,7 @@ from genrec.cli import app
 from tests.tiny_run import build_run
 
 K = 10  # genrec.sid.source.IMPUTE_NEIGHBOURS
+SCALE = 0.7  # genrec.catalog.COLD_ENGAGEMENT_SCALE, chosen on the cold-start validation cases (docs/RESULTS.md C1)
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,14 @@ def _weighted_mean_of_nearest(c: np.ndarray, known_c: np.ndarray, values: list[n
 def _slow_cold_vector(base: object, c: np.ndarray, feats: object) -> tuple[np.ndarray, np.ndarray]:
     """A new item's (engagement block, item vector), item by item, from the item features and the trained model:
     the engagement block is the normalised weighted mean of its content neighbours' unit engagement vectors
-    (among the items with engagement), its ID vector the weighted mean of the trained ID vectors of its content
+    (among the items with engagement) times SCALE, its ID vector the weighted mean of the trained ID vectors of its content
     neighbours (among the items that have one), its vector the tower's MLP of [content | block] plus that ID
     vector, normalised as the tower normalises."""
     content = np.asarray(feats.content, np.float64)  # type: ignore[attr-defined]
     eng = np.asarray(feats.engagement, np.float64)  # type: ignore[attr-defined]
     has = [j for j in range(len(eng)) if np.linalg.norm(eng[j]) > 0]
     e = _weighted_mean_of_nearest(c, content[has], [eng[j] / np.linalg.norm(eng[j]) for j in has])
-    e = e / np.linalg.norm(e) if np.linalg.norm(e) > 0 else e
+    e = SCALE * (e / np.linalg.norm(e) if np.linalg.norm(e) > 0 else e)
     enc = base.catalog_model.model.item_encoder  # type: ignore[attr-defined]
     cat = base.catalog  # type: ignore[attr-defined]
     dc = content.shape[1]
@@ -166,3 +167,27 @@ def test_ann_alone_returns_a_new_item_for_a_history_of_its_series(tmp_path: Path
         assert all(g.sources == ("ann",) for g in got)
         found.append(x in [g.item_id for g in got])
     assert len(found) == 12 and sum(found) >= 8, found
+
+
+def test_cold_block_scale_is_one_setting(run: Path) -> None:
+    """The cold items' block length is one setting, COLD_ENGAGEMENT_SCALE (pinned here to the value chosen on
+    validation), a keyword of load_catalog: 0 gives the all-zero block, s the unit block times s, warm rows and
+    content untouched; a negative or non-finite scale is refused by name. Runs after the test above added items."""
+    from genrec.catalog import COLD_ENGAGEMENT_SCALE, load_catalog
+    from genrec.errors import ConfigError
+
+    assert COLD_ENGAGEMENT_SCALE == SCALE
+    served = load_catalog(run)
+    assert served.added is not None and served.added.any()
+    new, dc = served.added, served.feats.shape[1] - served.n_engagement
+    unit = load_catalog(run, cold_engagement_scale=1.0)
+    zero = load_catalog(run, cold_engagement_scale=0.0)
+    norms = unit.feats[new, dc:].norm(dim=1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
+    torch.testing.assert_close(served.feats[new, dc:], SCALE * unit.feats[new, dc:], rtol=0, atol=1e-6)
+    assert not zero.feats[new, dc:].any()
+    for cat in (unit, zero):
+        assert torch.equal(cat.feats[~new], served.feats[~new]) and torch.equal(cat.feats[:, :dc], served.feats[:, :dc])
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="cold_engagement_scale"):
+            load_catalog(run, cold_engagement_scale=bad)

@@ -98,8 +98,9 @@ def impute_engagement(content: Any, known_content: Any, known_engagement: Any,
 def new_item_engagement(content: Any, known_content: Any, known_engagement: Any,
                         k: int = IMPUTE_NEIGHBOURS) -> np.ndarray:
     """The engagement block of items nobody engaged with yet, f32 ``[m, de]``: :func:`impute_engagement`,
-    L2-normalised -- the block their collaborative SIDs quantise (:func:`new_item_vectors`) and the block their
-    features get in the served catalogue (:func:`genrec.catalog.load_catalog`), the item tower's input. Unit length,
+    L2-normalised -- the block their collaborative SIDs quantise (:func:`new_item_vectors`) and, times
+    ``genrec.catalog.COLD_ENGAGEMENT_SCALE``, the block their features get in the served catalogue
+    (:func:`genrec.catalog.load_catalog`), the item tower's input. Unit length,
     as every engaged item's engagement vector is (:mod:`genrec.features.engagement`): the weighted mean alone is
     shorter, and the item tower reads a short block as little engagement. A row with nothing to impute from stays
     zero."""
