@@ -16,8 +16,9 @@ from genrec.workdir import WorkDir
 
 
 def build_run(root: Path, data_root: Path, *, steps: int = 6, dataset: str = "movielens-100k",
-              source: Path | None = None, seed: int = 1) -> Path:
-    """Prepare, features (random, drawn with ``seed``), SIDs and ``steps`` training steps in ``root``."""
+              source: Path | None = None, seed: int = 1, overrides: tuple[str, ...] = ()) -> Path:
+    """Prepare, features (random, drawn with ``seed``), SIDs and ``steps`` training steps in ``root``
+    (``overrides``: more ``key=value`` training overrides)."""
     P.prepare(root, dataset, source=source, data_dir=data_root)
     ids = np.asarray(P.open_store(root).read_items().column("item_id").to_numpy(), dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -25,7 +26,7 @@ def build_run(root: Path, data_root: Path, *, steps: int = 6, dataset: str = "mo
                 rng.normal(size=(len(ids), 12)).astype(np.float32)).save(WorkDir(root).features)
     P.build_semantic_ids(root, levels=2, codebook_size=8)
     train_run(root, RunConfig.from_name("cpu-tiny", [f"train.total_steps={steps}", "train.ckpt_every=0",
-                                                     "data.valid_cases=16", "data.context_len=12"]))
+                                                     "data.valid_cases=16", "data.context_len=12", *overrides]))
     return root
 
 

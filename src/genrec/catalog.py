@@ -20,9 +20,15 @@ from genrec.features.build import table_fingerprint
 from genrec.features.extend import featured_rows
 from genrec.features.store import ItemVectors
 from genrec.sid.build import ADDED_CONTENT, added_items, open_current
+from genrec.sid.source import new_item_engagement
 from genrec.workdir import WorkDir
 
-__all__ = ["ItemCatalog", "load_catalog", "open_store"]
+__all__ = ["COLD_ENGAGEMENT_SCALE", "ItemCatalog", "load_catalog", "open_store"]
+
+COLD_ENGAGEMENT_SCALE = 0.7
+"""Length of the imputed engagement block an item `genrec sid assign` added gets in the served catalogue
+(:func:`load_catalog`; 0 = the all-zero block). Every engaged item's block has length 1. Chosen on the cold-start
+protocol's validation cases (docs/RESULTS.md, C1); the SIDs quantise the unit-length block whatever this is."""
 
 
 @dataclass
@@ -34,6 +40,9 @@ class ItemCatalog:
     codes: torch.Tensor | None  # int64 [N, L] SID codes (None for dense-only models)
     titles: list[str | None] | None = None
     n_engagement: int = 0  # the last n_engagement feature columns are the engagement vector
+    # bool [N]: the items `genrec sid assign` added (not in the item features; their engagement block imputed);
+    # None: none
+    added: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not np.all(self.item_ids[1:] > self.item_ids[:-1]):
@@ -44,6 +53,8 @@ class ItemCatalog:
             self.codes = None if self.codes is None else self.codes[t]
             if self.titles is not None:
                 self.titles = [self.titles[i] for i in order]
+            if self.added is not None:
+                self.added = self.added[order]
 
     def __len__(self) -> int:
         return len(self.item_ids)
@@ -59,17 +70,24 @@ class ItemCatalog:
         return np.where(ok, r, -1)
 
 
-def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
+def load_catalog(workdir: str | Path, *, with_sids: bool = True,
+                 cold_engagement_scale: float = COLD_ENGAGEMENT_SCALE) -> ItemCatalog:
     """The per-item tensors the model reads: features, SID codes (current version) and titles.
 
-    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features)
-    come after the featured ones, with their content vectors and an all-zero engagement block -- as the
-    items nobody engaged with when the features were built (:func:`genrec.sid.build.added_items`)."""
+    With SIDs, the items ``genrec sid assign`` added in the current version (not in the item features; ``added``
+    marks them) join the featured ones with their content vectors and an engagement block imputed from the
+    featured items with engagement nearest by content (:func:`genrec.sid.source.new_item_engagement`: the block
+    their collaborative SIDs quantise), times ``cold_engagement_scale``. Nobody engaged with them yet, but an
+    all-zero block would make them look like the rare items nobody engaged with at training time, far from every
+    user in the ANN index."""
+    if not (np.isfinite(cold_engagement_scale) and cold_engagement_scale >= 0):
+        raise ConfigError(f"cold_engagement_scale must be a finite number >= 0, got {cold_engagement_scale!r}")
     wd = WorkDir(workdir)
     vecs = ItemVectors.load(wd.features, mmap=False)
     ids = np.asarray(vecs.item_ids, dtype=np.int64)
     feat_np = np.ascontiguousarray(vecs.concat(), dtype=np.float32)
     codes = None
+    added = None
     if with_sids:
         sb = open_current(wd.sid)
         extra = added_items(sb.path)
@@ -80,10 +98,15 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
             if a_content.shape[1] != dc:
                 raise DataError(f"the items `sid assign` added have content vectors of dimension "
                                 f"{a_content.shape[1]}, the item features {dc}", path=sb.path / ADDED_CONTENT)
-            de = int(np.asarray(vecs.engagement).shape[1])
-            add = np.concatenate([a_content, np.zeros((len(a_ids), de), np.float32)], axis=1)
+            engagement = np.asarray(vecs.engagement, dtype=np.float32)
+            known = np.any(engagement != 0, axis=1)
+            a_eng = np.zeros((len(a_ids), engagement.shape[1]), np.float32)
+            if len(a_ids) and engagement.shape[1] and known.any():
+                a_eng = np.float32(cold_engagement_scale) * new_item_engagement(
+                    a_content, np.asarray(vecs.content)[known], engagement[known])
+            added = np.r_[np.zeros(len(ids), bool), np.ones(len(a_ids), bool)]
             ids = np.concatenate([ids, a_ids])
-            feat_np = np.concatenate([feat_np, add])
+            feat_np = np.concatenate([feat_np, np.concatenate([a_content, a_eng], axis=1)])
         rows = sb.index.codes_of(ids)  # [N, L] in catalogue order
         codes = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     feats = torch.from_numpy(feat_np)
@@ -109,4 +132,4 @@ def load_catalog(workdir: str | Path, *, with_sids: bool = True) -> ItemCatalog:
                                        items.column("text").to_pylist())}
         titles = [t.get(int(i)) for i in ids]
     return ItemCatalog(item_ids=ids, feats=feats, codes=codes, titles=titles,
-                       n_engagement=int(np.asarray(vecs.engagement).shape[1]))
+                       n_engagement=int(np.asarray(vecs.engagement).shape[1]), added=added)

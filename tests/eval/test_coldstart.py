@@ -50,3 +50,36 @@ def test_a_source_that_cannot_code_cold_items_is_refused(tmp_path):  # noqa: ANN
     with pytest.raises(ConfigError, match="--source must be one of content, content\\+engagement"):
         run_cold_start(tmp_path / "base", tmp_path / "out", source="engagement")
     assert not (tmp_path / "out").exists()
+
+
+def test_validation_cases_are_the_protocol_one_event_earlier(tmp_path):  # noqa: ANN001
+    """genrec.recipes.cold_block's validation cases: each user's second-to-last event of the base data, asked for
+    from the events before it without the withheld items (the same items as the cold-start run's), some of them
+    cold; a run that withheld other items is refused."""
+    from genrec.data.join import BucketJoinReader
+    from genrec.data.store import TableStore
+    from genrec.recipes import pipeline as P
+    from genrec.recipes.cold_block import validation_store
+    from genrec.workdir import WorkDir
+
+    base = WorkDir(tmp_path / "base")
+    P.synthesize(base.root, users=60, items=80, events=1500, seed=0, n_buckets=2)
+    orig = TableStore(base.tables).read()
+    _, cold = withhold_items(orig, 0.2, seed=3)
+    store = validation_store(base.root, 0.2, 3, cold, tmp_path / "valid")
+    got = {r.user_id: r for r in BucketJoinReader(store, split=SplitSpec("loo"), role="test", context_len=1000)}
+    users = orig.events.column("user_id").to_numpy()
+    items = orig.events.column("item_id").to_numpy()
+    n_cold = 0
+    for u in np.unique(users):
+        mine = items[users == u]  # in seq order
+        if len(mine) < 3:
+            continue
+        r = got[int(u)]
+        assert r.target_item == mine[-2], u
+        before = mine[:-2]
+        np.testing.assert_array_equal(r.items, before[~np.isin(before, cold)])
+        n_cold += int(np.isin(mine[-2], cold))
+    assert n_cold > 0 and len(got) >= len(np.unique(users)) - 5
+    with pytest.raises(ConfigError, match="withhold other items"):
+        validation_store(base.root, 0.2, 3, cold[1:], tmp_path / "other")

@@ -68,10 +68,20 @@ def test_assigned_items_are_served_and_sid_use_takes_them_back(run: Path, tmp_pa
     assert rec.sid_version != v0 and len(rec.catalog) == len(base.catalog) + 4
     rows = rec.catalog.rows(new_ids)
     assert (rows >= len(base.catalog)).all()
-    # a new item's features: its content vector and no engagement, as an item nobody engaged with
+    # a new item's features: its content vector and the engagement block imputed from its content neighbours, as
+    # its SIDs were coded, times COLD_ENGAGEMENT_SCALE (nobody engaged with it yet; tests/infer/
+    # test_cold_item_vectors.py checks the vectors)
+    from genrec.catalog import COLD_ENGAGEMENT_SCALE
+    from genrec.features.store import ItemVectors
+    from genrec.sid.source import new_item_engagement
+
     dc = content.shape[1]
     np.testing.assert_allclose(rec.catalog.feats[rows, :dc].numpy(), content, rtol=0, atol=0)
-    assert (rec.catalog.feats[rows, dc:] == 0).all()
+    feats = ItemVectors.load(run / "features")
+    np.testing.assert_allclose(rec.catalog.feats[rows, dc:].numpy(),
+                               COLD_ENGAGEMENT_SCALE * new_item_engagement(content, feats.content, feats.engagement),
+                               rtol=0, atol=1e-6)
+    assert rec.catalog.added is not None and rec.catalog.added[rows].all() and rec.catalog.added.sum() == 4
     # in a history (not dropped) ...
     got = rec.recommend([int(new_ids[0]), 50, 172], k=5)
     assert got.dropped_items == []

@@ -54,6 +54,28 @@ def test_unknown_ids_get_the_content_vector_and_known_ids_their_own():
     assert torch.allclose(enc(feats[perm], ids[perm]), v[perm], atol=1e-6)
 
 
+def test_added_id_vectors_serve_new_ids_and_leave_known_ones_alone():
+    enc = _enc(6)  # 3 of 6 slots used
+    enc.set_id_keys(torch.tensor([50, 10, 30]))
+    with torch.no_grad():
+        enc.id_emb.weight.normal_()  # type: ignore[union-attr]
+    feats = torch.randn(6, enc.feat_dim)
+    known = torch.tensor([10, 30, 50])
+    before = enc(feats[:3], known)
+    new = torch.randn(3, enc.item_dim)
+    enc.add_id_vectors(torch.tensor([40, 5, 99]), new)  # before, between and after the known ids
+    assert enc.id_keys.tolist() == [5, 10, 30, 40, 50, 99]
+    assert torch.equal(enc(feats[:3], known), before)
+    got = enc(feats[3:], torch.tensor([40, 5, 99]))
+    assert torch.allclose(got, F.normalize(enc.mlp(feats[3:]) + new, dim=-1), atol=1e-6)
+    with pytest.raises(ValueError, match="none that already has a learned vector"):
+        enc.add_id_vectors(torch.tensor([30]), torch.zeros(1, enc.item_dim))
+    with pytest.raises(ValueError, match="expected \\[2, "):
+        enc.add_id_vectors(torch.tensor([1, 2]), torch.zeros(1, enc.item_dim))
+    with pytest.raises(ValueError, match="no ID vectors"):
+        _enc(0).add_id_vectors(torch.tensor([1]), torch.zeros(1, enc.item_dim))
+
+
 def test_bad_shapes_and_vocab_are_named():
     enc = _enc(2)
     with pytest.raises(ValueError, match="item_id_vocab=2"):

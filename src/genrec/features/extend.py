@@ -9,8 +9,8 @@ the stored vectors (to ``tolerance``) -- else the features were built from other
 is returned. The new items are then encoded by the refitted encoder (:func:`genrec.features.content.content_encoder`:
 TF-IDF rows under the same vocabulary folded into the same LSA basis; a sentence encoder as it is, through the
 same projection). Their engagement is unknown (nobody engaged with them when the features were built):
-``genrec sid assign`` codes them and adds them to the catalogue with a zero engagement block
-(:func:`genrec.catalog.load_catalog`).
+``genrec sid assign`` codes them and adds them to the catalogue with an engagement block imputed from their
+content neighbours (:func:`genrec.catalog.load_catalog`).
 """
 
 from __future__ import annotations

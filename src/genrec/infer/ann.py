@@ -75,6 +75,12 @@ class AnnIndex:
         index.add(x)
         return cls(index, item_ids, cfg)
 
+    def vectors(self) -> np.ndarray:
+        """The stored item vectors, f32 ``[N, D]`` in ``item_ids`` order."""
+        if len(self) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return np.asarray(self.index.reconstruct_n(0, len(self)), dtype=np.float32)
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k item ids [B, k] (-1 where fewer exist) and their scores [B, k]."""
         q = np.ascontiguousarray(queries, dtype=np.float32)

@@ -7,6 +7,12 @@ collated batch's model inputs as the objective does outside training (no action 
 dropout: the model is in eval mode there), so the same weights give the same numbers. The weights come
 from the checkpoint through :func:`genrec.model.checkpoint_io.load_checkpoint`, which reads the
 objective's state into the bare model.
+
+Items ``genrec sid assign`` added after training (``catalog.added``) are served as their content neighbours
+suggest: the catalogue imputes their engagement block (:func:`genrec.catalog.load_catalog`), and where the model
+has learned ID vectors, :class:`CatalogModel` gives each such item one, imputed the same way
+(:func:`genrec.sid.source.impute_from_neighbours` over the trained rows). Every other item's vector is the
+model's own.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from torch import nn
 
 from genrec.catalog import ItemCatalog
 from genrec.model.genrec_model import GenRecModel, ModelBatch
+from genrec.sid.source import impute_from_neighbours
 
-__all__ = ["CatalogModel", "HistoryBatch", "model_codes"]
+__all__ = ["CatalogModel", "HistoryBatch", "impute_id_vectors", "model_codes"]
 
 
 def model_codes(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -33,6 +40,28 @@ def model_codes(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         return codes
     k = torch.tensor(sizes, dtype=codes.dtype, device=codes.device)  # [L]
     return torch.where(codes < k, codes, torch.zeros_like(codes))
+
+
+def impute_id_vectors(model: GenRecModel, catalog: ItemCatalog) -> tuple[np.ndarray, np.ndarray]:
+    """The items of ``catalog`` that ``genrec sid assign`` added and ``model`` has no ID vector for, and an ID
+    vector for each, f32 ``[m, item_dim]``: the similarity-weighted mean of the trained ID vectors of the items
+    nearest by content (:func:`genrec.sid.source.impute_from_neighbours`, the rule a new item's engagement block
+    is imputed by), among the catalogue's items that have one. Content: the features' first ``F - n_engagement``
+    columns. No ID vectors, or none to impute from: nothing."""
+    enc = model.item_encoder
+    none = (np.zeros(0, np.int64), np.zeros((0, model.config.item_dim), np.float32))
+    if enc.id_emb is None or catalog.added is None:
+        return none
+    ids = torch.from_numpy(np.asarray(catalog.item_ids, dtype=np.int64)).to(enc.id_keys.device)
+    slots = enc.slots(ids).cpu().numpy()  # [N], -1: no trained ID vector
+    new, known = catalog.added & (slots < 0), slots >= 0
+    dc = int(catalog.feats.shape[1]) - int(catalog.n_engagement)
+    if not new.any() or not known.any() or dc <= 0:
+        return none
+    content = catalog.feats[:, :dc].float().cpu().numpy()  # [N, dc]
+    rows = enc.id_emb.weight.detach().float().cpu().numpy()[slots[known]]  # [n_known, item_dim]
+    vecs = impute_from_neighbours(content[new], content[known], rows, what="ID")
+    return np.asarray(catalog.item_ids, dtype=np.int64)[new], vecs
 
 
 class HistoryBatch(Protocol):
@@ -50,7 +79,14 @@ class HistoryBatch(Protocol):
 
 
 class CatalogModel(nn.Module):
-    """A :class:`GenRecModel` (``model``) with the catalogue tensors it reads, aligned by catalogue row."""
+    """A :class:`GenRecModel` (``model``) with the catalogue tensors it reads, aligned by catalogue row.
+
+    When the model has learned ID vectors, each item ``genrec sid assign`` added (``catalog.added``) without one
+    gets the similarity-weighted mean of the trained ID vectors of the ``IMPUTE_NEIGHBOURS`` catalogue items
+    nearest to it by content (:func:`impute_id_vectors`), added to ``model``'s ID table: without it, the new item's
+    vector would lack the collaborative part every trained item's has. The mean is kept as it is (not rescaled):
+    the ID vector is added to the content MLP's output, and neighbours that disagree give a shorter one, a
+    weaker claim."""
 
     feats: torch.Tensor  # [N, F] buffer
     item_ids: torch.Tensor  # [N] buffer
@@ -65,6 +101,11 @@ class CatalogModel(nn.Module):
                              persistent=False)
         codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
         self.register_buffer("codes", model_codes(codes.long(), model.config.sid_codebook_sizes), persistent=False)
+        enc = model.item_encoder
+        if enc.id_emb is not None and catalog.added is not None and catalog.added.any():
+            ids, vecs = impute_id_vectors(model, catalog)
+            if len(ids):
+                enc.add_id_vectors(torch.from_numpy(ids), torch.from_numpy(vecs))
 
     def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""

@@ -275,13 +275,17 @@ def known_leaves(wd: WorkDir, ckpt: Path, sb: SidBuild, head: int) -> np.ndarray
 def load_or_build_ann(wd: WorkDir, ckpt: Path, cfg: AnnConfig, *, step: int, fp: str | None,
                       item_vecs: torch.Tensor, catalog: ItemCatalog) -> AnnIndex:
     """``WORKDIR/ann/step-NNNNNN-<hash of weights + features + index kind>``, built atomically once
-    (``fp``: the run's fingerprint, None: hashed from the files now)."""
+    (``fp``: the run's fingerprint, None: hashed from the files now). A cached index is used only while it holds
+    ``item_vecs`` for the catalogue's items (rebuilt when items were added, or their vectors are made otherwise
+    than when it was built: items `genrec sid assign` added get imputed engagement and ID vectors)."""
     fp = fp or fingerprint([ckpt / "model.safetensors", wd.features / "manifest.json"])
     folder = wd.root / "ann" / f"step-{step:06d}-{cfg.kind}-{fp}"
+    vecs = item_vecs.float().cpu().numpy()
     if (folder / "manifest.json").exists():
         idx = AnnIndex.load(folder)
-        if len(idx) == len(catalog) and np.array_equal(idx.item_ids, catalog.item_ids):
+        if (len(idx) == len(catalog) and np.array_equal(idx.item_ids, catalog.item_ids)
+                and np.allclose(idx.vectors(), vecs, rtol=0, atol=1e-4)):
             return idx
-    idx = AnnIndex.build(item_vecs.cpu().numpy(), catalog.item_ids, cfg)
+    idx = AnnIndex.build(vecs, catalog.item_ids, cfg)
     idx.save(folder, overwrite=True)
     return idx

@@ -57,6 +57,27 @@ class ItemEncoder(nn.Module):
         keys[: ids.numel()] = ids.to(keys.device)
         self.id_keys.copy_(keys)
 
+    def add_id_vectors(self, item_ids: torch.Tensor, vectors: torch.Tensor) -> None:
+        """Give ``item_ids`` ``[m]`` -- ids without a learned vector -- the ID vectors ``vectors`` ``[m, item_dim]``:
+        a served model's rows for items added after training (:class:`genrec.infer.catalog_model.CatalogModel`
+        imputes them from the items nearest by content). The table becomes the known rows plus these (its unused
+        slots dropped); every known id keeps its vector. The config's ``item_id_vocab`` stays the trained size, so
+        a model grown so is for serving, not for saving as a checkpoint."""
+        if self.id_emb is None:
+            raise ValueError("item_id_vocab is 0: this encoder has no ID vectors")
+        ids = item_ids.long().reshape(-1).to(self.id_keys.device)
+        if vectors.shape != (ids.numel(), self.item_dim):
+            raise ValueError(f"vectors: shape {tuple(vectors.shape)}, expected [{ids.numel()}, {self.item_dim}]")
+        if torch.unique(ids).numel() != ids.numel() or (self.slots(ids) >= 0).any():
+            raise ValueError("item_ids: each id once, and none that already has a learned vector")
+        used = self.id_keys != torch.iinfo(torch.int64).max  # the known ids: a sorted prefix of id_keys
+        w = self.id_emb.weight
+        keys = torch.cat([self.id_keys[used], ids])
+        order = torch.argsort(keys)
+        table = torch.cat([w.detach()[used], vectors.detach().to(w.device, w.dtype)])[order]
+        self.id_emb = nn.Embedding.from_pretrained(table, freeze=not w.requires_grad)
+        self.id_keys = keys[order]
+
     def slots(self, item_ids: torch.Tensor) -> torch.Tensor:
         """Embedding slot of each id (any shape), ``-1`` where the id has no learned vector."""
         if self.id_emb is None:

@@ -6,5 +6,6 @@ other layer (and imported by nothing in genrec but the CLI and the root package'
 * :mod:`~genrec.recipes.training` -- ``genrec train``'s run, with the trainer's periodic validation;
 * :mod:`~genrec.recipes.model_sids` -- ``genrec sid build --source model``: SIDs from a trained run's item vectors;
 * :mod:`~genrec.recipes.quickstart` -- ``genrec quickstart``: the whole pipeline with a summary;
-* :mod:`~genrec.recipes.coldstart` -- ``genrec cold-start``: withhold items, train, score them.
+* :mod:`~genrec.recipes.coldstart` -- ``genrec cold-start``: withhold items, train, score them;
+* :mod:`~genrec.recipes.cold_block` -- the cold items' served engagement block length, scored on validation.
 """

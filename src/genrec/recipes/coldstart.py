@@ -21,7 +21,8 @@ nearest warm items by content; :func:`genrec.sid.build.assign_sids`). Two orders
 Recall@K is reported per path -- full-code SID, the served coarse-prefix retrieval ("prefix", "merged"),
 ANN -- on the test cases whose target is a cold item, and beside it on those whose target is warm (the
 warm baseline, same model and paths). An ID-only model has nothing to retrieve cold items with; genrec's
-SID path (content-derived codes) and ANN path (content-fed item vectors) can.
+SID path (content-derived codes) and ANN path (content-fed item vectors: a cold item's engagement block, and its ID
+vector in a model with them, imputed from its content neighbours, :mod:`genrec.infer.catalog_model`) can.
 """
 
 from __future__ import annotations

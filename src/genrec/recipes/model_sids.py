@@ -6,8 +6,8 @@ the content or engagement vectors of the item features. RUN must have been train
 WORKDIR's features needs a row in RUN's catalogue.
 
 ``genrec sid assign`` on such a version: a new item has no trained ID vector, so it gets what the model's item tower
-makes of its content features alone (content beside an all-zero engagement block, as the catalogue holds the items
-`sid assign` added). A tower without a content MLP (``model.item_content=false``: ID vectors only) has nothing to
+makes of its content features alone (content beside an all-zero engagement block, no ID vector; the served
+catalogue gives the items `sid assign` added imputed ones, :mod:`genrec.infer.catalog_model`). A tower without a content MLP (``model.item_content=false``: ID vectors only) has nothing to
 give a new item, and the assign is refused. The build's manifest names the checkpoint folder used; the assign loads
 that one again.
 """
@@ -55,8 +55,7 @@ def model_item_vectors(run: str | Path, item_ids: Any, *, checkpoint: str | Path
 
 def content_item_vectors(model: GenRecModel, content: Any, item_ids: Any) -> np.ndarray:
     """What ``model``'s item tower makes of NEW items from their content vectors alone (f32 ``[m, item_dim]``):
-    the features ``[content ‖ 0]`` (no engagement yet, as :func:`genrec.catalog.load_catalog` holds the items
-    ``sid assign`` added) and their ids (a new id has no learned ID vector: the content MLP's vector alone).
+    the features ``[content ‖ 0]`` (no engagement yet) and their ids (a new id has no learned ID vector: the content MLP's vector alone).
     A tower without a content MLP is refused: every new item would get the same all-zero vector."""
     cfg = model.config
     if model.item_encoder.mlp is None:

@@ -323,7 +323,7 @@ def assign_sids(out_root: str | Path, new_vectors: Any, new_item_ids: Any,
 
     ``content``: the new items' content vectors in the item features' space (rows as
     ``new_item_ids``). They are kept in the version (:func:`added_items`), and
-    :func:`genrec.catalog.load_catalog` appends them to the catalogue, engagement zero -- a new
+    :func:`genrec.catalog.load_catalog` appends them to the catalogue, engagement imputed -- a new
     item is then retrievable and rankable by the served model as soon as it has codes (PinGER §1),
     and pointing ``CURRENT`` back drops it again. The new version becomes ``CURRENT``, also when the last
     level grew: models trained on the old sizes serve it, reaching the codes past their last-level head through

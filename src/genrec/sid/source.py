@@ -23,8 +23,8 @@ from genrec.sid.rqkmeans import check_vectors
 from genrec.workdir import MANIFEST, read_json
 
 __all__ = ["IMPUTE_NEIGHBOURS", "MODEL_SOURCE", "RECIPE_KEYS", "SID_SOURCES", "SourceChoice", "choose_sid_source",
-           "features_text_quality", "impute_engagement", "new_item_vectors", "sid_input_vectors", "source_stats",
-           "trained_item_vectors"]
+           "features_text_quality", "impute_engagement", "impute_from_neighbours", "new_item_engagement",
+           "new_item_vectors", "sid_input_vectors", "source_stats", "trained_item_vectors"]
 
 SID_SOURCES = ("content", "content+engagement", "engagement", "model")
 _SOURCE_VECTORS = {"content": "the content vectors", "content+engagement": "content beside engagement vectors",
@@ -88,29 +88,54 @@ def impute_engagement(content: Any, known_content: Any, known_engagement: Any,
 
     Row i is the similarity-weighted mean of the L2-normalised engagement vectors (the block a collaborative
     codebook quantises) of the ``k`` items of ``known_content`` ``[n, dc]`` nearest to ``content[i]`` by cosine
-    (exact search); the weights are those cosines, a neighbour of cosine <= 0 counting for nothing. A row with
-    no neighbour of positive cosine (an all-zero content vector, or no known items) stays zero: there is nothing
-    to impute from. Known items nobody engaged with (zero engagement) count with their zero vector."""
+    (:func:`impute_from_neighbours`). A row with no neighbour of positive cosine (an all-zero content vector, or no
+    known items) stays zero: there is nothing to impute from. Known items nobody engaged with (zero engagement)
+    count with their zero vector."""
+    ke = check_vectors(known_engagement, name="trained items' engagement vectors")
+    return impute_from_neighbours(content, known_content, _unit(ke), k, what="engagement")
+
+
+def new_item_engagement(content: Any, known_content: Any, known_engagement: Any,
+                        k: int = IMPUTE_NEIGHBOURS) -> np.ndarray:
+    """The engagement block of items nobody engaged with yet, f32 ``[m, de]``: :func:`impute_engagement`,
+    L2-normalised -- the block their collaborative SIDs quantise (:func:`new_item_vectors`) and, times
+    ``genrec.catalog.COLD_ENGAGEMENT_SCALE``, the block their features get in the served catalogue
+    (:func:`genrec.catalog.load_catalog`), the item tower's input. Unit length,
+    as every engaged item's engagement vector is (:mod:`genrec.features.engagement`): the weighted mean alone is
+    shorter, and the item tower reads a short block as little engagement. A row with nothing to impute from stays
+    zero."""
+    return _unit(impute_engagement(content, known_content, known_engagement, k))
+
+
+def impute_from_neighbours(content: Any, known_content: Any, known_values: Any, k: int = IMPUTE_NEIGHBOURS, *,
+                           what: str = "values") -> np.ndarray:
+    """Per-item vectors of items nobody engaged with yet, f32 ``[m, dv]``, from their ``content`` ``[m, dc]``: the
+    one rule by which a new item gets what its content neighbours learned (its engagement block,
+    :func:`impute_engagement`; its ID vector in a served model, :func:`genrec.infer.catalog_model.impute_id_vectors`).
+
+    Row i is the similarity-weighted mean of the rows of ``known_values`` ``[n, dv]`` (as given) of the ``k`` items
+    of ``known_content`` ``[n, dc]`` nearest to ``content[i]`` by cosine (exact search); the weights are those
+    cosines, a neighbour of cosine <= 0 counting for nothing. A row with no neighbour of positive cosine (an
+    all-zero content vector, or no known items) stays zero. ``what`` names the values in errors."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"impute_engagement: k must be an integer >= 1, got {k!r}")
+        raise ConfigError(f"impute_{what}: k must be an integer >= 1, got {k!r}")
     c = check_vectors(content, name="new item content vectors")
     kc = check_vectors(known_content, name="trained items' content vectors")
-    ke = check_vectors(known_engagement, name="trained items' engagement vectors")
-    if kc.shape[0] != ke.shape[0]:
-        raise DataError(f"{kc.shape[0]} content vectors for {ke.shape[0]} engagement vectors of the trained items",
-                        field="engagement")
+    kv = check_vectors(known_values, name=f"trained items' {what} vectors")
+    if kc.shape[0] != kv.shape[0]:
+        raise DataError(f"{kc.shape[0]} content vectors for {kv.shape[0]} {what} vectors of the trained items",
+                        field=what)
     if c.shape[1] != kc.shape[1]:
         raise DataError(f"new item content vectors have dimension {c.shape[1]}, the trained items' {kc.shape[1]}",
                         field="content")
-    out = np.zeros((c.shape[0], ke.shape[1]), np.float32)
+    out = np.zeros((c.shape[0], kv.shape[1]), np.float32)
     k = min(k, kc.shape[0])
     index = faiss.IndexFlatIP(kc.shape[1])
     index.add(_unit(kc))
     sims, rows = index.search(_unit(c), k)  # [m, k] cosines, best first; [m, k] rows of the trained items
     w = np.where((rows >= 0) & (sims > 0), sims, 0.0).astype(np.float64)  # [m, k]
     total = w.sum(axis=1)  # [m]
-    e = _unit(ke).astype(np.float64)
-    mean = np.einsum("mk,mkd->md", w, e[np.maximum(rows, 0)])  # [m, de]
+    mean = np.einsum("mk,mkd->md", w, kv.astype(np.float64)[np.maximum(rows, 0)])  # [m, dv]
     ok = total > 0
     out[ok] = (mean[ok] / total[ok, None]).astype(np.float32)
     return out
@@ -260,5 +285,5 @@ def new_item_vectors(version_path: str | Path, content: Any, quantizer_dim: int,
                         f"{de}; SID version {Path(version_path).name}'s codebooks take {quantizer_dim} and the new "
                         f"item content vectors have {c.shape[1]}: the features were rebuilt since the SID build?",
                         field="vectors")
-    e = impute_engagement(c, known.content, known.engagement, k)
+    e = new_item_engagement(c, known.content, known.engagement, k)
     return sid_input_vectors(c, e, source, float(inputs.get("engagement_weight", 1.0)))
