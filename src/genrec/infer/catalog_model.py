@@ -101,11 +101,9 @@ class CatalogModel(nn.Module):
                              persistent=False)
         codes = catalog.codes if catalog.codes is not None else torch.zeros(len(catalog), 0, dtype=torch.long)
         self.register_buffer("codes", model_codes(codes.long(), model.config.sid_codebook_sizes), persistent=False)
-        enc = model.item_encoder
-        if enc.id_emb is not None and catalog.added is not None and catalog.added.any():
-            ids, vecs = impute_id_vectors(model, catalog)
-            if len(ids):
-                enc.add_id_vectors(torch.from_numpy(ids), torch.from_numpy(vecs))
+        ids, vecs = impute_id_vectors(model, catalog)  # none without ID vectors or added items
+        if len(ids):
+            model.item_encoder.add_id_vectors(torch.from_numpy(ids), torch.from_numpy(vecs))
 
     def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""

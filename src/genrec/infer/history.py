@@ -25,6 +25,15 @@ __all__ = ["HistoryParser", "known_rows", "vocab_index"]
 Column = Sequence[int] | np.ndarray  # one field of a history's items, in order
 
 
+def _int_ids(history: Sequence[dict[str, Any]]) -> list[int] | None:
+    """Every item's ``item_id`` when each has one and it is a plain int, else None (the reference parse decides)."""
+    try:
+        ids = [h["item_id"] for h in history]
+    except KeyError:
+        return None
+    return ids if all(type(x) is int for x in ids) else None
+
+
 def vocab_index(value: Any, vocab: list[str], what: str, where: str) -> int:
     """An action / surface name or index -> its index in ``vocab`` (DataError naming ``where``)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -100,34 +109,28 @@ class HistoryParser:
     def columns(self, history: Sequence[Any]) -> tuple[Column, Column, Column, Column] | None:
         """Columns of a history of plain dicts / ints whose values need no conversion, else None."""
         n = len(history)
-        ids: list[Any]
         if all(type(h) is int for h in history):  # bare ids: the defaults
-            ids = list(history)
-        elif all(type(h) is dict and len(h) == 1 for h in history):  # {"item_id": int} (most requests): likewise
-            try:
-                ids = [h["item_id"] for h in history]
-            except KeyError:
+            ids: list[int] = list(history)
+        elif all(type(h) is dict for h in history):
+            got = _int_ids(history)
+            if got is None:
                 return None
-            if not all(type(x) is int for x in ids):
-                return None
-        else:
-            ids = []
-        if len(ids) == n:  # the default columns as arrays at once (no per-item list to convert)
-            da = vocab_index(self.default_action(), self.actions, "default", "default")
-            ds = vocab_index(0, self.surfaces, "default", "default")
-            return ids, np.full(n, da, np.int64), np.full(n, ds, np.int64), np.zeros(n, np.int64)
-        if all(type(h) is dict for h in history):
-            try:
-                ids = [h["item_id"] for h in history]
-            except KeyError:
-                return None
-            acts_raw = [h.get("action") for h in history]
-            surfs_raw = [h.get("surface") for h in history]
-            ts_raw = [h.get("ts") for h in history]
+            ids = got
+            if not all(len(h) == 1 for h in history):  # more than {"item_id": int}: read the other fields
+                return self._field_columns(history, ids)
         else:
             return None
-        if not all(type(x) is int for x in ids):
-            return None
+        # the default columns as arrays at once (no per-item list to convert)
+        da = vocab_index(self.default_action(), self.actions, "default", "default")
+        ds = vocab_index(0, self.surfaces, "default", "default")
+        return ids, np.full(n, da, np.int64), np.full(n, ds, np.int64), np.zeros(n, np.int64)
+
+    def _field_columns(self, history: Sequence[dict[str, Any]], ids: list[int]
+                       ) -> tuple[Column, Column, Column, Column] | None:
+        """:meth:`columns` of dicts that carry actions, surfaces or timestamps."""
+        acts_raw = [h.get("action") for h in history]
+        surfs_raw = [h.get("surface") for h in history]
+        ts_raw = [h.get("ts") for h in history]
         lookups = []
         for raw, vocab, table, default in ((acts_raw, self.actions, self._tables[0], self.default_action()),
                                            (surfs_raw, self.surfaces, self._tables[1], 0)):

@@ -193,10 +193,7 @@ class Engine:
         ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""
         sent = history
         with stage("parse"):
-            try:
-                parsed, dropped = self.rec.history.read(history)
-            except (DataError, ConfigError) as e:
-                raise _input_error(e) from e
+            parsed, dropped = self._read(history)
         if parsed is None:
             out = self.cold_start(dropped, k)
             if explain:
@@ -216,6 +213,13 @@ class Engine:
         if trace is not None:
             out["explain"] = explain_block(self.rec, trace, sent, [r.item_id for r in res])
         return out
+
+    def _read(self, history: Sequence[Any]) -> tuple[dict[str, Any] | None, list[int]]:
+        """The request's one parse (:meth:`genrec.infer.history.HistoryParser.read`); input errors -> 422."""
+        try:
+            return self.rec.history.read(history)
+        except (DataError, ConfigError) as e:
+            raise _input_error(e) from e
 
     def _remote_scorer(self, remote_rank: RemoteRank) -> Scorer:
         """The ranking stage as ``remote_rank`` runs it (one history per call; in place of the Recommender's
@@ -262,10 +266,7 @@ class Engine:
         parsed: list[dict[str, Any]] = []
         with stage("parse"):
             for i, h in enumerate(histories):
-                try:
-                    p, dropped = self.rec.history.read(h)  # each its own request's "history"
-                except (DataError, ConfigError) as e:
-                    raise _input_error(e) from e
+                p, dropped = self._read(h)  # each its own request's "history"
                 if p is None:
                     outs[i] = self.cold_start(dropped, k)
                 else:

@@ -50,7 +50,7 @@ class BenchResult:
     degraded: int = 0
     client: str = "raw"
     client_loop: str = "asyncio"
-    procs: int = 1  # client processes (genrec.serve.loadgen_procs)
+    procs: int = 1  # client processes (genrec.serve.loadtest)
     client_cpu_s: float = 0.0  # user + system CPU seconds of the client process(es) while the clock ran
     client_busy: float = 0.0  # the busiest client process's CPU seconds per second (1.0: it used a whole core)
     server_cpu_s: float | None = None  # the server's process tree over the same span, when measured
