@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from genrec.catalog import ItemCatalog
 from genrec.data.join import Feedview, UserExample
 from genrec.errors import DataError
-from genrec.train.batches import BatchStream, materialise
+from genrec.train.batches import BatchStream, materialise, neighbour_table
 
 
 def _catalog(n: int = 1000) -> ItemCatalog:
@@ -100,6 +100,62 @@ def test_weighted_negatives_follow_their_weights():
         with pytest.raises(DataError, match="neg_weights"):
             BatchStream(exs, batch_size=8, seed=0, context_len=16, n_actions=3, neg_cands=2, n_catalog=len(cat),
                         neg_weights=bad)
+
+
+def test_neighbour_table_is_the_brute_force_cosine_ranking():
+    """Each row's nearest other rows by cosine, best first, against a per-row sort; rows with a zero vector
+    (no engagement) get no neighbours and are nobody's neighbour; too few rows pad with -1."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(70, 5)).astype(np.float32) * rng.uniform(0.1, 3, (70, 1)).astype(np.float32)
+    x[[3, 40]] = 0
+    got = neighbour_table(x, 7, chunk=16)
+    unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    for i in range(len(x)):
+        if i in (3, 40):
+            assert (got[i] == -1).all()
+            continue
+        cand = [j for j in range(len(x)) if j != i and j not in (3, 40)]
+        want = sorted(cand, key=lambda j: -float(unit[i] @ unit[j]))[:7]
+        assert got[i].tolist() == want
+    few = neighbour_table(np.eye(3, dtype=np.float32), 5)
+    assert (few[:, 2:] == -1).all() and sorted(few[0, :2].tolist()) == [1, 2]
+
+
+def test_neighbour_negatives_sit_next_to_the_slate_and_outside_the_users_items():
+    """``neg_table``: every sampled candidate is a table neighbour of one of its slate's items and none is an
+    item of the user's own sequence (or the slate); where the table has nothing to give, the draw falls back to
+    uniform and still fills every slot; the draw is a pure function of (seed, step); a table of the wrong
+    shape is refused."""
+    rng = np.random.default_rng(2)
+    cat = _catalog(1000)
+    users = [_user(u, rng) for u in range(16)]  # user u's rows lie in [50u, 50u + 50)
+    exs = materialise(users, cat)
+    r = np.arange(len(cat))
+    table = np.stack([(r + 50 * k) % len(cat) for k in (1, 2, 3)], 1)  # other users' blocks only
+    table[[10, 11]] = r[[10, 11], None] % 50  # ... except two rows whose neighbours are user 0's own items
+    kw = dict(batch_size=8, seed=5, context_len=64, n_actions=3, p_rank=1.0, max_cands=4, neg_cands=3,
+              n_catalog=len(cat))
+    stream = BatchStream(exs, **kw, neg_table=table)
+    by_user = {int(e.rows[0]) // 50: e for e in exs}
+    checked = 0
+    for step in range(6):
+        b = stream.batch_at(step)
+        for i in range(b.batch_size):
+            n_valid = int(b.cand_valid[i].sum())
+            if not n_valid:
+                continue
+            slate, neg = b.cand_rows[i, :n_valid - 3].numpy(), b.cand_rows[i, n_valid - 3:n_valid].numpy()
+            ex = by_user[int(slate[0]) // 50]
+            assert not np.isin(neg, ex.rows).any() and len(set(neg.tolist())) == 3
+            assert np.isin(neg, table[slate]).all()
+            checked += 1
+    assert checked > 10
+    again = BatchStream(exs, **kw, neg_table=table).batch_at(3)
+    assert torch.equal(again.cand_rows, stream.batch_at(3).cand_rows)
+    empty = BatchStream(exs, **kw, neg_table=np.full((len(cat), 3), -1, np.int64)).batch_at(0)
+    assert (empty.cand_valid.sum(1)[empty.cand_valid.any(1)] > 3).all()  # the uniform fallback fills the slots
+    with pytest.raises(DataError, match="neg_table"):
+        BatchStream(exs, **kw, neg_table=table[:10])
 
 
 def test_padded_batch_shapes_give_the_same_loss_and_gradients():

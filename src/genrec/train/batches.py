@@ -95,10 +95,50 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
     return (x & ((1 << 53) - 1)) / float(1 << 53)
 
 
+NEIGHBOURS = 50
+"""How many nearest items per item ``data.neg_sampling=neighbours`` draws from."""
+
+
+def neighbour_table(vectors: np.ndarray, n: int, *, chunk: int = 4096) -> np.ndarray:
+    """int64 [N, n]: each row's ``n`` nearest other rows by cosine (best first); -1 for a row whose vector
+    is zero (no engagement: no neighbours) and past the last row with a non-zero vector. Exact, in chunks
+    of ``chunk`` rows (O(N^2 d): fine for catalogues up to ~10^5 items)."""
+    x = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+    norm = x.norm(dim=1, keepdim=True)
+    ok = norm[:, 0] > 0
+    x = torch.where(ok[:, None], x / norm.clamp_min(1e-12), torch.zeros_like(x))
+    k = min(n, int(ok.sum()) - 1)
+    out = np.full((len(x), n), -1, np.int64)
+    if k < 1:
+        return out
+    for lo in range(0, len(x), chunk):
+        sim = x[lo:lo + chunk] @ x.T  # [c, N]
+        sim[:, ~ok] = -torch.inf
+        sim[torch.arange(len(sim)), torch.arange(lo, lo + len(sim))] = -torch.inf  # not itself
+        out[lo:lo + len(sim), :k] = sim.topk(k, dim=1).indices.numpy()
+    out[~ok.numpy()] = -1
+    return out
+
+
+def neighbour_negatives(table: np.ndarray, slate: np.ndarray, seen: np.ndarray, n_neg: int, n_catalog: int,
+                        g: np.random.Generator) -> np.ndarray:
+    """``n_neg`` catalogue rows near the ``slate``'s items (a slate item, then one of its ``table``
+    neighbours, drawn uniformly), none of them in ``seen`` (the user's own items) or the slate; rows
+    the neighbours cannot supply (items without neighbours, too few left) are drawn uniformly."""
+    out = np.empty(0, np.int64)
+    if len(slate):
+        nb = table[slate[g.integers(0, len(slate), 4 * n_neg)], g.integers(0, table.shape[1], 4 * n_neg)]
+        nb = nb[(nb >= 0) & ~np.isin(nb, seen) & ~np.isin(nb, slate)]
+        out = nb[np.sort(np.unique(nb, return_index=True)[1])][:n_neg]  # distinct, in draw order
+    if len(out) < n_neg:
+        out = np.concatenate([out, g.integers(0, n_catalog, n_neg - len(out))])
+    return out
+
+
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
             p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
             neg_cdf: np.ndarray | None = None, pad_multiple: int = 1, fv_pick: str = "uniform",
-            rank_rows: str = "cut") -> TrainBatch:
+            rank_rows: str = "cut", neg_table: np.ndarray | None = None) -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
     ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
@@ -107,7 +147,10 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     that look like what retrieval returns). None of the bundled datasets logs impressions,
     so without them the action heads would only learn *which* action an engaged user takes,
     never *whether* they engage (an impressions file's slates carry logged label-0 items of their own);
-    the draw hashes ``(seed, epoch, user)``.
+    the draw hashes ``(seed, epoch, user)``. ``neg_table`` (int64 [n_catalog, n], -1 pad: each row's
+    nearest items, :func:`neighbour_table`) draws them instead next to the slate's items -- what a
+    retriever returns beside what the user took, the candidates the L1 stage must order -- leaving out
+    every item of the user's own sequence (:func:`neighbour_negatives`).
 
     ``pad_multiple`` > 1 rounds the item slots (up to ``context_len``) and the candidate slots up
     to a multiple of it: padding is invisible to every attention and loss, and a few repeating
@@ -173,8 +216,12 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
             r = ex.fv_rows[f][:k_real]
             if neg_cands and n_catalog:
                 g = np.random.default_rng([seed, epoch, ex.user_id & 0x7FFFFFFF, 7])
-                neg = g.integers(0, n_catalog, neg_cands) if neg_cdf is None else \
-                    np.minimum(np.searchsorted(neg_cdf, g.random(neg_cands), side="right"), n_catalog - 1)
+                if neg_table is not None:
+                    neg = neighbour_negatives(neg_table, r, ex.rows, neg_cands, n_catalog, g)
+                elif neg_cdf is None:
+                    neg = g.integers(0, n_catalog, neg_cands)
+                else:
+                    neg = np.minimum(np.searchsorted(neg_cdf, g.random(neg_cands), side="right"), n_catalog - 1)
                 r = np.concatenate([r, neg])
             crow[b, :len(r)] = r
             lab = ex.fv_labels[f][:k_real]
@@ -202,6 +249,7 @@ class CollateOptions:
     pad_multiple: int = 1
     fv_pick: str = "uniform"
     rank_rows: str = "cut"
+    neg_table: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.pad_multiple < 1:
@@ -210,6 +258,10 @@ class CollateOptions:
             raise DataError(f"fv_pick must be 'uniform' or 'last', got {self.fv_pick!r}", field="fv_pick")
         if self.rank_rows not in ("cut", "extra"):
             raise DataError(f"rank_rows must be 'cut' or 'extra', got {self.rank_rows!r}", field="rank_rows")
+        if self.neg_table is not None and (self.neg_table.ndim != 2 or len(self.neg_table) != self.n_catalog
+                                           or self.neg_table.max(initial=-1) >= self.n_catalog):
+            raise DataError(f"neg_table: need int rows [{self.n_catalog}, n] of catalogue rows (-1 pad), "
+                            f"got shape {self.neg_table.shape}", field="neg_sampling")
 
     @staticmethod
     def negative_cdf(neg_weights: np.ndarray, n_catalog: int) -> np.ndarray:
@@ -224,7 +276,7 @@ class CollateOptions:
         return collate(exs, epoch=epoch, seed=seed, context_len=self.context_len, n_actions=self.n_actions,
                        p_rank=self.p_rank, max_cands=self.max_cands, neg_cands=self.neg_cands,
                        n_catalog=self.n_catalog, neg_cdf=self.neg_cdf, pad_multiple=self.pad_multiple,
-                       fv_pick=self.fv_pick, rank_rows=self.rank_rows)
+                       fv_pick=self.fv_pick, rank_rows=self.rank_rows, neg_table=self.neg_table)
 
 
 class BatchStream:
@@ -237,7 +289,8 @@ class BatchStream:
     def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
                  neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
-                 pad_multiple: int = 1, fv_pick: str = "uniform", rank_rows: str = "cut") -> None:
+                 pad_multiple: int = 1, fv_pick: str = "uniform", rank_rows: str = "cut",
+                 neg_table: np.ndarray | None = None) -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -254,7 +307,7 @@ class BatchStream:
         self.neg_cands, self.n_catalog = neg_cands, n_catalog
         self.options = CollateOptions(
             context_len=context_len, n_actions=n_actions, p_rank=p_rank, max_cands=max_cands, neg_cands=neg_cands,
-            n_catalog=n_catalog, pad_multiple=pad_multiple, fv_pick=fv_pick, rank_rows=rank_rows,
+            n_catalog=n_catalog, pad_multiple=pad_multiple, fv_pick=fv_pick, rank_rows=rank_rows, neg_table=neg_table,
             neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, n_catalog))
         self.pad_multiple, self.fv_pick, self.rank_rows = pad_multiple, fv_pick, rank_rows
         self.neg_cdf = self.options.neg_cdf

@@ -65,7 +65,9 @@ class DataConfig:
     rank_rows: str = "cut"  # a user drawn for ranking: cut (its row cut at the feedview) | extra (a cut row added)
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
-    neg_sampling: str = "uniform"  # uniform | popularity (training-split counts ^ 0.75: retrieval-like negatives)
+    # uniform | popularity (training-split counts ^ 0.75) | neighbours (the engagement neighbours of the slate's
+    # items, the user's own items left out: what L0 returns beside what the user took)
+    neg_sampling: str = "uniform"
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
     eval_beam: int = 20
