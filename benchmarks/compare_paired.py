@@ -1,13 +1,15 @@
 """Compare trained runs on the SAME evaluation users, with paired bootstrap intervals.
 
-    python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann]
+    python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann,l0l1,heads]
                                         [--beam 20] [--max-users 0] [--n-boot 2000] [--across]
 
 Each run directory is scored on its split's leave-one-out cases (the runs must share tables, so
 the cases are the same: checked). Per path, every run's per-user rank of the target is recorded
 once; Recall@10 / NDCG@10 of every resample of users are then recomputed for every run
 (``genrec.eval.significance.paired_topk``). A difference too small to see against either
-run's own standard error can still be decided this way. ``--across`` also compares paths across
+run's own standard error can still be decided this way. ``l0l1`` is the L0 -> L1 funnel with the run's
+stored fusion weights (``genrec fusion tune``: chosen on validation), ``heads`` the same union ranked by the
+action heads alone (UniPinRec's L1: a = 1, w = v = 0). ``--across`` also compares paths across
 runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
 Choose on ``valid``; touch ``test`` once.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genrec.eval.evaluate import EvalConfig, load_eval_data
+from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.eval.significance import paired_topk
@@ -53,8 +55,18 @@ def main() -> None:
         elif not np.array_equal(targets, np.asarray(es.target_rows)):
             raise SystemExit(f"{run}: its {a.split} cases differ from {a.runs[0]}'s (other tables or sampling?)")
         ro: dict[str, np.ndarray] = {}
-        evaluate_retrieval(rec.catalog_model, es, paths=tuple(a.paths.split(",")), beam_width=a.beam,
-                           context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows, ranks_out=ro)
+        paths = a.paths.split(",")
+        evaluate_retrieval(rec.catalog_model, es, paths=tuple(p for p in paths if p in ("sid", "ann")),
+                           beam_width=a.beam, context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
+                           ranks_out=ro)
+        for p in ("l0l1", "heads"):  # the funnel: the stored (validated) fusion, or the heads alone
+            if p in paths and rec.model.action_head is not None and rec.ann is not None:
+                got: dict[str, np.ndarray] = {}
+                l0l1_pass(rec, es, ks=(10,), beam_width=a.beam, diversity_lambda=0.0, overretrieve=3,
+                          utility={x: 1.0 for x in rec.actions},
+                          ranks_out=got, **({"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0}
+                                            if p == "heads" else {}))
+                ro[p] = got["l0l1"]
         ranks[name] = ro
         print(f"{name}: step {rec.step}, {len(es)} cases, paths {sorted(ro)}", flush=True)
     assert targets is not None
