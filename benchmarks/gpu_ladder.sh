@@ -15,7 +15,7 @@ one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $O
     mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
   esac
   { python3 -m genrec.cli data prepare $prep && python3 -m genrec.cli features build $wd \
-      && python3 -m genrec.cli sid build $wd $cb; } > /tmp/$name.prep.log 2>&1 \
+      && python3 -m genrec.cli sid build $wd --levels 3 $cb; } > /tmp/$name.prep.log 2>&1 \
       || { tail -5 /tmp/$name.prep.log; return 1; }
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
     --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log

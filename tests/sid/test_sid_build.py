@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from genrec.errors import ConfigError, DataError, MissingDataError
-from genrec.sid import assign_sids, build_sids, default_codebook, open_current
+from genrec.sid import assign_sids, build_sids, default_codebook, default_levels, open_current
 from genrec.sid.build import list_versions, open_version, prune_versions
 from genrec.sid.rqvae import RQVAE
 from genrec.sid.index import SidIndex
@@ -191,6 +191,20 @@ def test_default_codebook_and_errors(tmp_path) -> None:
     (tmp_path / "CURRENT").write_text("garbage\n")
     with pytest.raises(DataError, match="CURRENT:1"):
         open_current(tmp_path)
+
+
+def test_default_levels_leave_at_most_sixteen_items_a_prefix(tmp_path) -> None:
+    """The fewest levels at which codebooks of <= 1,024 codes hold <= 16 items per full prefix on average: one
+    level up to 16,384 items, two up to 1,024**2 * 16; a build given no levels uses them (+ disambiguation)."""
+    for n, want in [(1, 1), (1_682, 1), (12_101, 1), (16_384, 1), (16_385, 2), (1024**2 * 16, 2),
+                    (1024**2 * 16 + 1, 3)]:
+        assert default_levels(n) == want, n
+        assert n / default_codebook(n, want) ** want <= 16
+    with pytest.raises(ConfigError, match="n_items"):
+        default_levels(0)
+    x, ids = _data(60)
+    b = build_sids(x, ids, tmp_path, codebook_size=4, niter=2)
+    assert len(b.codebook_sizes) == 2 and b.codebook_sizes[0] == 4  # one semantic level + disambiguation
 
 
 def test_prune_keeps_current(tmp_path) -> None:

@@ -53,7 +53,9 @@ def features_build(
 @friendly
 def sid_build(
     workdir: Path = RUNDIR,
-    levels: int = typer.Option(3, help="Semantic levels (a disambiguation level is added)."),
+    levels: Optional[int] = typer.Option(None, help="Semantic levels (a disambiguation level is added). Default: "
+                                                    "the fewest that leave ~16 items per code at <= 1,024 codes "
+                                                    "a level (1 up to 16,384 items; chosen on validation recall)."),
     codebook_size: Optional[int] = typer.Option(None, help="Codes per level (default: suits the catalogue)."),
     method: str = typer.Option("rqkmeans", help="rqkmeans | rqvae"),
     seed: int = typer.Option(0, help="Random seed of the quantiser (same seed and vectors, same codes)."),
@@ -78,7 +80,7 @@ def sid_build(
     model) picks the checkpoint of --from-run RUN."""
     from genrec.recipes.pipeline import build_semantic_ids
 
-    with working(f"quantising item vectors into {levels}-level Semantic IDs ..."):
+    with working(f"quantising item vectors into {levels or 'default'}-level Semantic IDs ..."):
         sb = build_semantic_ids(workdir, levels=levels, codebook_size=codebook_size, method=method, seed=seed,
                                 source=source, engagement_weight=engagement_weight, from_run=from_run,
                                 checkpoint=checkpoint, disambiguation=disambiguation)  # says on stderr what it chose

@@ -106,7 +106,7 @@ def build_item_features(workdir: str | Path, *, content: str = "tfidf", content_
                           inputs={"tables_manifest": str(store.manifest_path), "split": spec.kind})
 
 
-def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: int | None = None,
+def build_semantic_ids(workdir: str | Path, *, levels: int | None = None, codebook_size: int | None = None,
                        method: str = "rqkmeans", seed: int = 0, source: str | None = None,
                        engagement_weight: float = 1.0, from_run: str | Path | None = None,
                        checkpoint: str | Path | None = None, disambiguation: str = "popularity") -> Any:
@@ -116,6 +116,7 @@ def build_semantic_ids(workdir: str | Path, *, levels: int = 3, codebook_size: i
     vectors of the model trained in run ``from_run`` (``checkpoint`` of it; its ANN index's vectors:
     :mod:`genrec.recipes.model_sids`). ``None``: content beside engagement (content without engagement
     vectors), or engagement when ``features build`` found the item text degenerate (said on stderr; :func:`genrec.sid.source.choose_sid_source`).
+    ``levels`` None: :func:`genrec.sid.build.default_levels` (one level of up to 1,024 codes up to 16,384 items).
     ``disambiguation``: how items sharing a semantic code are numbered on the last level -- ``popularity`` (most
     train-split interactions first) or ``item-id``."""
     if disambiguation not in DISAMBIGUATIONS:

@@ -59,7 +59,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
          f"for {len(vecs)} items", t)
     t = time.perf_counter()
     with con.status("building Semantic IDs, trie and index ..."):
-        sb = pipeline.build_semantic_ids(wd, levels=3)
+        sb = pipeline.build_semantic_ids(wd)
     step(f"sid build {sb.version}: codebooks {sb.codebook_sizes}, "
          f"collisions before disambiguation {sb.stats.get('collision_rate', float('nan')):.2f}", t)
     t = time.perf_counter()

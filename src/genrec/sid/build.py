@@ -78,6 +78,26 @@ class SidBuild:
         return len(self.codebook_sizes)
 
 
+MAX_CODEBOOK = 1024
+"""The most codes per semantic level :func:`default_codebook` picks."""
+ITEMS_PER_PREFIX = 16
+"""How many items a full semantic prefix may hold on average before :func:`default_levels` adds a level."""
+
+
+def default_levels(n_items: int) -> int:
+    """Semantic levels when none are asked for: the fewest at which codebooks of at most
+    :data:`MAX_CODEBOOK` codes leave at most :data:`ITEMS_PER_PREFIX` items per full prefix on average --
+    one level up to 16,384 items, two up to ~16.8 million, three beyond. On the catalogues measured
+    (MovieLens 100K, Amazon Beauty) one level of 1,024 codes led three levels on validation SID recall:
+    fewer, larger levels make the SID head closer to a full softmax over items (docs/RESULTS.md, Q1)."""
+    if n_items < 1:
+        raise ConfigError(f"n_items must be >= 1, got {n_items}")
+    levels = 1
+    while MAX_CODEBOOK ** levels * ITEMS_PER_PREFIX < n_items:
+        levels += 1
+    return levels
+
+
 def default_codebook(n_items: int, levels: int) -> int:
     """Codebook size K per semantic level: K**levels ~ n_items, clipped to 2..1024.
 
@@ -88,7 +108,7 @@ def default_codebook(n_items: int, levels: int) -> int:
     """
     if n_items < 1 or levels < 1:
         raise ConfigError(f"n_items and levels must be >= 1, got {n_items}, {levels}")
-    return int(min(1024, max(2, round(n_items ** (1.0 / levels)))))
+    return int(min(MAX_CODEBOOK, max(2, round(n_items ** (1.0 / levels)))))
 
 
 def code_stats(codes: np.ndarray, sizes: list[int]) -> list[dict[str, float]]:
@@ -229,13 +249,13 @@ def _write_version(root: Path, item_ids: np.ndarray, codes: np.ndarray, sizes: l
         return version
 
 
-def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int = 3,
+def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int | None = None,
                codebook_size: int | list[int] | None = None, method: str = "rqkmeans", seed: int = 0,
                niter: int = 20, capacity: float | None = 2.0, rqvae_epochs: int = 30,
                inputs: dict[str, Any] | None = None, popularity: Any = None) -> SidBuild:
     """Quantise ``vectors`` f32[n, d] of items ``item_ids`` int64[n] into a new SID version.
 
-    ``codebook_size`` None picks :func:`default_codebook`. ``capacity`` (rqkmeans only):
+    ``levels`` None picks :func:`default_levels`, ``codebook_size`` None :func:`default_codebook`. ``capacity`` (rqkmeans only):
     of the n_p items sharing a prefix, at most ceil(capacity * n_p / K) take the same next
     code (None = plain nearest centroid); see :func:`genrec.sid.rqkmeans.balanced_assign`.
     ``popularity`` (a number per item) numbers the disambiguation level most popular first
@@ -246,6 +266,7 @@ def build_sids(vectors: Any, item_ids: Any, out_root: str | Path, *, levels: int
     t0 = time.perf_counter()
     x = check_vectors(vectors, name="vectors")
     ids = check_item_ids(item_ids, x.shape[0])
+    levels = default_levels(x.shape[0]) if levels is None else levels
     k = default_codebook(x.shape[0], levels) if codebook_size is None else codebook_size
     rq: ResidualKMeans | RQVAE
     if method == "rqkmeans":
