@@ -36,6 +36,23 @@ def test_every_variant_trains(fork, variant):  # noqa: ANN001
         assert {s for r in got for s in r.sources} <= ({"sid"} if variant == "tiger" else {"ann"})
 
 
+def test_dense_model_trains_without_sids_and_with_neighbour_negatives(prepared):  # noqa: ANN001
+    """A run directory with no SIDs at all trains the dense variant (SID fusion has nothing to fuse: off, where it
+    used to fail mid-step on the batch's missing codes), here with the ranking rows' negatives drawn from the
+    engagement neighbours."""
+    wd = prepared.parent / f"{prepared.name}-nosid"
+    wd.mkdir(exist_ok=True)
+    for part in ("tables", "features"):
+        if not (wd / part).exists():
+            (wd / part).symlink_to(prepared / part)
+    res = train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=dense", "train.total_steps=3", "data.valid_cases=16",
+                                                         "data.neg_sampling=neighbours", "data.p_rank=1.0"]),
+                    resume=False)
+    assert res["step"] == 3 and math.isfinite(res["last_loss"]["loss"]) and res["last_loss"].get("action", 0) > 0
+    with pytest.raises(ConfigError, match="neg_sampling"):
+        train_run(wd, RunConfig.from_name("cpu-tiny", ["variant=dense", "data.neg_sampling=nearby"]), resume=False)
+
+
 def test_frozen_finetune_keeps_the_item_encoder(fork):  # noqa: ANN001
     base = fork("retrieval")
     train_run(base, RunConfig.from_name("cpu-tiny", ["variant=dense", "objective.w_action=0",

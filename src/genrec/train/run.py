@@ -281,6 +281,8 @@ def build_model_config(cfg: RunConfig, catalog: ItemCatalog, n_actions: int, n_s
     kw.update(mv)
     if sid_sizes is None and kw.get("layout", "pinger") in ("pinger", "tiger"):
         raise ConfigError(f"variant {cfg.variant!r} needs Semantic IDs: run `genrec sid build` first")
+    if sid_sizes is None:  # a dense model without SIDs: nothing to fuse into its item tokens
+        kw["sid_fusion"] = False
     return ModelConfig.from_name(cfg.model_preset, **kw)
 
 
