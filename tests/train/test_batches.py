@@ -150,6 +150,12 @@ def test_neighbour_negatives_sit_next_to_the_slate_and_outside_the_users_items()
             assert np.isin(neg, table[slate]).all()
             checked += 1
     assert checked > 10
+    mixed = BatchStream(exs, **kw, neg_table=table, neg_near=1)  # the first from the neighbours, the rest uniform
+    for step in range(3):
+        b = mixed.batch_at(step)
+        for i in np.flatnonzero(b.cand_valid.any(1).numpy()):
+            n_valid = int(b.cand_valid[i].sum())
+            assert int(b.cand_rows[i, n_valid - 3]) in table[b.cand_rows[i, :n_valid - 3].numpy()]
     again = BatchStream(exs, **kw, neg_table=table).batch_at(3)
     assert torch.equal(again.cand_rows, stream.batch_at(3).cand_rows)
     empty = BatchStream(exs, **kw, neg_table=np.full((len(cat), 3), -1, np.int64)).batch_at(0)

@@ -30,7 +30,7 @@ from genrec.errors import ConfigError
 from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
 from genrec.model.genrec_model import GenRecModel
 from genrec.sid.build import open_current
-from genrec.train.batches import NEIGHBOURS, BatchStream, materialise, neighbour_table
+from genrec.train.batches import NEG_SAMPLING, NEIGHBOURS, BatchStream, materialise, neighbour_table
 from genrec.train.config import compile_kwargs, compile_mode_for_world
 from genrec.train.distributed import broadcast_object, cleanup, group_initialized, init_distributed, pick_device
 from genrec.train.objective import JointObjective
@@ -123,17 +123,18 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                                  trie=trie, leaf_rows=leaf_rows)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
-    if cfg.data.neg_sampling not in ("uniform", "popularity", "neighbours"):
-        raise ConfigError(f"config key 'data.neg_sampling': must be 'uniform', 'popularity' or 'neighbours', "
+    if cfg.data.neg_sampling not in NEG_SAMPLING:
+        raise ConfigError(f"config key 'data.neg_sampling': must be one of {', '.join(NEG_SAMPLING)}, "
                           f"got {cfg.data.neg_sampling!r}")
-    neg_weights = neg_table = None
+    neg_weights = neg_table = neg_near = None
     if cfg.data.neg_sampling == "popularity":
         neg_weights = counts.astype(np.float64) ** 0.75 if n_train else np.ones(len(catalog))
-    elif cfg.data.neg_sampling == "neighbours":
+    elif cfg.data.neg_sampling in ("neighbours", "mixed"):
         if catalog.n_engagement == 0:
-            raise ConfigError("config key 'data.neg_sampling': 'neighbours' needs the items' engagement vectors "
-                              f"(features in {wd.features} have none): rebuild them with `genrec features build`")
+            raise ConfigError(f"config key 'data.neg_sampling': {cfg.data.neg_sampling!r} needs the items' engagement "
+                              f"vectors (features in {wd.features} have none): rebuild them with `genrec features build`")
         neg_table = neighbour_table(catalog.feats[:, -catalog.n_engagement:].numpy(), NEIGHBOURS)
+        neg_near = (cfg.data.neg_cands + 1) // 2 if cfg.data.neg_sampling == "mixed" else None
     p_rank = cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0
     engine: EmbeddedEngine | RayEngine | None = None
     if cfg.data.stream:  # the batches' settings, checked before anything trains
@@ -142,7 +143,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
             max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
             neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, len(catalog)),
             pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick, rank_rows=cfg.data.rank_rows,
-            neg_table=neg_table)
+            neg_table=neg_table, neg_near=neg_near)
         engine = EmbeddedEngine(WindowReader(store, reader.split, catalog, seed=cfg.train.seed)) \
             if cfg.data.engine == "embedded" else \
             RayEngine(store.tables_dir, catalog_config(), reader.split, catalog.item_ids, seed=cfg.train.seed,
@@ -159,7 +160,7 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                              max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
                              neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
                              pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick,
-                             rank_rows=cfg.data.rank_rows, neg_table=neg_table)
+                             rank_rows=cfg.data.rank_rows, neg_table=neg_table, neg_near=neg_near)
         return stream.iter_from(spec.start_step)
 
     # what the run was trained on, recorded together in every checkpoint (and named by the server that serves it)

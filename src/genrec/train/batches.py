@@ -97,6 +97,9 @@ def _hash_unit(seed: int, epoch: int, user: int) -> float:
 
 NEIGHBOURS = 50
 """How many nearest items per item ``data.neg_sampling=neighbours`` draws from."""
+NEG_SAMPLING = ("uniform", "popularity", "neighbours", "mixed")
+"""``data.neg_sampling``: how ranking rows' impression-only candidates are drawn (``mixed``: half from the
+neighbours, half uniformly)."""
 
 
 def neighbour_table(vectors: np.ndarray, n: int, *, chunk: int = 4096) -> np.ndarray:
@@ -121,15 +124,17 @@ def neighbour_table(vectors: np.ndarray, n: int, *, chunk: int = 4096) -> np.nda
 
 
 def neighbour_negatives(table: np.ndarray, slate: np.ndarray, seen: np.ndarray, n_neg: int, n_catalog: int,
-                        g: np.random.Generator) -> np.ndarray:
-    """``n_neg`` catalogue rows near the ``slate``'s items (a slate item, then one of its ``table``
-    neighbours, drawn uniformly), none of them in ``seen`` (the user's own items) or the slate; rows
-    the neighbours cannot supply (items without neighbours, too few left) are drawn uniformly."""
+                        g: np.random.Generator, n_near: int | None = None) -> np.ndarray:
+    """``n_neg`` catalogue rows: the first ``n_near`` (None: all) near the ``slate``'s items (a slate item, then
+    one of its ``table`` neighbours, drawn uniformly), none of them in ``seen`` (the user's own items) or the
+    slate; the rest -- and rows the neighbours cannot supply (items without neighbours, too few left) -- drawn
+    uniformly."""
     out = np.empty(0, np.int64)
-    if len(slate):
-        nb = table[slate[g.integers(0, len(slate), 4 * n_neg)], g.integers(0, table.shape[1], 4 * n_neg)]
+    n_near = n_neg if n_near is None else min(n_near, n_neg)
+    if len(slate) and n_near > 0:
+        nb = table[slate[g.integers(0, len(slate), 4 * n_near)], g.integers(0, table.shape[1], 4 * n_near)]
         nb = nb[(nb >= 0) & ~np.isin(nb, seen) & ~np.isin(nb, slate)]
-        out = nb[np.sort(np.unique(nb, return_index=True)[1])][:n_neg]  # distinct, in draw order
+        out = nb[np.sort(np.unique(nb, return_index=True)[1])][:n_near]  # distinct, in draw order
     if len(out) < n_neg:
         out = np.concatenate([out, g.integers(0, n_catalog, n_neg - len(out))])
     return out
@@ -138,7 +143,7 @@ def neighbour_negatives(table: np.ndarray, slate: np.ndarray, seen: np.ndarray, 
 def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int, n_actions: int,
             p_rank: float, max_cands: int, neg_cands: int = 0, n_catalog: int = 0,
             neg_cdf: np.ndarray | None = None, pad_multiple: int = 1, fv_pick: str = "uniform",
-            rank_rows: str = "cut", neg_table: np.ndarray | None = None) -> TrainBatch:
+            rank_rows: str = "cut", neg_table: np.ndarray | None = None, neg_near: int | None = None) -> TrainBatch:
     """Build one padded batch. Histories keep their newest ``context_len`` items.
 
     ``neg_cands`` > 0 appends that many catalogue items to every chosen slate as
@@ -150,7 +155,8 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
     the draw hashes ``(seed, epoch, user)``. ``neg_table`` (int64 [n_catalog, n], -1 pad: each row's
     nearest items, :func:`neighbour_table`) draws them instead next to the slate's items -- what a
     retriever returns beside what the user took, the candidates the L1 stage must order -- leaving out
-    every item of the user's own sequence (:func:`neighbour_negatives`).
+    every item of the user's own sequence (:func:`neighbour_negatives`); ``neg_near``: only that many of
+    them, the rest uniform (None: all).
 
     ``pad_multiple`` > 1 rounds the item slots (up to ``context_len``) and the candidate slots up
     to a multiple of it: padding is invisible to every attention and loss, and a few repeating
@@ -217,7 +223,7 @@ def collate(exs: list[TrainExample], *, epoch: int, seed: int, context_len: int,
             if neg_cands and n_catalog:
                 g = np.random.default_rng([seed, epoch, ex.user_id & 0x7FFFFFFF, 7])
                 if neg_table is not None:
-                    neg = neighbour_negatives(neg_table, r, ex.rows, neg_cands, n_catalog, g)
+                    neg = neighbour_negatives(neg_table, r, ex.rows, neg_cands, n_catalog, g, neg_near)
                 elif neg_cdf is None:
                     neg = g.integers(0, n_catalog, neg_cands)
                 else:
@@ -250,6 +256,7 @@ class CollateOptions:
     fv_pick: str = "uniform"
     rank_rows: str = "cut"
     neg_table: np.ndarray | None = None
+    neg_near: int | None = None
 
     def __post_init__(self) -> None:
         if self.pad_multiple < 1:
@@ -276,7 +283,8 @@ class CollateOptions:
         return collate(exs, epoch=epoch, seed=seed, context_len=self.context_len, n_actions=self.n_actions,
                        p_rank=self.p_rank, max_cands=self.max_cands, neg_cands=self.neg_cands,
                        n_catalog=self.n_catalog, neg_cdf=self.neg_cdf, pad_multiple=self.pad_multiple,
-                       fv_pick=self.fv_pick, rank_rows=self.rank_rows, neg_table=self.neg_table)
+                       fv_pick=self.fv_pick, rank_rows=self.rank_rows, neg_table=self.neg_table,
+                       neg_near=self.neg_near)
 
 
 class BatchStream:
@@ -290,7 +298,7 @@ class BatchStream:
                  n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
                  neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
                  pad_multiple: int = 1, fv_pick: str = "uniform", rank_rows: str = "cut",
-                 neg_table: np.ndarray | None = None) -> None:
+                 neg_table: np.ndarray | None = None, neg_near: int | None = None) -> None:
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -308,6 +316,7 @@ class BatchStream:
         self.options = CollateOptions(
             context_len=context_len, n_actions=n_actions, p_rank=p_rank, max_cands=max_cands, neg_cands=neg_cands,
             n_catalog=n_catalog, pad_multiple=pad_multiple, fv_pick=fv_pick, rank_rows=rank_rows, neg_table=neg_table,
+            neg_near=neg_near,
             neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, n_catalog))
         self.pad_multiple, self.fv_pick, self.rank_rows = pad_multiple, fv_pick, rank_rows
         self.neg_cdf = self.options.neg_cdf

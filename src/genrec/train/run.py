@@ -66,7 +66,7 @@ class DataConfig:
     max_cands: int = 16
     neg_cands: int = 8  # sampled catalogue items added to each slate as impression-only candidates
     # uniform | popularity (training-split counts ^ 0.75) | neighbours (the engagement neighbours of the slate's
-    # items, the user's own items left out: what L0 returns beside what the user took)
+    # items, the user's own items left out: what L0 returns beside what the user took) | mixed (half of each)
     neg_sampling: str = "uniform"
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
