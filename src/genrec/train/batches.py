@@ -103,9 +103,9 @@ neighbours, half uniformly)."""
 
 
 def neighbour_table(vectors: np.ndarray, n: int, *, chunk: int = 4096) -> np.ndarray:
-    """int64 [N, n]: each row's ``n`` nearest other rows by cosine (best first); -1 for a row whose vector
-    is zero (no engagement: no neighbours) and past the last row with a non-zero vector. Exact, in chunks
-    of ``chunk`` rows (O(N^2 d): fine for catalogues up to ~10^5 items)."""
+    """int64 [N, n]: each row's ``n`` nearest other rows by cosine (best first), rows with a zero vector (no
+    engagement) left out; -1 fills a zero row and the columns past the number of other non-zero rows. Exact,
+    in chunks of ``chunk`` rows (O(N^2 d): fine for catalogues up to ~10^5 items)."""
     x = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
     norm = x.norm(dim=1, keepdim=True)
     ok = norm[:, 0] > 0
