@@ -136,14 +136,15 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         neg_table = neighbour_table(catalog.feats[:, -catalog.n_engagement:].numpy(), NEIGHBOURS)
         neg_near = (cfg.data.neg_cands + 1) // 2 if cfg.data.neg_sampling == "mixed" else None
     p_rank = cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0
+    # the batches' settings, checked before anything trains; the streaming and in-memory inputs share them
+    options = CollateOptions(
+        context_len=cfg.data.context_len, n_actions=len(info.actions), p_rank=p_rank,
+        max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
+        neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, len(catalog)),
+        pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick, rank_rows=cfg.data.rank_rows,
+        neg_table=neg_table, neg_near=neg_near)
     engine: EmbeddedEngine | RayEngine | None = None
-    if cfg.data.stream:  # the batches' settings, checked before anything trains
-        options = CollateOptions(
-            context_len=cfg.data.context_len, n_actions=len(info.actions), p_rank=p_rank,
-            max_cands=cfg.data.max_cands, neg_cands=cfg.data.neg_cands, n_catalog=len(catalog),
-            neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, len(catalog)),
-            pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick, rank_rows=cfg.data.rank_rows,
-            neg_table=neg_table, neg_near=neg_near)
+    if cfg.data.stream:
         engine = EmbeddedEngine(WindowReader(store, reader.split, catalog, seed=cfg.train.seed)) \
             if cfg.data.engine == "embedded" else \
             RayEngine(store.tables_dir, catalog_config(), reader.split, catalog.item_ids, seed=cfg.train.seed,
@@ -154,13 +155,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
             plan = WindowPlan(index.examples, batch_size=cfg.train.batch_size, seed=spec.seed, rank=spec.rank,
                               world=spec.world_size, window_buckets=cfg.data.window_buckets)
             return StreamBatches(engine, plan, options).iter_from(spec.start_step)
-        stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed,
-                             context_len=cfg.data.context_len, n_actions=len(info.actions),
-                             p_rank=p_rank,
-                             max_cands=cfg.data.max_cands, rank=spec.rank, world=spec.world_size,
-                             neg_cands=cfg.data.neg_cands, n_catalog=len(catalog), neg_weights=neg_weights,
-                             pad_multiple=cfg.data.pad_multiple, fv_pick=cfg.data.fv_pick,
-                             rank_rows=cfg.data.rank_rows, neg_table=neg_table, neg_near=neg_near)
+        stream = BatchStream(examples, batch_size=cfg.train.batch_size, seed=spec.seed, rank=spec.rank,
+                             world=spec.world_size, options=options)
         return stream.iter_from(spec.start_step)
 
     # what the run was trained on, recorded together in every checkpoint (and named by the server that serves it)

@@ -294,11 +294,14 @@ class BatchStream:
     share when ``rank/world`` are given: a contiguous slice of each global batch).
     """
 
-    def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int,
-                 n_actions: int, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
+    def __init__(self, examples: list[TrainExample], *, batch_size: int, seed: int, context_len: int = 0,
+                 n_actions: int = 0, p_rank: float = 0.5, max_cands: int = 32, rank: int = 0, world: int = 1,
                  neg_cands: int = 0, n_catalog: int = 0, neg_weights: np.ndarray | None = None,
                  pad_multiple: int = 1, fv_pick: str = "uniform", rank_rows: str = "cut",
-                 neg_table: np.ndarray | None = None, neg_near: int | None = None) -> None:
+                 neg_table: np.ndarray | None = None, neg_near: int | None = None,
+                 options: CollateOptions | None = None) -> None:
+        """``options``: the batches' settings as the streaming input takes them (then the settings given one by
+        one are not read); else they are built from those."""
         if not examples:
             raise DataError("no training examples (every user has fewer than 2 train events?)")
         if batch_size % world:
@@ -307,19 +310,12 @@ class BatchStream:
         self.examples = examples
         self.batch_size = batch_size
         self.seed = seed
-        self.context_len = context_len
-        self.n_actions = n_actions
-        self.p_rank = p_rank
-        self.max_cands = max_cands
         self.rank, self.world = rank, world
-        self.neg_cands, self.n_catalog = neg_cands, n_catalog
-        self.options = CollateOptions(
+        self.options = options or CollateOptions(
             context_len=context_len, n_actions=n_actions, p_rank=p_rank, max_cands=max_cands, neg_cands=neg_cands,
             n_catalog=n_catalog, pad_multiple=pad_multiple, fv_pick=fv_pick, rank_rows=rank_rows, neg_table=neg_table,
             neg_near=neg_near,
             neg_cdf=None if neg_weights is None else CollateOptions.negative_cdf(neg_weights, n_catalog))
-        self.pad_multiple, self.fv_pick, self.rank_rows = pad_multiple, fv_pick, rank_rows
-        self.neg_cdf = self.options.neg_cdf
         self.steps_per_epoch = max(1, len(examples) // batch_size)
 
     def batch_at(self, step: int) -> TrainBatch:
