@@ -5,10 +5,13 @@
 # Carry .whl and .gpudata: amazon-beauty-2014 and yardstick/*.py copied from ../shared, and P5 exports of
 # MovieLens (`genrec data export-p5 movielens-100k .gpudata/p5-ml100k`, likewise p5-mlsmall).
 #   RUNS="beauty:configs/ladder-beauty.json ml100k:configs/ladder-ml.json" bash benchmarks/gpu_ladder.sh
+# A third field sets overrides for every rung of that ladder (comma-separated), e.g. a shorter time cap so the
+# dataset's preparation and scoring fit one device call: "beauty:configs/ladder-beauty.json:train.max_minutes=4.5".
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
-  local name=$1 ladder=$2 wd=runs/$1 p5 prep
+one() {  # NAME LADDER [SET]: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
+  local name=$1 ladder=$2 wd=runs/$1 p5 prep extra=()
+  [ -n "${3:-}" ] && extra=(--set ${3//,/ })
   case $name in
     beauty) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
     ml100k) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
@@ -18,8 +21,8 @@ one() {  # NAME LADDER: prepare the run directory, then the ladder; output in $O
       && python3 -m genrec.cli sid build $wd --levels 3 $cb; } > /tmp/$name.prep.log 2>&1 \
       || { tail -5 /tmp/$name.prep.log; return 1; }
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
-    --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
+    "${extra[@]}" --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
 }
-for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec%%:*} ${spec#*:} & done
+for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec//:/ } & done
 wait
 for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do echo "== ${spec%%:*}"; grep -v "^trained\|^scored" $OUT/${spec%%:*}.log; done
