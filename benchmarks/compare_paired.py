@@ -1,6 +1,6 @@
 """Compare trained runs on the SAME evaluation users, with paired bootstrap intervals.
 
-    python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann,l0l1,heads]
+    python benchmarks/compare_paired.py RUN_A RUN_B [RUN_C ...] [--split valid] [--paths sid,ann,l0l1,heads,ranking]
                                         [--beam 20] [--max-users 0] [--n-boot 2000] [--across]
 
 Each run directory is scored on its split's leave-one-out cases (the runs must share tables, so
@@ -11,6 +11,8 @@ run's own standard error can still be decided this way. ``l0l1`` is the L0 -> L1
 stored fusion weights (``genrec fusion tune``: chosen on validation), ``heads`` the same union ranked by the
 action heads alone (UniPinRec's L1: a = 1, w = v = 0). ``--across`` also compares paths across
 runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
+``ranking`` compares the action heads on the split's held-out feedview slates (AUC per action and Hit@3, as
+``genrec eval`` reports them; UniPinRec's ordering), resampling slates (:func:`genrec.eval.ranking.paired_slates`).
 Choose on ``valid``; touch ``test`` once.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import topk_metrics
+from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
 from genrec.eval.retrieval import evaluate_retrieval
 from genrec.eval.significance import paired_topk
 from genrec.infer.recommender import Recommender
@@ -47,9 +50,14 @@ def main() -> None:
     names = [Path(r).name for r in a.runs]
     ranks: dict[str, dict[str, np.ndarray]] = {}
     targets = None
+    slates: list[Slate] | None = None
+    slate_probs: dict[str, list[np.ndarray]] = {}
+    utilities: dict[str, np.ndarray] = {}
+    actions: tuple[list[str], list[str]] | None = None
     for name, run in zip(names, a.runs):
         rec = Recommender.from_checkpoint(run, a.checkpoint)
-        es = load_eval_data(rec, run, EvalConfig(split=a.split, max_users=a.max_users)).es
+        data = load_eval_data(rec, run, EvalConfig(split=a.split, max_users=a.max_users))
+        es = data.es
         if targets is None:
             targets = np.asarray(es.target_rows)
         elif not np.array_equal(targets, np.asarray(es.target_rows)):
@@ -67,6 +75,15 @@ def main() -> None:
                           ranks_out=got, **({"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0}
                                             if p == "heads" else {}))
                 ro[p] = got["l0l1"]
+        if "ranking" in paths and rec.model.action_head is not None:  # the heads on the held-out slates
+            mine, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,
+                                     negatives=EvalConfig().slate_negatives)
+            if slates is None:
+                slates, actions = mine, (rec.actions, rec.positive_actions)
+            elif not same_slates(slates, mine) or actions != (rec.actions, rec.positive_actions):
+                raise SystemExit(f"{run}: its {a.split} slates or actions differ from the first ranking run's")
+            slate_probs[name] = score_slates(rec, mine)
+            utilities[name] = rec.utility_vector(rec.action_utility()).cpu().numpy()
         ranks[name] = ro
         print(f"{name}: step {rec.step}, {len(es)} cases, paths {sorted(ro)}", flush=True)
     assert targets is not None
@@ -79,6 +96,8 @@ def main() -> None:
         entries = {f"{n}/{p}": ranks[n][p] for n in names for p in a.paths.split(",") if p in ranks[n]}
         if len(entries) >= 2:
             report["across"] = section("runs and paths", entries, len(targets), a)
+    if len(slate_probs) >= 2 and slates is not None and actions is not None:
+        report["ranking"] = ranking_section(slate_probs, slates, actions, utilities, a)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "compare_paired.json").write_text(json.dumps(report, indent=1))
 
@@ -97,6 +116,34 @@ def section(title: str, entries: dict[str, np.ndarray], n_cases: int, a: argpars
         res = paired_topk(entries, metric, n_boot=a.n_boot)
         print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
         for (x, y), d in res.items():
+            if names.index(x) < names.index(y):
+                print(f"| {x} − {y} | {d.cells()} |")
+                rows[f"{metric}: {x} - {y}"] = vars(d)
+    return rows
+
+
+def same_slates(x: list[Slate], y: list[Slate]) -> bool:
+    """The same requests, candidates and labels (two runs on the same tables and split)."""
+    return len(x) == len(y) and all(np.array_equal(p.cand_rows, q.cand_rows) and np.array_equal(p.labels, q.labels)
+                                    and np.array_equal(p.rows, q.rows) for p, q in zip(x, y))
+
+
+def ranking_section(probs: dict[str, list[np.ndarray]], slates: list[Slate], actions: tuple[list[str], list[str]],
+                    utilities: dict[str, np.ndarray], a: argparse.Namespace) -> dict[str, object]:
+    """Print every run's AUC per action and Hit@3 on the same slates and every pair's paired bootstrap
+    difference; returns the differences by name."""
+    res = paired_slates(probs, slates, actions[0], actions[1], utilities, n_boot=a.n_boot)
+    names = list(probs)
+    print(f"\n## the action heads on {len(slates)} held-out {a.split} slates\n")
+    print("| run | " + " | ".join(res) + " |\n|---|" + "---|" * len(res))
+    for n in names:
+        m = slate_metrics(probs[n], slates, actions[0], actions[1], utilities[n])
+        vals = [m["auc"][x] for x in actions[0]] + [m["hit@3"]]
+        print(f"| {n} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
+    rows: dict[str, object] = {}
+    for metric, diffs in res.items():
+        print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
+        for (x, y), d in diffs.items():
             if names.index(x) < names.index(y):
                 print(f"| {x} − {y} | {d.cells()} |")
                 rows[f"{metric}: {x} - {y}"] = vars(d)

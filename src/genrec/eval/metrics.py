@@ -111,18 +111,26 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def hit_at_k_slates(scores: list[np.ndarray], labels: list[np.ndarray], k: int = 3) -> float:
+def hit_at_k_per_slate(scores: Sequence[np.ndarray], labels: Sequence[np.ndarray], k: int = 3) -> np.ndarray:
+    """Each slate's term of :func:`hit_at_k_slates`: (#positives among the k highest-scored items)
+    / min(k, #positives); NaN for a slate without positives. Ties count against the positives."""
+    vals = np.full(len(labels), np.nan)
+    for i, (s, y) in enumerate(zip(scores, labels)):
+        y = np.asarray(y).astype(bool)
+        if y.any():
+            top = np.lexsort((y, -np.asarray(s, dtype=np.float64)))[:k]  # by score, then negatives first
+            vals[i] = y[top].sum() / min(k, int(y.sum()))
+    return vals
+
+
+def hit_at_k_slates(scores: Sequence[np.ndarray], labels: Sequence[np.ndarray], k: int = 3) -> float:
     """UniPinRec's Hit@k over slates: the share of positives that the model ranks in its top k.
 
     For each slate with at least one positive: (#positives among the k highest-scored items)
-    / min(k, #positives); averaged over such slates. Ties count against the positives (among equal
-    scores the negatives rank first), so a constant scorer scores its chance level or less.
+    / min(k, #positives) (:func:`hit_at_k_per_slate`); averaged over such slates. Ties count
+    against the positives (among equal scores the negatives rank first), so a constant scorer
+    scores its chance level or less.
     """
-    vals = []
-    for s, y in zip(scores, labels):
-        y = np.asarray(y).astype(bool)
-        if not y.any():
-            continue
-        top = np.lexsort((y, -np.asarray(s, dtype=np.float64)))[:k]  # by score, then negatives first
-        vals.append(y[top].sum() / min(k, int(y.sum())))
-    return float(np.mean(vals)) if vals else float("nan")
+    vals = hit_at_k_per_slate(scores, labels, k)
+    vals = vals[np.isfinite(vals)]
+    return float(vals.mean()) if len(vals) else float("nan")

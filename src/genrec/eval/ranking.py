@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from genrec.data.join import UserExample
-from genrec.eval.metrics import auc, hit_at_k_slates
+from genrec.eval.metrics import auc, hit_at_k_per_slate, hit_at_k_slates
+from genrec.eval.significance import PairedDiff, paired_bootstrap
 from genrec.infer.recommender import Recommender
 
 
@@ -165,20 +166,26 @@ def hit_chance(labels: Sequence[np.ndarray], k: int = 3) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _label_bits(slates: Sequence[Slate], actions: Sequence[str],
+                positive_actions: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The logged items' action bits ``[M, C]`` (bool, slates concatenated) and, per slate, which
+    candidates carry a positive action (negatives included, as False)."""
+    bits = 1 << np.arange(len(actions))
+    if slates:
+        y_all = (np.concatenate([s.labels[s.logged] for s in slates])[:, None] & bits[None, :]) > 0
+    else:
+        y_all = np.zeros((0, len(actions)), bool)
+    pos_mask = sum(1 << list(actions).index(a) for a in positive_actions if a in actions)
+    return y_all, [(s.labels & pos_mask) > 0 for s in slates]
+
+
 def slate_metrics(probs: Sequence[np.ndarray], slates: Sequence[Slate], actions: Sequence[str],
                   positive_actions: Sequence[str], u: np.ndarray, k: int = 3) -> dict[str, Any]:
     """The metrics of :func:`ranking_metrics` from already scored slates (``probs[i]``: slate i's
     ``[k_i, C]`` action probabilities; ``u``: the utility vector ``[C]``)."""
     n_act = len(actions)
-    bits = 1 << np.arange(n_act)
-    if len(probs):  # AUC: the logged items only
-        p_all = np.concatenate([p[s.logged] for p, s in zip(probs, slates)])  # [M, C]
-        y_all = (np.concatenate([s.labels[s.logged] for s in slates])[:, None] & bits[None, :]) > 0  # [M, C]
-    else:
-        p_all = np.zeros((0, n_act))
-        y_all = np.zeros((0, n_act), bool)
-    pos_mask = sum(1 << list(actions).index(a) for a in positive_actions if a in actions)
-    pos = [(s.labels & pos_mask) > 0 for s in slates]
+    y_all, pos = _label_bits(slates, actions, positive_actions)  # AUC: the logged items only
+    p_all = np.concatenate([p[s.logged] for p, s in zip(probs, slates)]) if len(probs) else np.zeros((0, n_act))
     hit = hit_at_k_slates([p @ u for p in probs], pos, k)
     sizes = np.array([len(s.cand_rows) for s in slates])
     return {"auc": {a: auc(p_all[:, c], y_all[:, c]) for c, a in enumerate(actions)}, f"hit@{k}": hit,
@@ -188,3 +195,38 @@ def slate_metrics(probs: Sequence[np.ndarray], slates: Sequence[Slate], actions:
                            "max": int(sizes.max()) if len(sizes) else 0},
             "positive_rate": {a: float(y_all[:, c].mean()) if len(y_all) else float("nan")
                               for c, a in enumerate(actions)}}
+
+
+def paired_slates(probs: Mapping[str, Sequence[np.ndarray]], slates: Sequence[Slate], actions: Sequence[str],
+                  positive_actions: Sequence[str], utility: Mapping[str, np.ndarray], *, k: int = 3,
+                  n_boot: int = 2000, seed: int = 0) -> dict[str, dict[tuple[str, str], PairedDiff]]:
+    """Variants scored on the SAME slates (``probs[v][i]``: variant v's ``[k_i, C]`` probabilities on
+    slate i; ``utility[v]``: its utility vector), compared by a paired bootstrap over slates:
+    ``{"auc/<action>": ..., "hit@k": ...}``, each ``{(a, b): PairedDiff}``. The metrics are those of
+    :func:`slate_metrics`, recomputed on every resample (a pooled AUC is not a mean over slates)."""
+    n = len(slates)
+    y_all, pos = _label_bits(slates, actions, positive_actions)
+    lens = np.array([s.logged.stop for s in slates], np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+
+    def items(idx: np.ndarray) -> np.ndarray:  # the logged items of the resampled slates, repeats kept
+        ln = lens[idx]
+        return np.repeat(starts[idx] - (np.cumsum(ln) - ln), ln) + np.arange(int(ln.sum()))
+
+    p_all = {v: np.concatenate([p[s.logged] for p, s in zip(pv, slates)]) for v, pv in probs.items()}
+    hits = {v: hit_at_k_per_slate([p @ utility[v] for p in pv], pos, k) for v, pv in probs.items()}
+
+    def auc_of(v: str, c: int) -> Any:
+        return lambda idx: auc(p_all[v][items(idx), c], y_all[items(idx), c])
+
+    def hit_of(v: str) -> Any:
+        def f(idx: np.ndarray) -> float:
+            h = hits[v][idx]
+            h = h[np.isfinite(h)]
+            return float(h.mean()) if len(h) else float("nan")
+        return f
+
+    out = {f"auc/{a}": paired_bootstrap({v: auc_of(v, c) for v in probs}, n, n_boot=n_boot, seed=seed)
+           for c, a in enumerate(actions)}
+    out[f"hit@{k}"] = paired_bootstrap({v: hit_of(v) for v in probs}, n, n_boot=n_boot, seed=seed)
+    return out
