@@ -16,7 +16,7 @@ __all__ = ["__version__", *_API]
 
 def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attributes
     if name in _API:
-        from genrec.recipes import pipeline
+        from genrec.recipes import pipeline  # lazy (PEP 562): `import genrec` loads no recipe, torch or Iceberg
 
         return getattr(pipeline, name)
     raise AttributeError(f"module 'genrec' has no attribute {name!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -141,7 +142,6 @@ def clean_stale_tmp(folder: str | Path) -> int:
 def versions() -> dict[str, str]:
     """Versions of Python and the main libraries, recorded in every manifest."""
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    import importlib.metadata as md
 
     out["genrec"] = __version__
     for pkg in ("torch", "numpy", "pyarrow", "pyiceberg", "faiss-cpu", "scikit-learn"):

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -278,7 +279,6 @@ def bench_rank(dev: torch.device, B: int, n: int, k: int, tiny: bool, warmup: in
     cv = F.normalize(torch.randn(B, k, cfg.item_dim, generator=g), dim=-1).to(dev)
     cs = torch.stack([torch.randint(0, s, (B, k), generator=g) for s in cfg.sid_codebook_sizes], -1).to(dev)
     surf = torch.zeros(B, dtype=torch.int64, device=dev)
-    from dataclasses import replace
 
     full = replace(batch, cand_vecs=cv, cand_sid_codes=cs, cand_surface=surf)
     with _autocast(dev):

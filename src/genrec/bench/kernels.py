@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from genrec.bench.gpu_monitor import GpuMonitor
 from genrec.bench.timing import capture, median_ms, rel_err, trusted
@@ -131,8 +132,6 @@ def _guard(name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _flex_block_mask(lengths: torch.Tensor, n_items: int, T: int):
-    from torch.nn.attention.flex_attention import create_block_mask
-
     S = n_items * T
     # the PinGER rules on the kernels' grid: the one predicate (genrec.kernels.mask), as reference.item_block_mask
     return create_block_mask(item_block_mask_mod(lengths, T), lengths.shape[0], None, S, S, device=DEV)
@@ -174,8 +173,6 @@ def check_correctness() -> None:
                 RESULTS["checks"][f"item_block tuned D={D} {str(dtype)[6:]}"] = {
                     "out": rel_err(out, ref), **{f"d{c}": rel_err(a, b) for c, a, b in zip("qkv", grads, grads_ref)}}
             if dtype == torch.float32 and DEV == "cuda":
-                from torch.nn.attention.flex_attention import flex_attention
-
                 bm = _flex_block_mask(lengths, n, T)
                 fo = flex_attention(q, k, v, block_mask=bm)
                 RESULTS["checks"][f"flex D={D} {str(dtype)[6:]}"] = {"out": rel_err(fo, ref)}
@@ -198,8 +195,6 @@ def check_correctness() -> None:
 
 
 def bench_train(H: int, D: int, warmup: int, iters: int, sweep: bool) -> None:
-    from torch.nn.attention.flex_attention import flex_attention
-
     from genrec.kernels.item_block import ItemBlockConfig, item_block_attention  # local: imports triton
 
     B, n_items, T = TRAIN["B"], TRAIN["n_items"], TRAIN["T"]
@@ -437,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)"
     RESULTS["versions"] = {"torch": torch.__version__}
     try:
-        import triton
+        import triton  # absent from CPU-only torch installs; the GPU benchmark alone needs it
 
         RESULTS["versions"]["triton"] = triton.__version__
     except ImportError:

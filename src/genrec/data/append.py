@@ -278,7 +278,7 @@ def _roll_back(table: Any, base: int | None) -> None:
     if snapshot_id(table) == base:
         return
     if base is None:
-        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.expressions import AlwaysTrue  # (pyiceberg: loaded on use, as in genrec.data.store)
 
         table.delete(AlwaysTrue())
     else:

@@ -93,12 +93,13 @@ class TableStore:
     @property
     def catalog(self) -> Any:
         if self._catalog is None:
+            # pyiceberg's catalogue modules load SQLAlchemy (~0.9 s): only a store that opens its catalogue pays it
             from pyiceberg.catalog import load_catalog
 
             if self._catalog_conf is None:
-                from pyiceberg.catalog.sql import SqlCatalog
+                from pyiceberg.catalog.sql import SqlCatalog  # (see above: SQLAlchemy)
 
-                from genrec.data.relocate import recorded_roots, relocation_properties
+                from genrec.data.relocate import recorded_roots, relocation_properties  # (SQLAlchemy, as above)
 
                 wh = self.tables_dir / "warehouse"
                 wh.mkdir(parents=True, exist_ok=True)
@@ -192,7 +193,7 @@ class TableStore:
         are read under its current ``tables_dir``: :mod:`genrec.data.relocate`); others unchanged."""
         if self._catalog_conf is not None:
             return location
-        from genrec.data.relocate import relocate
+        from genrec.data.relocate import relocate  # it loads pyiceberg's SQL catalogue (SQLAlchemy): see catalog
 
         return relocate(location, self.catalog.properties)
 
@@ -271,7 +272,7 @@ class TableStore:
         """
         self.check_writable(n_buckets, overwrite)
         self._manifest = None  # re-read: another process may have written since
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError  # (pyiceberg: loaded on use, see catalog)
 
         self.tables_dir.mkdir(parents=True, exist_ok=True)
         previous = self.manifest()["namespace"] if self.exists() else None
@@ -345,7 +346,7 @@ class TableStore:
 
     def _scan(self, name: str, bucket: int | None, columns: list[str] | None = None) -> Any:
         """The scan of ``name`` at the snapshot this store reads; None when that table was empty then."""
-        from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference
+        from pyiceberg.expressions import AlwaysTrue, EqualTo, Reference  # (pyiceberg: loaded on use, see catalog)
         from pyiceberg.expressions.literals import literal
 
         row_filter: Any = AlwaysTrue()

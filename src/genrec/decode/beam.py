@@ -42,6 +42,7 @@ or all candidates −inf) have score −inf, codes −1 and ``valid = False``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -133,8 +134,6 @@ def select_diverse(
     only that parent's head is recomputed ([B, K] work). Per pick: O(B * (Wc * d + K))
     instead of O(B * Wc * K).
     """
-    import os
-
     if cand.is_cuda and os.environ.get("GENREC_BEAM_SELECT", "").lower() != "torch":
         try:
             from genrec.kernels import beam_select  # local: triton, needed only on CUDA

@@ -16,6 +16,7 @@ CLI (besides ``genrec eval``, which writes these files)::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -206,7 +207,6 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

@@ -94,7 +94,7 @@ def truncated_svd(m: np.ndarray | sp.spmatrix, k: int, *, seed: int, method: str
     ``randomized_svd``, sparse-friendly) or ``"auto"`` (exact when the matrix is small, see
     DENSE_SVD_MAX / DENSE_SVD_MAX_ENTRIES). ``k`` must be ``<= min(m.shape)``. Returns U [r, k], S [k], Vt [k, c].
     """
-    from sklearn.utils.extmath import randomized_svd, svd_flip
+    from sklearn.utils.extmath import randomized_svd, svd_flip  # scikit-learn loads in ~2 s: only this path needs it
 
     r, c = m.shape
     if k < 1 or k > min(r, c):
@@ -158,7 +158,7 @@ def tfidf_fit(texts: list[str], *, dim: int = DEFAULT_TFIDF_DIM, seed: int = 0
     """:func:`tfidf_vectors` and the fitted encoder for more texts: their TF-IDF rows under the same vocabulary
     and idf, folded into the LSA space (``X_new Vt^T``, L2-normalised) -- for the fitted texts the same vectors
     when the SVD is exact (:data:`DENSE_SVD_MAX`), the standard LSA fold-in either way."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.feature_extraction.text import TfidfVectorizer  # (scikit-learn: ~2 s to load, this path only)
 
     if dim < 1:
         raise ConfigError(f"content dim must be >= 1, got {dim}")
@@ -185,7 +185,7 @@ def tfidf_fit(texts: list[str], *, dim: int = DEFAULT_TFIDF_DIM, seed: int = 0
 @functools.lru_cache(maxsize=1)
 def _load_encoder(model: str, device: str | None) -> Any:
     """Load (and keep the last) sentence-transformers encoder, so repeated calls do not reload it."""
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # optional and heavy: only the sentence-model encoder
 
     return SentenceTransformer(model, device=device)
 

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from genrec.errors import ConfigError
 
@@ -156,8 +157,6 @@ def prepare_mask(mask_mod: MaskMod, b: int, sq: int, sk: int, impl: str, device:
     if impl == "reference":
         return _dense_mask(mask_mod, b, sq, sk, device)
     if impl == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
         # on CUDA compile the mask construction too (eager vmap over Sq x Sk dominates otherwise)
         return create_block_mask(mask_mod, b, None, sq, sk, device=str(device), _compile=device.type == "cuda")
     raise ConfigError(f"attn_impl {impl!r}: cannot prepare a mask; choose one of ('reference', 'flex')")
@@ -165,8 +164,6 @@ def prepare_mask(mask_mod: MaskMod, b: int, sq: int, sk: int, impl: str, device:
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any) -> torch.Tensor:
     global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
     if q.device.type == "cuda":
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import hmac
 import importlib.util
@@ -52,6 +53,7 @@ from typing import Any
 import anyio
 import torch
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -238,10 +240,6 @@ def _announce_loaded(svc: Service) -> None:
 def uvicorn_log_config(access_log: bool) -> dict[str, Any]:
     """uvicorn's logging: its own messages from WARNING up (on stderr); with ``access_log`` one line per
     request on stdout (uvicorn's access log, at INFO: a plain ``log_level="warning"`` would hide it)."""
-    import copy
-
-    from uvicorn.config import LOGGING_CONFIG
-
     conf = copy.deepcopy(LOGGING_CONFIG)
     conf["loggers"]["uvicorn"]["level"] = "WARNING"
     conf["loggers"]["uvicorn.error"]["level"] = "WARNING"

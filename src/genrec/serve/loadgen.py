@@ -227,7 +227,7 @@ def client_loop() -> str:
 def run_client(coro: Coroutine[Any, Any, Any]) -> Any:
     """``asyncio.run`` on :func:`client_loop`'s loop."""
     if client_loop() == "uvloop":
-        import uvloop
+        import uvloop  # optional (the serve extra, not on Windows): only this client loop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
             return r.run(coro)
@@ -313,7 +313,7 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
             await conn.close()
 
     async def httpx_client(cid: int, c: Any) -> None:
-        import httpx
+        import httpx  # the httpx client only (`--client httpx`)
 
         headers = {"content-type": "application/json"}
 
@@ -342,7 +342,7 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
     if client == "raw":
         await drive(raw_client)
     else:
-        import httpx
+        import httpx  # the httpx client only (`--client httpx`)
 
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as c:
@@ -371,7 +371,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine)."""
-    import httpx
+    import httpx  # the serve extra's HTTP client, loaded only when a server is started
 
     port = _free_port()
     cmd = [sys.executable, "-m", "genrec.cli", "serve", str(workdir), "--host", "127.0.0.1", "--port", str(port),

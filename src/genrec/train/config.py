@@ -34,6 +34,10 @@ class EarlyStoppingConfig:
     patience: int = 0  # 0 = never stop early
     min_delta: float = 0.0
 
+    def improves(self, value: float, best: float | None) -> bool:
+        """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``min_delta`` in ``mode``'s direction."""
+        return best is None or (value > best + self.min_delta if self.mode == "max" else value < best - self.min_delta)
+
 
 @dataclass
 class TrainConfig:
@@ -139,6 +143,7 @@ def compile_kwargs(mode: str, torch_version: str | None = None) -> dict[str, Any
     128"; pytorch/pytorch#178080). Variable-length batches (Amazon Beauty) hit it on the second batch
     shape. On those versions the options turn that fusion off; 2.13 parenthesises the slice.
     """
+    # torch._inductor takes ~1 s to load: only a run that compiles asks for these options
     import torch
     from torch._inductor import list_mode_options
     from torch.torch_version import TorchVersion

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from genrec.errors import ConfigError
 
@@ -113,8 +114,6 @@ def wrap_model(module: nn.Module, info: DistInfo, *, find_unused_parameters: boo
     """DistributedDataParallel around ``module`` when world > 1 (parameters broadcast from rank 0)."""
     if not info.is_distributed:
         return module
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(module, device_ids=ids, find_unused_parameters=find_unused_parameters)
 
@@ -229,6 +228,24 @@ def step_loss(loss: torch.Tensor, n_items: float, n_global: float | None,
         return count_weighted_loss(loss, n_items, info), 1.0, n_items
     w = float(info.world_size)
     return (loss * w if w != 1.0 else loss), w, n_global / w
+
+
+def rank0_value(x: float, info: DistInfo) -> float:
+    """Rank 0's ``x`` on every rank (one float64 broadcast; ``x`` itself when not distributed)."""
+    if not info.is_distributed:
+        return x
+    t = torch.tensor([x], dtype=torch.float64, device=info.device)
+    dist.broadcast(t, src=0)
+    return float(t.item())
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """Whether ``flag`` is set on any rank (one all-reduce; ``flag`` itself when not distributed)."""
+    if not info.is_distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
 
 
 def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -355,8 +356,6 @@ def _global_counts(counts: dict[str, torch.Tensor], n_items: int,
 
 def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
     """All ranks' ids (variable lengths) under DDP, so each rank's frequency sketch is the same."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return ids
     ws = dist.get_world_size()

@@ -40,7 +40,7 @@ MIN_TASKS = 16
 
 def _import_ray() -> Any:
     try:
-        import ray
+        import ray  # the optional `ray` extra: only data.engine=ray needs it
         import ray.data
     except ImportError as e:
         raise ConfigError("config key 'data.engine': 'ray' needs Ray Data: pip install 'genrec[ray]' "

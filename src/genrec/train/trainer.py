@@ -51,11 +51,13 @@ from genrec.train.distributed import (
     DistInfo,
     StepModule,
     all_reduce_weighted,
+    any_rank,
     barrier,
     broadcast_object,
     init_distributed,
     leading_size,
     pick_device,
+    rank0_value,
     step_loss,
     to_device,
     wrap_model,
@@ -261,8 +263,7 @@ class Trainer:
         if es.metric not in metrics:
             raise GenrecError(f"early_stopping.metric {es.metric!r} not among eval metrics {sorted(metrics)}")
         v = metrics[es.metric]
-        better = (self.best_metric is None or
-                  (v > self.best_metric + es.min_delta if es.mode == "max" else v < self.best_metric - es.min_delta))
+        better = es.improves(v, self.best_metric)
         if better:
             self.best_metric, self.best_step, self.bad_evals = v, self.step, 0
         else:
@@ -270,24 +271,12 @@ class Trainer:
         return better, es.patience > 0 and self.bad_evals >= es.patience
 
     def _out_of_time(self, t_fit: float) -> bool:
-        """``max_minutes`` reached (rank 0's clock decides, so every rank stops at the same step).
-
-        The budget covers the whole run: the time earlier fits used (saved in the checkpoint) counts.
-        Also records the elapsed time in ``self._elapsed`` for the ``decay_by="deadline"`` schedule,
-        so every rank computes the same LR, and for the next checkpoint.
-        """
+        """``max_minutes`` reached: the whole run's budget (earlier fits' time, saved in the checkpoint, counts), on
+        rank 0's clock so every rank stops at the same step; ``self._elapsed`` keeps that time for the next
+        checkpoint and the ``decay_by="deadline"`` schedule (the same LR on every rank)."""
         elapsed = self._elapsed_before + (time.perf_counter() - t_fit)
-        if self.cfg.max_minutes <= 0:
-            self._elapsed = elapsed
-            return False
-        if self.info.world_size > 1:
-            import torch.distributed as dist
-
-            shared = torch.tensor([elapsed], dtype=torch.float64, device=self.device)
-            dist.broadcast(shared, src=0)
-            elapsed = float(shared.item())
-        self._elapsed = elapsed
-        return elapsed > 60.0 * self.cfg.max_minutes
+        self._elapsed = elapsed if self.cfg.max_minutes <= 0 else rank0_value(elapsed, self.info)
+        return self.cfg.max_minutes > 0 and self._elapsed > 60.0 * self.cfg.max_minutes
 
     def _time_progress(self) -> float:
         """Fraction of ``max_minutes`` the run has used (restored on resume); see ``_out_of_time``."""
@@ -508,8 +497,4 @@ class Trainer:
             return interrupts.caught is not None
         if self.device.type != "cpu" and not (self.cfg.log_every and self.step % self.cfg.log_every == 0):
             return False
-        import torch.distributed as dist
-
-        flag = torch.tensor([1.0 if interrupts.caught else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return any_rank(interrupts.caught is not None, self.info)

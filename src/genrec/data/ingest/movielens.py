@@ -11,6 +11,8 @@ decoded as UTF-8 first, then Latin-1 (the one used is recorded in ``source``).
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,9 +175,6 @@ def read_movies_dat(path: Path) -> tuple[ItemRows, str]:
 
 def read_movies_csv(path: Path) -> tuple[ItemRows, str]:
     """latest/20M/25M/32M ``movies.csv``: header movieId,title,genres; quoted CSV, UTF-8."""
-    import csv
-    import io
-
     text, enc = decode_text(path)
     if not text.strip():
         raise DataError("file is empty: expected a header movieId,title,genres", path=path, line=1, field="movieId")
