@@ -19,8 +19,8 @@ forward would only slow the first down and keep the queue from forming). The nex
 key of the OLDEST queued request (first come, first served across keys: no key starves) and, of
 that key, up to ``max_batch`` requests in arrival order.
 
-Measured (CPU box, docs/log/BENCHMARKS-2026-12-04.md "Busy vs timed micro-batching"): with one client ``busy`` costs
-nothing over no batching, where ``timed`` added 3-5 ms to the p50. Under a CLOSED loop of N clients
+On the CPU (``python benchmarks/bench_serve.py RUN --modes one,batch8busy,batch8timed --clients 1,4,8``):
+with one client ``busy`` costs nothing over no batching, where ``timed`` added 3-5 ms to the p50. Under a CLOSED loop of N clients
 ``busy`` phase-locks: the request that queued behind a batch runs alone while the batch's N-1
 clients come back, and then they run together; batches alternate 1, N-1 (rows per forward 2.0 at
 4 clients, 4.0 at 8), where the timed wait gathers ~3.3 at 4 clients. So ``timed`` gave more QPS

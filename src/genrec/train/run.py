@@ -200,7 +200,8 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                                            bf16=False, device="cpu", log_every=50, eval_every=500,
                                            ckpt_every=500),
                          dict(context_len=50)),
-    # one H200; the training forward compiled (1.6x the steps of eager in Beauty round 12)
+    # one H200; the training forward compiled (`python benchmarks/bench_train.py WORKDIR --preset gpu-base`, with and
+    # without train.compile=true, times the two)
     "gpu-base": _preset("gpu-base", dict(lr=1e-3, warmup_steps=300, total_steps=6000, batch_size=256, bf16=True,
                                          device="cuda", log_every=100, eval_every=1000, ckpt_every=1000, compile=True,
                                          compile_mode="reduce-overhead",  # CUDA graphs: 1.44x items/s on Beauty
