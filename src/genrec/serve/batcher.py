@@ -20,8 +20,8 @@ key of the OLDEST queued request (first come, first served across keys: no key s
 that key, up to ``max_batch`` requests in arrival order.
 
 On the CPU (``python benchmarks/bench_serve.py RUN --modes one,batch8busy,batch8timed --clients 1,4,8``):
-with one client ``busy`` costs nothing over no batching, where ``timed`` added 3-5 ms to the p50. Under a CLOSED loop of N clients
-``busy`` phase-locks: the request that queued behind a batch runs alone while the batch's N-1
+with one client ``busy`` costs nothing over no batching, where ``timed`` added 3-5 ms to the p50. Under a
+CLOSED loop of N clients ``busy`` phase-locks: the request that queued behind a batch runs alone while the batch's N-1
 clients come back, and then they run together; batches alternate 1, N-1 (rows per forward 2.0 at
 4 clients, 4.0 at 8), where the timed wait gathers ~3.3 at 4 clients. So ``timed`` gave more QPS
 at 4 clients; at 8 the two were close, ``busy`` with the lower p99. Breaking the lock needs a
