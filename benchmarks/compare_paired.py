@@ -29,7 +29,7 @@ from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
 from genrec.eval.retrieval import evaluate_retrieval
-from genrec.eval.significance import paired_topk
+from genrec.eval.significance import PairedDiff, paired_topk
 from genrec.infer.recommender import Recommender
 
 
@@ -111,11 +111,15 @@ def section(title: str, entries: dict[str, np.ndarray], n_cases: int, a: argpars
     for n in names:
         m = topk_metrics(entries[n], (10,))
         print(f"| {n} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} |")
+    return print_differences({m: paired_topk(entries, m, n_boot=a.n_boot) for m in ("recall@10", "ndcg@10")}, names)
+
+
+def print_differences(res: dict[str, dict[tuple[str, str], PairedDiff]], names: list[str]) -> dict[str, object]:
+    """One table per metric: every pair's paired difference (in ``names``' order); returns them by name."""
     rows: dict[str, object] = {}
-    for metric in ("recall@10", "ndcg@10"):
-        res = paired_topk(entries, metric, n_boot=a.n_boot)
+    for metric, diffs in res.items():
         print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
-        for (x, y), d in res.items():
+        for (x, y), d in diffs.items():
             if names.index(x) < names.index(y):
                 print(f"| {x} − {y} | {d.cells()} |")
                 rows[f"{metric}: {x} - {y}"] = vars(d)
@@ -140,14 +144,7 @@ def ranking_section(probs: dict[str, list[np.ndarray]], slates: list[Slate], act
         m = slate_metrics(probs[n], slates, actions[0], actions[1], utilities[n])
         vals = [m["auc"][x] for x in actions[0]] + [m["hit@3"]]
         print(f"| {n} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
-    rows: dict[str, object] = {}
-    for metric, diffs in res.items():
-        print(f"\n| {metric} | difference | 95% interval (paired) | P(> 0) |\n|---|---|---|---|")
-        for (x, y), d in diffs.items():
-            if names.index(x) < names.index(y):
-                print(f"| {x} − {y} | {d.cells()} |")
-                rows[f"{metric}: {x} - {y}"] = vars(d)
-    return rows
+    return print_differences(res, names)
 
 
 if __name__ == "__main__":
