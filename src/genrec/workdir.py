@@ -142,7 +142,6 @@ def clean_stale_tmp(folder: str | Path) -> int:
 def versions() -> dict[str, str]:
     """Versions of Python and the main libraries, recorded in every manifest."""
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-
     out["genrec"] = __version__
     for pkg in ("torch", "numpy", "pyarrow", "pyiceberg", "faiss-cpu", "scikit-learn"):
         with contextlib.suppress(md.PackageNotFoundError):

@@ -217,7 +217,10 @@ def paired_slates(probs: Mapping[str, Sequence[np.ndarray]], slates: Sequence[Sl
     hits = {v: hit_at_k_per_slate([p @ utility[v] for p in pv], pos, k) for v, pv in probs.items()}
 
     def auc_of(v: str, c: int) -> Any:
-        return lambda idx: auc(p_all[v][items(idx), c], y_all[items(idx), c])
+        def f(idx: np.ndarray) -> float:
+            rows = items(idx)
+            return auc(p_all[v][rows, c], y_all[rows, c])
+        return f
 
     def hit_of(v: str) -> Any:
         def f(idx: np.ndarray) -> float:

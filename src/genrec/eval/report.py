@@ -207,7 +207,6 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)

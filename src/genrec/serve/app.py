@@ -53,10 +53,10 @@ from typing import Any
 import anyio
 import torch
 import uvicorn
-from uvicorn.config import LOGGING_CONFIG
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from uvicorn.config import LOGGING_CONFIG
 
 from genrec.serve.config import ServeConfig
 from genrec.serve.errors import install_error_handlers
