@@ -128,3 +128,24 @@ def test_item_block_kernel_only_at_the_head_dims_it_takes(d_model: int, n_heads:
     assert isinstance(mask, ItemBlockMask) is kernel
     if not kernel:
         assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+
+
+def test_auto_takes_the_item_block_kernel_where_the_pinger_mask_is_too_big(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under auto on a GPU a PinGER training mask past AUTO_FLEX_MIN_MASK_ELEMS goes to the item-block kernel
+    (flex would fall back to a dense mask under dropout); other layouts and explicit flex keep flex."""
+    from genrec.kernels.attention import ItemBlockMask
+    from genrec.model import backbone
+    from genrec.model.layout import build_layout
+
+    monkeypatch.setattr(backbone, "resolve_impl", lambda impl, device, elems=None: "flex")  # a big mask on a GPU
+    monkeypatch.delenv("GENREC_ATTN", raising=False)
+    picked = {}
+    for impl in ("auto", "flex"):
+        monkeypatch.setattr(backbone, "gpu_fast_path", lambda choice, device: choice in ("auto", "triton"))
+        monkeypatch.setattr(backbone, "prepare_mask", lambda *a: "flex-or-dense")
+        cfg = ModelConfig.from_name("tiny", d_model=32, n_heads=2, sid_levels=3, sid_codebook_sizes=[4, 4, 4],
+                                    n_actions=3, n_surfaces=1, attn_impl=impl, dropout=0.0)
+        lay = build_layout(torch.tensor([9, 6, 2]), 9, cfg.layout, cfg.sid_levels)
+        picked[impl] = GenRecModel(cfg).backbone._mask(lay.meta, lay.meta, cfg.layout, torch.device("cpu"), 0)
+    assert isinstance(picked["auto"], ItemBlockMask)
+    assert picked["flex"] == "flex-or-dense"

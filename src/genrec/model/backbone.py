@@ -113,6 +113,12 @@ class Backbone(nn.Module):
             if n_cands() == 0:
                 return CausalMask()
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
+        if (impl == "flex" and layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim)
+                and gpu_fast_path(self.cfg.attn_impl, device)):
+            # auto, and the PinGER training mask too big to build: the item-block kernel (no attention-
+            # probability dropout; the residual and FFN dropout stay), where flex would fall back to a dense
+            # mask under dropout and run out of memory from ~1,000 history items at the preset's batch
+            impl = "triton"
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout
         if impl == "triton":
