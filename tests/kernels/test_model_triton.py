@@ -132,20 +132,40 @@ def test_item_block_kernel_only_at_the_head_dims_it_takes(d_model: int, n_heads:
 
 def test_auto_takes_the_item_block_kernel_where_the_pinger_mask_is_too_big(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under auto on a GPU a PinGER training mask past AUTO_FLEX_MIN_MASK_ELEMS goes to the item-block kernel
-    (flex would fall back to a dense mask under dropout); other layouts and explicit flex keep flex."""
+    (flex would fall back to a dense mask under dropout); explicit flex keeps flex; the serving layout (one dense
+    token per item, same layout name) never takes the kernel, even where its token count divides into items."""
     from genrec.kernels.attention import ItemBlockMask
     from genrec.model import backbone
     from genrec.model.layout import build_layout
 
     monkeypatch.setattr(backbone, "resolve_impl", lambda impl, device, elems=None: "flex")  # a big mask on a GPU
+    monkeypatch.setattr(backbone, "gpu_fast_path", lambda choice, device: choice in ("auto", "triton"))
+    monkeypatch.setattr(backbone, "prepare_mask", lambda *a: "flex-or-dense")
     monkeypatch.delenv("GENREC_ATTN", raising=False)
     picked = {}
     for impl in ("auto", "flex"):
-        monkeypatch.setattr(backbone, "gpu_fast_path", lambda choice, device: choice in ("auto", "triton"))
-        monkeypatch.setattr(backbone, "prepare_mask", lambda *a: "flex-or-dense")
-        cfg = ModelConfig.from_name("tiny", d_model=32, n_heads=2, sid_levels=3, sid_codebook_sizes=[4, 4, 4],
-                                    n_actions=3, n_surfaces=1, attn_impl=impl, dropout=0.0)
-        lay = build_layout(torch.tensor([9, 6, 2]), 9, cfg.layout, cfg.sid_levels)
-        picked[impl] = GenRecModel(cfg).backbone._mask(lay.meta, lay.meta, cfg.layout, torch.device("cpu"), 0)
-    assert isinstance(picked["auto"], ItemBlockMask)
-    assert picked["flex"] == "flex-or-dense"
+        for serving in (False, True):
+            cfg = ModelConfig.from_name("tiny", d_model=32, n_heads=2, sid_levels=3, sid_codebook_sizes=[4, 4, 4],
+                                        n_actions=3, n_surfaces=1, attn_impl=impl, dropout=0.0)
+            # 12 items: 12 serving tokens divide into 3-token "items" too
+            lay = build_layout(torch.tensor([12, 6, 2]), 12, cfg.layout, cfg.sid_levels, serving=serving)
+            mask = GenRecModel(cfg).eval().backbone._mask(lay.meta, lay.meta, cfg.layout, torch.device("cpu"), 0)
+            picked[impl, serving] = mask
+    assert isinstance(picked["auto", False], ItemBlockMask)
+    assert picked["auto", False].lengths.tolist() == [12, 6, 2]
+    assert picked["auto", True] == picked["flex", False] == picked["flex", True] == "flex-or-dense"
+
+
+def test_triton_never_reads_the_serving_layout_as_item_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from genrec.kernels.attention import ItemBlockMask
+    from genrec.model import backbone
+    from genrec.model.layout import build_layout
+
+    monkeypatch.setattr(backbone, "resolve_impl", lambda impl, device, elems=None: "triton")  # as on a GPU
+    cfg = ModelConfig.from_name("tiny", d_model=32, n_heads=2, sid_levels=3, sid_codebook_sizes=[4, 4, 4],
+                                n_actions=3, n_surfaces=1, attn_impl="triton")
+    model = GenRecModel(cfg).eval()
+    for serving, kernel in ((False, True), (True, False)):
+        lay = build_layout(torch.tensor([12, 6, 2]), 12, cfg.layout, cfg.sid_levels, serving=serving)
+        mask = model.backbone._mask(lay.meta, lay.meta, cfg.layout, torch.device("cpu"), 0)
+        assert isinstance(mask, ItemBlockMask) is kernel, serving

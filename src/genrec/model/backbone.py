@@ -113,23 +113,22 @@ class Backbone(nn.Module):
             if n_cands() == 0:
                 return CausalMask()
         impl = resolve_impl(self.cfg.attn_impl, device, b * sq * sk)
-        if (impl == "flex" and layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim)
-                and gpu_fast_path(self.cfg.attn_impl, device)):
-            # auto, and the PinGER training mask too big to build: the item-block kernel (no attention-
-            # probability dropout; the residual and FFN dropout stay), where flex would fall back to a dense
-            # mask under dropout and run out of memory from ~1,000 history items at the preset's batch
-            impl = "triton"
+        # the item-block kernel covers the full PinGER training layout (no cache), candidates after the history
+        # included, at the head dims it takes: under triton, and under auto where the mask is too big to build
+        # (flex would fall back to a dense mask under dropout and run out of memory from ~1,000 history items at
+        # the preset's batch; the kernel has no attention-probability dropout, the residual and FFN dropout stay)
+        if impl == "triton" or (impl == "flex" and gpu_fast_path(self.cfg.attn_impl, device)):
+            if layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim):
+                m, t = n_cands(), self.cfg.sid_levels
+                # whole T-token items (one host sync): the serving layout, one dense token per item under the
+                # same layout name, would pass the divisibility test alone and be read as T-token items
+                if (sq - m) % t == 0 and sq - m >= t and bool(q_meta.pos[0, t - 1] == q_meta.pos[0, 0]):
+                    lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
+                    return ItemBlockMask(lengths, t, m)
+            if impl == "triton":
+                impl = "reference"
         if impl == "flex" and self.training and self.cfg.dropout > 0:
             impl = "reference"  # flex has no attention dropout
-        if impl == "triton":
-            # the item-block kernel covers the full PinGER training layout (no cache), candidates
-            # after the history included, at the head dims it takes
-            if layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim):
-                m = n_cands()
-                if (sq - m) % self.cfg.sid_levels == 0:
-                    lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
-                    return ItemBlockMask(lengths, self.cfg.sid_levels, m)
-            impl = "reference"
         return prepare_mask(make_mask_mod(q_meta, k_meta, layout), b, sq, sk, impl, device)
 
     def forward(self, x: torch.Tensor, meta: TokenMeta, layout: str, n_cand: int | None = None) -> torch.Tensor:
