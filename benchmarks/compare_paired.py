@@ -11,6 +11,7 @@ run's own standard error can still be decided this way. ``l0l1`` is the L0 -> L1
 stored fusion weights (``genrec fusion tune``: chosen on validation), ``heads`` the same union ranked by the
 action heads alone (UniPinRec's L1: a = 1, w = v = 0). ``--across`` also compares paths across
 runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
+``sid-dense`` is the SID path with the item inside each code chosen by the dense head (`genrec.eval.retrieval`).
 ``ranking`` compares the action heads on the split's held-out feedview slates (AUC per action and Hit@3, as
 ``genrec eval`` reports them; UniPinRec's ordering), resampling slates (:func:`genrec.eval.ranking.paired_slates`).
 Choose on ``valid``; touch ``test`` once.
@@ -28,7 +29,7 @@ import numpy as np
 from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
-from genrec.eval.retrieval import evaluate_retrieval
+from genrec.eval.retrieval import evaluate_retrieval, trained_temperature
 from genrec.eval.significance import PairedDiff, paired_topk
 from genrec.infer.recommender import Recommender
 
@@ -64,9 +65,9 @@ def main() -> None:
             raise SystemExit(f"{run}: its {a.split} cases differ from {a.runs[0]}'s (other tables or sampling?)")
         ro: dict[str, np.ndarray] = {}
         paths = a.paths.split(",")
-        evaluate_retrieval(rec.catalog_model, es, paths=tuple(p for p in paths if p in ("sid", "ann")),
+        evaluate_retrieval(rec.catalog_model, es, paths=tuple(p for p in paths if p in ("sid", "ann", "sid-dense")),
                            beam_width=a.beam, context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
-                           ranks_out=ro)
+                           ranks_out=ro, dense_temperature=trained_temperature(rec.run_config))
         for p in ("l0l1", "heads"):  # the funnel: the stored (validated) fusion, or the heads alone
             if p in paths and rec.model.action_head is not None and rec.ann is not None:
                 got: dict[str, np.ndarray] = {}

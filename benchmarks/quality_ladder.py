@@ -170,7 +170,7 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
 
     from genrec.eval.evaluate import EvalConfig, load_eval_data
     from genrec.eval.metrics import topk_metrics
-    from genrec.eval.retrieval import evaluate_retrieval
+    from genrec.eval.retrieval import evaluate_retrieval, trained_temperature
     from genrec.eval.significance import paired_topk
     from genrec.infer.recommender import Recommender
 
@@ -199,9 +199,9 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             cases[split] = tgt
             ro: dict[str, np.ndarray] = {}
             with torch.no_grad():
-                evaluate_retrieval(rec.catalog_model, es, paths=("ann", "sid"), beam_width=a.sid_beam, ks=ks,
-                                   context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
-                                   batch_size=256, ranks_out=ro)
+                evaluate_retrieval(rec.catalog_model, es, paths=("ann", "sid", "sid-dense"), beam_width=a.sid_beam,
+                                   ks=ks, context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
+                                   batch_size=256, ranks_out=ro, dense_temperature=trained_temperature(rec.run_config))
             ranks[r["name"]][split] = ro
             for path, rk in ro.items():
                 for m, v in topk_metrics(rk, ks).items():

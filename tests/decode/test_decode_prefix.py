@@ -4,6 +4,8 @@ beams' known items inside the merged list with the same scores."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -65,6 +67,46 @@ def test_prefix_search_equals_the_per_item_twin(seed: int, b: int, w: int, lam: 
     for i in range(b):
         kept = r[i][r[i] >= 0]
         assert len(set(kept.tolist())) == len(kept)  # no item twice
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.integers(1, 8), st.sampled_from(["prefix", "merged"]),
+       st.integers(0, 2), st.integers(1, 40))
+def test_dense_leaf_rule_equals_the_per_item_twin(seed: int, b: int, w: int, order: str, grown: int,
+                                                  limit: int) -> None:
+    """With leaf_logits the item inside a prefix is scored by the softmax of its dense score over the prefix's
+    catalogue items, known flags and the last SID level aside; each kept prefix's items sum to its probability."""
+    trie, step, codes, rows, known, _, _ = _case(seed, b, grown)
+    dense = np.random.default_rng(seed + 1).normal(size=(b, len(rows) + 5)) * 3
+    dense_t = torch.from_numpy(dense).float()
+
+    def leaf(r: torch.Tensor) -> torch.Tensor:
+        return dense_t.gather(1, r.reshape(r.shape[0], -1)).reshape(r.shape)
+
+    got = prefix_search(step, trie, PrefixLeaves.build(rows, known, "cpu"), b, w, limit, order=order,  # type: ignore[arg-type]
+                        leaf_logits=leaf)
+    beams = got.beams
+    last = step(beams.codes.clamp_min(0)).numpy()
+    want_r, want_s = prefix_lists_reference(beams.codes.numpy(), beams.scores.numpy(), beams.valid.numpy(), last,
+                                            codes, rows, known, limit, order, item_scores=dense)  # type: ignore[arg-type]
+    s = got.scores.numpy().astype(np.float64)
+    np.testing.assert_allclose(s, want_s, atol=1e-5, rtol=0)
+    r = got.rows.numpy()
+    for i, j in np.argwhere(r != want_r):
+        assert r[i, j] in want_r[i][np.abs(want_s[i] - s[i, j]) < 1e-5], (i, j)
+    # the whole list of one prefix: its items' probabilities add up to the prefix's
+    full = prefix_search(step, trie, PrefixLeaves.build(rows, known, "cpu"), b, w, 10_000, order="prefix",
+                         leaf_logits=leaf)
+    for i in range(b):
+        for j in range(w):
+            if not beams.valid[i, j]:
+                continue
+            under = [rows[n] for n in range(len(codes))
+                     if list(codes[n][:-1]) == beams.codes[i, j].tolist() and rows[n] >= 0]
+            if under:
+                got_p = [math.exp(float(full.scores[i, k])) for k in range(full.rows.shape[1])
+                         if int(full.rows[i, k]) in under]
+                assert sum(got_p) == pytest.approx(math.exp(float(beams.scores[i, j])), rel=1e-4)
 
 
 @settings(max_examples=30, deadline=None)

@@ -233,3 +233,41 @@ def test_cli_recommend_and_eval(run: tuple[Path, Recommender]) -> None:
     assert "| SID beams (constrained) |" in r.output
     r = CliRunner().invoke(app, ["eval", str(root), "--split", "train"])
     assert r.exit_code == 2 and "--split must be" in r.output
+
+
+def test_sid_dense_path_equals_the_per_case_twin(run: tuple[Path, Recommender]) -> None:
+    """The "sid-dense" path (beams over the semantic levels, the item inside each prefix by the softmax of its
+    dense score / the temperature) against the slow twin, one case at a time: the case's own beams, its dense
+    scores from its own encoding, and `prefix_lists_reference`'s per-item loop."""
+    import torch.nn.functional as F
+
+    from genrec.decode.beam import beam_search
+    from genrec.decode.prefix import prefix_lists_reference
+    from genrec.eval.retrieval import _batches
+
+    root, rec = run
+    es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=12)).es
+    cm, model, trie, tau, w = rec.catalog_model, rec.model, rec.trie, 0.3, 4
+    lists: dict[str, np.ndarray] = {}
+    evaluate_retrieval(cm, es, paths=("sid-dense",), ks=KS, beam_width=w, context_len=rec.context_len, trie=trie,
+                       leaf_rows=rec.leaf_rows, batch_size=5, lists_out=lists, dense_temperature=tau)
+    leaf_rows = np.asarray(rec.leaf_rows)
+    sids = rec.catalog.codes.numpy()[leaf_rows]  # the trie's leaves in order: each leaf's full code
+    vecs = cm.catalogue_vectors().float()
+    ls = trie.n_levels - 1
+    with torch.no_grad():
+        for i in range(len(es)):
+            _, tb = next(_batches(es.subset(np.array([i])), 1, rec.context_len, rec.config.n_actions))
+            mb, _ = cm.model_batch(tb, mask_actions=False)
+            cache, user, _ = model.encode_history(mb)
+
+            def step(prefix: torch.Tensor) -> torch.Tensor:
+                return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
+
+            beams = beam_search(step, 1, ls, trie.codebook_sizes[:ls], w, trie=trie.cut(ls))
+            last = step(beams.codes.clamp_min(0)).numpy()
+            dense = (user.float() @ vecs.T / tau).numpy()
+            want, _ = prefix_lists_reference(beams.codes.numpy(), beams.scores.numpy(), beams.valid.numpy(), last,
+                                             sids, leaf_rows, np.ones(len(leaf_rows), bool), max(KS), "merged",
+                                             item_scores=dense)
+            np.testing.assert_array_equal(lists["sid-dense"][i], want[0], err_msg=f"case {i}")

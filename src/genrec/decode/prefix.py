@@ -16,6 +16,10 @@ item. Here:
    otherwise by the **new-code rule**: ``log P(prefix) + log(mean p of the prefix's known items)`` -- a new
    item is taken to be as likely as its average sibling; with no known sibling, the prefix's probability is
    split evenly over its items: ``log P(prefix) - log n``;
+   With ``leaf_logits`` (the model's dense score of each catalogue row for the request) the item inside a prefix
+   is chosen by the dense head instead: ``log P(prefix) + log softmax over the prefix's items of the dense
+   score`` -- the code from the SID head, the item from the item embeddings (known or new alike), which spares
+   the disambiguation level its hardest job, telling apart the rarely seen items of one code;
 4. the items are ordered ``"prefix"``: beam by beam, inside a prefix by score (the index lookup PinGER
    describes), or ``"merged"``: all by score. The full-code beams' known items are among the merged ones with
    the same scores (their first L-1 levels are these beams; their score is the same sum of log-probs), so
@@ -27,7 +31,7 @@ item. Here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +46,7 @@ __all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "pad_codebooks", "prefix_li
 
 ORDERS = ("prefix", "merged")
 Order = Literal["prefix", "merged"]
+LeafFn = Callable[[torch.Tensor], torch.Tensor]  # catalogue rows [B, W, F] -> the request's dense scores [B, W, F]
 
 
 @dataclass
@@ -101,8 +106,8 @@ def _check(order: str, limit: int, trie: TorchTrie, leaves: PrefixLeaves) -> Non
         raise ConfigError(f"leaves: {leaves.rows.shape[0]} rows for a trie of {trie.n_nodes(trie.n_levels)} leaves")
 
 
-def _expand(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, beams: BeamResult
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _expand(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, beams: BeamResult,
+            leaf_logits: LeafFn | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every leaf under each beam: (score [B, W, F] (-inf: no item), row [B, W, F], known [B, W, F])."""
     ptrie = trie.cut(trie.n_levels - 1)
     prefix = beams.codes.clamp_min(0)  # [B, W, L-1]
@@ -124,25 +129,33 @@ def _expand(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, beams: BeamR
     n_kn = kn.sum(-1)  # [B, W]
     mean = torch.logsumexp(lp.masked_fill(~kn, NEG_INF), -1) - n_kn.clamp_min(1).float().log()
     rule = torch.where(n_kn > 0, mean, -count.clamp_min(1).float().log())  # [B, W]
-    score = beams.scores.float()[..., None] + torch.where(kn, lp, rule[..., None])
     row = leaves.rows[leaf]
-    score = score.masked_fill(~(on & (row >= 0)), NEG_INF)
+    ok = on & (row >= 0)
+    if leaf_logits is None:
+        within = torch.where(kn, lp, rule[..., None])
+    else:  # softmax of the dense scores over the prefix's catalogue items (a prefix with none: NaN, masked below)
+        d = leaf_logits(row.clamp_min(0)).float().masked_fill(~ok, NEG_INF)
+        within = d - torch.logsumexp(d, -1, keepdim=True)
+    score = (beams.scores.float()[..., None] + within).masked_fill(~ok, NEG_INF)
     return score, row, kn
 
 
 def prefix_search(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, batch_size: int, beam_width: int,
                   limit: int, *, order: Order = "merged", diversity_lambda: float = 0.0,
-                  penalty: Literal["sum", "max"] = "sum", device: torch.device | str = "cpu") -> PrefixResult:
+                  penalty: Literal["sum", "max"] = "sum", device: torch.device | str = "cpu",
+                  leaf_logits: LeafFn | None = None) -> PrefixResult:
     """Coarse-prefix SID retrieval (module docstring): up to ``limit`` catalogue rows per request.
 
     ``step_fn(prefix [B, W, d]) -> log-probs [B, W, K_{d+1}]`` as for :func:`~genrec.decode.beam.beam_search`,
     at the model's codebook sizes (its last level may be narrower than the trie's); ``trie`` the full trie of
-    the served SIDs; ``leaves`` its leaves' catalogue rows and known flags."""
+    the served SIDs; ``leaves`` its leaves' catalogue rows and known flags. ``leaf_logits(rows [B, W, F]) ->
+    [B, W, F]``: each row's dense score for its request (rows >= 0); given, the item inside a prefix is scored
+    by its softmax over the prefix's items instead of by the last SID level."""
     _check(order, limit, trie, leaves)
     ls = trie.n_levels - 1
     beams = beam_search(step_fn, batch_size, ls, trie.codebook_sizes[:ls], beam_width,
                         diversity_lambda=diversity_lambda, penalty=penalty, trie=trie.cut(ls), device=device)
-    score, row, kn = _expand(step_fn, trie, leaves, beams)  # [B, W, F]
+    score, row, kn = _expand(step_fn, trie, leaves, beams, leaf_logits)  # [B, W, F]
     b = score.shape[0]
     if order == "prefix":  # inside each beam by score, beams in their order; then the empty slots last
         score, i = score.sort(dim=2, descending=True, stable=True)
@@ -165,13 +178,15 @@ def prefix_search(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, batch_
 
 def prefix_lists_reference(beam_codes: np.ndarray, beam_scores: np.ndarray, beam_valid: np.ndarray,
                            last_logprobs: np.ndarray, sids: np.ndarray, rows: np.ndarray, known: np.ndarray,
-                           limit: int, order: Order = "merged") -> tuple[np.ndarray, np.ndarray]:
+                           limit: int, order: Order = "merged", item_scores: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
     """The slow twin of :func:`prefix_search`'s expansion and ordering, one row, beam and item at a time.
 
     ``beam_codes`` int [B, W, L-1], ``beam_scores`` float [B, W], ``beam_valid`` bool [B, W] (the beams over
     levels 1..L-1), ``last_logprobs`` float [B, W, K_model] (the model's last-level log-probs after each beam),
     ``sids`` int [N, L] the full SIDs in lexicographic order (the trie's leaves), ``rows`` / ``known`` per
-    SID. Returns (rows int64 [B, limit] (-1 pad), scores float64 [B, limit] (-inf pad)); ties keep beam order,
+    SID; ``item_scores`` float [B, n_rows]: each request's dense score per catalogue row (the dense leaf rule).
+    Returns (rows int64 [B, limit] (-1 pad), scores float64 [B, limit] (-inf pad)); ties keep beam order,
     then SID order."""
     b, w = beam_scores.shape
     km = last_logprobs.shape[-1]
@@ -188,10 +203,16 @@ def prefix_lists_reference(beam_codes: np.ndarray, beam_scores: np.ndarray, beam
             kn = [n for n in under if known[n] and sids[n][-1] < km]
             p = [math.exp(float(last_logprobs[i, j, sids[n][-1]])) for n in kn]
             rule = math.log(sum(p) / len(p)) if kn else -math.log(len(under))
-            for n in under:
-                s = float(beam_scores[i, j]) + (float(last_logprobs[i, j, sids[n][-1]]) if n in kn else rule)
-                if rows[n] >= 0:
-                    got.append((s, j, n, int(rows[n])))
+            in_cat = [n for n in under if rows[n] >= 0]
+            if item_scores is not None and in_cat:  # log softmax of the dense scores over the prefix's items
+                z = max(float(item_scores[i, rows[n]]) for n in in_cat)
+                lse = z + math.log(sum(math.exp(float(item_scores[i, rows[n]]) - z) for n in in_cat))
+            for n in in_cat:
+                if item_scores is not None:
+                    s = float(beam_scores[i, j]) + float(item_scores[i, rows[n]]) - lse
+                else:
+                    s = float(beam_scores[i, j]) + (float(last_logprobs[i, j, sids[n][-1]]) if n in kn else rule)
+                got.append((s, j, n, int(rows[n])))
         if order == "prefix":
             got.sort(key=lambda t: (t[1], -t[0], t[2]))
         else:

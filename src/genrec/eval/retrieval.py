@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,6 +63,12 @@ def split_eval_set(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -
     return es.subset(perm[:n_tune]), es.subset(rest[:n_report] if n_report else rest)
 
 
+def trained_temperature(run_config: dict[str, Any] | None) -> float:
+    """The item softmax's temperature a run trained with (``objective.temperature`` of its stored config; 1.0
+    when absent): the scale of its dense scores, for the "sid-dense" path's ``dense_temperature``."""
+    return float(((run_config or {}).get("objective") or {}).get("temperature", 1.0))
+
+
 def make_eval_set(records: Sequence[UserExample], catalog: ItemCatalog, *, max_cases: int = 0,
                   seed: int = 0) -> EvalSet:
     """Eval cases from the reader's valid/test records (targets must be catalogue items)."""
@@ -88,7 +94,7 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                        ks: Sequence[int] = (5, 10, 20), beam_width: int = 20, diversity_lambda: float = 0.0,
                        context_len: int = 200, batch_size: int = 128, trie: TorchTrie | None = None,
                        leaf_rows: np.ndarray | None = None,
-                       sid_mode: str = "full", known: np.ndarray | None = None,
+                       sid_mode: str = "full", known: np.ndarray | None = None, dense_temperature: float = 1.0,
                        ranks_out: dict[str, np.ndarray] | None = None,
                        lists_out: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
     """Metrics per path of ``objective``: a model with its catalogue tensors, the trainer's
@@ -106,6 +112,9 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     prefix by score; "merged": all by score. ``known``: per trie leaf, whether the model has a trained
     last-level logit for it (None: every code inside its head); the others take the new-code rule. A trie whose
     last level grew past the model's head (``genrec sid assign``) is read with -inf for the codes it lacks.
+    The path "sid-dense": beams over the semantic levels as above, the item inside each prefix by the softmax of
+    its dense (ANN) score over the prefix's items (``prefix_search``'s ``leaf_logits``), merged by score; the
+    scores divided by ``dense_temperature``, the run's ``objective.temperature`` (the item softmax it trained).
     """
     if sid_mode not in ("full", "prefix", "merged"):
         raise ConfigError(f"sid_mode must be full, prefix or merged, got {sid_mode!r}")
@@ -118,11 +127,14 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     cfg = model.config
     out: dict[str, dict[str, float]] = {}
     want_ann = "ann" in paths and cfg.layout != "tiger"
-    want_sid = "sid" in paths and model.sid_heads is not None and trie is not None and leaf_rows is not None
-    item_vecs = obj.catalogue_vectors().float() if want_ann else None  # [N, D]
-    ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in ("ann", "sid")}
+    has_sid = model.sid_heads is not None and trie is not None and leaf_rows is not None
+    want_sid = "sid" in paths and has_sid
+    want_sd = "sid-dense" in paths and has_sid and cfg.layout != "tiger" and trie is not None and trie.n_levels >= 2
+    item_vecs = obj.catalogue_vectors().float() if want_ann or want_sd else None  # [N, D]
+    names = ("ann", "sid", "sid-dense")
+    ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in names}
     kmax = max(ks)
-    lists = {p: np.full((len(es), kmax), -1, dtype=np.int64) for p in ("ann", "sid")} if lists_out is not None else None
+    lists = {p: np.full((len(es), kmax), -1, dtype=np.int64) for p in names} if lists_out is not None else None
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None
     leaves: PrefixLeaves | None = None
     for lo, tb in _batches(es, batch_size, context_len, cfg.n_actions):
@@ -130,17 +142,18 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
         mb, _ = obj.model_batch(tb, mask_actions=False)
         cache, user, _ = model.encode_history(mb)
         tgt = es.target_rows[lo:lo + tb.batch_size]
-        if want_ann and user is not None and item_vecs is not None:
-            s = user.float() @ item_vecs.T  # [c, N]
+        s = user.float() @ item_vecs.T if user is not None and item_vecs is not None else None  # [c, N]
+        if want_ann and s is not None:
             ts = s.gather(1, torch.as_tensor(tgt, device=dev)[:, None])
             ranks["ann"][lo:lo + len(tgt)] = ((s >= ts).sum(1) - 1).cpu().numpy()
             if lists is not None:  # the same scores: the list puts the target at exactly this rank
                 top = s.topk(min(kmax + 1, s.shape[1]), dim=1).indices.cpu().numpy()
                 lists["ann"][lo:lo + len(tgt)] = place_target(top, ranks["ann"][lo:lo + len(tgt)], tgt, kmax)
-        if want_sid and trie is not None and leaf_t is not None:
-            def step(prefix: torch.Tensor) -> torch.Tensor:
-                return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 
+        def step(prefix: torch.Tensor) -> torch.Tensor:  # the SID head's next-level log-probs
+            return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
+
+        if want_sid and trie is not None and leaf_t is not None:
             if sid_mode == "full":
                 res = beam_search(pad_codebooks(step, trie.codebook_sizes), tb.batch_size, cfg.sid_levels,
                                   trie.codebook_sizes, beam_width, diversity_lambda=diversity_lambda, trie=trie,
@@ -154,10 +167,25 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
             ranks["sid"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
             if lists is not None:
                 lists["sid"][lo:lo + len(tgt), :top.shape[1]] = top
+        if want_sd and trie is not None and s is not None:
+            if leaves is None:
+                leaves = PrefixLeaves.build(np.asarray(leaf_rows), known, trie.device)
+            sc = s
+
+            def dense_leaf(r: torch.Tensor) -> torch.Tensor:  # [c, W, F] rows -> their dense scores
+                return sc.gather(1, r.reshape(r.shape[0], -1)).reshape(r.shape) / dense_temperature
+
+            top = prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax, order="merged",
+                                diversity_lambda=diversity_lambda, device=dev, leaf_logits=dense_leaf).rows.cpu().numpy()
+            ranks["sid-dense"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
+            if lists is not None:
+                lists["sid-dense"][lo:lo + len(tgt), :top.shape[1]] = top
     if want_ann:
         out["ann"] = topk_metrics(ranks["ann"], ks)
     if want_sid:
         out["sid"] = topk_metrics(ranks["sid"], ks)
+    if want_sd:
+        out["sid-dense"] = topk_metrics(ranks["sid-dense"], ks)
     if ranks_out is not None:
         ranks_out.update({p: ranks[p] for p in out})
     if lists_out is not None and lists is not None:
