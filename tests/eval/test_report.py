@@ -121,3 +121,33 @@ def test_markdown_table_and_errors(tmp_path: Path) -> None:
     bad.write_text('{"split": "test",\n "paths": ]')
     with pytest.raises(DataError, match="bad.json:2"):
         R.render(bad)
+
+
+def test_trained_context_plot_reads_the_ladders(tmp_path: Path) -> None:
+    """Rungs that trained at their own context, from two ladder outputs (one layout each); a rung with no score
+    (failed) is left out; the figure's lines are the recalls and peak memory of the JSON, in context order."""
+    def ladder(layout: str, ctxs: tuple[int, ...], failed: int | None = None) -> dict:
+        rungs = [{"name": f"{layout}-{c}", "overrides": [f"variant={layout}", f"data.context_len={c}"]} for c in ctxs]
+        scored = [c for c in ctxs if c != failed]
+        rows = [{"rung": f"{layout}-{c}", "valid/sid/recall@10": c / 1e4,
+                 **({"valid/ann/recall@10": c / 5e3} if layout == "pinger" else {})} for c in scored]
+        train = [{"rung": f"{layout}-{c}", "peak_mem_mib": 8.0 * c, "items_per_s": 1e3 + c, "steps": 4} for c in ctxs]
+        return {"ladder": {"rungs": rungs}, "rows": rows, "train": train}
+
+    lads = [ladder("tiger", (200, 50)), ladder("pinger", (50, 2000, 200), failed=2000)]
+    pts = R.trained_context_points(lads)
+    assert [(q["layout"], q["context"]) for q in pts] == [("pinger", 50), ("pinger", 200), ("tiger", 50), ("tiger", 200)]
+    lines = _lines(R.figure_trained_context(pts))
+    mem = ([50, 200], [400 / 1024, 1600 / 1024])  # recall axis: pinger SID, ANN, tiger SID; then memory
+    want = [([50, 200], [0.005, 0.02]), ([50, 200], [0.01, 0.04]), ([50, 200], [0.005, 0.02]), mem, mem]
+    assert len(lines) == len(want)
+    for (x, y), (wx, wy) in zip(lines, want):
+        np.testing.assert_allclose(x, wx)
+        np.testing.assert_allclose(y, wy)
+    paths = [tmp_path / f"{i}.json" for i in range(2)]
+    for p, lad in zip(paths, lads):
+        p.write_text(json.dumps(lad))
+    R.main(["context", *map(str, paths), "-o", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(DataError, match="no rung"):
+        R.trained_context_points([{"ladder": {"rungs": []}}])

@@ -11,6 +11,7 @@ CLI (besides ``genrec eval``, which writes these files)::
 
     python -m genrec.eval.report render  REPORT.json            # redo .md + PNGs from the JSON
     python -m genrec.eval.report tokens  A.json B.json -o out.png  # token efficiency across runs
+    python -m genrec.eval.report context LADDER.json ... -o out.png # recall, memory vs the context trained at
 """
 
 from __future__ import annotations
@@ -191,6 +192,50 @@ def figure_tokens(reports: Sequence[dict[str, Any]], metric: str = "recall@10",
     return fig
 
 
+def trained_context_points(ladders: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per scored rung of ``benchmarks/quality_ladder.py`` outputs (``ladder.json``) that trained at its
+    own context: layout (the rung's ``variant=``), context (``data.context_len=``), validation Recall@10 per path,
+    peak device MiB and items/s of its training. Rungs without both overrides, a score and a training row are
+    left out (a rung that failed)."""
+    pts: list[dict[str, Any]] = []
+    for lad in ladders:
+        rows = {r["rung"]: r for r in lad.get("rows", [])}
+        train = {t["rung"]: t for t in lad.get("train", [])}
+        for rung in (lad.get("ladder") or {}).get("rungs", []):
+            ov = dict(o.split("=", 1) for o in rung.get("overrides", []) if "=" in o)
+            name = rung["name"]
+            if "variant" not in ov or "data.context_len" not in ov or name not in rows or name not in train:
+                continue
+            r = rows[name]
+            pts.append({"rung": name, "layout": ov["variant"], "context": int(ov["data.context_len"]),
+                        "peak_mib": float(train[name]["peak_mem_mib"]), "items_per_s": float(train[name]["items_per_s"]),
+                        **{p: float(r[f"valid/{p}/recall@10"]) for p in ("sid", "ann") if f"valid/{p}/recall@10" in r}})
+    if not pts:
+        raise DataError("no rung trained at its own context (variant= and data.context_len= overrides, scored)")
+    return sorted(pts, key=lambda q: (q["layout"], q["context"]))
+
+
+def figure_trained_context(points: Sequence[dict[str, Any]]) -> Figure:
+    """Training at each context, per layout: validation Recall@10 (SID solid, ANN dashed) and peak device memory
+    against the history items trained on (issue 40's context table, drawn)."""
+    fig, (ax, am) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for i, lay in enumerate(sorted({q["layout"] for q in points})):
+        qs = [q for q in points if q["layout"] == lay]
+        xs = [q["context"] for q in qs]
+        for p, style in (("sid", "-"), ("ann", "--")):
+            if all(p in q for q in qs):
+                ax.plot(xs, [q[p] for q in qs], style, color=f"C{i}", marker="o", label=f"{lay} {p.upper()}")
+        am.plot(xs, [q["peak_mib"] / 1024 for q in qs], color=f"C{i}", marker="o", label=lay)
+    for a, y in ((ax, "validation Recall@10"), (am, "peak device memory (GiB)")):
+        a.set_xscale("log")
+        a.set_xlabel("history items trained on")
+        a.set_ylabel(y)
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    return fig
+
+
 def figures(report: dict[str, Any]) -> dict[str, Figure]:
     """Every figure this report has data for."""
     out: dict[str, Figure] = {}
@@ -244,10 +289,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     t = sub.add_parser("tokens", help="recall vs serving history tokens across runs (PinGER vs TIGER)")
     t.add_argument("reports", nargs="+")
     t.add_argument("-o", "--out", required=True)
+    c = sub.add_parser("context", help="recall and memory vs the context trained at (quality_ladder.py outputs)")
+    c.add_argument("ladders", nargs="+")
+    c.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "render":
         for k, v in render(a.report).items():
             print(f"{k}: {v}")
+    elif a.cmd == "context":
+        print(save_figure(figure_trained_context(trained_context_points([read_json(p) for p in a.ladders])), a.out))
     else:
         reps = [read_json(p) for p in a.reports]
         print(save_figure(figure_tokens(reps), a.out))
