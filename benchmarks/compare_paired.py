@@ -29,8 +29,9 @@ import numpy as np
 from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
-from genrec.eval.retrieval import evaluate_retrieval, trained_temperature
+from genrec.eval.retrieval import evaluate_retrieval
 from genrec.eval.significance import PairedDiff, paired_topk
+from genrec.infer.load import trained_temperature
 from genrec.infer.recommender import Recommender
 
 

@@ -170,8 +170,9 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
 
     from genrec.eval.evaluate import EvalConfig, load_eval_data
     from genrec.eval.metrics import topk_metrics
-    from genrec.eval.retrieval import evaluate_retrieval, trained_temperature
+    from genrec.eval.retrieval import evaluate_retrieval
     from genrec.eval.significance import paired_topk
+    from genrec.infer.load import trained_temperature
     from genrec.infer.recommender import Recommender
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -110,22 +110,23 @@ def _served_sid_stage_equals_the_offline_lists(run: Path) -> None:
     from genrec.data.join import BucketJoinReader
     from genrec.data.splits import SplitSpec
     from genrec.eval.retrieval import _batches, evaluate_retrieval, make_eval_set
+    from genrec.infer.load import trained_temperature
     from genrec.infer.recommender import Recommender
 
     rec = Recommender.from_checkpoint(run)
     assert not rec.known_leaves.all()  # type: ignore[union-attr]
     es = make_eval_set(list(BucketJoinReader(open_store(run), split=SplitSpec("loo"), role="valid",
                                              context_len=rec.context_len)), rec.catalog, max_cases=24)
-    for mode in ("full", "prefix", "merged"):
+    for mode in ("full", "prefix", "merged", "dense"):
         lists: dict[str, np.ndarray] = {}
         evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=(30,), beam_width=W, context_len=rec.context_len,
                            trie=rec.trie, leaf_rows=rec.leaf_rows, known=rec.known_leaves, sid_mode=mode,
-                           lists_out=lists, batch_size=8)
+                           lists_out=lists, batch_size=8, dense_temperature=trained_temperature(rec.run_config))
         rec.sid_mode = mode
         served = []
         with torch.no_grad():
             for _, tb in _batches(es, 8, rec.context_len, rec.config.n_actions):
                 mb, _ = rec.catalog_model.model_batch(tb, mask_actions=False)
-                cache, _ = rec.encode(mb)
-                served.append(rec.retrieve_sids(cache, W, 0.0, 30)[1])
+                cache, user = rec.encode(mb)
+                served.append(rec.retrieve_sids(cache, W, 0.0, 30, user)[1])
         np.testing.assert_array_equal(np.concatenate(served), lists["sid"], err_msg=mode)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,7 +42,8 @@ from genrec.decode.beam import NEG_INF, BeamResult, StepFn, beam_search
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 
-__all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "pad_codebooks", "prefix_lists_reference", "prefix_search"]
+__all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "dense_leaf", "pad_codebooks", "prefix_lists_reference",
+           "prefix_search"]
 
 ORDERS = ("prefix", "merged")
 Order = Literal["prefix", "merged"]
@@ -65,6 +66,15 @@ class PrefixLeaves:
             raise ConfigError(f"known: one flag per leaf ({tuple(r.shape)}), got {tuple(k.shape)}")
         return cls(r, k)
 
+    @classmethod
+    def reuse(cls, held: tuple[Any, Any, "PrefixLeaves"] | None, rows: np.ndarray, known: np.ndarray | None,
+              device: torch.device | str) -> tuple[Any, Any, "PrefixLeaves"]:
+        """``held`` = (rows, known, their device copy) while it is of these very arrays on ``device``, else a
+        new one (a server rebuilds its leaves only when ``sid assign`` swapped the arrays)."""
+        if held is None or held[0] is not rows or held[1] is not known or held[2].rows.device != torch.device(device):
+            held = (rows, known, cls.build(rows, known, device))
+        return held
+
 
 @dataclass
 class PrefixResult:
@@ -75,6 +85,17 @@ class PrefixResult:
     scores: torch.Tensor
     known: torch.Tensor
     beams: BeamResult
+
+
+def dense_leaf(user: torch.Tensor, item_vecs: torch.Tensor, temperature: float) -> LeafFn:
+    """The dense leaf scores for :func:`prefix_search`: row r of request b scores ``user[b] . item_vecs[r] /
+    temperature`` (``user`` [B, D], ``item_vecs`` [N, D], the catalogue's vectors by row)."""
+    u, vecs = user.float(), item_vecs.float()
+
+    def leaf(rows: torch.Tensor) -> torch.Tensor:  # [B, W, F] -> [B, W, F]
+        return torch.einsum("bd,bwfd->bwf", u, vecs[rows]) / temperature
+
+    return leaf
 
 
 def pad_codebooks(step_fn: StepFn, sizes: Sequence[int]) -> StepFn:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -63,12 +63,6 @@ def split_eval_set(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -
     return es.subset(perm[:n_tune]), es.subset(rest[:n_report] if n_report else rest)
 
 
-def trained_temperature(run_config: dict[str, Any] | None) -> float:
-    """The item softmax's temperature a run trained with (``objective.temperature`` of its stored config; 1.0
-    when absent): the scale of its dense scores, for the "sid-dense" path's ``dense_temperature``."""
-    return float(((run_config or {}).get("objective") or {}).get("temperature", 1.0))
-
-
 def make_eval_set(records: Sequence[UserExample], catalog: ItemCatalog, *, max_cases: int = 0,
                   seed: int = 0) -> EvalSet:
     """Eval cases from the reader's valid/test records (targets must be catalogue items)."""
@@ -109,15 +103,16 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     ``sid_mode``: "full" (full-code beams), or the coarse-prefix retrieval the server runs
     (:func:`genrec.decode.prefix.prefix_search`, PinGER's index lookup at a shallower depth): beams over the
     semantic levels 1..L-1, then every item under each beam's prefix -- "prefix": beam by beam, inside a
-    prefix by score; "merged": all by score. ``known``: per trie leaf, whether the model has a trained
-    last-level logit for it (None: every code inside its head); the others take the new-code rule. A trie whose
-    last level grew past the model's head (``genrec sid assign``) is read with -inf for the codes it lacks.
-    The path "sid-dense": beams over the semantic levels as above, the item inside each prefix by the softmax of
-    its dense (ANN) score over the prefix's items (``prefix_search``'s ``leaf_logits``), merged by score; the
-    scores divided by ``dense_temperature``, the run's ``objective.temperature`` (the item softmax it trained).
+    prefix by score; "merged": all by score; "dense": as the path "sid-dense" below. ``known``: per trie leaf,
+    whether the model has a trained last-level logit for it (None: every code inside its head); the others take
+    the new-code rule. A trie whose last level grew past the model's head (``genrec sid assign``) is read with
+    -inf for the codes it lacks. The path "sid-dense" (and ``sid_mode`` "dense"): beams over the semantic levels
+    as above, the item inside each prefix by the softmax of its dense (ANN) score over the prefix's items
+    (``prefix_search``'s ``leaf_logits``), merged by score; the scores divided by ``dense_temperature``, the
+    run's ``objective.temperature`` (:func:`genrec.infer.load.trained_temperature`: the item softmax it trained).
     """
-    if sid_mode not in ("full", "prefix", "merged"):
-        raise ConfigError(f"sid_mode must be full, prefix or merged, got {sid_mode!r}")
+    if sid_mode not in ("full", "prefix", "merged", "dense"):
+        raise ConfigError(f"sid_mode must be full, prefix, merged or dense, got {sid_mode!r}")
     # model + catalogue tensors: the training objective, or a Recommender's CatalogModel
     obj = cast("JointObjective | CatalogModel", objective)
     model: GenRecModel = obj.model
@@ -129,14 +124,17 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     want_ann = "ann" in paths and cfg.layout != "tiger"
     has_sid = model.sid_heads is not None and trie is not None and leaf_rows is not None
     want_sid = "sid" in paths and has_sid
-    want_sd = "sid-dense" in paths and has_sid and cfg.layout != "tiger" and trie is not None and trie.n_levels >= 2
-    item_vecs = obj.catalogue_vectors().float() if want_ann or want_sd else None  # [N, D]
+    want_sd = "sid-dense" in paths and has_sid and cfg.layout != "tiger"
+    if (want_sd or (want_sid and sid_mode == "dense")) and cfg.layout == "tiger":
+        raise ConfigError("the dense leaf rule needs a dense user vector; the TIGER layout has none")
+    item_vecs = obj.catalogue_vectors().float() if want_ann or want_sd or sid_mode == "dense" else None  # [N, D]
     names = ("ann", "sid", "sid-dense")
     ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in names}
     kmax = max(ks)
     lists = {p: np.full((len(es), kmax), -1, dtype=np.int64) for p in names} if lists_out is not None else None
     leaf_t = torch.as_tensor(leaf_rows, device=dev) if want_sid else None
-    leaves: PrefixLeaves | None = None
+    leaves = PrefixLeaves.build(np.asarray(leaf_rows), known, trie.device) \
+        if trie is not None and leaf_rows is not None and (want_sd or sid_mode != "full") else None
     for lo, tb in _batches(es, batch_size, context_len, cfg.n_actions):
         tb = tb.to(dev)
         mb, _ = obj.model_batch(tb, mask_actions=False)
@@ -153,6 +151,18 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
         def step(prefix: torch.Tensor) -> torch.Tensor:  # the SID head's next-level log-probs
             return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 
+        def prefix_top(mode: str, sc: torch.Tensor | None = s) -> np.ndarray:  # the coarse-prefix retrieval
+            assert trie is not None and leaves is not None
+
+            def dense_leaf(r: torch.Tensor) -> torch.Tensor:  # [c, W, F] rows -> their dense scores
+                assert sc is not None
+                return sc.gather(1, r.reshape(r.shape[0], -1)).reshape(r.shape) / dense_temperature
+
+            return prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax,
+                                 order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
+                                 diversity_lambda=diversity_lambda, device=dev,
+                                 leaf_logits=dense_leaf if mode == "dense" else None).rows.cpu().numpy()
+
         if want_sid and trie is not None and leaf_t is not None:
             if sid_mode == "full":
                 res = beam_search(pad_codebooks(step, trie.codebook_sizes), tb.batch_size, cfg.sid_levels,
@@ -160,23 +170,12 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
                                   device=dev)
                 top = beam_leaf_rows(res, trie, leaf_t)[:, :kmax].cpu().numpy()
             else:
-                if leaves is None:
-                    leaves = PrefixLeaves.build(np.asarray(leaf_rows), known, trie.device)
-                top = prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax, order=sid_mode,  # type: ignore[arg-type]
-                                    diversity_lambda=diversity_lambda, device=dev).rows.cpu().numpy()
+                top = prefix_top(sid_mode)
             ranks["sid"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
             if lists is not None:
                 lists["sid"][lo:lo + len(tgt), :top.shape[1]] = top
-        if want_sd and trie is not None and s is not None:
-            if leaves is None:
-                leaves = PrefixLeaves.build(np.asarray(leaf_rows), known, trie.device)
-            sc = s
-
-            def dense_leaf(r: torch.Tensor) -> torch.Tensor:  # [c, W, F] rows -> their dense scores
-                return sc.gather(1, r.reshape(r.shape[0], -1)).reshape(r.shape) / dense_temperature
-
-            top = prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax, order="merged",
-                                diversity_lambda=diversity_lambda, device=dev, leaf_logits=dense_leaf).rows.cpu().numpy()
+        if want_sd:
+            top = prefix_top("dense")
             ranks["sid-dense"][lo:lo + len(tgt)] = rank_in_list(top, tgt)
             if lists is not None:
                 lists["sid-dense"][lo:lo + len(tgt), :top.shape[1]] = top

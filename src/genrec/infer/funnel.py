@@ -110,7 +110,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
                 # graphed beam searches capture a few widths, not one per history length
                 width = 1 << (beam_width + extra - 1).bit_length()
-            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra)
+            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra, user)
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)
     ann_vecs = None

@@ -145,13 +145,15 @@ def resolve_precision(precision: str | None) -> str:
     return prec
 
 
-SID_MODES = ("auto", "full", "prefix", "merged")
+SID_MODES = ("auto", "full", "prefix", "merged", "dense")
 
 
 def resolve_sid_mode(mode: str | None) -> str:
     """The SID stage's retrieval: ``mode``, else ``$GENREC_SID_MODE``, else "auto". "full": full-code beams;
     "prefix" / "merged": the coarse-prefix retrieval (:mod:`genrec.decode.prefix`), items beam by beam or all by
-    score; "auto": "merged" while the catalogue holds items the model has no trained logit for (added by
+    score; "dense": the same beams over the semantic levels, the item inside each prefix by the softmax of its
+    dense score (the request's user vector against the item's, at the trained temperature), all by score;
+    "auto": "merged" while the catalogue holds items the model has no trained logit for (added by
     `genrec sid assign` since training), else "full"."""
     m = (mode or os.environ.get("GENREC_SID_MODE") or "auto").strip().lower()
     if m not in SID_MODES:
@@ -178,6 +180,12 @@ class LoadedRun:
     sid_index: Any
     sid_version: str | None
     known: np.ndarray | None = None  # per leaf: the model has a trained last-level logit for it (known_leaves)
+
+
+def trained_temperature(run_config: dict[str, Any] | None) -> float:
+    """The item softmax's temperature a run trained with (``objective.temperature`` of its stored configuration;
+    1.0 when absent): the scale of its dense scores, for the SID stage's dense leaf rule ("dense")."""
+    return float(((run_config or {}).get("objective") or {}).get("temperature", 1.0))
 
 
 def read_run_config(ckpt: Path, checkpoints_dir: Path | None = None) -> dict[str, Any]:

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from genrec.catalog import ItemCatalog
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
-from genrec.decode.prefix import PrefixLeaves, pad_codebooks, prefix_search
+from genrec.decode.prefix import PrefixLeaves, dense_leaf, pad_codebooks, prefix_search
 from genrec.decode.rows import beam_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
@@ -62,7 +62,8 @@ from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import Scorer, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryParser, vocab_index
-from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
+from genrec.infer.load import (fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode,
+                               trained_temperature)
 from genrec.infer.profile import stage
 from genrec.infer.results import SOURCES, BatchResult, RankedList, RecommendationList
 from genrec.model.config import ModelConfig
@@ -328,13 +329,14 @@ class Recommender:
         kn = self.known_leaves
         return "merged" if kn is not None and not bool(np.all(kn)) else "full"
 
-    def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int
-                      ) -> tuple[BeamResult, np.ndarray, np.ndarray]:
+    def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
+                      user: torch.Tensor | None = None) -> tuple[BeamResult, np.ndarray, np.ndarray]:
         """The SID stage (:attr:`served_sid_mode`): (beams, catalogue rows int64 [B, limit] (-1 pad), the
         log-probability each was retrieved with, float32 [B, limit] (nan pad)). "full": the full-code beams'
         items in beam order (:meth:`beam_rows`); "prefix" / "merged": the coarse-prefix retrieval
         (:func:`genrec.decode.prefix.prefix_search`; the beams are then those over levels 1..L-1), each item's
-        log P(SID) or, for an item the model has no trained logit for, the new-code rule's score."""
+        log P(SID) or, for an item the model has no trained logit for, the new-code rule's score; "dense": the
+        same beams, the item in its prefix by its dense score (``user`` [B, D] of this encoding; ``dense_leaf``)."""
         mode = self.served_sid_mode
         if mode == "full":
             with stage("sid.beams"):
@@ -344,15 +346,14 @@ class Recommender:
             return beams, rows, lp
         if self.trie is None or self.leaf_rows is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
-        held = self._leaves
-        if held is None or held[0] is not self.leaf_rows or held[1] is not self.known_leaves \
-                or held[2].rows.device != self.trie.device:
-            held = (self.leaf_rows, self.known_leaves,
-                    PrefixLeaves.build(self.leaf_rows, self.known_leaves, self.trie.device))
-            self._leaves = held
+        self._leaves = PrefixLeaves.reuse(self._leaves, self.leaf_rows, self.known_leaves, self.trie.device)
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        res = prefix_search(self._sid_step(cache, ctx), self.trie, held[2], cache.batch_size, beam_width, limit,
-                            order=mode, diversity_lambda=diversity_lambda, device=self.device)  # type: ignore[arg-type]
+        if mode == "dense" and user is None:
+            raise ConfigError("sid_mode 'dense' scores items by the user vector: this model or call has none")
+        leaf = dense_leaf(user, self.item_vecs, trained_temperature(self.run_config)) if mode == "dense" else None
+        res = prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
+                            limit, order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
+                            diversity_lambda=diversity_lambda, device=self.device, leaf_logits=leaf)
         packed = torch.cat([res.rows.double(), res.scores.double()], 1).cpu().numpy()  # one device->host copy
         rows = packed[:, :limit].astype(np.int64)
         lp = np.where(rows >= 0, packed[:, limit:], np.nan).astype(np.float32)
