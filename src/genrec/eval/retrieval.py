@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.decode.beam import beam_search
-from genrec.decode.prefix import PrefixLeaves, pad_codebooks, prefix_search
+from genrec.decode.prefix import PrefixLeaves, dense_leaf, pad_codebooks, prefix_search
 from genrec.decode.rows import beam_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
@@ -151,17 +151,13 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
         def step(prefix: torch.Tensor) -> torch.Tensor:  # the SID head's next-level log-probs
             return F.log_softmax(model.sid_logits_next(cache, prefix).float(), dim=-1)
 
-        def prefix_top(mode: str, sc: torch.Tensor | None = s) -> np.ndarray:  # the coarse-prefix retrieval
+        def prefix_top(mode: str, u: torch.Tensor | None = user) -> np.ndarray:  # the coarse-prefix retrieval
             assert trie is not None and leaves is not None
-
-            def dense_leaf(r: torch.Tensor) -> torch.Tensor:  # [c, W, F] rows -> their dense scores
-                assert sc is not None
-                return sc.gather(1, r.reshape(r.shape[0], -1)).reshape(r.shape) / dense_temperature
-
+            leaf = dense_leaf(u, item_vecs, dense_temperature) if mode == "dense" and u is not None \
+                and item_vecs is not None else None
             return prefix_search(step, trie, leaves, tb.batch_size, beam_width, kmax,
                                  order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
-                                 diversity_lambda=diversity_lambda, device=dev,
-                                 leaf_logits=dense_leaf if mode == "dense" else None).rows.cpu().numpy()
+                                 diversity_lambda=diversity_lambda, device=dev, leaf_logits=leaf).rows.cpu().numpy()
 
         if want_sid and trie is not None and leaf_t is not None:
             if sid_mode == "full":
