@@ -331,12 +331,11 @@ class Recommender:
 
     def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
                       user: torch.Tensor | None = None) -> tuple[BeamResult, np.ndarray, np.ndarray]:
-        """The SID stage (:attr:`served_sid_mode`): (beams, catalogue rows int64 [B, limit] (-1 pad), the
-        log-probability each was retrieved with, float32 [B, limit] (nan pad)). "full": the full-code beams'
-        items in beam order (:meth:`beam_rows`); "prefix" / "merged": the coarse-prefix retrieval
-        (:func:`genrec.decode.prefix.prefix_search`; the beams are then those over levels 1..L-1), each item's
-        log P(SID) or, for an item the model has no trained logit for, the new-code rule's score; "dense": the
-        same beams, the item in its prefix by its dense score (``user`` [B, D] of this encoding; ``dense_leaf``)."""
+        """The SID stage (:attr:`served_sid_mode`): (beams, catalogue rows int64 [B, limit] (-1 pad), the log-prob
+        each was retrieved with, float32 [B, limit] (nan pad)). "full": the full-code beams' items in beam order
+        (:meth:`beam_rows`); "prefix" / "merged" / "dense": the coarse-prefix retrieval (:mod:`genrec.decode.prefix`:
+        beams over levels 1..L-1, each item's log P(SID), the new-code rule's score, or with "dense" its prefix's
+        log-prob plus its dense leaf score from ``user`` [B, D], this encoding's user vectors)."""
         mode = self.served_sid_mode
         if mode == "full":
             with stage("sid.beams"):
@@ -350,7 +349,8 @@ class Recommender:
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
         if mode == "dense" and user is None:
             raise ConfigError("sid_mode 'dense' scores items by the user vector: this model or call has none")
-        leaf = dense_leaf(user, self.item_vecs, trained_temperature(self.run_config)) if mode == "dense" else None
+        tau = trained_temperature(self.run_config)
+        leaf = dense_leaf(user, self.item_vecs, tau) if mode == "dense" and user is not None else None
         res = prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
                             limit, order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
                             diversity_lambda=diversity_lambda, device=self.device, leaf_logits=leaf)

@@ -120,9 +120,9 @@ class Backbone(nn.Module):
         if impl == "triton" or (impl == "flex" and gpu_fast_path(self.cfg.attn_impl, device)):
             if layout == "pinger" and q_meta is k_meta and kernel_head_dim(self.cfg.head_dim):
                 m, t = n_cands(), self.cfg.sid_levels
-                # whole T-token items (one host sync): the serving layout, one dense token per item under the
-                # same layout name, would pass the divisibility test alone and be read as T-token items
-                if (sq - m) % t == 0 and sq - m >= t and bool(q_meta.pos[0, t - 1] == q_meta.pos[0, 0]):
+                # whole T-token items, as the layout was built: the serving layout, one dense token per item under
+                # the same layout name, would pass the divisibility test alone and be read as T-token items
+                if (sq - m) % t == 0 and q_meta.item_tokens == t:
                     lengths = (q_meta.kind[:, : sq - m] == DENSE).sum(1)  # [B] valid items
                     return ItemBlockMask(lengths, t, m)
             if impl == "triton":

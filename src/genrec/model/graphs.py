@@ -253,9 +253,10 @@ class GraphedRanker:
         def make() -> Any:
             dev = k0.device
             h, dh = k0.shape[1], k0.shape[3]
+            zi = torch.zeros(b, nb, dtype=torch.int64, device=dev)
             s = KVCache([torch.zeros(b, h, nb, dh, dtype=k0.dtype, device=dev) for _ in cache.k],
                         [torch.zeros(b, h, nb, dh, dtype=k0.dtype, device=dev) for _ in cache.v],
-                        TokenMeta(*(torch.zeros(b, nb, dtype=torch.int64, device=dev) for _ in range(3))),
+                        TokenMeta(zi, zi.clone(), zi.clone()),
                         torch.zeros_like(lengths), None, cache.layout,
                         None if cache.last_ts is None else torch.zeros_like(cache.last_ts))
             s.plans["cand_ok"] = cascade

@@ -40,6 +40,9 @@ class TokenMeta:
     pos: torch.Tensor
     kind: torch.Tensor
     tok: torch.Tensor
+    # tokens per history item of the one layout that built these tokens (build_layout; 0: not known, e.g. after
+    # cat): read where a fast path needs whole T-token items, without a host sync a compiled forward would break on
+    item_tokens: int = 0
 
     def cat(self, other: "TokenMeta") -> "TokenMeta":
         """Concatenate along the token axis (cache keys + new tokens)."""
@@ -50,7 +53,8 @@ class TokenMeta:
         )
 
     def repeat_interleave(self, w: int) -> "TokenMeta":
-        return TokenMeta(*(t.repeat_interleave(w, 0) for t in (self.pos, self.kind, self.tok)))
+        return TokenMeta(self.pos.repeat_interleave(w, 0), self.kind.repeat_interleave(w, 0),
+                         self.tok.repeat_interleave(w, 0))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -158,5 +162,5 @@ def build_layout(
     pos = torch.cat([pos_h.reshape(b, n_items * t), pos_c], 1)  # [B, S]
     kind = torch.cat([kind_h.reshape(b, n_items * t), kind_c], 1)
     tok = torch.arange(pos.shape[1], device=dev)[None, :].expand(b, -1)
-    return TokenLayout(TokenMeta(pos.contiguous(), kind.contiguous(), tok.contiguous()), layout,
+    return TokenLayout(TokenMeta(pos.contiguous(), kind.contiguous(), tok.contiguous(), t), layout,
                        kinds, n_items, n_cand, lengths)
