@@ -47,8 +47,8 @@ def main() -> None:
                     help="also compare every run's every path against every other (run, path), e.g. SID vs ANN")
     ap.add_argument("--checkpoint", default=None, help="BEST, LATEST or none (BEST if marked, else LATEST)")
     a = ap.parse_args()
-    if len(a.runs) < 2:
-        raise SystemExit("give at least two run directories")
+    if len(a.runs) < 2 and not a.across:
+        raise SystemExit("give at least two run directories (or one with --across: its paths against each other)")
     names = [Path(r).name for r in a.runs]
     ranks: dict[str, dict[str, np.ndarray]] = {}
     targets = None

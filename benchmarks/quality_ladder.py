@@ -274,7 +274,7 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
                "Δ test R@10 vs rung before [95%] | Δ test N@10 [95%] |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in res["rows"]:
-        for path in ("ann", "sid"):
+        for path in ("ann", "sid", "sid-dense"):
             if f"test/{path}/recall@10" not in row:
                 continue
             ratio = f"{row[f'test/{path}/recall@10'] / yard['test']['R@10']:.3f}" if yard else "-"
