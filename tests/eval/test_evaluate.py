@@ -271,3 +271,22 @@ def test_sid_dense_path_equals_the_per_case_twin(run: tuple[Path, Recommender]) 
                                              sids, leaf_rows, np.ones(len(leaf_rows), bool), max(KS), "merged",
                                              item_scores=dense)
             np.testing.assert_array_equal(lists["sid-dense"][i], want[0], err_msg=f"case {i}")
+
+
+def test_eval_sid_mode_dense_scores_the_dense_leaf(run: tuple[Path, Recommender]) -> None:
+    """`genrec eval --sid-mode dense`: the report's SID path is the dense-leaf retrieval (the offline "sid-dense"
+    path at the run's temperature), and its protocol says which SID stage was scored."""
+    from genrec.infer.load import trained_temperature
+
+    root, _ = run
+    cfg = EvalConfig(split="valid", max_users=30, ranking=False, sid_mode="dense", beam_width=6)
+    rep = evaluate(root, cfg)
+    rec = Recommender.from_checkpoint(root, sid_mode="dense")
+    assert rep["protocol"]["sid_mode"] == "dense"
+    es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=30)).es
+    want = evaluate_retrieval(rec.catalog_model, es, paths=("sid-dense",), ks=KS, beam_width=6,
+                              context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
+                              dense_temperature=trained_temperature(rec.run_config))["sid-dense"]
+    for key in ("recall@10", "ndcg@10", "recall@20"):
+        assert rep["paths"]["sid"][key] == pytest.approx(want[key], abs=1e-12), key
+    assert evaluate(root, EvalConfig(split="valid", max_users=30, ranking=False))["protocol"]["sid_mode"] == "full"

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from genrec.cli._app import CHECKPOINT, app, echo_json, floats, friendly, fusion_app, working
+from genrec.cli.serve import SID_MODE_OVERRIDE_HELP
 
 
 @app.command("eval")
@@ -33,6 +34,7 @@ def eval_cmd(
     slate_negatives: int = typer.Option(8, help="Sampled impression-only candidates added to each held-out "
                                                 "ranking slate (as training's data.neg_cands)."),
     checkpoint: Optional[str] = CHECKPOINT,
+    sid_mode: Optional[str] = typer.Option(None, help=SID_MODE_OVERRIDE_HELP),
     dump_recs: Optional[Path] = typer.Option(
         None, help="Also write every evaluated user's ranked top-K (K = 20, the largest reported) per path as "
                    "JSON lines {\"user\": id, \"items\": [ids]} with the source data's ids, one file per path: "
@@ -45,7 +47,7 @@ def eval_cmd(
     from genrec.eval.evaluate import EvalConfig, run_eval
 
     cfg = EvalConfig(split=split, max_users=max_users, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                     overretrieve=overretrieve, checkpoint=checkpoint, ranking=ranking,
+                     overretrieve=overretrieve, checkpoint=checkpoint, sid_mode=sid_mode, ranking=ranking,
                      slate_negatives=slate_negatives, dump_recs=None if dump_recs is None else str(dump_recs),
                      retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                      sweep_lambda=floats(sweep_lambda or "", "--sweep-lambda"),

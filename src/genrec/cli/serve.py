@@ -13,6 +13,7 @@ SID_MODE_HELP = ("The SID stage: full (full-code beams), prefix / merged (beams 
                  "item under each prefix, beam by beam / by score: reaches items `genrec sid assign` added since "
                  "training), dense (the same beams, the item inside each prefix by its dense score) or auto "
                  "(default): merged while the catalogue holds such items, else full.")
+SID_MODE_OVERRIDE_HELP = SID_MODE_HELP.replace("auto (default)", "default $GENREC_SID_MODE, else auto")
 
 
 @app.command()
@@ -128,8 +129,7 @@ def recommend(
     exclude_history: bool = typer.Option(False, help="Drop items already in the history."),
     checkpoint: Optional[str] = CHECKPOINT,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    sid_mode: Optional[str] = typer.Option(None, help=SID_MODE_HELP.replace("auto (default)", "default "
-                                                                            "$GENREC_SID_MODE, else auto")),
+    sid_mode: Optional[str] = typer.Option(None, help=SID_MODE_OVERRIDE_HELP),
     as_of: Optional[str] = typer.Option(None, help="With --user: valid | test -- the case genrec eval scores (the "
                                                    "events before that split's target), and where the target lands."),
 ) -> None:

@@ -46,7 +46,7 @@ from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, ranking_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.infer.fusion import FUSION_GRID, FusionWeights, read_fusion_meta
-from genrec.infer.load import checkpoint_mark
+from genrec.infer.load import checkpoint_mark, trained_temperature
 from genrec.infer.recommender import Recommender
 from genrec.model.checkpoint_io import BEST, resolve_checkpoint
 from genrec.model.layout import slot_kinds
@@ -76,6 +76,7 @@ class EvalConfig:
     sweep_beam: tuple[int, ...] = ()
     sweep_context: tuple[int, ...] = ()
     checkpoint: str | None = None
+    sid_mode: str | None = None  # the SID stage, as `genrec serve --sid-mode` (None: $GENREC_SID_MODE, else auto)
     seed: int = 0
     ranking: bool = True
     slate_negatives: int = 8
@@ -314,7 +315,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     """Run the protocol; returns the report dict (see :func:`run_eval` for the files)."""
     cfg.validate()
     t_start = time.perf_counter()
-    rec = rec or Recommender.from_checkpoint(workdir, cfg.checkpoint)
+    rec = rec or Recommender.from_checkpoint(workdir, cfg.checkpoint, sid_mode=cfg.sid_mode)
     if cfg.utility is None:
         cfg = dataclasses.replace(cfg, utility={a: 1.0 for a in rec.actions})
     data = load_eval_data(rec, workdir, cfg)
@@ -331,7 +332,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                              diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
                              batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists,
-                             sid_mode=rec.served_sid_mode, known=rec.known_leaves)  # the SID stage as served
+                             sid_mode=rec.served_sid_mode, known=rec.known_leaves,  # the SID stage as served
+                             dense_temperature=trained_temperature(rec.run_config))
     for p in ("sid", "ann"):
         if p in res:
             paths[p] = res[p]
@@ -391,6 +393,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         "protocol": {"split_kind": data.split_kind, "full_catalogue": True, "history_excluded": False,
                      "cases": len(es), "catalogue_items": len(rec.catalog), "ks": list(ks),
                      "beam_width": cfg.beam_width, "diversity_lambda": cfg.diversity_lambda,
+                     "sid_mode": rec.served_sid_mode,
                      "overretrieve": cfg.overretrieve, "utility": rec.default_utility() if cfg.utility is None
                      else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users,
                      "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
