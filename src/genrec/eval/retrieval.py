@@ -125,9 +125,10 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
     has_sid = model.sid_heads is not None and trie is not None and leaf_rows is not None
     want_sid = "sid" in paths and has_sid
     want_sd = "sid-dense" in paths and has_sid and cfg.layout != "tiger"
-    if (want_sd or (want_sid and sid_mode == "dense")) and cfg.layout == "tiger":
+    dense_sid = want_sid and sid_mode == "dense"
+    if dense_sid and cfg.layout == "tiger":
         raise ConfigError("the dense leaf rule needs a dense user vector; the TIGER layout has none")
-    item_vecs = obj.catalogue_vectors().float() if want_ann or want_sd or sid_mode == "dense" else None  # [N, D]
+    item_vecs = obj.catalogue_vectors().float() if want_ann or want_sd or dense_sid else None  # [N, D]
     names = ("ann", "sid", "sid-dense")
     ranks = {p: np.full(len(es), -1, dtype=np.int64) for p in names}
     kmax = max(ks)
@@ -140,8 +141,8 @@ def evaluate_retrieval(objective: torch.nn.Module, es: EvalSet, *, paths: Sequen
         mb, _ = obj.model_batch(tb, mask_actions=False)
         cache, user, _ = model.encode_history(mb)
         tgt = es.target_rows[lo:lo + tb.batch_size]
-        s = user.float() @ item_vecs.T if user is not None and item_vecs is not None else None  # [c, N]
-        if want_ann and s is not None:
+        if want_ann and user is not None and item_vecs is not None:
+            s = user.float() @ item_vecs.T  # [c, N]
             ts = s.gather(1, torch.as_tensor(tgt, device=dev)[:, None])
             ranks["ann"][lo:lo + len(tgt)] = ((s >= ts).sum(1) - 1).cpu().numpy()
             if lists is not None:  # the same scores: the list puts the target at exactly this rank
