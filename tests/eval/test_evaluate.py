@@ -73,7 +73,8 @@ def test_fusion_metrics_equal_the_l0l1_pass_for_every_weighting(run: tuple[Path,
     kw = dict(ks=KS, beam_width=12, diversity_lambda=0.0, overretrieve=2, utility=None, batch_size=16)
     parts: list[dict[str, np.ndarray]] = []
     l0l1_pass(rec, es, parts=parts, **kw)
-    rows = np.concatenate([np.pad(p["rows"], ((0, 0), (0, 64 - p["rows"].shape[1])), constant_values=-1)
+    width = max(p["rows"].shape[1] for p in parts)
+    rows = np.concatenate([np.pad(p["rows"], ((0, 0), (0, width - p["rows"].shape[1])), constant_values=-1)
                            for p in parts])
     assert len(rows) == len(es)
     rng = np.random.default_rng(0)
@@ -290,3 +291,27 @@ def test_eval_sid_mode_dense_scores_the_dense_leaf(run: tuple[Path, Recommender]
     for key in ("recall@10", "ndcg@10", "recall@20"):
         assert rep["paths"]["sid"][key] == pytest.approx(want[key], abs=1e-12), key
     assert evaluate(root, EvalConfig(split="valid", max_users=30, ranking=False))["protocol"]["sid_mode"] == "full"
+
+
+def test_sweeps_score_the_sid_stage_as_served(run: tuple[Path, Recommender]) -> None:
+    """The λ / beam / context sweeps of `genrec eval` score the SID path in the served mode (here the dense leaf):
+    each case's target set to the 4th item of its served SID list, every sweep point at the main settings finds
+    it there (MRR 1/4); the full-code beams order those items otherwise."""
+    import dataclasses
+
+    from genrec.eval.evaluate import run_sweeps, served_sid_stage
+
+    root, _ = run
+    rec = Recommender.from_checkpoint(root, sid_mode="dense")
+    es = load_eval_data(rec, root, EvalConfig(split="valid", max_users=30)).es
+    lists: dict[str, np.ndarray] = {}
+    evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=KS, beam_width=6, context_len=rec.context_len,
+                       lists_out=lists, **served_sid_stage(rec))
+    assert (lists["sid"][:, 3] >= 0).all()
+    es = dataclasses.replace(es, target_rows=lists["sid"][:, 3])
+    cfg = EvalConfig(split="valid", beam_width=6, sweep_beam=(6,), sweep_lambda=(0.0,), sweep_context=(rec.context_len,))
+    sw = run_sweeps(rec, es, cfg, KS)
+    for got in (sw["beam"][0], sw["lambda"][0], {k[4:]: v for k, v in sw["context"][0].items() if k.startswith("sid/")}):
+        assert got["mrr"] == pytest.approx(0.25) and got["recall@5"] == 1.0
+    rec.sid_mode = "full"  # the full-code beams rank the same targets elsewhere
+    assert run_sweeps(rec, es, cfg, KS)["beam"][0]["mrr"] != pytest.approx(0.25)

@@ -6,8 +6,7 @@ numbers, where generated SIDs are never filtered; SASRec's own paper instead ran
 100 sampled items the user had not interacted with). Leave-one-out or temporal, whichever split the
 run was trained with. Paths, all in the same run and on the same cases:
 
-* ``sid``   constrained SID beams (PinGER), beam order = ranking (via
-  :func:`genrec.eval.retrieval.evaluate_retrieval`);
+* ``sid``   the SID stage as served (:func:`genrec.eval.retrieval.evaluate_retrieval`, ``--sid-mode``);
 * ``ann``   exact dense retrieval with the user vector (same function, chunked, no users x items);
 * ``l0l1``  the Recommender's union of SID beams and ANN top-(K·r), ranked by the action-head
   utility over the same history cache (UniPinRec's L0 -> L1), added here;
@@ -177,10 +176,8 @@ def sid_pass(rec: Recommender, es: EvalSet, *, beam_width: int, diversity_lambda
 @torch.no_grad()
 def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: int, diversity_lambda: float,
               overretrieve: int, utility: dict[str, float] | None, batch_size: int = 128,
-              retrieval_weight: float | None = None, sid_weight: float | None = None,
-              action_weight: float | None = None,
-              parts: list[dict[str, np.ndarray]] | None = None,
-              ranks_out: dict[str, np.ndarray] | None = None,
+              retrieval_weight: float | None = None, sid_weight: float | None = None, action_weight: float | None = None,
+              parts: list[dict[str, np.ndarray]] | None = None, ranks_out: dict[str, np.ndarray] | None = None,
               lists_out: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender.run_batch``;
     a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
@@ -299,7 +296,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
         "chosen": asdict(chosen), "metric": metric, "valid": {k: v for k, v in best.items() if k not in ("a", "w", "v")},
         "heads_only_valid": None if heads is None else {k: v for k, v in heads.items() if k not in ("a", "w", "v")},
         "chosen_on": {"split": "valid", "cases": len(es), "beam_width": beam_width, "overretrieve": overretrieve,
-                      "utility": utility},
+                      "utility": utility, "sid_mode": rec.served_sid_mode},
         "checkpoint": str(rec.checkpoint), "step": rec.step, "grid": rows, "seconds": time.perf_counter() - t0}
     if save:
         out["path"] = str(rec.store_fusion(chosen, utility, {k: out[k] for k in ("metric", "valid", "chosen_on")}))
@@ -331,9 +328,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     want = tuple(p for p in ("ann", "sid") if (p == "ann" and rec.ann is not None) or (p == "sid" and rec.trie is not None))
     res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                              diversity_lambda=cfg.diversity_lambda, context_len=rec.context_len,
-                             batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows, lists_out=lists,
-                             sid_mode=rec.served_sid_mode, known=rec.known_leaves,  # the SID stage as served
-                             dense_temperature=trained_temperature(rec.run_config))
+                             batch_size=cfg.batch_size, lists_out=lists, **served_sid_stage(rec))
     for p in ("sid", "ann"):
         if p in res:
             paths[p] = res[p]
@@ -399,8 +394,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                      "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
                                                                cfg.sid_weight)),
                                    "stored": None if rec.fusion_path is None else str(rec.fusion_path)}},
-        "model_selection": _model_selection(rec, cfg, wd),
-        "notes": notes,
+        "model_selection": _model_selection(rec, cfg, wd), "notes": notes,
         "previous_test_reports": previous if cfg.split == "test" else [],
         "checkpoint": str(rec.checkpoint), "step": rec.step, "variant": run.get("variant"),
         "versions": {"tables": data.tables_version, "sid": rec.sid_version, "weights_sha256": rec.weights_digest},
@@ -445,22 +439,33 @@ def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
     return out
 
 
+def served_sid_stage(rec: Recommender) -> dict[str, Any]:
+    """:func:`evaluate_retrieval`'s arguments that make its SID path the one ``rec`` serves (mode, leaves, τ)."""
+    return {"trie": rec.trie, "leaf_rows": rec.leaf_rows, "sid_mode": rec.served_sid_mode, "known": rec.known_leaves,
+            "dense_temperature": trained_temperature(rec.run_config)}
+
+
+def _sid_point(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int], beam_width: int,
+               lam: float) -> dict[str, float]:
+    """The served SID path at one beam width and λ (full-code beams: :func:`sid_pass`, diagnostics too)."""
+    if rec.served_sid_mode == "full":
+        return _pick(sid_pass(rec, es, beam_width=beam_width, diversity_lambda=lam, ks=ks, batch_size=cfg.batch_size))
+    return _pick(evaluate_retrieval(rec.catalog_model, es, paths=("sid",), ks=ks, beam_width=beam_width,
+                                    diversity_lambda=lam, context_len=rec.context_len, batch_size=cfg.batch_size,
+                                    **served_sid_stage(rec))["sid"])
+
+
 def run_sweeps(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int]) -> dict[str, list[dict[str, Any]]]:
-    """λ sweep (SID path at the main beam width), beam sweep (SID at λ = cfg's), context sweep (ANN + SID)."""
+    """λ sweep (SID path at the main beam width), beam sweep (SID at λ = cfg's), context sweep (ANN + SID); the
+    SID path as served (``rec.served_sid_mode``)."""
     out: dict[str, list[dict[str, Any]]] = {}
     if rec.trie is not None:
         if cfg.sweep_lambda:
-            out["lambda"] = []
-            for lam in cfg.sweep_lambda:
-                m = sid_pass(rec, es, beam_width=cfg.beam_width, diversity_lambda=float(lam), ks=ks,
-                             batch_size=cfg.batch_size)
-                out["lambda"].append({"lambda": float(lam), "beam_width": cfg.beam_width, **_pick(m)})
+            out["lambda"] = [{"lambda": float(lam), "beam_width": cfg.beam_width,
+                              **_sid_point(rec, es, cfg, ks, cfg.beam_width, float(lam))} for lam in cfg.sweep_lambda]
         if cfg.sweep_beam:
-            out["beam"] = []
-            for w in cfg.sweep_beam:
-                m = sid_pass(rec, es, beam_width=int(w), diversity_lambda=cfg.diversity_lambda, ks=ks,
-                             batch_size=cfg.batch_size)
-                out["beam"].append({"beam_width": int(w), "lambda": cfg.diversity_lambda, **_pick(m)})
+            out["beam"] = [{"beam_width": int(w), "lambda": cfg.diversity_lambda,
+                            **_sid_point(rec, es, cfg, ks, int(w), cfg.diversity_lambda)} for w in cfg.sweep_beam]
     if cfg.sweep_context:
         out["context"] = []
         tpi = history_tokens_per_item(rec.config.layout, rec.config.sid_levels)
@@ -470,7 +475,7 @@ def run_sweeps(rec: Recommender, es: EvalSet, cfg: EvalConfig, ks: Sequence[int]
             c = min(int(c), rec.context_len)
             res = evaluate_retrieval(rec.catalog_model, es, paths=want, ks=ks, beam_width=cfg.beam_width,
                                      diversity_lambda=cfg.diversity_lambda, context_len=c,
-                                     batch_size=cfg.batch_size, trie=rec.trie, leaf_rows=rec.leaf_rows)
+                                     batch_size=cfg.batch_size, **served_sid_stage(rec))
             out["context"].append({"context_len": c, "history_tokens": c * tpi,
                                    **{f"{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}})
     return out

@@ -134,10 +134,11 @@ def figure_lambda(report: dict[str, Any], metric: str = "recall@10") -> Figure:
     ax.plot(xs, [r[metric] for r in rows], marker="o", color="tab:blue", label=metric)
     ax.set_xlabel("diversity penalty λ")
     ax.set_ylabel(metric, color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(xs, [r["distinct_first_codes"] for r in rows], marker="s", color="tab:orange",
-             label="distinct first-level codes")
-    ax2.set_ylabel("distinct first-level codes / user", color="tab:orange")
+    if all("distinct_first_codes" in r for r in rows):  # full-code beams (the other SID modes record no beams)
+        ax2 = ax.twinx()
+        ax2.plot(xs, [r["distinct_first_codes"] for r in rows], marker="s", color="tab:orange",
+                 label="distinct first-level codes")
+        ax2.set_ylabel("distinct first-level codes / user", color="tab:orange")
     ax.set_title(f"diversity vs recall (beam {rows[0].get('beam_width')})")
     ax.grid(alpha=0.3)
     fig.tight_layout()

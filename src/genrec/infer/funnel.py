@@ -238,7 +238,9 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
     model with SIDs) runs the beam search at ``beam_width`` / ``diversity_lambda``: a candidate the beams
     reach takes its beam log-probability, any other the lowest one among the beams' items (:func:`rank`'s
     floor, which there is taken over the first ``k * overretrieve`` beam items the funnel kept, not
-    excluded: the same when those are all the beams reach)."""
+    excluded: the same when those are all the beams reach). Full-code beams in every ``sid_mode``: in the
+    coarse-prefix modes (merged, prefix, dense) the funnel's SID term is that stage's score, so with
+    ``sid_weight`` > 0 the two differ there (known; the prefix modes would need the stage's whole reach)."""
     vecs = rec.item_vecs[rows]  # [1, m, D] (what the ANN index stores: its kinds all keep the exact vectors)
     logits = rec.score_candidates(cache, rows, vecs, request_surface, request_ts)  # [1, m, C]
     p = torch.sigmoid(logits.float())

@@ -12,12 +12,14 @@ validated is the scoring that is served.
 
 Non-standard: the file is keyed by the checkpoint's weights (sha256 of ``model.safetensors``) and
 the SID version, under ``WORKDIR/fusion/``; weights chosen for another checkpoint or other SIDs are
-never picked up.
+never picked up, nor weights chosen under another SID stage (``chosen_on.sid_mode``: the SID term's
+log-probabilities differ in scale between the full-code beams and the dense leaf).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +27,8 @@ from typing import Any
 
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_write_json, file_digest, read_json
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_record",
            "parse_utility"]
@@ -88,22 +92,28 @@ def load_fusion(path: str | Path) -> FusionWeights | None:
     return None if rec is None else rec[0]
 
 
-def load_fusion_record(path: str | Path, actions: list[str]) -> tuple[FusionWeights, dict[str, float] | None] | None:
+def load_fusion_record(path: str | Path, actions: list[str],
+                       sid_mode: str | None = None) -> tuple[FusionWeights, dict[str, float] | None] | None:
     """The stored weights and the action utility they were chosen with (``chosen_on.utility``,
-    checked against the model's ``actions``; None when the file records none), from one read."""
+    checked against the model's ``actions``; None when the file records none), from one read. None when
+    there is no file, or when ``sid_mode`` (the SID stage served) is not the one the weights were chosen
+    under (``chosen_on.sid_mode``; files without it date from before the dense leaf: "full" or "merged")."""
     path = Path(path)
     rec = _read(path)
     if rec is None:
         return None
     weights, d = rec
     u = d.get("chosen_on", {}).get("utility")
-    if u is None:
-        return weights, None
-    if not isinstance(u, dict) or not all(isinstance(k, str) and k in actions for k in u) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in u.values()):
+    if u is not None and (not isinstance(u, dict) or not all(isinstance(k, str) and k in actions for k in u) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in u.values())):
         raise DataError(f"chosen_on.utility must map this model's actions {actions} to finite numbers, got {u!r}",
                         path=path, field="chosen_on.utility")
-    return weights, {k: float(v) for k, v in u.items()}
+    chosen_mode = d.get("chosen_on", {}).get("sid_mode")
+    if sid_mode is not None and sid_mode != chosen_mode and not (chosen_mode is None and sid_mode != "dense"):
+        log.warning("%s: fusion weights chosen under the SID stage %r, served %r: not applied (run `genrec fusion "
+                    "tune` again)", path, chosen_mode or "full", sid_mode)
+        return None
+    return weights, None if u is None else {k: float(v) for k, v in u.items()}
 
 
 def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:

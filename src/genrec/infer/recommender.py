@@ -165,7 +165,7 @@ class Recommender:
                                         item_vecs=rec.item_vecs, catalog=rec.catalog)
         rec.workdir, rec.sid_version = wd.root, run.sid_version
         fpath = fusion_file(wd.root, ckpt, run.sid_version)
-        stored = load_fusion_record(fpath, rec.actions)
+        stored = load_fusion_record(fpath, rec.actions, rec.served_sid_mode)
         if stored is not None:  # chosen on validation for exactly these weights and SIDs
             rec.fusion, rec.fusion_utility = stored
             rec.fusion_path = fpath
