@@ -290,7 +290,10 @@ def test_eval_sid_mode_dense_scores_the_dense_leaf(run: tuple[Path, Recommender]
                               dense_temperature=trained_temperature(rec.run_config))["sid-dense"]
     for key in ("recall@10", "ndcg@10", "recall@20"):
         assert rep["paths"]["sid"][key] == pytest.approx(want[key], abs=1e-12), key
-    assert evaluate(root, EvalConfig(split="valid", max_users=30, ranking=False))["protocol"]["sid_mode"] == "full"
+    # auto: the dense leaf wherever the model has a dense stage (this one does); "full" when asked for
+    assert evaluate(root, EvalConfig(split="valid", max_users=30, ranking=False))["protocol"]["sid_mode"] == "dense"
+    assert evaluate(root, EvalConfig(split="valid", max_users=30, ranking=False,
+                                     sid_mode="full"))["protocol"]["sid_mode"] == "full"
 
 
 def test_sweeps_score_the_sid_stage_as_served(run: tuple[Path, Recommender]) -> None:

@@ -126,8 +126,9 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     assert Recommender.from_checkpoint(root).default_utility() == {a: 1.0 for a in rec0.actions}  # chosen with it
     # store a non-default choice, as a real tune on real data would pick, to see it used everywhere
     util = {a: float(i) - 1.0 for i, a in enumerate(rec0.actions)}
-    assert out["chosen_on"]["sid_mode"] == rec0.served_sid_mode == "full"  # the SID stage the weights were chosen under
-    save_fusion(path, FusionWeights(0.0, 1.0, 0.5), {"metric": "ndcg@20", "chosen_on": {"utility": util}})
+    assert out["chosen_on"]["sid_mode"] == rec0.served_sid_mode == "dense"  # auto: this model has a dense stage
+    save_fusion(path, FusionWeights(0.0, 1.0, 0.5), {"metric": "ndcg@20",
+                                                     "chosen_on": {"utility": util, "sid_mode": "dense"}})
     rec = Recommender.from_checkpoint(root)
     assert stored is not None and rec.fusion == FusionWeights(0.0, 1.0, 0.5) and rec.fusion_path == path
     assert rec.default_utility() == util
@@ -168,9 +169,9 @@ def test_weights_chosen_under_another_sid_stage_are_not_applied(root: Path) -> N
     served under that one only; a file without the stage (from before the dense leaf) serves "full" / "merged"."""
     rec = Recommender.from_checkpoint(root)
     with restored(fusion_file(root, rec.checkpoint, "v0001")) as mine:
-        for chosen, served, applied in (("dense", "dense", True), ("full", "dense", False), (None, "dense", False),
-                                        ("full", None, True), (None, None, True), (None, "merged", True),
-                                        ("dense", None, False), ("merged", "full", False)):
+        for chosen, served, applied in (("dense", None, True), ("full", None, False), (None, None, False),
+                                        ("full", "full", True), (None, "full", True), (None, "merged", True),
+                                        ("dense", "full", False), ("merged", "full", False)):
             save_fusion(mine, FusionWeights(0.0, 3.0, 3.0), {"chosen_on": {} if chosen is None else {"sid_mode": chosen}})
             got = Recommender.from_checkpoint(root, sid_mode=served)
             assert (got.fusion == FusionWeights(0.0, 3.0, 3.0)) is applied, (chosen, served)

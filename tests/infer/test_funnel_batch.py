@@ -220,7 +220,8 @@ def test_profiling_collects_the_stages_and_changes_nothing(run: Path) -> None:
     for a, b in zip(plain, profiled):
         assert [x["item_id"] for x in a["items"]] == [x["item_id"] for x in b["items"]]
         assert a["timings_ms"].keys() == b["timings_ms"].keys()
-    want = ["outer", "parse", "tensors", "encode", "sid", "sid.beams", "sid.rows", "ann", "union", "rank",
+    sid = ["sid", "sid.beams", "sid.rows"] if eng.rec.served_sid_mode == "full" else ["sid"]  # dense: one step
+    want = ["outer", "parse", "tensors", "encode", *sid, "ann", "union", "rank",
             "rank.gather", "rank.decode", "rank.fuse", "topk", "results", "format"]
     assert list(prof.host) == want
     assert prof.depth["outer"] == 0 and prof.depth["encode"] == 1 and prof.depth["rank.decode"] == 2

@@ -268,7 +268,16 @@ def test_retrieval_weight_fuses_the_dense_score(rec: Recommender) -> None:
 def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
     """score == a * utility + w * cos + v * log P(SID) (for candidates the SID stage did not
     retrieve: the request's lowest retrieved beam log-probability), against the full-prefill twin;
-    the beam log-probabilities come from an independent beam search; a = 0 drops the heads."""
+    the beam log-probabilities come from an independent beam search; a = 0 drops the heads. Full-code beams
+    (``sid_mode="full"``); the dense leaf's twin is the next test."""
+    rec.sid_mode = "full"
+    try:
+        _check_sid_weight_full(rec)
+    finally:
+        rec.sid_mode = "auto"
+
+
+def _check_sid_weight_full(rec: Recommender) -> None:
     with torch.no_grad():
         cache, user = rec.encode(rec.model_batch([rec.parse_history(HIST)]))
         beams = rec.decode_sids(cache, 16)
@@ -294,6 +303,55 @@ def test_sid_weight_fuses_the_beam_log_probability(rec: Recommender) -> None:
         rec.recommend(HIST, sid_weight=float("nan"))
     with pytest.raises(ConfigError, match="action_weight"):
         rec.recommend(HIST, action_weight=-0.5)
+
+
+def test_sid_weight_fuses_the_dense_leaf_score(rec: Recommender) -> None:
+    """The SID stage served by default here ("auto" -> "dense"): a candidate's SID term is its score in that stage
+    -- log P(prefix) + log softmax over the prefix's items of user . item / τ -- wherever the stage reaches it
+    (under one of its kept prefixes, whether or not the stage's own list kept it), else the lowest score of that
+    reach; against the per-item twin (``prefix_lists_reference``) over an independent beam search."""
+    import torch.nn.functional as F
+
+    from genrec.decode.beam import beam_search
+    from genrec.decode.prefix import prefix_lists_reference
+    from genrec.infer.load import trained_temperature
+
+    assert rec.served_sid_mode == "dense"
+    trie, ls = rec.trie, rec.trie.n_levels - 1
+    with torch.no_grad():
+        cache, user = rec.encode(rec.model_batch([rec.parse_history(HIST)]))
+
+        def step(prefix: torch.Tensor) -> torch.Tensor:
+            return F.log_softmax(rec.model.sid_logits_next(cache, prefix).float(), dim=-1)
+
+        beams = beam_search(step, 1, ls, trie.codebook_sizes[:ls], 16, trie=trie.cut(ls))
+        last = step(beams.codes.clamp_min(0)).numpy()
+    leaf_rows = np.asarray(rec.leaf_rows)
+    dense = (user.float() @ rec.item_vecs.float().T / trained_temperature(rec.run_config)).numpy()
+    r_rows, r_sc = prefix_lists_reference(beams.codes.numpy(), beams.scores.numpy(), beams.valid.numpy(), last,
+                                          rec.catalog.codes.numpy()[leaf_rows], leaf_rows,
+                                          np.ones(len(leaf_rows), bool), len(rec.catalog), item_scores=dense)
+    reach = {int(r): float(x) for r, x in zip(r_rows[0], r_sc[0]) if r >= 0}
+    floor = min(reach.values())
+    u = np.array([rec.default_utility()[a] for a in rec.actions])
+    for a, w, v in ((1.0, 0.0, 3.0), (0.0, 1.0, 2.0)):
+        recs = rec.recommend(HIST, k=1000, beam_width=16, overretrieve=3, retrieval_weight=w, sid_weight=v,
+                             action_weight=a)
+        rows = rec.catalog.rows(np.array([r.item_id for r in recs]))
+        in_reach = [int(r) in reach for r in rows]
+        assert any(in_reach) and not all(in_reach)  # both kinds of candidate are checked
+        cos = (rec.item_vecs[torch.from_numpy(rows)] @ user[0]).numpy()
+        bonus = np.array([reach.get(int(r), floor) for r in rows])
+        want = a * (_forward_probs(rec, HIST, [r.item_id for r in recs]) @ u) + w * cos + v * bonus
+        np.testing.assert_allclose([r.score for r in recs], want, atol=1e-4)
+    # rank_items (/v1/rank) on the whole catalogue: the same rule, items the stage reached but would not keep
+    # at a small k included
+    ids = [int(i) for i in rec.catalog.item_ids]
+    got = {r.item_id: r.score for r in rec.rank_items(HIST, ids, beam_width=16, retrieval_weight=1.0,
+                                                      sid_weight=2.0, action_weight=0.0)}
+    cos = (rec.item_vecs @ user[0]).numpy()
+    want_all = cos + 2.0 * np.array([reach.get(r, floor) for r in range(len(ids))])
+    np.testing.assert_allclose([got[i] for i in ids], want_all, atol=1e-4)
 
 
 def test_graph_mode_stages_equal_the_plain_ones(rec: Recommender, monkeypatch: pytest.MonkeyPatch) -> None:

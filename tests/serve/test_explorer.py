@@ -42,7 +42,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def server(run: Path):
-    yield from serving(ServeConfig(workdir=run))
+    with pytest.MonkeyPatch.context() as mp:  # explain lists full-code beams; the coarse-prefix modes record none
+        mp.setenv("GENREC_SID_MODE", "full")
+        yield from serving(ServeConfig(workdir=run))
 
 
 @pytest.fixture(scope="module")

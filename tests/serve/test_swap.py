@@ -69,7 +69,8 @@ def test_reload_picks_up_new_fusion_weights(run_copy: Path) -> None:
     assert "+l1-" not in b0.version
     assert holder.reload()["swapped"] is False  # nothing changed: the same version is kept
     rec0 = b0.engine.rec
-    save_fusion(fusion_file(run_copy, rec0.checkpoint, b0.engine.sid_version), FusionWeights(0.0, 1.0, 0.3), {})
+    save_fusion(fusion_file(run_copy, rec0.checkpoint, b0.engine.sid_version), FusionWeights(0.0, 1.0, 0.3),
+                {"chosen_on": {"sid_mode": rec0.served_sid_mode}})  # chosen under the SID stage it serves
     res = holder.reload()
     assert res["swapped"] and holder.current.version == b0.version + "+l1-a0-w1-v0.3", res
     got = holder.current.engine.recommend(REQ["history"], k=5, beam_width=8, diversity_lambda=0.0,

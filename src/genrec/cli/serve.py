@@ -12,7 +12,8 @@ from genrec.cli._app import CHECKPOINT, RUNDIR, app, check_micro_batch, echo_jso
 SID_MODE_HELP = ("The SID stage: full (full-code beams), prefix / merged (beams over the semantic levels, then every "
                  "item under each prefix, beam by beam / by score: reaches items `genrec sid assign` added since "
                  "training), dense (the same beams, the item inside each prefix by its dense score) or auto "
-                 "(default): merged while the catalogue holds such items, else full.")
+                 "(default): merged while the catalogue holds such items, else dense where the model has a dense "
+                 "stage, else full.")
 SID_MODE_OVERRIDE_HELP = SID_MODE_HELP.replace("auto (default)", "default $GENREC_SID_MODE, else auto")
 
 

@@ -43,7 +43,8 @@ remote ranker)."""
 @dataclass
 class Retrieved:
     """L0's lists per request: SID rows in beam order with their beam log-probabilities, ANN rows with
-    their inner products and the vectors the index holds for them (empty for a stage not run)."""
+    their inner products and the vectors the index holds for them (empty for a stage not run); with a
+    coarse-prefix SID stage, ``sid_reach``: every row it scored (under a kept prefix) and its score."""
 
     beams: BeamResult | None
     sid_rows: np.ndarray  # int64 [B, n_sid] (-1 pad)
@@ -51,6 +52,7 @@ class Retrieved:
     ann_rows: np.ndarray  # int64 [B, n_ann] (-1: not in the catalogue)
     ann_score: np.ndarray  # float32 [B, n_ann]
     ann_vecs: np.ndarray | None  # [B, n_ann, D]
+    sid_reach: tuple[np.ndarray, np.ndarray] | None = None  # (rows int64 [B, R] (-1 pad), scores float32 [B, R])
 
 
 @dataclass
@@ -84,13 +86,32 @@ def _lookup(table: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.where(table[order][at] == query, order[at], -1)
 
 
-def _sid_lp_matrix(cands: Candidates) -> np.ndarray:
+def _sid_lp_matrix(cands: Candidates, reach: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """float32 [B, M]: each union candidate's log P(SID) under the beams; for a candidate the SID
-    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none; 0 pad)."""
+    stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none; 0 pad).
+    With a coarse-prefix stage's ``reach`` (:class:`Retrieved`): a candidate the stage scored takes that score,
+    any other the lowest score of the reach -- what :func:`rank_given` gives it, whatever the funnel kept."""
     lp = cands.sid_lp
+    if reach is not None:
+        r_rows, r_lp = reach
+        b, stride = r_rows.shape[0], np.int64(1) << 40
+        ok = r_rows >= 0
+        req = np.broadcast_to(np.arange(b, dtype=np.int64)[:, None], r_rows.shape)
+        at = _lookup(req[ok] * stride + r_rows[ok], (np.arange(b, dtype=np.int64)[:, None] * stride
+                                                     + cands.rows).reshape(-1)).reshape(cands.rows.shape)
+        lp = np.where(at >= 0, r_lp[ok][np.maximum(at, 0)], np.nan).astype(np.float32)
+        floor = np.where(ok.any(1), np.where(ok, r_lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
     has = ~np.isnan(lp)
-    floor = np.where(has.any(1), np.where(has, lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
+    if reach is None:
+        floor = np.where(has.any(1), np.where(has, lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
     return np.where(cands.valid, np.where(has, lp, floor[:, None]), 0.0).astype(np.float32)
+
+
+def sid_reach_limit(rec: Recommender, beam_width: int) -> int:
+    """The most rows a coarse-prefix SID stage scores at ``beam_width`` (each beam's prefix times the most items
+    under one prefix): asked for that many, it returns its whole reach, best first."""
+    assert rec.trie is not None
+    return beam_width * max(1, int(rec.trie.last_level()[2]))
 
 
 def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
@@ -99,7 +120,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
     """L0: up to ``n + extra`` rows per request from each stage in ``srcs`` (``extra``: the most rows a
     request excludes); stage times into ``t``. ``n_real``: rows past it are copies of row 0 (bucket
     padding): the ANN index is searched for the first ``n_real`` only and row 0's answer copied."""
-    beams = None
+    beams, reach = None, None
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
     if "sid" in srcs:
@@ -110,7 +131,12 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
                 # graphed beam searches capture a few widths, not one per history length
                 width = 1 << (beam_width + extra - 1).bit_length()
-            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, n + extra, user)
+            whole = rec.served_sid_mode != "full"  # a coarse-prefix stage: its whole reach, for L1's SID term
+            lim = max(n + extra, sid_reach_limit(rec, width)) if whole else n + extra
+            beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, lim, user)
+            if whole:
+                reach = (sid_rows, sid_lp)
+                sid_rows, sid_lp = sid_rows[:, :n + extra], sid_lp[:, :n + extra]
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)
     ann_vecs = None
@@ -124,7 +150,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 ann_ids, ann_sc, ann_vecs = (np.concatenate([x, np.repeat(x[:1], b - real, 0)])
                                              for x in (ann_ids, ann_sc, ann_vecs))
             ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
-    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs)
+    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs, reach)
 
 
 def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | None) -> Candidates:
@@ -206,7 +232,7 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
         dot = torch.zeros_like(util)  # [B, M] user . candidate vector, where wanted
         if (retrieval_weight > 0 or keep_parts) and user is not None:
             dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
-        sid_lp_m = _sid_lp_matrix(cands) if sid_weight > 0 or keep_parts else None
+        sid_lp_m = _sid_lp_matrix(cands, got.sid_reach) if sid_weight > 0 or keep_parts else None
         sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
         score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
                          sid_weight=sid_weight).cpu().numpy()  # [B, M]
@@ -238,9 +264,9 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
     model with SIDs) runs the beam search at ``beam_width`` / ``diversity_lambda``: a candidate the beams
     reach takes its beam log-probability, any other the lowest one among the beams' items (:func:`rank`'s
     floor, which there is taken over the first ``k * overretrieve`` beam items the funnel kept, not
-    excluded: the same when those are all the beams reach). Full-code beams in every ``sid_mode``: in the
-    coarse-prefix modes (merged, prefix, dense) the funnel's SID term is that stage's score, so with
-    ``sid_weight`` > 0 the two differ there (known; the prefix modes would need the stage's whole reach)."""
+    excluded: the same when those are all the beams reach). A coarse-prefix SID stage (``rec.served_sid_mode``
+    merged, prefix or dense) gives each candidate its score there if the stage reaches it, else the lowest
+    score it gave: exactly the funnel's SID term in those modes."""
     vecs = rec.item_vecs[rows]  # [1, m, D] (what the ANN index stores: its kinds all keep the exact vectors)
     logits = rec.score_candidates(cache, rows, vecs, request_surface, request_ts)  # [1, m, C]
     p = torch.sigmoid(logits.float())
@@ -250,7 +276,11 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
         dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
     sid_lp = None
     if sid_weight > 0 and rec.trie is not None:
-        beam_row, beam_lp = rec.beam_rows(rec.decode_sids(cache, beam_width, diversity_lambda), beam_width)
+        if rec.served_sid_mode != "full":
+            _, beam_row, beam_lp = rec.retrieve_sids(cache, beam_width, diversity_lambda,
+                                                     sid_reach_limit(rec, beam_width), user)
+        else:
+            beam_row, beam_lp = rec.beam_rows(rec.decode_sids(cache, beam_width, diversity_lambda), beam_width)
         got = {int(r): float(x) for r, x in zip(beam_row[0], beam_lp[0]) if r >= 0}
         floor = min(got.values()) if got else 0.0
         lps = np.asarray([got.get(int(r), floor) for r in rows[0].tolist()], np.float32)  # float32, as rank's

@@ -154,7 +154,7 @@ def resolve_sid_mode(mode: str | None) -> str:
     score; "dense": the same beams over the semantic levels, the item inside each prefix by the softmax of its
     dense score (the request's user vector against the item's, at the trained temperature), all by score;
     "auto": "merged" while the catalogue holds items the model has no trained logit for (added by
-    `genrec sid assign` since training), else "full"."""
+    `genrec sid assign` since training), else "dense" where the model has a dense stage, else "full"."""
     m = (mode or os.environ.get("GENREC_SID_MODE") or "auto").strip().lower()
     if m not in SID_MODES:
         raise ConfigError(f"sid_mode must be one of {', '.join(SID_MODES)} (argument or GENREC_SID_MODE), got {m!r}")

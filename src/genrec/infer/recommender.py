@@ -292,8 +292,7 @@ class Recommender:
             cache, user, _ = self.model.encode_history(mb)
         return cache, user
 
-    def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0,
-                    constrain: bool = True) -> BeamResult:
+    def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0, constrain: bool = True) -> BeamResult:
         """SID beams over the cached history: codes [B, W, L] (constrained through the trie). Codes of a last
         level grown past the model's head (`genrec sid assign`) get -inf: full-code beams never reach them."""
         if self.trie is None:
@@ -323,11 +322,13 @@ class Recommender:
     @property
     def served_sid_mode(self) -> str:
         """The SID retrieval requests get: :attr:`sid_mode`, "auto" resolved -- "merged" while some catalogue
-        item has no trained last-level logit (:attr:`known_leaves`), else "full"."""
+        item has no trained last-level logit (:attr:`known_leaves`), else "dense" where the model has a dense
+        stage (a user head), else "full"."""
         if self.sid_mode != "auto":
             return self.sid_mode
-        kn = self.known_leaves
-        return "merged" if kn is not None and not bool(np.all(kn)) else "full"
+        if self.known_leaves is not None and not bool(np.all(self.known_leaves)):
+            return "merged"
+        return "dense" if self.model.user_head is not None else "full"
 
     def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
                       user: torch.Tensor | None = None) -> tuple[BeamResult, np.ndarray, np.ndarray]:
@@ -487,8 +488,7 @@ class Recommender:
     def rank_items(self, history: Sequence[Any], item_ids: Sequence[int], *, surface: str | int | None = None,
                    request_ts: int | None = None, utility: Mapping[str, float] | None = None,
                    action_weight: float | None = None, retrieval_weight: float | None = None,
-                   sid_weight: float | None = None, beam_width: int = 20,
-                   diversity_lambda: float = 0.0) -> RankedList:
+                   sid_weight: float | None = None, beam_width: int = 20, diversity_lambda: float = 0.0) -> RankedList:
         """Score GIVEN candidates for one history by the L1 score :meth:`recommend` ranks by (same fusion
         weights and utility, :func:`genrec.infer.funnel.rank_given`), best first, ties in the given order.
         One encode; each candidate attends to the cached history only (M-FALCON), so its score does not

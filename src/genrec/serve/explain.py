@@ -64,7 +64,8 @@ class Explain(BaseModel):
     history: list[ExplainHistoryItem] = Field(description="The request's history, in request order.")
     sid_beams: Optional[list[ExplainBeam]] = Field(
         description="The SID stage's valid beams, best first, each with the item it reaches (null: the stage did "
-                    "not run). Its first `3 * k` distinct items were the stage's candidates.")
+                    "not run, or ran as the coarse-prefix retrieval: sid_mode merged, prefix or dense). Its first "
+                    "`3 * k` distinct items were the stage's candidates.")
     ann: Optional[list[ExplainAnnItem]] = Field(
         description="The ANN stage's items, best first (null: the stage did not run).")
     item_titles: list[Optional[str]] = Field(description="The title of each of `items`, in that order.")
