@@ -44,7 +44,8 @@ remote ranker)."""
 class Retrieved:
     """L0's lists per request: SID rows in beam order with their beam log-probabilities, ANN rows with
     their inner products and the vectors the index holds for them (empty for a stage not run); with a
-    coarse-prefix SID stage, ``sid_reach``: every row it scored (under a kept prefix) and its score."""
+    coarse-prefix SID stage, ``sid_reach``: every row it scored (under a kept prefix) and its score (None: a
+    full-code stage, or no L1 SID term to read it)."""
 
     beams: BeamResult | None
     sid_rows: np.ndarray  # int64 [B, n_sid] (-1 pad)
@@ -116,11 +117,11 @@ def sid_reach_limit(rec: Recommender, beam_width: int) -> int:
 
 def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
              extra: int, beam_width: int, diversity_lambda: float, t: dict[str, float],
-             n_real: int | None = None) -> Retrieved:
+             n_real: int | None = None, reach: bool = True) -> Retrieved:
     """L0: up to ``n + extra`` rows per request from each stage in ``srcs`` (``extra``: the most rows a
     request excludes); stage times into ``t``. ``n_real``: rows past it are copies of row 0 (bucket
     padding): the ANN index is searched for the first ``n_real`` only and row 0's answer copied."""
-    beams, reach = None, None
+    beams, got_reach = None, None
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
     if "sid" in srcs:
@@ -131,11 +132,11 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
                 # graphed beam searches capture a few widths, not one per history length
                 width = 1 << (beam_width + extra - 1).bit_length()
-            whole = rec.served_sid_mode != "full"  # a coarse-prefix stage: its whole reach, for L1's SID term
+            whole = reach and rec.served_sid_mode != "full"  # a coarse-prefix stage's whole reach: L1's SID term
             lim = max(n + extra, sid_reach_limit(rec, width)) if whole else n + extra
             beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, lim, user)
             if whole:
-                reach = (sid_rows, sid_lp)
+                got_reach = (sid_rows, sid_lp)
                 sid_rows, sid_lp = sid_rows[:, :n + extra], sid_lp[:, :n + extra]
     ann_rows: np.ndarray = np.full((b, 0), -1, np.int64)
     ann_sc = np.zeros((b, 0), np.float32)
@@ -150,7 +151,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 ann_ids, ann_sc, ann_vecs = (np.concatenate([x, np.repeat(x[:1], b - real, 0)])
                                              for x in (ann_ids, ann_sc, ann_vecs))
             ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
-    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs, reach)
+    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs, got_reach)
 
 
 def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | None) -> Candidates:
@@ -345,7 +346,8 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
-    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real)
+    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real,
+                   reach=do_rank and (fw.sid_weight > 0 or keep_parts))  # the reach feeds L1's SID term alone
     with stage("union", t):
         cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None
