@@ -21,7 +21,7 @@ from rich.table import Table
 
 from genrec.data.ingest.options import IngestOptions
 from genrec.eval.baselines import Popularity
-from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
+from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, served_sid_stage, tune_fusion
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
 from genrec.infer.cases import user_history
@@ -93,7 +93,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
                       or (p == "sid" and rec.trie is not None))
         if paths:
             ret = evaluate_retrieval(rec.catalog_model, report_es, paths=paths, ks=ks, beam_width=20,
-                                     context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows)
+                                     context_len=rec.context_len, **served_sid_stage(rec))  # the SID stage as served
             rows.update({f"genrec {p}": ret[p] for p in paths if p in ret})
         rows["genrec L0+L1"] = l0l1_pass(rec, report_es, ks=ks, beam_width=20, diversity_lambda=0.0,
                                          overretrieve=int(fusion["chosen_on"]["overretrieve"]),
