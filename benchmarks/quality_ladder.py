@@ -20,6 +20,10 @@ keep training meanwhile; it is skipped if that rung failed), then builds them in
 (tables and features linked from WORKDIR; ``"sid_args": [...]`` go to that ``sid build``, e.g.
 ``["--codebook-size", "64"]``), links that ``sid`` into its run directory and trains. Scoring is the same.
 
+With ``--l0l1`` a rung with ranking heads and a dense stage also gets its L0 -> L1 path: the fusion weights
+chosen on ``--fusion-users`` validation users (``genrec fusion tune``, stored with the checkpoint), then the
+served funnel (SID stage as served at beam ``--sid-beam``, ANN, L1 ranking) scored like the other paths.
+
 A ladder's top-level ``"sids": {"<name>": [<sid build args>]}`` declares SID variants of WORKDIR's tables and
 features: each is built once (``genrec sid build WORKDIR-sid-<name> ARGS``, skipped when it exists) before any rung
 trains, for rungs to name as ``"sid_from": "{workdir}-sid-<name>"``.
@@ -168,7 +172,7 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
 def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from genrec.eval.evaluate import EvalConfig, load_eval_data
+    from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
     from genrec.eval.metrics import topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval
     from genrec.eval.significance import paired_topk
@@ -192,6 +196,11 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             continue
         row: dict[str, Any] = {"rung": r["name"], "change": r.get("change", ""), "step": rec.step}
         ranks[r["name"]] = {}
+        funnel = a.l0l1 and rec.model.action_head is not None and rec.ann is not None
+        util = {act: 1.0 for act in rec.actions}  # the leave-one-out target: the next interaction of any kind
+        if funnel:  # L1's fusion weights chosen on validation users, stored with the checkpoint
+            fz = tune_fusion(d, rec=rec, max_users=a.fusion_users, beam_width=a.sid_beam, utility=util)
+            row["fusion"] = {**fz["chosen"], "sid_mode": fz["chosen_on"]["sid_mode"], "cases": fz["chosen_on"]["cases"]}
         for split in ("valid", "test"):
             es = load_eval_data(rec, d, EvalConfig(split=split, max_users=0)).es
             tgt = np.asarray(es.target_rows)
@@ -203,6 +212,10 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
                 evaluate_retrieval(rec.catalog_model, es, paths=("ann", "sid", "sid-dense"), beam_width=a.sid_beam,
                                    ks=ks, context_len=rec.context_len, trie=rec.trie, leaf_rows=rec.leaf_rows,
                                    batch_size=256, ranks_out=ro, dense_temperature=trained_temperature(rec.run_config))
+            if funnel:
+                with torch.no_grad():
+                    l0l1_pass(rec, es, ks=ks, beam_width=a.sid_beam, diversity_lambda=0.0, overretrieve=3,
+                              utility=util, batch_size=256, ranks_out=ro)
             ranks[r["name"]][split] = ro
             for path, rk in ro.items():
                 for m, v in topk_metrics(rk, ks).items():
@@ -274,7 +287,7 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
                "Δ test R@10 vs rung before [95%] | Δ test N@10 [95%] |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in res["rows"]:
-        for path in ("ann", "sid", "sid-dense"):
+        for path in ("ann", "sid", "sid-dense", "l0l1"):
             if f"test/{path}/recall@10" not in row:
                 continue
             ratio = f"{row[f'test/{path}/recall@10'] / yard['test']['R@10']:.3f}" if yard else "-"
@@ -305,6 +318,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=[], help="train only these rungs (score all that have checkpoints)")
     ap.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every rung (e.g. a time cap)")
     ap.add_argument("--score-only", action="store_true")
+    ap.add_argument("--l0l1", action="store_true", help="also score each rung's L0 -> L1 path (fusion tuned on valid)")
+    ap.add_argument("--fusion-users", type=int, default=2000, help="validation users the L1 fusion is chosen on")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     a = ap.parse_args()
     ladder = json.loads(a.ladder.read_text())

@@ -97,3 +97,29 @@ def test_every_ladders_sid_from_is_declared_in_its_sids() -> None:
             if src is not None:
                 assert src.startswith("{workdir}-sid-"), (path.name, r["name"], src)
                 assert src.removeprefix("{workdir}-sid-") in ladder.get("sids", {}), (path.name, r["name"], src)
+
+
+def test_l0l1_scores_what_genrec_eval_reports(benchmark_script: Callable[[str], ModuleType], tmp_path: Path,
+                                              data_root: Path) -> None:
+    """``--l0l1``: a rung's fusion is chosen on validation and stored with its checkpoint, and its L0 -> L1 path on
+    each split equals what `genrec eval` reports for that checkpoint (same fusion, the SID stage as served)."""
+    import argparse
+
+    from genrec.eval.evaluate import EvalConfig, evaluate
+
+    from tests.tiny_run import build_run
+
+    ql = benchmark_script("quality_ladder")
+    root = tmp_path / "runs-ladder"
+    build_run(root / "joint", data_root, steps=4)
+    ladder = {"rungs": [{"name": "joint", "change": "a tiny joint model"}]}
+    a = argparse.Namespace(sid_beam=6, l0l1=True, fusion_users=40, n_boot=10)
+    res = ql.score(root, ladder, a)
+    row = res["rows"][0]
+    assert row["fusion"]["sid_mode"] == "dense" and row["fusion"]["cases"] == 40
+    assert (root / "joint" / "fusion").is_dir()
+    for split in ("valid", "test"):
+        want = evaluate(root / "joint", EvalConfig(split=split, max_users=0, beam_width=6, ranking=False))
+        for m in ("recall@10", "ndcg@10", "recall@20"):
+            assert row[f"{split}/l0l1/{m}"] == pytest.approx(want["paths"]["l0l1"][m], abs=1e-12), (split, m)
+    assert "| joint | a tiny joint model | l0l1 |" in ql.table(res, None)
