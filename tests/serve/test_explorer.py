@@ -81,6 +81,34 @@ def close(a: Any, b: Any, tol: float = 1e-6) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- explain
+def test_explain_lists_the_prefix_beams_of_the_dense_leaf(run: Path) -> None:
+    """The SID stage served by default here ("auto" -> the dense leaf) beams over the semantic levels only: explain
+    lists those beams (codes, log-probabilities, best first), no one item each, and the answer is the plain one."""
+    import torch.nn.functional as F
+
+    from genrec.decode.beam import beam_search
+    from genrec.serve.engine import Engine
+
+    eng = Engine.load(run)
+    rec = eng.rec
+    assert rec.served_sid_mode == "dense"
+    hist = [{"item_id": int(i)} for i in rec.catalog.item_ids[[3, 40, 7, 50, 11]]]
+    args: dict[str, Any] = dict(k=K, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    out = eng.recommend(hist, explain=True, **args)
+    assert [x["item_id"] for x in out["items"]] == [x["item_id"] for x in eng.recommend(hist, **args)["items"]]
+    got = out["explain"]["sid_beams"]
+    ls = rec.trie.n_levels - 1
+    with torch.no_grad():  # the twin: a beam search over the semantic levels on the same encoding
+        cache, _ = rec.encode(rec.model_batch([rec.parse_history(hist)]))
+        beams = beam_search(lambda p: F.log_softmax(rec.model.sid_logits_next(cache, p).float(), dim=-1), 1, ls,
+                            rec.trie.codebook_sizes[:ls], 8, trie=rec.trie.cut(ls))
+    ok = beams.valid[0]
+    assert len(got) == int(ok.sum()) > 1 and all(len(b["codes"]) == ls and b["item_id"] is None for b in got)
+    assert sorted(b["codes"] for b in got) == sorted(beams.codes[0][ok].tolist())
+    np.testing.assert_allclose(sorted(b["log_prob"] for b in got), sorted(beams.scores[0][ok].tolist()), atol=1e-5)
+    assert [b["log_prob"] for b in got] == sorted((b["log_prob"] for b in got), reverse=True)
+
+
 def test_explain_is_what_each_stage_found(server: ServerThread, client: httpx.Client, run: Path) -> None:
     users = client.get("/v1/users", params={"limit": 1}).json()["users"]
     body = user_request(client, users[0]["user_id"])

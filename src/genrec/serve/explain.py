@@ -46,7 +46,8 @@ class ExplainHistoryItem(BaseModel):
 
 
 class ExplainBeam(BaseModel):
-    codes: list[int] = Field(description="The beam's Semantic ID, one code per level.")
+    codes: list[int] = Field(description="The beam's Semantic ID, one code per level (per semantic level: a prefix, "
+                                         "with a coarse-prefix SID stage).")
     log_prob: float = Field(description="The beam's cumulative log-probability under the model.")
     item_id: Optional[AnyItemId] = Field(description="The catalogue item whose SID it is (null: none). " + _ID)
     title: Optional[str] = Field(description="That item's title.")
@@ -64,8 +65,9 @@ class Explain(BaseModel):
     history: list[ExplainHistoryItem] = Field(description="The request's history, in request order.")
     sid_beams: Optional[list[ExplainBeam]] = Field(
         description="The SID stage's valid beams, best first, each with the item it reaches (null: the stage did "
-                    "not run, or ran as the coarse-prefix retrieval: sid_mode merged, prefix or dense). Its first "
-                    "`3 * k` distinct items were the stage's candidates.")
+                    "not run). Full-code beams: its first `3 * k` distinct items were the stage's candidates. A "
+                    "coarse-prefix stage (sid_mode merged, prefix or dense: the default for a model with a dense "
+                    "stage) beams over the semantic levels only: no one item each (item_id null).")
     ann: Optional[list[ExplainAnnItem]] = Field(
         description="The ANN stage's items, best first (null: the stage did not run).")
     item_titles: list[Optional[str]] = Field(description="The title of each of `items`, in that order.")
@@ -119,6 +121,18 @@ def traced(rec: Any, trace: Trace, leaf_rows: torch.Tensor | None) -> Any:
         return beams
 
     out.decode_sids = decode_sids
+    retrieve = type(rec).retrieve_sids  # called on the copy: its full-code path runs the traced decode above
+
+    def retrieve_sids(cache: Any, beam_width: int, diversity_lambda: float, limit: int,
+                      user: torch.Tensor | None = None) -> Any:
+        got = retrieve(out, cache, beam_width, diversity_lambda, limit, user)
+        if out.served_sid_mode != "full":  # the coarse-prefix stage: its beams over the semantic levels
+            beams, keep = got[0], got[0].valid[0]
+            trace.beams = (beams.codes[0][keep].cpu().numpy(), beams.scores[0][keep].double().cpu().numpy(),
+                           np.full(int(keep.sum()), -1, np.int64))  # a prefix is no one item's SID
+        return got
+
+    out.retrieve_sids = retrieve_sids
     if rec.ann is not None:
         out.ann = _TracedAnn(rec.ann, trace)
     return out
