@@ -87,24 +87,33 @@ def _lookup(table: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.where(table[order][at] == query, order[at], -1)
 
 
+def _scores_of(rows: np.ndarray, got_rows: np.ndarray, got_lp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The SID term's rule, per request b: the score ``got_lp[b, j]`` of each of ``rows[b]`` that ``got_rows[b]``
+    holds (nan where it does not), float32 like ``rows``, and the lowest score ``got_rows[b]`` holds (0 if none),
+    float32 [B]. ``got_rows`` int [B, R] (-1 pad, distinct otherwise), ``got_lp`` [B, R]."""
+    ok = got_rows >= 0
+    req = np.arange(got_rows.shape[0], dtype=np.int64)[:, None]
+    stride = np.int64(1) << 40  # key = request * stride + row
+    vals = got_lp[ok].astype(np.float32)
+    at = _lookup(np.broadcast_to(req, got_rows.shape)[ok] * stride + got_rows[ok], (req * stride + rows).reshape(-1))
+    lp = vals[np.maximum(at, 0)] if len(vals) else np.zeros(len(at), np.float32)
+    lp = np.where(at >= 0, lp, np.nan).astype(np.float32).reshape(rows.shape)
+    floor = np.where(ok.any(1), np.where(ok, got_lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
+    return lp, floor
+
+
 def _sid_lp_matrix(cands: Candidates, reach: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """float32 [B, M]: each union candidate's log P(SID) under the beams; for a candidate the SID
     stage did not retrieve, the lowest retrieved beam log-probability of its request (0 if none; 0 pad).
     With a coarse-prefix stage's ``reach`` (:class:`Retrieved`): a candidate the stage scored takes that score,
     any other the lowest score of the reach -- what :func:`rank_given` gives it, whatever the funnel kept."""
-    lp = cands.sid_lp
-    if reach is not None:
-        r_rows, r_lp = reach
-        b, stride = r_rows.shape[0], np.int64(1) << 40
-        ok = r_rows >= 0
-        req = np.broadcast_to(np.arange(b, dtype=np.int64)[:, None], r_rows.shape)
-        at = _lookup(req[ok] * stride + r_rows[ok], (np.arange(b, dtype=np.int64)[:, None] * stride
-                                                     + cands.rows).reshape(-1)).reshape(cands.rows.shape)
-        lp = np.where(at >= 0, r_lp[ok][np.maximum(at, 0)], np.nan).astype(np.float32)
-        floor = np.where(ok.any(1), np.where(ok, r_lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
-    has = ~np.isnan(lp)
     if reach is None:
+        lp = cands.sid_lp
+        has = ~np.isnan(lp)
         floor = np.where(has.any(1), np.where(has, lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
+    else:
+        lp, floor = _scores_of(cands.rows, *reach)
+        has = ~np.isnan(lp)
     return np.where(cands.valid, np.where(has, lp, floor[:, None]), 0.0).astype(np.float32)
 
 
@@ -282,10 +291,8 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
                                                      sid_reach_limit(rec, beam_width), user)
         else:
             beam_row, beam_lp = rec.beam_rows(rec.decode_sids(cache, beam_width, diversity_lambda), beam_width)
-        got = {int(r): float(x) for r, x in zip(beam_row[0], beam_lp[0]) if r >= 0}
-        floor = min(got.values()) if got else 0.0
-        lps = np.asarray([got.get(int(r), floor) for r in rows[0].tolist()], np.float32)  # float32, as rank's
-        sid_lp = torch.from_numpy(lps)[None].to(util)
+        lps, floor = _scores_of(rows.cpu().numpy(), beam_row, beam_lp)  # float32, as rank's
+        sid_lp = torch.from_numpy(np.where(np.isnan(lps), floor[:, None], lps)).to(util)
     score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
                      sid_weight=sid_weight)
     return score[0].cpu().numpy(), p[0].cpu().numpy()

@@ -350,8 +350,8 @@ class Recommender:
         ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
         if mode == "dense" and user is None:
             raise ConfigError("sid_mode 'dense' scores items by the user vector: this model or call has none")
-        tau = trained_temperature(self.run_config)
-        leaf = dense_leaf(user, self.item_vecs, tau) if mode == "dense" and user is not None else None
+        leaf = (dense_leaf(user, self.item_vecs, trained_temperature(self.run_config))
+                if mode == "dense" and user is not None else None)  # None with "dense": refused just above
         res = prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
                             limit, order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
                             diversity_lambda=diversity_lambda, device=self.device, leaf_logits=leaf)
