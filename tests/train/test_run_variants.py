@@ -236,3 +236,21 @@ def test_gpu_base_trains_compiled_on_amazon_beauty(tmp_path, datasets_root):  # 
     assert res["step"] == 60
     losses = [json.loads(x)["loss"] for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert len(losses) == 6 and all(math.isfinite(v) for v in losses), losses
+
+
+def test_training_evaluates_the_served_sid_stage_and_can_stop_on_it(fork):  # noqa: ANN001
+    """The SID stage served by default is the dense leaf ("sid-dense"): the training evaluation reports it beside the
+    SID head's own leaf, and early stopping can pick the BEST checkpoint on it."""
+    import json
+
+    wd = fork("stop-sid-dense")
+    res = train_run(wd, RunConfig.from_name("cpu-tiny", ["train.total_steps=6", "train.eval_every=2",
+                                                         "data.valid_cases=32", "train.early_stopping.patience=0",
+                                                         "train.early_stopping.metric=valid/sid-dense/recall@10"]),
+                    resume=False)
+    rows = [json.loads(ln) for ln in (wd / "eval_log.jsonl").read_text().splitlines() if ln.strip()]
+    rows = [r for r in rows if "valid/sid-dense/recall@10" in r]
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert all("valid/sid/recall@10" in r and "valid/ann/recall@10" in r for r in rows)
+    vals = [r["valid/sid-dense/recall@10"] for r in rows]
+    assert res["best_step"] == rows[vals.index(max(vals))]["step"]

@@ -119,8 +119,10 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         dev = next(m.parameters()).device
         if sid_build is not None and sid_sizes is not None and (trie is None or trie.device != dev):
             trie = TorchTrie.from_sid_trie(sid_build.trie, device=dev)
-        res = evaluate_retrieval(m, valid, beam_width=cfg.data.eval_beam, context_len=cfg.data.context_len,
-                                 trie=trie, leaf_rows=leaf_rows)
+        # "sid-dense": the SID stage served by default where the model has a dense stage (the dense leaf)
+        res = evaluate_retrieval(m, valid, paths=("ann", "sid", "sid-dense"), beam_width=cfg.data.eval_beam,
+                                 context_len=cfg.data.context_len, trie=trie, leaf_rows=leaf_rows,
+                                 dense_temperature=obj_cfg.temperature)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
     if cfg.data.neg_sampling not in NEG_SAMPLING:
