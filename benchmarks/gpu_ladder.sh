@@ -25,6 +25,7 @@ one() {  # NAME LADDER [SET]: prepare the run directory, then the ladder; output
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
     "${extra[@]}" ${LADDER_ARGS:-} --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
 }
-for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec//:/ } & done
-wait
+pids=()
+for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec//:/ } & pids+=($!); done
+wait "${pids[@]}"  # these jobs only: a bare `wait` also waits for the log's tee above, which never ends
 for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do echo "== ${spec%%:*}"; grep -v "^trained\|^scored" $OUT/${spec%%:*}.log; done

@@ -30,10 +30,10 @@ def test_seq_small_is_frozen_in_configs() -> None:
 
 
 def test_seq_small_model_and_objective_are_the_ladders_joint_rung() -> None:
-    """What the preset trains (variant, model, objective, optimiser) is what the Beauty ladder's joint rung
+    """What the preset trains (variant, model, objective, optimiser) is what the Beauty ladder's chosen rung
     measured; only the evaluation cadence and the checkpoints may differ."""
     preset = RunConfig.from_name("seq-small").to_dict()
-    rung = _ladder_rung("configs/ladder-beauty-3.json", "joint-wide").to_dict()
+    rung = _ladder_rung("configs/ladder-beauty-width.json", "d64").to_dict()
     for key in ("variant", "model_preset", "model", "objective"):
         assert preset[key] == rung[key], key
     for key in ("lr", "weight_decay", "betas", "decay", "warmup_steps", "grad_clip", "ema_decay", "batch_size",
