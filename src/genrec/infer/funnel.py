@@ -98,8 +98,12 @@ def _scores_of(rows: np.ndarray, got_rows: np.ndarray, got_lp: np.ndarray) -> tu
     at = _lookup(np.broadcast_to(req, got_rows.shape)[ok] * stride + got_rows[ok], (req * stride + rows).reshape(-1))
     lp = vals[np.maximum(at, 0)] if len(vals) else np.zeros(len(at), np.float32)
     lp = np.where(at >= 0, lp, np.nan).astype(np.float32).reshape(rows.shape)
-    floor = np.where(ok.any(1), np.where(ok, got_lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
-    return lp, floor
+    return lp, _row_floor(got_lp, ok)
+
+
+def _row_floor(scores: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """float32 [B]: the lowest of ``scores[b]`` where ``has[b]`` (0 where it holds none)."""
+    return np.where(has.any(1), np.where(has, scores, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
 
 
 def _sid_lp_matrix(cands: Candidates, reach: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -109,11 +113,10 @@ def _sid_lp_matrix(cands: Candidates, reach: tuple[np.ndarray, np.ndarray] | Non
     any other the lowest score of the reach -- what :func:`rank_given` gives it, whatever the funnel kept."""
     if reach is None:
         lp = cands.sid_lp
-        has = ~np.isnan(lp)
-        floor = np.where(has.any(1), np.where(has, lp, np.inf).min(1, initial=np.inf), 0.0).astype(np.float32)
+        floor = _row_floor(lp, ~np.isnan(lp))
     else:
         lp, floor = _scores_of(cands.rows, *reach)
-        has = ~np.isnan(lp)
+    has = ~np.isnan(lp)
     return np.where(cands.valid, np.where(has, lp, floor[:, None]), 0.0).astype(np.float32)
 
 
