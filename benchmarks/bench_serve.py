@@ -12,7 +12,8 @@ second (near 1.0: that process is saturated, add processes), ``client_cpu`` the 
 per second together and ``server_cpu`` the server's (its process and children: the ranking process of
 two-process mode). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
-(the server's ``--micro-batch N``). ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
+(the server's ``--micro-batch N``; timed unless told). ``default`` is the server as shipped (micro-batch 32, busy);
+``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
 "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
 clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
 not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there). The issue's GPU target (1,000-item history,
@@ -33,11 +34,12 @@ from genrec.serve.loadgen import as_sent, sample_histories, start_server
 from genrec.serve.loadtest import drive, split, stop_server
 
 MODES: dict[str, dict[str, Any]] = {
-    "one": dict(two_process=False, rank=True),
+    "default": dict(two_process=False, rank=True),  # `genrec serve` as shipped: micro-batch 32, busy policy
+    "one": dict(two_process=False, rank=True, micro_batch=1),  # one process, no micro-batching
     "two": dict(two_process=True, rank=True),  # the KV pool on the server's device (GPU: CUDA IPC)
     "twocpu": dict(two_process=True, rank=True, kv_pool_device="cpu"),  # the KV pool in CPU shared memory
     "norank": dict(two_process=False, rank=False),
-    "batch8": dict(two_process=False, rank=True, micro_batch=8),  # the server's default policy (timed)
+    "batch8": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed"),  # batch<N>: timed
     "batch8busy": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="busy"),
     "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
                         micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms

@@ -274,23 +274,30 @@ def test_busy_interrupted_leader_hangs_nobody() -> None:
 
 
 def test_bad_policy_is_refused() -> None:
-    from genrec.serve.config import ServeConfig
+    from genrec.serve.config import DEFAULT_MICRO_BATCH, ServeConfig
 
-    assert MicroBatcher(4).policy == "timed" == ServeConfig(workdir=Path(".")).micro_batch_policy  # the default
+    cfg = ServeConfig(workdir=Path("."))
+    assert MicroBatcher(4).policy == "busy" == cfg.micro_batch_policy  # the default
+    assert cfg.micro_batch == DEFAULT_MICRO_BATCH == 32  # batching on by default, up to the largest batch bucket
     with pytest.raises(ConfigError, match="policy"):
         MicroBatcher(4, policy="eager")
     from genrec.cli import app
 
     r = CliRunner().invoke(app, ["serve", "/nonexistent", "--micro-batch", "4", "--micro-batch-policy", "eager"])
     assert r.exit_code == 2 and "--micro-batch-policy must be busy or timed" in r.output
+    r = CliRunner().invoke(app, ["serve", "/nonexistent", "--micro-batch", "0"])
+    assert r.exit_code == 2 and "--micro-batch must be >= 1" in r.output
 
 
-@pytest.mark.parametrize("policy", ["busy", "timed"])
-def test_batched_http_equals_solo(run_dir: Path, policy: str) -> None:
+@pytest.mark.parametrize("policy", ["busy", "timed", None])
+def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
     # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
     # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
-    app = create_app(ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
-    assert app.service.batcher.policy == policy
+    # None: the server as configured by default (it batches).
+    cfg = (ServeConfig(workdir=run_dir) if policy is None else
+           ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
+    app = create_app(cfg)
+    assert app.service.batcher.policy == (policy or "busy")
     hists = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305], [12], [100, 98, 56, 22], []]
     with ServerThread(app) as s:
         rec = app.service.holder.current.engine.rec

@@ -63,8 +63,11 @@ def echo_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
-def check_micro_batch(policy: str, wait_ms: float) -> None:
-    if policy not in ("busy", "timed"):
+def check_micro_batch(policy: str | None, wait_ms: float, size: int | None = None) -> None:
+    """--micro-batch-policy / --micro-batch-wait-ms / --micro-batch as given (None: the server's default)."""
+    if size is not None and size < 1:
+        raise typer.BadParameter(f"--micro-batch must be >= 1 (1 = off), got {size}")
+    if policy is not None and policy not in ("busy", "timed"):
         raise typer.BadParameter(f"--micro-batch-policy must be busy or timed, got {policy!r}")
     if wait_ms < 0:
         raise typer.BadParameter(f"--micro-batch-wait-ms must be >= 0, got {wait_ms}")

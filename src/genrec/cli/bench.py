@@ -82,8 +82,10 @@ def bench_serve(
     rank: bool = typer.Option(True, help="Ask for the L1 ranking (--no-rank: retrieval only)."),
     two_process: bool = typer.Option(False, help="Start the server with ranking in a second process "
                                                   "(`genrec serve --two-process`); not with --url."),
-    micro_batch: int = typer.Option(1, help="Server-side micro-batch size (1 = off)."),
-    micro_batch_policy: str = typer.Option("timed", help="Server-side micro-batch policy: timed or busy."),
+    micro_batch: Optional[int] = typer.Option(None, help="Server-side micro-batch size; 1 = off (default: "
+                                                         "`genrec serve`'s, 32)."),
+    micro_batch_policy: Optional[str] = typer.Option(None, help="Server-side micro-batch policy: busy (the default) "
+                                                              "or timed."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait (ms)."),
     client: str = typer.Option("raw", help="Load-generator client: raw (lean HTTP/1.1 on asyncio streams) or httpx."),
     threads: Optional[int] = typer.Option(None, help="The started server's --threads (default: `genrec serve`'s, "
@@ -96,7 +98,7 @@ def bench_serve(
     """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors, and the client's CPU use."""
     from genrec.serve.loadtest import bench_serve as run_bench
 
-    check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
+    check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
     if url is not None and (threads is not None or torch_threads is not None):
         raise typer.BadParameter("--threads / --torch-threads set up the server bench serve starts: not with --url")
     res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,

@@ -40,10 +40,13 @@ def serve(
     kv_pool_device: str = typer.Option(
         "auto", help="Two-process KV pool: auto (the server's device), cpu (shared memory) or cuda (CUDA IPC)."),
     device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or cuda:N."),
-    micro_batch: int = typer.Option(1, help="Group up to N concurrent requests into one forward (1 = off)."),
-    micro_batch_policy: str = typer.Option(
-        "timed", help="With --micro-batch > 1: busy (requests queued while a batch runs form the next batch, no "
-                     "timer) or timed (a group's first request waits --micro-batch-wait-ms for more)."),
+    micro_batch: Optional[int] = typer.Option(
+        None, help="Group up to N concurrent requests into one forward; 1 = off (default: 32, the largest batch "
+                   "bucket)."),
+    micro_batch_policy: Optional[str] = typer.Option(
+        None, help="With --micro-batch > 1: busy (the default: a lone request runs at once; requests queued while a "
+                   "batch runs form the next batch, no timer) or timed (a group's first request waits "
+                   "--micro-batch-wait-ms for more)."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
     sid_mode: str = typer.Option("auto", help=SID_MODE_HELP),
@@ -76,7 +79,7 @@ def serve(
         raise typer.BadParameter(f"--torch-threads must be >= 1, got {torch_threads}")
     if kv_pool_device not in ("auto", "cpu", "cuda"):
         raise typer.BadParameter(f"--kv-pool-device must be auto, cpu or cuda, got {kv_pool_device!r}")
-    check_micro_batch(micro_batch_policy, micro_batch_wait_ms)
+    check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
         if cuda_graphs not in ("off", "sid", "all"):
@@ -89,7 +92,8 @@ def serve(
         from genrec.infer.buckets import resolve_buckets
         from genrec.infer.load import find_checkpoint, resolve_sid_mode
         # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
-        from genrec.serve.config import ServeConfig, default_threads, default_torch_threads
+        from genrec.serve.config import (DEFAULT_MICRO_BATCH, DEFAULT_MICRO_BATCH_POLICY, ServeConfig,
+                                         default_threads, default_torch_threads)
 
         os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
         if batch_buckets is not None:
@@ -103,6 +107,8 @@ def serve(
     from genrec.serve.app import serve as run_server
 
     threads = default_threads(device) if threads is None else threads
+    micro_batch = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
+    micro_batch_policy = micro_batch_policy or DEFAULT_MICRO_BATCH_POLICY
     if torch_threads is None:
         torch_threads = default_torch_threads(device, threads, workers)
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,

@@ -25,9 +25,11 @@ CLOSED loop of N clients ``busy`` phase-locks: the request that queued behind a 
 clients come back, and then they run together; batches alternate 1, N-1 (rows per forward 2.0 at
 4 clients, 4.0 at 8), where the timed wait gathers ~3.3 at 4 clients. So ``timed`` gave more QPS
 at 4 clients; at 8 the two were close, ``busy`` with the lower p99. Breaking the lock needs a
-wait, i.e. a timer: that is the ``timed`` policy.
+wait, i.e. a timer: that is the ``timed`` policy. Under heavy load ``busy`` wins by far (``--modes
+one,batch32busy,batch32 --clients 1,16,64``, :data:`genrec.serve.config.DEFAULT_MICRO_BATCH_POLICY`): its batches
+fill, one forward at a time, where timed groups run side by side and contend; ``busy`` is the server's default.
 
-``timed`` (the default, and the earlier policy): the first request of a key (the leader) waits up to
+``timed`` (the earlier default): the first request of a key (the leader) waits up to
 ``max_wait_ms`` for followers (or until ``max_batch`` are queued), then runs the group. Groups of
 different keys, and a new group of the same key, can run side by side. Every request pays up to
 ``max_wait_ms`` even alone.
@@ -89,11 +91,11 @@ def _run_rows(batch: Sequence[tuple[Any, Future]], fn: Fn) -> None:
 class MicroBatcher:
     """Group ``submit(key, item, fn)`` calls with equal ``key`` into calls of ``fn(items) -> results``.
 
-    ``policy="timed"`` (default): a group's first request waits up to ``max_wait_ms`` for more.
-    ``policy="busy"``: batch only while a batch is running, no timer (``max_wait_ms`` is not used).
+    ``policy="busy"`` (default, as the server's): batch only while a batch is running, no timer (``max_wait_ms``
+    is not used). ``policy="timed"``: a group's first request waits up to ``max_wait_ms`` for more.
     ``batches`` / ``items`` count the calls made and the requests they served."""
 
-    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = "timed") -> None:
+    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = "busy") -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ConfigError(f"micro-batch: max_batch >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
         if policy not in POLICIES:

@@ -7,7 +7,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServeConfig", "default_threads", "default_torch_threads"]
+__all__ = ["DEFAULT_MICRO_BATCH", "DEFAULT_MICRO_BATCH_POLICY", "ServeConfig", "default_threads",
+           "default_torch_threads"]
+
+DEFAULT_MICRO_BATCH = 32
+"""Concurrent one-process requests grouped into one forward by default (``--micro-batch``; 1 = off): the largest
+default batch bucket (:mod:`genrec.infer.buckets`), so every batch replays a captured graph on the GPU."""
+DEFAULT_MICRO_BATCH_POLICY = "busy"
+"""The default grouping (:mod:`genrec.serve.batcher`): a lone request runs at once; requests that queue while a
+batch runs form the next batch; one forward at a time. Measured on the CPU box (``python benchmarks/bench_serve.py RUN
+--clients 1,16,64 --modes one,batch32busy,batch32``): as fast as no batching at one client, 6-7x its QPS at 64
+clients, where the timed policy (groups running side by side) gave no more than no batching."""
 
 
 def default_threads(device: str = "cpu") -> int:
@@ -54,10 +64,10 @@ class ServeConfig:
     rank_timeout_s: float = 2.0
     stale_retries: int = 3
     pool_dir: Path | None = None
-    micro_batch: int = 1  # > 1: group up to this many concurrent one-process requests into one forward
+    micro_batch: int = DEFAULT_MICRO_BATCH  # > 1: group up to this many concurrent one-process requests, 1: off
     # "busy": batch only requests that queued while a batch ran, no timer; "timed": the first request
     # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
-    micro_batch_policy: str = "timed"
+    micro_batch_policy: str = DEFAULT_MICRO_BATCH_POLICY
     micro_batch_wait_ms: float = 2.0  # timed policy only
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # /admin/reload needs "Authorization: Bearer <admin_token>" when set (default: $GENREC_ADMIN_TOKEN); unset,

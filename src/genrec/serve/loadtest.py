@@ -178,14 +178,14 @@ def stop_server(proc: subprocess.Popen | None) -> None:
 
 def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float = 60.0, concurrency: int = 8,
                 max_requests: int = 1_000_000, history_len: int = 50, beam_width: int = 20, k: int = 10,
-                rank: bool = True, two_process: bool = False, micro_batch: int = 1, seed: int = 0,
+                rank: bool = True, two_process: bool = False, micro_batch: int | None = None, seed: int = 0,
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
-                micro_batch_policy: str = "timed", micro_batch_wait_ms: float = 2.0,
+                micro_batch_policy: str | None = None, micro_batch_wait_ms: float = 2.0,
                 kv_pool_device: str = "auto", threads: int | None = None,
                 torch_threads: int | None = None, procs: int = 1) -> BenchResult:
     """Start (or target) a local server, drive it (:func:`drive`; ``procs`` client processes), stop it; returns
-    the result. ``threads`` / ``torch_threads``: the started server's ``--threads`` / ``--torch-threads``
-    (None: its defaults)."""
+    the result. ``threads`` / ``torch_threads`` / ``micro_batch`` / ``micro_batch_policy``: the started server's
+    ``--threads`` / ``--torch-threads`` / ``--micro-batch`` / ``--micro-batch-policy`` (None: its defaults)."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     if procs < 1:

@@ -82,8 +82,10 @@ class Service:
         self.metrics = Metrics()
         self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy)
                         if cfg.micro_batch > 1 else None)
-        # with micro-batching, up to micro_batch request threads wait together for one batched forward
-        self.limiter = anyio.CapacityLimiter(max(1, cfg.threads, cfg.micro_batch if self.batcher else 1))
+        # with micro-batching, up to micro_batch request threads wait together for one batched forward (not in
+        # two-process mode: its ranked requests are never batched, and that many forwards side by side only contend)
+        batching = self.batcher is not None and not cfg.two_process
+        self.limiter = anyio.CapacityLimiter(max(1, cfg.threads, cfg.micro_batch if batching else 1))
         self.pool: KVPool | None = None
         self.ranker: RankerClient | None = None
         self._pool_lock = threading.Lock()
