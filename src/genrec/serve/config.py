@@ -15,9 +15,10 @@ DEFAULT_MICRO_BATCH = 32
 default batch bucket (:mod:`genrec.infer.buckets`), so every batch replays a captured graph on the GPU."""
 DEFAULT_MICRO_BATCH_POLICY = "busy"
 """The default grouping (:mod:`genrec.serve.batcher`): a lone request runs at once; requests that queue while a
-batch runs form the next batch; one forward at a time. Measured on the CPU box (``python benchmarks/bench_serve.py RUN
---clients 1,16,64 --modes one,batch32busy,batch32``): as fast as no batching at one client, 6-7x its QPS at 64
-clients, where the timed policy (groups running side by side) gave no more than no batching."""
+batch runs form the next batch; one forward at a time. Measured on the CPU box only (``python benchmarks/bench_serve.py
+RUN --clients 1,16,64 --modes one,default,batch32``): level with no batching at one client, 6-7x its QPS at 64
+clients, where the timed policy (groups running side by side) gave no more than no batching. On a GPU the load
+captures a graph per batch size and history bucket up front (a longer start)."""
 
 
 def default_threads(device: str = "cpu") -> int:
