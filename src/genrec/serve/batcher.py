@@ -26,7 +26,7 @@ clients come back, and then they run together; batches alternate 1, N-1 (rows pe
 4 clients, 4.0 at 8), where the timed wait gathers ~3.3 at 4 clients. So ``timed`` gave more QPS
 at 4 clients; at 8 the two were close, ``busy`` with the lower p99. Breaking the lock needs a
 wait, i.e. a timer: that is the ``timed`` policy. Under heavy load ``busy`` wins by far (``--modes
-one,batch32busy,batch32 --clients 1,16,64``, :data:`genrec.serve.config.DEFAULT_MICRO_BATCH_POLICY`): its batches
+one,default,batch32 --clients 1,16,64``, :data:`genrec.serve.config.DEFAULT_MICRO_BATCH_POLICY`): its batches
 fill, one forward at a time, where timed groups run side by side and contend; ``busy`` is the server's default.
 
 ``timed`` (the earlier default): the first request of a key (the leader) waits up to
@@ -51,6 +51,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from genrec.errors import ConfigError
+from genrec.serve.config import DEFAULT_MICRO_BATCH_POLICY
 
 POLICIES = ("busy", "timed")
 
@@ -95,7 +96,7 @@ class MicroBatcher:
     is not used). ``policy="timed"``: a group's first request waits up to ``max_wait_ms`` for more.
     ``batches`` / ``items`` count the calls made and the requests they served."""
 
-    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = "busy") -> None:
+    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = DEFAULT_MICRO_BATCH_POLICY) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ConfigError(f"micro-batch: max_batch >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
         if policy not in POLICIES:
