@@ -33,7 +33,7 @@ import torch
 from genrec.infer.profile import profiling, stage
 from genrec.infer.recommender import Recommender
 from genrec.serve.engine import Engine
-from genrec.serve.loadgen import sample_histories
+from genrec.serve.loadgen import history_body, sample_histories
 from genrec.serve.schemas import api_models
 
 
@@ -44,7 +44,7 @@ def stage_profile(a: argparse.Namespace, hist: list[list[int]], prec: str) -> di
     models = api_models(False)
     out: dict[int, dict[str, Any]] = {}
     for b in (int(x) for x in a.batch_sizes.split(",")):
-        bodies = [json.dumps({"history": [{"item_id": int(x)} for x in hist[i % len(hist)]], "k": a.k,
+        bodies = [json.dumps({**history_body(hist[i % len(hist)], a.columns), "k": a.k,
                               "beam_width": a.beam_width}).encode() for i in range(b * (a.n + a.warmup))]
         host: dict[str, list[float]] = {}
         dev: dict[str, list[float]] = {}
@@ -57,7 +57,7 @@ def stage_profile(a: argparse.Namespace, hist: list[list[int]], prec: str) -> di
                     r0 = reqs[0]
                     kw: dict[str, Any] = dict(k=r0.k, beam_width=r0.beam_width, diversity_lambda=r0.diversity_lambda,
                                               sources=r0.sources, rank=r0.rank)
-                    hs: list[Any] = [r.history for r in reqs]
+                    hs: list[Any] = [r.the_history() for r in reqs]
                     with stage("engine"):
                         res = [eng.recommend(hs[0], **kw)] if b == 1 else eng.recommend_many(hs, **kw)
                     with stage("http.out"):
@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="then the serving path's stages per batch size")
     ap.add_argument("--batch-sizes", default="1,8,32", help="--profile: requests per batch")
     ap.add_argument("--sync", action="store_true", help="--profile: synchronise the device at every stage boundary")
+    ap.add_argument("--columns", action="store_true", help="--profile: the bodies send history_columns")
     a = ap.parse_args()
     hist = sample_histories(a.workdir, a.n + a.warmup + a.torch_profile, a.history_len, exact=True)
     out = {"args": vars(a), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "rows": {}}

@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
                     help="load-generator client (raw: pre-encoded bytes on asyncio streams; httpx: AsyncClient)")
+    ap.add_argument("--columns", action="store_true",
+                    help="send each history as history_columns (one list of ids) instead of a list of events")
     ap.add_argument("--exact-history", action="store_true",
                     help="every history exactly --history-len items (short users extended with others')")
     ap.add_argument("--batch-buckets", default=None, help="the servers' $GENREC_BATCH_BUCKETS (auto, off, 1,2,4,8)")
@@ -92,9 +94,10 @@ def main() -> None:
             for c in clients:
                 body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
                 if a.warmup > 0:
-                    drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body)
+                    drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body,
+                          columns=a.columns)
                 res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
-                            server_pid=proc.pid)
+                            server_pid=proc.pid, columns=a.columns)
                 row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary()}
                 rows.append(row)
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)

@@ -10,6 +10,7 @@ import torch
 
 from genrec.errors import ConfigError, DataError
 from genrec.infer.cases import user_history
+from genrec.infer.history import HistoryColumns
 from genrec.infer.recommender import Recommender
 from genrec.model.genrec_model import ModelBatch
 from tests.tiny_run import build_run
@@ -243,6 +244,71 @@ def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
     long = [{"item_id": i % 1682 + 1, "action": rec.actions[i % len(rec.actions)]} for i in range(1000)]
     assert rec.history.columns(long) is not None  # the fast path is really taken for clean input
     assert outcome(rec.parse_history, long) == outcome(rec.parse_history_reference, long)
+
+
+def _as_columns(h: list) -> "HistoryColumns":
+    """Events (dicts or bare ids) -> the same history as columns (a column only where some event has the field)."""
+    ev = [x if isinstance(x, dict) else {"item_id": x} for x in h]
+    cols = {k: [e.get(k) for e in ev] for k in ("action", "surface", "ts") if any(k in e for e in ev)}
+    return HistoryColumns([e["item_id"] for e in ev], **cols)
+
+
+def test_columns_parse_equals_the_events(rec: Recommender) -> None:
+    """A history sent as columns (``history_columns``) parses to exactly what the same events give through the
+    item-by-item reference -- rows, actions, surfaces, timestamps, dropped and truncated ids -- or to the same
+    DataError, naming the column and index (``history_columns.action[3]``) where the events name the event; the
+    columns are also read by the reference (through their events) with the same outcome, and recommend the same."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    def outcome(fn, h):  # noqa: ANN001, ANN202
+        try:
+            r = fn(h)
+        except DataError as e:
+            return ("error", str(e), e.field)
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
+
+    def as_column_field(want):  # noqa: ANN001, ANN202 -- history[3].action -> history_columns.action[3]
+        if not isinstance(want, tuple):
+            return want
+        f = want[2]
+        if f.startswith("history[") and "]." in f:
+            i, name = f[len("history["):].split("].", 1)
+            f = f"history_columns.{name}[{i}]"
+        else:
+            f = f.replace("history", "history_columns", 1)
+        return (want[0], want[1].replace(f"field '{want[2]}'", f"field '{f}'"), f)
+
+    vocab = st.one_of(st.none(), st.sampled_from([*rec.actions, *rec.surfaces, "click"]),
+                      st.integers(-1, max(len(rec.actions), len(rec.surfaces)) + 1))
+    events = st.lists(st.one_of(st.integers(-2, 1700), st.fixed_dictionaries(
+        {"item_id": st.integers(-2, 1700)}, optional={"action": vocab, "surface": vocab,
+                                                       "ts": st.one_of(st.none(), st.integers(0, 10 ** 9))})),
+        min_size=1, max_size=rec.context_len + 6)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(events)
+    def check(h):  # noqa: ANN001, ANN202
+        want = as_column_field(outcome(rec.parse_history_reference, h))
+        cols = _as_columns(h)
+        assert outcome(rec.parse_history, cols) == want
+        assert outcome(lambda c: rec.history.parse_reference(c, "history_columns"), cols) == want
+        if not isinstance(want, tuple):
+            parsed, dropped = rec.history.read(cols)
+            assert dropped == want["dropped"] and parsed is not None
+
+    check()
+    long = [{"item_id": i % 1682 + 1, "action": rec.actions[i % len(rec.actions)], "ts": i} for i in range(1000)]
+    assert rec.history.columns(_as_columns(long)) is not None  # the columnar path is really taken
+    assert rec.history.columns(HistoryColumns([1.0, 2.0])) is None  # floats: the reference decides
+    got, want = rec.recommend(_as_columns(HIST), k=10), rec.recommend(HIST, k=10)
+    assert [r.item_id for r in got] == [r.item_id for r in want]
+    assert [[r.item_id for r in x] for x in rec.recommend([_as_columns(HIST), _as_columns(HIST[:2])], k=5)] == \
+        [[r.item_id for r in x] for x in rec.recommend([HIST, HIST[:2]], k=5)]
+    with pytest.raises(DataError, match="one value per item_id") as e:
+        HistoryColumns([1, 2], action=["like"])
+    assert e.value.field == "history_columns.action"
+    assert _as_columns(HIST)[1:3] == [{"item_id": 50, "action": "view"}, {"item_id": 181}]
 
 
 def test_retrieval_weight_fuses_the_dense_score(rec: Recommender) -> None:

@@ -74,6 +74,14 @@ def test_the_service_speaks_the_logs_ids(server: ServerThread, client: httpx.Cli
     assert body["unknown_candidates"] == ["no-such-candidate"] and body["dropped_items"] == ["no-such-item", "12345"]
     assert sorted(x["item_id"] for x in body["items"]) == sorted([got[2], got[0], items[-1], got[2]])
 
+    # the same history as columns: the same answers, the unknown ids named as sent
+    cols = {"item_id": [x["item_id"] for x in h], "action": [x.get("action") for x in h]}
+    r = client.post("/v1/recommend", json={"history_columns": cols, "k": 8})
+    assert r.status_code == 200 and [x["item_id"] for x in r.json()["items"]] == got, r.text
+    assert r.json()["dropped_items"] == ["no-such-item", "12345"]
+    r = client.post("/v1/rank", json={"history_columns": cols, "candidates": cands})
+    assert r.status_code == 200 and r.json()["items"] == body["items"], r.text
+
     # a cold start names its items by the log's ids too
     for path, extra in (("/v1/recommend", {"k": 3}), ("/v1/rank", {"candidates": [items[1], "x", items[0]]})):
         r = client.post(path, json={"history": [{"item_id": "nope"}], **extra})

@@ -65,7 +65,7 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
                 rts = torch.full((len(rows),), int(request_ts), dtype=torch.int64, device=rec.device)
         t_parse = _ms(t_wall)
         # the whole given history, not only the newest context_len items the model reads
-        excl = [p["seen_rows"] for p in rows] if exclude_history else None
+        excl = [np.unique(p["given_rows"]) for p in rows] if exclude_history else None
         res = rec.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,

@@ -61,7 +61,7 @@ from genrec.infer.buckets import HistoryBuffers, ShapeBuckets, resolve_buckets
 from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import Scorer, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
-from genrec.infer.history import HistoryParser, vocab_index
+from genrec.infer.history import HistoryColumns, HistoryParser, vocab_index
 from genrec.infer.load import (fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode,
                                trained_temperature)
 from genrec.infer.profile import stage
@@ -471,7 +471,7 @@ class Recommender:
         none of the items in ``history`` -- every one given, also those older than the newest
         ``context_len`` the model reads (the stages over-retrieve by that many, so ``k`` remain)."""
         t_wall = time.perf_counter()
-        is_batch = len(history) > 0 and all(isinstance(h, (list, tuple)) for h in history)
+        is_batch = len(history) > 0 and all(isinstance(h, (list, tuple, HistoryColumns)) for h in history)
         hs = list(history) if is_batch else [history]
         if not hs:
             raise DataError("empty batch of histories", field="history")

@@ -34,6 +34,7 @@ from genrec.catalog import open_store
 from genrec.errors import ConfigError, DataError, GenrecError
 from genrec.infer.calls import run_parsed
 from genrec.infer.funnel import Scorer
+from genrec.infer.history import HistoryColumns
 from genrec.infer.profile import stage
 from genrec.infer.recommender import Recommender
 from genrec.infer.results import RecommendationList
@@ -324,7 +325,8 @@ class Engine:
         if not any_known:
             return self.cold_rank(dropped, item_ids, surface)
         try:
-            res = self.rec.rank_items(list(history), item_ids, surface=surface, request_ts=request_ts,
+            given = history if isinstance(history, HistoryColumns) else list(history)
+            res = self.rec.rank_items(given, item_ids, surface=surface, request_ts=request_ts,
                                       beam_width=beam_width, diversity_lambda=diversity_lambda, **_fusion_kw(fusion))
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from genrec.infer.cases import SourceIds
+from genrec.infer.history import HistoryColumns
 
 __all__ = ["SourceItemIds", "Unknown"]
 
@@ -65,8 +66,10 @@ class SourceItemIds:
         return cls(to_table, original)
 
     # ------------------------------------------------------------------ in
-    def history_in(self, history: Sequence[Mapping[str, Any]], unknown: Unknown) -> list[dict[str, Any]]:
+    def history_in(self, history: Sequence[Mapping[str, Any]], unknown: Unknown) -> Sequence[Mapping[str, Any]]:
         """The history with each ``item_id`` (source id, text) replaced by the tables' id (unknown: a placeholder)."""
+        if isinstance(history, HistoryColumns):
+            return history.with_ids(self.ids_in(history.item_id, unknown))
         tt = self.to_table
         out = []
         for h in history:

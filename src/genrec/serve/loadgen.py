@@ -234,10 +234,17 @@ def run_client(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
+def history_body(history: Sequence[int | str], columns: bool = False) -> dict[str, Any]:
+    """A request's history field for item ids ``history`` (each event the default action): ``{"history": [{"item_id":
+    ..}, ..]}``, or with ``columns`` ``{"history_columns": {"item_id": [..]}}``."""
+    ids = [x if isinstance(x, str) else int(x) for x in history]
+    return {"history_columns": {"item_id": ids}} if columns else {"history": [{"item_id": x} for x in ids]}
+
+
 async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, duration: float = 60.0, concurrency: int = 8,
                    max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
                    timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
-                   ready: Callable[[], None] | None = None) -> BenchResult:
+                   ready: Callable[[], None] | None = None, columns: bool = False) -> BenchResult:
     """Closed-loop load: each of ``concurrency`` clients sends its next request when the last one returns.
 
     ``client``: ``"raw"`` (:class:`RawConnection`, one per closed-loop client) or ``"httpx"`` (one
@@ -246,7 +253,8 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
     parsed (for its ``degraded`` flag) after the clock stops. A transport error or a request
     slower than ``timeout`` seconds counts as status 0 (an error) and the next request reconnects.
     ``ready``: called once the request bytes are encoded, just before the clock starts (the multi-process
-    client's start barrier). The process's CPU time while the clock runs is ``client_cpu_s``."""
+    client's start barrier). The process's CPU time while the clock runs is ``client_cpu_s``. ``columns``: send
+    each history as ``history_columns`` (one list of item ids) instead of a list of events."""
     check_loopback(url)
     if concurrency < 1 or duration <= 0 or max_requests < 1:
         raise ConfigError("concurrency, duration and max_requests must be positive")
@@ -262,8 +270,7 @@ async def run_load(url: str, histories: Sequence[Sequence[int | str]], *, durati
     extra = body or {"k": 10, "beam_width": 20, "rank": True}
     # request bodies encoded before the clock starts: the latency measured is the service's, not
     # the load generator's JSON encoding (~2-3 ms for a 1,000-item history on the CPU box)
-    bodies = [json.dumps({"history": [{"item_id": x if isinstance(x, str) else int(x)} for x in h], **extra}).encode()
-              for h in histories]
+    bodies = [json.dumps({**history_body(h, columns), **extra}).encode() for h in histories]
     wire = [encode_request(host, port, path, b) for b in bodies] if client == "raw" else []
     if ready is not None:
         ready()

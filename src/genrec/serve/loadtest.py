@@ -65,12 +65,12 @@ def proc_tree_cpu_s(pid: int) -> float | None:
 
 def _child(idx: int, url: str, histories: Sequence[Sequence[int | str]], conns: int, duration: float,
            max_requests: int, body: dict[str, Any] | None, timeout: float, client: str, path: str,
-           barrier: Any, out: Any) -> None:
+           barrier: Any, out: Any, columns: bool = False) -> None:
     """One client process: its closed loops from the barrier on; puts (idx, summary | error text) on ``out``."""
     try:  # request bytes encoded, it waits for the others at the barrier, then starts its clock
         res = run_client(run_load(url, histories, duration=duration, concurrency=conns, max_requests=max_requests,
                                   body=body, timeout=timeout, client=client, path=path,
-                                  ready=lambda: barrier.wait(timeout=300)))
+                                  ready=lambda: barrier.wait(timeout=300), columns=columns))
         out.put((idx, {"requests": res.requests, "errors": res.errors, "seconds": res.seconds,
                        "latencies_ms": res.latencies_ms, "statuses": res.statuses, "degraded": res.degraded,
                        "client_loop": res.client_loop, "cpu_s": res.client_cpu_s}))
@@ -82,7 +82,7 @@ def _child(idx: int, url: str, histories: Sequence[Sequence[int | str]], conns: 
 def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs: int, concurrency: int,
                    duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
                    timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
-                   server_pid: int | None = None) -> BenchResult:
+                   server_pid: int | None = None, columns: bool = False) -> BenchResult:
     """``concurrency`` closed-loop clients (:func:`genrec.serve.loadgen.run_load`) spread over ``procs``
     processes (:func:`split`; process ``i`` sends histories ``i, i + procs, ...``), started together; the
     merged result, with the client processes' CPU (and the server's, given ``server_pid``)."""
@@ -101,7 +101,7 @@ def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs:
     share = [list(histories[i::n]) or list(histories) for i in range(n)]
     per = [max(1, max_requests // n + (i < max_requests % n)) for i in range(n)]
     ps = [ctx.Process(target=_child, args=(i, url, share[i], c, duration, per[i], body, timeout, client, path,
-                                           barrier, out), daemon=True) for i, c in enumerate(conns)]
+                                           barrier, out, columns), daemon=True) for i, c in enumerate(conns)]
     for p in ps:
         p.start()
     got: dict[int, Any] = {}
@@ -150,15 +150,17 @@ def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs:
 
 def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, procs: int = 1,
           duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
-          client: str = "raw", server_pid: int | None = None) -> BenchResult:
+          client: str = "raw", server_pid: int | None = None, columns: bool = False) -> BenchResult:
     """``concurrency`` closed-loop clients against ``url``: in this process (``procs`` 1) or spread over
-    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``."""
+    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``. ``columns``: the
+    histories go as ``history_columns``."""
     if procs > 1 and concurrency > 1:
         return run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
-                              max_requests=max_requests, body=body, client=client, server_pid=server_pid)
+                              max_requests=max_requests, body=body, client=client, server_pid=server_pid,
+                              columns=columns)
     srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
     res = run_client(run_load(url, histories, duration=duration, concurrency=concurrency,
-                              max_requests=max_requests, body=body, client=client))
+                              max_requests=max_requests, body=body, client=client, columns=columns))
     srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
     if srv0 is not None and srv1 is not None:  # encoding the requests included: an upper bound
         res.server_cpu_s = srv1 - srv0

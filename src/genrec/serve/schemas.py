@@ -21,6 +21,7 @@ them with ``.get``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
@@ -34,10 +35,14 @@ from pydantic import (
     StrictInt,
     StrictStr,
     WithJsonSchema,
+    ValidationInfo,
+    field_validator,
+    model_validator,
     with_config,
 )
 from typing_extensions import Annotated, NotRequired, TypedDict  # pydantic needs typing_extensions' TypedDict < 3.12
 
+from genrec.infer.history import HistoryColumns
 from genrec.serve.explain import Explain
 
 MAX_K = 1000
@@ -100,6 +105,64 @@ class SourceIdHistoryItem(TypedDict):
     ts: NotRequired[Optional[Timestamp]]
 
 
+_COLUMNS_DOC = ("The user's events as columns, oldest first: `item_id[i]` and, where a column is given, `action[i]`, "
+                "`surface[i]`, `ts[i]` (null: the default) are one event, as in `history`. Every column given holds "
+                "one value per item_id. The same answer as `history`, read without an object per event (cheaper "
+                "for long histories).")
+
+
+class HistoryColumnsBody(_Strict):
+    """A history as columns (``history_columns``): one list per field of ``HistoryItem``."""
+
+    item_id: list[ItemId] = Field(max_length=MAX_HISTORY, description="The events' items.")
+    action: Optional[list[Vocab]] = Field(default=None, max_length=MAX_HISTORY,
+                                          description="Each event's action (name or index; null: the default).")
+    surface: Optional[list[Vocab]] = Field(default=None, max_length=MAX_HISTORY,
+                                           description="Each event's surface (name or index; null: the default).")
+    ts: Optional[list[Optional[Timestamp]]] = Field(default=None, max_length=MAX_HISTORY,
+                                                    description="Each event's time, epoch seconds (null: none).")
+
+    @model_validator(mode="after")
+    def _one_value_per_item(self) -> "HistoryColumnsBody":
+        n = len(self.item_id)
+        for name in ("action", "surface", "ts"):
+            col = getattr(self, name)
+            if col is not None and len(col) != n:
+                raise ValueError(f"{name} has {len(col)} values for {n} item_id values (one per event)")
+        return self
+
+    def columns(self) -> HistoryColumns:
+        return HistoryColumns(self.item_id, self.action, self.surface, self.ts)
+
+
+class SourceIdHistoryColumnsBody(HistoryColumnsBody):
+    """``history_columns`` of a run whose ids were remapped: the source file's item ids."""
+
+    item_id: list[SourceItemId] = Field(max_length=MAX_HISTORY, description="The events' items (the source "  # type: ignore[assignment]
+                                                                             "file's ids).")
+
+
+class _OneHistory(_Strict):
+    """A request's history, given one way: ``history`` (events) or ``history_columns`` (declared first, so that
+    ``history``'s check sees it; a missing history is an error naming ``history``)."""
+
+    @field_validator("history", mode="after", check_fields=False)
+    @classmethod
+    def _exactly_one_history(cls, v: Any, info: ValidationInfo) -> Any:
+        if "history_columns" not in info.data:  # history_columns itself failed: its error says why
+            return v
+        if v is None and info.data["history_columns"] is None:
+            raise ValueError("required: the user's events as `history` (a list of events) or as `history_columns`")
+        if v is not None and info.data["history_columns"] is not None:
+            raise ValueError("give the history once: `history` or `history_columns`, not both")
+        return v
+
+    def the_history(self) -> Sequence[Any]:
+        """The history as given: the list of event dicts, or a :class:`HistoryColumns`."""
+        h: Any = getattr(self, "history")
+        return h if h is not None else getattr(self, "history_columns").columns()
+
+
 class FusionWeightsRequest(_Strict):
     """Per-request L1 score fusion; a weight left out takes the server's (``genrec fusion tune``'s
     choice for the served checkpoint, else the action heads alone; ``/readyz`` shows them)."""
@@ -121,14 +184,16 @@ _FUSION_DOC = ("This request's L1 fusion weights; a weight left out takes the se
                "`l1_fusion`).")
 
 
-class RecommendRequest(_Strict):
+class RecommendRequest(_OneHistory):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"history": [{"item_id": 50, "action": "like"}, {"item_id": 172}, {"item_id": 181, "ts": 1700000000}],
          "k": 10, "beam_width": 20, "diversity_lambda": 0.0, "sources": ["sid", "ann"], "rank": True},
         {"history": [{"item_id": 50}], "k": 5, "fusion": {"action_weight": 0.0, "retrieval_weight": 1.0,
                                                            "sid_weight": 0.05}, "exclude_history": True}]})
 
-    history: list[HistoryItem] = Field(max_length=MAX_HISTORY, description=_HISTORY_DOC)
+    history_columns: Optional[HistoryColumnsBody] = Field(default=None, description=_COLUMNS_DOC)
+    history: Optional[list[HistoryItem]] = Field(default=None, max_length=MAX_HISTORY, validate_default=True,
+                                                 description=_HISTORY_DOC)
     surface: Vocab = Field(default=None, description="The surface the request is for (name or index; default: "
                                                      "the last history event's).")
     request_ts: Optional[StrictInt] = Field(default=None, ge=-INT64, le=INT64,
@@ -164,19 +229,24 @@ class SourceIdRecommendRequest(RecommendRequest):
         {"history": [{"item_id": "m242", "action": "like"}, {"item_id": "m302"}], "k": 10},
         {"history": [{"item_id": "m242"}, {"item_id": 51}], "k": 5, "exclude_history": True}]})
 
-    history: list[SourceIdHistoryItem] = Field(max_length=MAX_HISTORY, description=_HISTORY_DOC)  # type: ignore[assignment]
+    history_columns: Optional[SourceIdHistoryColumnsBody] = Field(default=None,  # type: ignore[assignment]
+                                                                  description=_COLUMNS_DOC)
+    history: Optional[list[SourceIdHistoryItem]] = Field(default=None, max_length=MAX_HISTORY,  # type: ignore[assignment]
+                                                         validate_default=True, description=_HISTORY_DOC)
 
 
 _RANK_BEAMS_DOC = ("Only when the SID weight is > 0: the SID beams the candidates' log P(SID) term is read from "
                    "(as /v1/recommend's `{}`).")
 
 
-class RankRequest(_Strict):
+class RankRequest(_OneHistory):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"history": [{"item_id": 50, "action": "like"}, {"item_id": 172}], "candidates": [181, 258, 7, 9]},
         {"history": [{"item_id": 50}], "candidates": [181, 258], "fusion": {"retrieval_weight": 1.0}}]})
 
-    history: list[HistoryItem] = Field(max_length=MAX_HISTORY, description=_HISTORY_DOC)
+    history_columns: Optional[HistoryColumnsBody] = Field(default=None, description=_COLUMNS_DOC)
+    history: Optional[list[HistoryItem]] = Field(default=None, max_length=MAX_HISTORY, validate_default=True,
+                                                 description=_HISTORY_DOC)
     candidates: list[ItemId] = Field(min_length=1, max_length=MAX_CANDIDATES,
                                      description="The items to score. Those not in the catalogue are left out and "
                                                  "listed in `unknown_candidates`.")
@@ -197,7 +267,10 @@ class SourceIdRankRequest(RankRequest):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"history": [{"item_id": "m242", "action": "like"}, {"item_id": "m302"}], "candidates": ["m51", "m86", "m9"]}]})
 
-    history: list[SourceIdHistoryItem] = Field(max_length=MAX_HISTORY, description=_HISTORY_DOC)  # type: ignore[assignment]
+    history_columns: Optional[SourceIdHistoryColumnsBody] = Field(default=None,  # type: ignore[assignment]
+                                                                  description=_COLUMNS_DOC)
+    history: Optional[list[SourceIdHistoryItem]] = Field(default=None, max_length=MAX_HISTORY,  # type: ignore[assignment]
+                                                         validate_default=True, description=_HISTORY_DOC)
     candidates: list[SourceItemId] = Field(  # type: ignore[assignment]
         min_length=1, max_length=MAX_CANDIDATES,
         description="The items to score (source-file ids). Those not in the catalogue are left out and listed in "

@@ -153,7 +153,7 @@ class Service:
     def recommend(self, req: RecommendRequest) -> dict[str, Any]:
         bundle = self.holder.current  # taken ONCE: the request finishes on this version
         eng = bundle.engine
-        hist: Any = req.history  # plain dicts (HistoryItem is a TypedDict)
+        hist: Any = req.the_history()  # plain dicts (HistoryItem is a TypedDict), or HistoryColumns
         ids, unknown = self._source_ids(eng), Unknown()
         if ids is not None:  # the source file's ids -> the tables' (once, here)
             hist = ids.history_in(hist, unknown)
@@ -220,7 +220,7 @@ class Service:
         bundle = self.holder.current
         eng = bundle.engine
         t0 = time.perf_counter()
-        hist: Any = req.history
+        hist: Any = req.the_history()
         cands: Any = req.candidates
         ids, unknown = self._source_ids(eng), Unknown()
         if ids is not None:  # the source file's ids -> the tables' (once, here)
