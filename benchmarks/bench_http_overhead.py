@@ -17,8 +17,7 @@ One round = one request to each of these, interleaved so drift hits them all ali
 * ``POST /_probe/validate`` -- + the request model (FastAPI body validation of ``RecommendRequest``);
 * ``POST /_probe/hop`` -- + a no-op on the inference thread pool (the thread hop);
 * ``POST /_probe/prepare`` -- + on that thread, what a recommend request does before the
-  Recommender's timer starts: validated history -> engine input, the engine's known-item check,
-  ``parse_history`` and ``model_batch``;
+  Recommender's timer starts: the validated history's one parse (``Engine._read``) and ``model_batch``;
 * ``POST /v1/recommend`` -- the real thing: its ``timings_ms.total`` is the model time (the
   Recommender's own timer); ``overhead = client latency - timings_ms.total`` per request.
 
@@ -70,7 +69,7 @@ PROBES = ("healthz", "body", "json", "validate", "hop", "prepare", "recommend")
 def _child(workdir: str, port: int, threads: int, gc_freeze: bool, http: str | None, loop: str | None) -> None:
     import anyio
     import uvicorn
-    from fastapi import Request
+    from fastapi import FastAPI, Request
     from fastapi.responses import Response
 
     from genrec.serve import app as appmod
@@ -78,13 +77,11 @@ def _child(workdir: str, port: int, threads: int, gc_freeze: bool, http: str | N
 
     extra = {} if gc_freeze else {"gc_freeze": False}  # (a tree from before the option ignores it)
     wrapped = appmod.create_app(appmod.ServeConfig(workdir=Path(workdir), threads=threads, **extra))
-    inner = wrapped.app  # type: ignore[attr-defined]
+    inner: Any = wrapped
+    while not isinstance(inner, FastAPI):  # the routes' app, under the ASGI middleware (Track, BodyLimit)
+        inner = inner.app
     svc = wrapped.service  # type: ignore[attr-defined]
     small = b'{"ok":true}'
-    # what Service.recommend hands the engine: the validated history as dicts (HistoryItem models
-    # were model_dump-ed one by one before HistoryItem became a TypedDict)
-    def to_engine(hist: list) -> list:
-        return hist if not hist or isinstance(hist[0], dict) else [h.model_dump() for h in hist]
 
     @inner.post("/_probe/body")
     async def _body(request: Request) -> Response:
@@ -102,15 +99,14 @@ def _child(workdir: str, port: int, threads: int, gc_freeze: bool, http: str | N
 
     @inner.post("/_probe/hop")
     async def _hop(req: RecommendRequest) -> Response:
-        await anyio.to_thread.run_sync(len, req.history, limiter=svc.limiter)
+        await anyio.to_thread.run_sync(req.the_history, limiter=svc.limiter)
         return Response(small, media_type="application/json")
 
     def prepare(req: RecommendRequest) -> None:  # what Service.recommend does before the Recommender's timer
         eng = svc.holder.current.engine
-        hist = to_engine(req.history)
-        known = eng._known(hist)
-        hist = known[2] if len(known) == 3 else hist  # (the engine hands on bare ids since this session)
-        eng.rec.model_batch([eng.rec.parse_history(list(hist))])
+        parsed, _ = eng._read(req.the_history())  # the engine's one parse (rows, or a cold start)
+        if parsed is not None:
+            eng.rec.model_batch([parsed])
 
     @inner.post("/_probe/prepare")
     async def _prepare(req: RecommendRequest) -> Response:
@@ -283,6 +279,7 @@ def main() -> None:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default=None, help="uvicorn event loop (default: auto)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="serve with ServeConfig(gc_freeze=False) (ablation)")
     ap.add_argument("--label", default="", help="a name for this run in the table / JSON")
+    ap.add_argument("--columns", action="store_true", help="send the history as history_columns")
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--child-port", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--client-child", default=None, help=argparse.SUPPRESS)
@@ -293,10 +290,10 @@ def main() -> None:
     if a.child_port is not None:
         return _child(a.workdir, a.child_port, a.threads, not a.no_gc_freeze, a.http, a.loop)
 
-    from genrec.serve.loadgen import sample_histories
+    from genrec.serve.loadgen import history_body, sample_histories
 
     hist = sample_histories(a.workdir, 1, a.history_len, seed=0, exact=True)[0]
-    body = json.dumps({"history": [{"item_id": int(x)} for x in hist], "k": a.k, "beam_width": a.beam_width,
+    body = json.dumps({**history_body(hist, a.columns), "k": a.k, "beam_width": a.beam_width,
                        "rank": True}).encode()
     port = _free_port()
     proc = subprocess.Popen([sys.executable, __file__, a.workdir, "--child-port", str(port), "--threads",
@@ -367,7 +364,7 @@ def main() -> None:
         ("JSON decode", med["json"] - med["body"]),
         ("request validation (pydantic)", med["validate"] - med["json"]),
         ("thread hop (to_thread.run_sync)", med["hop"] - med["validate"]),
-        ("history -> engine input, known check, parse, model batch", med["prepare"] - med["hop"]),
+        ("the history's parse, model batch", med["prepare"] - med["hop"]),
         ("rest: result objects, response, metrics", float(np.median(over)) - med["prepare"]),
     ]
     res: dict[str, Any] = {
