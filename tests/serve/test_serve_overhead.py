@@ -197,6 +197,9 @@ def test_history_columns_answer_as_the_events(server: ServerThread, client: http
         else:  # ids alone: what the events without their fields get
             bare = client.post("/v1/recommend", json={"history": [{"item_id": e["item_id"]} for e in h], **params})
             assert [x["item_id"] for x in got.json()["items"]] == [x["item_id"] for x in bare.json()["items"]]
+    ex = [client.post("/v1/recommend", json={**body, "k": 3, "explain": True}).json()["explain"]
+          for body in ({"history": h}, {"history_columns": _columns(h)})]
+    assert ex[0] == ex[1] and len(ex[0]["history"]) == len(h)  # the explain block reads the columns' events
     r = client.post("/v1/rank", json={"history_columns": _columns(h), "candidates": [2, 3, 4]})
     r0 = client.post("/v1/rank", json={"history": h, "candidates": [2, 3, 4]})
     assert r.status_code == 200 and r.json()["items"] == r0.json()["items"], r.text
