@@ -20,7 +20,8 @@ The routes live here; beside them: the configuration (:mod:`genrec.serve.config`
 answers (:mod:`genrec.serve.errors`) and the request/response models (:mod:`genrec.serve.schemas`).
 
 Per-request overhead (``benchmarks/bench_http_overhead.py``): request tracking is a pure ASGI
-middleware (:class:`~genrec.serve.middleware.Track`, not Starlette's BaseHTTPMiddleware); the validated history reaches
+middleware (:class:`~genrec.serve.middleware.Track`, not Starlette's BaseHTTPMiddleware); the body is parsed and
+validated in one pass from its bytes (:func:`json_body`, not FastAPI's ``json.loads`` + validation); the validated history reaches
 the engine as the plain dicts pydantic checked (``HistoryItem`` is a TypedDict, no per-item
 ``model_dump``); once the bundle is loaded the heap is frozen out of the cyclic GC
 (:func:`~genrec.serve.service.freeze_heap`: full collections had been ~165 ms stalls every ~50 requests on the CPU
@@ -44,15 +45,17 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import torch
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from uvicorn.config import LOGGING_CONFIG
 
@@ -90,6 +93,61 @@ def uvicorn_impl() -> dict[str, Any]:
     has = lambda m: importlib.util.find_spec(m) is not None  # noqa: E731
     return {"http": "httptools" if has("httptools") else "h11",
             "loop": "uvloop" if has("uvloop") else "asyncio"}
+
+
+def _is_json(content_type: str | None) -> bool:
+    """A JSON media type (``application/json``, ``application/*+json``, parameters allowed), as FastAPI reads one."""
+    if not content_type:
+        return False
+    mt = content_type.split(";", 1)[0].strip().lower()
+    return mt == "application/json" or (mt.startswith("application/") and mt.endswith("+json"))
+
+
+def json_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[Any]]:
+    """The request body as ``model``, validated straight from its bytes: pydantic-core parses the JSON and checks
+    the fields in one pass (FastAPI's own body handling parses it with ``json.loads`` and then validates the Python
+    objects: at a 1,000-event history 0.45 + 0.66 ms on the CPU box against ~0.4 ms). The errors are FastAPI's:
+    a 422 whose locations start at ``body``, a body that is not JSON (or not sent as JSON) named ``body``."""
+    async def body(request: Request) -> Any:
+        raw = await request.body()
+        if not raw:
+            raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
+        if not _is_json(request.headers.get("content-type")):
+            raise RequestValidationError([{"type": "model_attributes_type", "loc": ("body",),
+                                           "msg": "Input should be a valid dictionary or object to extract fields "
+                                                  "from (send it as Content-Type: application/json)"}])
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as e:
+            raise RequestValidationError([{"type": err["type"], "loc": ("body", *err["loc"]), "msg": err["msg"]}
+                                          for err in e.errors(include_url=False, include_input=False)]) from None
+
+    return body
+
+
+def body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads ``model`` by :func:`json_body`."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def document_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Put ``models``' JSON schemas (and the models they use) into ``app``'s OpenAPI components, where the
+    routes' :func:`body_doc` points."""
+    default = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = default()
+            comps = spec.setdefault("components", {}).setdefault("schemas", {})
+            for m in models:
+                sch = m.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, sub in sch.pop("$defs", {}).items():
+                    comps.setdefault(name, sub)
+                comps[m.__name__] = sch
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
@@ -139,23 +197,21 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     # the bodies of this run's kind of ids: the tables' integers, or the source file's ids when they were remapped
     models = api_models(svc.source_ids)
 
-    async def recommend(req: RecommendRequest) -> dict[str, Any]:
+    async def recommend(req: RecommendRequest = Depends(json_body(models.recommend_request))) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(svc.recommend, req, limiter=svc.limiter)
         _observe("recommend", out["timings_ms"])
         return out
 
-    async def rank(req: RankRequest) -> dict[str, Any]:
+    async def rank(req: RankRequest = Depends(json_body(models.rank_request))) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(svc.rank, req, limiter=svc.limiter)
         _observe("rank", out["timings_ms"])
         return out
 
-    # FastAPI validates a body by its parameter's annotation: the chosen model (a class, not the name above)
-    recommend.__annotations__["req"] = models.recommend_request
-    rank.__annotations__["req"] = models.rank_request
     app.post("/v1/recommend", response_model=models.recommend_response, summary="Recommend items for a history",
-             description=RECOMMEND_DOC)(recommend)
+             description=RECOMMEND_DOC, openapi_extra=body_doc(models.recommend_request))(recommend)
     app.post("/v1/rank", response_model=models.rank_response, summary="Rank given candidates for a history",
-             description=RANK_DOC)(rank)
+             description=RANK_DOC, openapi_extra=body_doc(models.rank_request))(rank)
+    document_bodies(app, (models.recommend_request, models.rank_request))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
