@@ -200,6 +200,15 @@ def _item_strategy():  # type: ignore[no-untyped-def]
     return st.one_of(as_dict, st.integers(1, 1700), st.fixed_dictionaries({}, optional={"action": vocab}))
 
 
+def outcome(fn, h):  # noqa: ANN001, ANN201
+    """A parse's answer as plain lists, or its DataError as (\"error\", message, field)."""
+    try:
+        r = fn(h)
+    except DataError as e:
+        return ("error", str(e), e.field)
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
+
+
 def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
     """Columnar fast path == item-by-item reference on generated histories (well-formed ones,
     mostly-well-formed ones and junk): same arrays, or the same DataError (field and message)."""
@@ -210,13 +219,6 @@ def test_fast_history_parse_equals_the_reference(rec: Recommender) -> None:
         {"item_id": st.integers(1, 1682)}, optional={"action": st.sampled_from(rec.actions),
                                                       "surface": st.integers(0, len(rec.surfaces) - 1),
                                                       "ts": st.integers(0, 10 ** 9)})), min_size=1, max_size=40)
-
-    def outcome(fn, h):  # noqa: ANN001, ANN202
-        try:
-            r = fn(h)
-        except DataError as e:
-            return ("error", str(e), e.field)
-        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
 
     vocab = st.one_of(st.none(), st.sampled_from([*rec.actions, *rec.surfaces, "click", ""]),
                       st.integers(-1, max(len(rec.actions), len(rec.surfaces)) + 1), st.booleans())
@@ -260,13 +262,6 @@ def test_columns_parse_equals_the_events(rec: Recommender) -> None:
     columns are also read by the reference (through their events) with the same outcome, and recommend the same."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
-
-    def outcome(fn, h):  # noqa: ANN001, ANN202
-        try:
-            r = fn(h)
-        except DataError as e:
-            return ("error", str(e), e.field)
-        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
 
     def as_column_field(want):  # noqa: ANN001, ANN202 -- history[3].action -> history_columns.action[3]
         if not isinstance(want, tuple):
