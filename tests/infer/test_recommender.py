@@ -201,7 +201,7 @@ def _item_strategy():  # type: ignore[no-untyped-def]
 
 
 def outcome(fn, h):  # noqa: ANN001, ANN201
-    """A parse's answer as plain lists, or its DataError as (\"error\", message, field)."""
+    """A parse's answer as plain lists, or its DataError as ("error", message, field)."""
     try:
         r = fn(h)
     except DataError as e:
