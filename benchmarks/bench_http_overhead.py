@@ -94,7 +94,7 @@ def _child(workdir: str, port: int, threads: int, gc_freeze: bool, http: str | N
         await request.json()
         return Response(small, media_type="application/json")
 
-    read_body = Depends(appmod.json_body(RecommendRequest))  # the real routes' body: JSON parse + validation in one pass
+    read_body = Depends(appmod.json_body(RecommendRequest))  # the routes' body: JSON parse + validation in one pass
 
     @inner.post("/_probe/validate")
     async def _validate(req: RecommendRequest = read_body) -> Response:

@@ -1,14 +1,14 @@
 """A request's history, read once: item ids -> catalogue rows, action / surface names -> indices.
 
-``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}`` (or bare
-item ids), oldest first -- or the same events as columns (:class:`HistoryColumns`: one list per field, what a
-client that keeps histories as arrays sends, read without a per-event object). Unknown item ids are dropped and reported; the newest ``context_len`` known items
-are kept. :meth:`HistoryParser.read` is the service's one parse of a ``/v1/recommend`` history (its rows, or a
-cold start when no id is known), :meth:`HistoryParser.screen` its first look at a ``/v1/rank`` one (which ids are
-unknown, is any known) and :meth:`HistoryParser.parse` the Recommender's; all map ids to rows through
-:func:`known_rows`. A long, well-formed history takes a columnar fast path (plain ``{"item_id": int}`` items: the
-default columns made as arrays at once); anything it does not handle exactly goes through
-:meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
+``history`` is a list of ``{"item_id": int, "action"?: str|int, "surface"?: str|int, "ts"?: int}`` (or bare item
+ids), oldest first -- or the same events as columns (:class:`HistoryColumns`: one list per field, what a client
+that keeps histories as arrays sends, read without a per-event object). Unknown item ids are dropped and reported;
+the newest ``context_len`` known items are kept. :meth:`HistoryParser.read` is the service's one parse of a
+``/v1/recommend`` history (its rows, or a cold start when no id is known), :meth:`HistoryParser.screen` its first
+look at a ``/v1/rank`` one (which ids are unknown, is any known) and :meth:`HistoryParser.parse` the Recommender's;
+all map ids to rows through :func:`known_rows`. A long, well-formed history takes a columnar fast path (plain
+``{"item_id": int}`` items: the default columns made as arrays at once); anything it does not handle exactly goes
+through :meth:`HistoryParser.parse_reference`, which also writes the error naming the bad field.
 """
 
 from __future__ import annotations

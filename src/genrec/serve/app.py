@@ -21,8 +21,8 @@ answers (:mod:`genrec.serve.errors`) and the request/response models (:mod:`genr
 
 Per-request overhead (``benchmarks/bench_http_overhead.py``): request tracking is a pure ASGI
 middleware (:class:`~genrec.serve.middleware.Track`, not Starlette's BaseHTTPMiddleware); the body is parsed and
-validated in one pass from its bytes (:func:`json_body`, not FastAPI's ``json.loads`` + validation); the validated history reaches
-the engine as the plain dicts pydantic checked (``HistoryItem`` is a TypedDict, no per-item
+validated in one pass from its bytes (:func:`json_body`, not FastAPI's ``json.loads`` + validation); the validated
+history reaches the engine as the plain dicts pydantic checked (``HistoryItem`` is a TypedDict, no per-item
 ``model_dump``); once the bundle is loaded the heap is frozen out of the cyclic GC
 (:func:`~genrec.serve.service.freeze_heap`: full collections had been ~165 ms stalls every ~50 requests on the CPU
 box); uvicorn runs httptools/uvloop when installed, else h11/asyncio (:func:`uvicorn_impl`).

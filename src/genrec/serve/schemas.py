@@ -138,8 +138,8 @@ class HistoryColumnsBody(_Strict):
 class SourceIdHistoryColumnsBody(HistoryColumnsBody):
     """``history_columns`` of a run whose ids were remapped: the source file's item ids."""
 
-    item_id: list[SourceItemId] = Field(max_length=MAX_HISTORY, description="The events' items (the source "  # type: ignore[assignment]
-                                                                             "file's ids).")
+    item_id: list[SourceItemId] = Field(  # type: ignore[assignment]
+        max_length=MAX_HISTORY, description="The events' items (the source file's ids).")
 
 
 class _OneHistory(_Strict):
@@ -231,8 +231,8 @@ class SourceIdRecommendRequest(RecommendRequest):
 
     history_columns: Optional[SourceIdHistoryColumnsBody] = Field(default=None,  # type: ignore[assignment]
                                                                   description=_COLUMNS_DOC)
-    history: Optional[list[SourceIdHistoryItem]] = Field(default=None, max_length=MAX_HISTORY,  # type: ignore[assignment]
-                                                         validate_default=True, description=_HISTORY_DOC)
+    history: Optional[list[SourceIdHistoryItem]] = Field(  # type: ignore[assignment]
+        default=None, max_length=MAX_HISTORY, validate_default=True, description=_HISTORY_DOC)
 
 
 _RANK_BEAMS_DOC = ("Only when the SID weight is > 0: the SID beams the candidates' log P(SID) term is read from "
@@ -269,8 +269,8 @@ class SourceIdRankRequest(RankRequest):
 
     history_columns: Optional[SourceIdHistoryColumnsBody] = Field(default=None,  # type: ignore[assignment]
                                                                   description=_COLUMNS_DOC)
-    history: Optional[list[SourceIdHistoryItem]] = Field(default=None, max_length=MAX_HISTORY,  # type: ignore[assignment]
-                                                         validate_default=True, description=_HISTORY_DOC)
+    history: Optional[list[SourceIdHistoryItem]] = Field(  # type: ignore[assignment]
+        default=None, max_length=MAX_HISTORY, validate_default=True, description=_HISTORY_DOC)
     candidates: list[SourceItemId] = Field(  # type: ignore[assignment]
         min_length=1, max_length=MAX_CANDIDATES,
         description="The items to score (source-file ids). Those not in the catalogue are left out and listed in "
