@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
+from genrec.errors import ConfigError
 from genrec.train.config import from_dict
 from genrec.train.run import RunConfig
+from tests.tiny_run import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,3 +50,22 @@ def test_seq_small_model_and_objective_are_the_ladders_joint_rung() -> None:
 
 def test_readme_shows_the_preset() -> None:
     assert "--preset seq-small" in (ROOT / "README.md").read_text()
+
+
+def test_the_action_weight_follows_the_datas_actions(tmp_path: Path, data_root: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """One action logged (engagement only): the preset's action loss weighs w_action (.2); several (like / view /
+    dislike): w_action_feedback (5). A variant that trains no action loss (w_action 0) keeps none; no
+    w_action_feedback keeps w_action everywhere."""
+    obj = RunConfig.from_name("seq-small").objective
+    assert (obj.w_action, obj.w_action_feedback) == (0.2, 5.0)
+    assert obj.for_actions(1) is obj and obj.for_actions(3).w_action == 5.0
+    assert dataclasses.replace(obj, w_action=0.0).for_actions(3).w_action == 0.0
+    assert dataclasses.replace(obj, w_action_feedback=None).for_actions(3).w_action == 0.2
+    with pytest.raises(ConfigError, match="w_action_feedback"):
+        dataclasses.replace(obj, w_action_feedback=-1.0).validate()
+    # training on MovieLens (three actions) says which weight it took
+    build_run(tmp_path / "run", data_root, steps=1, overrides=("objective.w_action=0.5",
+                                                               "objective.w_action_feedback=3"))
+    err = capsys.readouterr().err
+    assert "the action loss weighs 3 (objective.w_action_feedback), not 0.5" in err, err

@@ -128,7 +128,7 @@ def bench_variant(workdir: str, preset: str, variant: str, steps: int, warmup: i
     if cfg.train.compile:
         torch._dynamo.reset()
         model.compile(**compile_kwargs(mode))
-    _, ocfg = variant_overrides(cfg)
+    ocfg = variant_overrides(cfg)[1].for_actions(len(info.actions))
     obj = JointObjective(model, catalog, ocfg, [info.actions.index(a) for a in info.positive_actions]).to(dev)
     ex = materialise(BucketJoinReader(store, split=SplitSpec("loo"), role="train", context_len=10 ** 9), catalog)
     stream: Any = BatchStream(ex, batch_size=cfg.train.batch_size, seed=0, context_len=cfg.data.context_len,

@@ -57,6 +57,11 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     store = open_store(wd.root)
     info = store.info()
     mv, obj_cfg = variant_overrides(cfg)
+    if (resolved := obj_cfg.for_actions(len(info.actions))) is not obj_cfg and dist_info.rank == 0:
+        print(f"[genrec.train] the data logs {len(info.actions)} actions ({', '.join(info.actions)}): the action "
+              f"loss weighs {resolved.w_action:g} (objective.w_action_feedback), not {obj_cfg.w_action:g}",
+              file=sys.stderr)
+    obj_cfg = resolved
     needs_sids = mv.get("layout", "pinger") in ("pinger", "tiger")
     if cfg.data.split not in ("loo", "temporal"):
         raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")

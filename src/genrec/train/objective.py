@@ -18,6 +18,7 @@ Next-item and SID targets are restricted to items whose action is positive engag
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,10 @@ class ObjectiveConfig:
     w_sid: float = 1.0
     w_item: float = 1.0
     w_action: float = 1.0
+    # the action loss's weight where the data logs several actions (feedback beyond engagement: like / view /
+    # dislike, cart / buy); None: w_action on any data. With one action the heads only learn "engaged or not",
+    # which the next-item loss already trains (:meth:`for_actions`)
+    w_action_feedback: float | None = None
     sid_label_smoothing: float = 0.0  # ε of the SID levels' cross-entropy (generative retrieval overfits early)
     p_mask: float = 0.2
     item_loss: str = "sampled"  # sampled | full
@@ -56,7 +61,18 @@ class ObjectiveConfig:
     w_dpo: float = 0.0  # preference tuning (genrec train --stage dpo): DPO on SID sequences, genrec.train.dpo
     dpo_beta: float = 0.1  # DPO's beta: how far the policy may move from the frozen reference per unit of margin
 
+    def for_actions(self, n_actions: int) -> "ObjectiveConfig":
+        """This objective on data that logs ``n_actions`` actions: ``w_action_feedback`` in place of ``w_action``
+        where there are two or more and the action loss is trained at all (``w_action`` > 0)."""
+        if self.w_action_feedback is None or n_actions < 2 or self.w_action == 0:
+            return self
+        return dataclasses.replace(self, w_action=self.w_action_feedback)
+
     def validate(self) -> None:
+        if self.w_action_feedback is not None and not (math.isfinite(self.w_action_feedback)
+                                                       and self.w_action_feedback >= 0):
+            raise ConfigError(f"objective.w_action_feedback must be a finite number >= 0 or null, "
+                              f"got {self.w_action_feedback}")
         if self.item_loss not in ("sampled", "full"):
             raise ConfigError(f"objective.item_loss must be 'sampled' or 'full', got {self.item_loss!r}")
         if not 0.0 <= self.p_mask < 1.0:

@@ -214,14 +214,18 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # constant) plus a content MLP beside the ID vectors and a weight average, at the plain recipe's width (d 64, 2
     # blocks of 1 head: configs/ladder-beauty-width.json, chosen on Beauty's validation over d 128; frozen as
     # configs/seq-small.json). The ranking rows' sampled negatives are the engagement neighbours of the slate's items
-    # (configs/ladder-ml-l1-cpu.json: the heads alone rank the union decidedly better, retrieval unchanged).
+    # (configs/ladder-ml-l1-cpu.json: the heads alone rank the union decidedly better, retrieval unchanged). The
+    # action loss weighs .2 where the data logs one action (Beauty's retrieval falls at 2 and 5:
+    # configs/ladder-beauty-action.json) and 5 where it logs several (MovieLens with like / view / dislike:
+    # configs/ladder-ml-order-cpu.json, rung a5).
     # 5 minutes of training, sized for one GPU.
     "seq-small": dict(
         variant="pinger", model_preset="gpu-base",
         model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=64, item_dim=64, dropout=0.5, input_dropout=0.5,
                    id_embedding=True, item_content=True, positions="end", pos_init_std=0.02, user_head="identity",
                    input_proj=False, normalize=False, embed_init_std=0.02),
-        objective=dict(item_loss="full", w_sid=4.0, w_item=1.0, w_action=0.2, temperature=1.0),
+        objective=dict(item_loss="full", w_sid=4.0, w_item=1.0, w_action=0.2, w_action_feedback=5.0,
+                       temperature=1.0),
         data=dict(context_len=50, valid_cases=5000, eval_beam=20, neg_sampling="neighbours"),
         train=dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), decay="constant", warmup_steps=0, grad_clip=0.0,
                    ema_decay=0.999, batch_size=256, bf16=True, device="auto", total_steps=200000, max_minutes=5,
