@@ -106,8 +106,9 @@ def _is_json(content_type: str | None) -> bool:
 def json_body(model: type[BaseModel]) -> Callable[[Request], Awaitable[Any]]:
     """The request body as ``model``, validated straight from its bytes: pydantic-core parses the JSON and checks
     the fields in one pass (FastAPI's own body handling parses it with ``json.loads`` and then validates the Python
-    objects: at a 1,000-event history 0.45 + 0.66 ms on the CPU box, one pass 0.58 ms, ``bench_http_overhead.py``). The errors are FastAPI's:
-    a 422 whose locations start at ``body``, a body that is not JSON (or not sent as JSON) named ``body``."""
+    objects: at a 1,000-event history 0.45 + 0.66 ms on the CPU box, one pass 0.58 ms, ``bench_http_overhead.py``).
+    The errors are FastAPI's: a 422 whose locations start at ``body``, a body that is not JSON (or not sent as JSON)
+    named ``body``."""
     async def body(request: Request) -> Any:
         raw = await request.body()
         if not raw:
