@@ -231,7 +231,6 @@ class HistoryParser:
         ids, acts, surfs, ts = [], [], [], []
         for i, h in enumerate(history):
             w = f"{where}[{i}]"
-            f_id, f_act, f_surf, f_ts = (_event_field(where, i, n, by_column) for n in ("item_id", *_FIELDS))
             if isinstance(h, Mapping):
                 if "item_id" not in h:
                     raise DataError("missing 'item_id'", field=w)
@@ -241,13 +240,17 @@ class HistoryParser:
             try:
                 ids.append(int(iid))
             except (TypeError, ValueError):
-                raise DataError(f"item_id {iid!r} is not an integer", field=f_id) from None
-            acts.append(vocab_index(default_action if a is None else a, self.actions, "action", f_act))
-            surfs.append(vocab_index(0 if s is None else s, self.surfaces, "surface", f_surf))
+                raise DataError(f"item_id {iid!r} is not an integer",
+                                field=_event_field(where, i, "item_id", by_column)) from None
+            acts.append(vocab_index(default_action if a is None else a, self.actions, "action",
+                                    _event_field(where, i, "action", by_column)))
+            surfs.append(vocab_index(0 if s is None else s, self.surfaces, "surface",
+                                     _event_field(where, i, "surface", by_column)))
             try:
                 ts.append(0 if t is None else int(t))
             except (TypeError, ValueError):
-                raise DataError(f"ts {t!r} is not an integer (epoch seconds)", field=f_ts) from None
+                raise DataError(f"ts {t!r} is not an integer (epoch seconds)",
+                                field=_event_field(where, i, "ts", by_column)) from None
         return self._finish(ids, acts, surfs, ts, where=where, cold_ok=cold_ok)
 
     def _finish(self, ids: Column, acts: Column, surfs: Column, ts: Column, *,

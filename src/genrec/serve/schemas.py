@@ -42,6 +42,7 @@ from pydantic import (
 )
 from typing_extensions import Annotated, NotRequired, TypedDict  # pydantic needs typing_extensions' TypedDict < 3.12
 
+from genrec.errors import DataError
 from genrec.infer.history import HistoryColumns
 from genrec.serve.explain import Explain
 
@@ -124,11 +125,10 @@ class HistoryColumnsBody(_Strict):
 
     @model_validator(mode="after")
     def _one_value_per_item(self) -> "HistoryColumnsBody":
-        n = len(self.item_id)
-        for name in ("action", "surface", "ts"):
-            col = getattr(self, name)
-            if col is not None and len(col) != n:
-                raise ValueError(f"{name} has {len(col)} values for {n} item_id values (one per event)")
+        try:  # the rule is HistoryColumns' (a 422 here, naming history_columns)
+            self.columns()
+        except DataError as e:
+            raise ValueError(f"{e.field}: {e.reason}") from None
         return self
 
     def columns(self) -> HistoryColumns:
