@@ -12,7 +12,7 @@ second (near 1.0: that process is saturated, add processes), ``client_cpu`` the 
 per second together and ``server_cpu`` the server's (its process and children: the ranking process of
 two-process mode). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
-(the server's ``--micro-batch N``; timed unless told). ``default`` is the server as shipped (micro-batch 32, busy);
+(the server's ``--micro-batch N``; timed unless told) and ``fronts<N>`` (as shipped, with ``--fronts N``). ``default`` is the server as shipped (micro-batch 32, busy);
 ``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
 "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
 clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
@@ -52,9 +52,13 @@ def mode(name: str) -> dict[str, Any]:
     """A mode's server settings (``rank``: what the requests ask for)."""
     if name in MODES:
         return dict(MODES[name])
+    f = re.fullmatch(r"fronts(\d+)", name)
+    if f is not None and int(f.group(1)) >= 1:  # as shipped, with N front processes for HTTP
+        return dict(two_process=False, rank=True, fronts=int(f.group(1)))
     m = re.fullmatch(r"batch(\d+)(busy|timed)?", name)
     if m is None or int(m.group(1)) < 2:
-        raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)} or batch<N>[busy|timed]")
+        raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)}, batch<N>[busy|timed] or "
+                         "fronts<N>")
     return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
 
 

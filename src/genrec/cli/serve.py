@@ -26,6 +26,10 @@ def serve(
     port: int = typer.Option(8000, help="TCP port to listen on."),
     workers: int = typer.Option(1, help="uvicorn worker processes (each loads its own bundle)."),
     two_process: bool = typer.Option(False, help="Ranking in a separate process over a shared KV pool."),
+    fronts: int = typer.Option(
+        0, help="N > 0: N front processes answer HTTP (read, validate, serialise) and pass each request to this "
+                "process, which runs the model and batches requests from every front together: more requests a "
+                "second where one process's HTTP handling is the limit (a GPU server). 0: one process does both."),
     threads: Optional[int] = typer.Option(
         None, help="Requests that run inference at once, per server process. Default from the machine: "
                    "min(4, cores) (one at a time stalled the 2-core CPU box under load; past 4 they queue on the "
@@ -79,6 +83,9 @@ def serve(
         raise typer.BadParameter(f"--torch-threads must be >= 1, got {torch_threads}")
     if kv_pool_device not in ("auto", "cpu", "cuda"):
         raise typer.BadParameter(f"--kv-pool-device must be auto, cpu or cuda, got {kv_pool_device!r}")
+    if fronts < 0 or (fronts > 0 and workers > 1):
+        raise typer.BadParameter(f"--fronts must be >= 0 and goes with --workers 1, got --fronts {fronts} "
+                                 f"--workers {workers}")
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
@@ -116,7 +123,7 @@ def serve(
                       pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
                       micro_batch_wait_ms=micro_batch_wait_ms, kv_pool_device=kv_pool_device,
                       admin_token=admin_token or None, announce=True)
-    run_server(cfg, host=host, port=port, workers=workers, access_log=access_log)
+    run_server(cfg, host=host, port=port, workers=workers, access_log=access_log, fronts=fronts)
 
 
 @app.command()

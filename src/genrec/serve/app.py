@@ -41,6 +41,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -59,6 +60,7 @@ from pydantic import BaseModel, ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from uvicorn.config import LOGGING_CONFIG
 
+from genrec.errors import ConfigError
 from genrec.serve.config import ServeConfig
 from genrec.serve.errors import install_error_handlers
 from genrec.serve.explorer import install_explorer
@@ -67,11 +69,10 @@ from genrec.serve.schemas import RankRequest, RecommendRequest, api_models
 from genrec.serve.service import Service
 from genrec.serve.swap import BundleHolder
 
-__all__ = ["create_app", "serve", "uvicorn_impl", "uvicorn_log_config"]
+__all__ = ["create_app", "install_inference_routes", "serve", "uvicorn_impl", "uvicorn_log_config"]
 
 log = logging.getLogger("genrec.serve")
 
-STAGES = ("encode", "sid", "ann", "rank", "total")
 
 _IDS_DOC = ("Item ids are the run's: int64 ids, or -- when `genrec data prepare` remapped them (string ids, "
             "`--map-ids`) -- the source file's ids as strings (a number is matched as its text), in the request "
@@ -151,6 +152,25 @@ def document_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def install_inference_routes(app: FastAPI, models: Any, infer: Callable[[str, Any], Awaitable[dict[str, Any]]]) -> None:
+    """``POST /v1/recommend`` and ``POST /v1/rank`` on ``app``: the body read by :func:`json_body` as ``models``'
+    request (:func:`genrec.serve.schemas.api_models`), ``await infer("recommend" | "rank", request)`` answered
+    through the response model. The one-process app's ``infer`` runs the engine in a thread; a front process's
+    (:mod:`genrec.serve.fronts`) asks the engine process."""
+
+    async def recommend(req: RecommendRequest = Depends(json_body(models.recommend_request))) -> dict[str, Any]:
+        return await infer("recommend", req)
+
+    async def rank(req: RankRequest = Depends(json_body(models.rank_request))) -> dict[str, Any]:
+        return await infer("rank", req)
+
+    app.post("/v1/recommend", response_model=models.recommend_response, summary="Recommend items for a history",
+             description=RECOMMEND_DOC, openapi_extra=body_doc(models.recommend_request))(recommend)
+    app.post("/v1/rank", response_model=models.rank_response, summary="Rank given candidates for a history",
+             description=RANK_DOC, openapi_extra=body_doc(models.rank_request))(rank)
+    document_bodies(app, (models.recommend_request, models.rank_request))
+
+
 def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     """The ASGI app (bundle loaded at startup; two-process mode starts the ranker)."""
     svc = Service(cfg, holder)
@@ -190,29 +210,14 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     install_error_handlers(app)
     install_explorer(app, svc)
 
-    def _observe(endpoint: str, timings: dict[str, float]) -> None:
-        for s in STAGES:
-            if s in timings:
-                svc.metrics.stage.labels(endpoint=endpoint, stage=s).observe(float(timings[s]))
+    async def infer(op: str, req: Any) -> dict[str, Any]:
+        out = await anyio.to_thread.run_sync(svc.recommend if op == "recommend" else svc.rank, req,
+                                             limiter=svc.limiter)
+        svc.metrics.observe(op, out["timings_ms"])
+        return out
 
     # the bodies of this run's kind of ids: the tables' integers, or the source file's ids when they were remapped
-    models = api_models(svc.source_ids)
-
-    async def recommend(req: RecommendRequest = Depends(json_body(models.recommend_request))) -> dict[str, Any]:
-        out = await anyio.to_thread.run_sync(svc.recommend, req, limiter=svc.limiter)
-        _observe("recommend", out["timings_ms"])
-        return out
-
-    async def rank(req: RankRequest = Depends(json_body(models.rank_request))) -> dict[str, Any]:
-        out = await anyio.to_thread.run_sync(svc.rank, req, limiter=svc.limiter)
-        _observe("rank", out["timings_ms"])
-        return out
-
-    app.post("/v1/recommend", response_model=models.recommend_response, summary="Recommend items for a history",
-             description=RECOMMEND_DOC, openapi_extra=body_doc(models.recommend_request))(recommend)
-    app.post("/v1/rank", response_model=models.rank_response, summary="Rank given candidates for a history",
-             description=RANK_DOC, openapi_extra=body_doc(models.rank_request))(rank)
-    document_bodies(app, (models.recommend_request, models.rank_request))
+    install_inference_routes(app, api_models(svc.source_ids), infer)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -303,9 +308,10 @@ def uvicorn_log_config(access_log: bool) -> dict[str, Any]:
 
 
 def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          access_log: bool = False) -> None:
-    """Run uvicorn (``workers > 1``: independent processes, each with its own bundle). With ``cfg.announce``
-    it says on stderr where it listens, what it loaded and when it is ready."""
+          access_log: bool = False, fronts: int = 0) -> None:
+    """Run uvicorn (``workers > 1``: independent processes, each with its own bundle; ``fronts > 0``: this process
+    runs the model and ``fronts`` processes answer HTTP, :mod:`genrec.serve.fronts`). With ``cfg.announce`` it says
+    on stderr where it listens, what it loaded and when it is ready."""
     url = _url(host, port)
     # (`genrec serve` ignores SIGHUP until the lifespan handles it)
     cfg = dataclasses.replace(cfg, workers=workers, url=url)
@@ -314,6 +320,7 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
     if cfg.announce:
         _say(f"starting on {url}: loading {cfg.checkpoint or Path(cfg.workdir) / 'checkpoints'} on {cfg.device}"
              + (f" in {workers} worker processes" if workers > 1 else "")
+             + (f", with {fronts} front processes for HTTP" if fronts > 0 else "")
              + f" (access log {'on, to stdout' if access_log else 'off'}) ...")
     if workers > 1:
         os.environ["GENREC_SERVE_CONFIG"] = json.dumps({k: (str(v) if isinstance(v, Path) else v)
@@ -321,6 +328,8 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
         uvicorn.run("genrec.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     **log_kw, **uvicorn_impl())
         return
+    if fronts > 0:
+        return _serve_with_fronts(cfg, host, port, fronts, log_kw)
     app = _process_app(cfg)
     server = _AnnouncingServer(uvicorn.Config(app, host=host, port=port, **log_kw, **uvicorn_impl()),
                                service=app.service if cfg.announce else None)  # type: ignore[attr-defined]
@@ -328,6 +337,29 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
         server.run()
     if not server.started:
         sys.exit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
+
+
+def _serve_with_fronts(cfg: ServeConfig, host: str, port: int, fronts: int, log_kw: dict[str, Any]) -> None:
+    """This process loads the bundle and serves its whole app on a private Unix socket; ``fronts`` processes
+    answer the public port (:class:`genrec.serve.fronts.EngineServer` starts them once the bundle is loaded)."""
+    from genrec.serve.fronts import EngineServer, engine_link_dir
+
+    if cfg.workers > 1:
+        raise ConfigError("--fronts and --workers > 1 do not go together: --fronts N is one model, N HTTP processes")
+    where = engine_link_dir()
+    app = _process_app(cfg)
+    front_args = {"cfg": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+                  "log_config": log_kw["log_config"], "impl": uvicorn_impl()}
+    server = EngineServer(uvicorn.Config(app, uds=os.path.join(where, "engine.sock"), **log_kw, **uvicorn_impl()),
+                          service=app.service, fronts=fronts, host=host, port=port,  # type: ignore[attr-defined]
+                          front_args=front_args, link_dir=where, say=_say if cfg.announce else None)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    if not server.started:
+        sys.exit(3)
 
 
 class _AnnouncingServer(uvicorn.Server):

@@ -54,7 +54,10 @@ class InputError(GenrecError):
 
     def __init__(self, message: str, field: str) -> None:
         super().__init__(f"{field}: {message}")
-        self.field = field
+        self.message, self.field = message, field
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole: a front process (--fronts) answers the same 422
+        return (type(self), (self.message, self.field))
 
 
 class RankingFailed(GenrecError):

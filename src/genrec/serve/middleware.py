@@ -13,7 +13,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["BodyLimit", "Metrics", "Track"]
+__all__ = ["PROXIED", "BodyLimit", "Metrics", "Track"]
+
+STAGES = ("encode", "sid", "ann", "rank", "total")
+"""The stages ``/metrics`` keeps a latency histogram of (those of an answer's ``timings_ms``)."""
+PROXIED = "genrec.proxied"
+"""Set in a request's ASGI scope by a front process (``--fronts``) that passed the request on to the engine's own
+app: the engine counted it, so the front's :class:`Track` does not."""
 
 
 DRAIN_BYTES = 64 << 20
@@ -125,10 +131,11 @@ class Track:
             await self.app(scope, receive, send_status)
         finally:
             m.in_flight.dec()
-            if self._paths is None:
-                self._paths = self._paths_of()
-            path = scope["path"]
-            m.requests.labels(endpoint=path if path in self._paths else "other", status=str(status)).inc()
+            if not scope.get(PROXIED):  # a request a front passed on is counted where it was answered
+                if self._paths is None:
+                    self._paths = self._paths_of()
+                path = scope["path"]
+                m.requests.labels(endpoint=path if path in self._paths else "other", status=str(status)).inc()
 
 
 def _too_big(limit: int, n: int) -> dict[str, Any]:
@@ -163,6 +170,12 @@ class Metrics:
         self.degraded = Counter("genrec_degraded_responses", "Retrieval-only answers (ranker down)", registry=r)
         self.stale = Counter("genrec_kv_stale_reads", "Stale KV-slot reads (retried)", registry=r)
         self.reloads = Counter("genrec_reloads", "Hot-swap attempts by outcome", ["outcome"], registry=r)
+
+    def observe(self, endpoint: str, timings: dict[str, float]) -> None:
+        """A request's stage timings (its answer's ``timings_ms``) into the stage histograms."""
+        for s in STAGES:
+            if s in timings:
+                self.stage.labels(endpoint=endpoint, stage=s).observe(float(timings[s]))
 
     def set_version(self, v: str) -> None:
         self.index_version.clear()

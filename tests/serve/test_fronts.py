@@ -1,0 +1,185 @@
+"""``genrec serve --fronts 2``, a real server process with two front processes: the answers are the one-process
+server's (alone and under concurrent load, events and columns, /v1/rank too), its 4xx are the same, every other path
+reaches the engine's app, /metrics counts what the fronts answered, a killed front is replaced, and a dead engine
+takes its fronts with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from genrec.serve.app import create_app
+from genrec.serve.config import ServeConfig
+from genrec.serve.engine import InputError
+from genrec.serve.fronts import portable
+from genrec.serve.loadgen import start_server
+from genrec.serve.loadtest import stop_server
+
+from ._load import Load
+
+HISTS = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305, 306, 307], [12], [100, 98, 56, 22]]
+
+
+def children(pid: int) -> set[int]:
+    """``pid``'s child processes (Linux /proc)."""
+    out: set[int] = set()
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with open(t / "children") as f:
+            out |= {int(x) for x in f.read().split()}
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def fronts(run_dir: Path):
+    proc, url = start_server(run_dir, fronts=2, threads=2, torch_threads=1)
+    try:
+        yield proc, url
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def one(run_dir: Path):
+    """The one-process app, in this process: the answers to match."""
+    with TestClient(create_app(ServeConfig(workdir=run_dir, threads=2))) as c:
+        yield c
+
+
+def body(ids: list[int], **kw: object) -> dict:
+    return {"history": [{"item_id": i} for i in ids], "k": 6, "beam_width": 10, **kw}
+
+
+def same(got: dict, want: dict) -> None:
+    assert [x["item_id"] for x in got["items"]] == [x["item_id"] for x in want["items"]]
+    np.testing.assert_allclose([x["score"] for x in got["items"]], [x["score"] for x in want["items"]], rtol=0,
+                               atol=1e-5)
+    for k in ("dropped_items", "truncated_items", "cold_start", "degraded", "index_version"):
+        assert got.get(k) == want.get(k), k
+
+
+def test_the_answers_are_one_process_answers(fronts: tuple, one: TestClient) -> None:
+    _, url = fronts
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for ids in HISTS + [[999999, 5]]:  # the last: an unknown item dropped
+            want = one.post("/v1/recommend", json=body(ids)).json()
+            same(c.post("/v1/recommend", json=body(ids)).json(), want)
+            cols = {"history_columns": {"item_id": ids}, "k": 6, "beam_width": 10}
+            same(c.post("/v1/recommend", json=cols).json(), want)
+            rb = {"history": body(ids)["history"], "candidates": [3, 1, 2, 999999]}
+            r, w = c.post("/v1/rank", json=rb), one.post("/v1/rank", json=rb)
+            assert r.status_code == w.status_code == 200, r.text
+            assert [x["item_id"] for x in r.json()["items"]] == [x["item_id"] for x in w.json()["items"]]
+            assert r.json()["unknown_candidates"] == w.json()["unknown_candidates"] == [999999]
+
+
+def test_concurrent_requests_from_both_fronts(fronts: tuple, one: TestClient) -> None:
+    _, url = fronts
+    want = {tuple(h): one.post("/v1/recommend", json=body(h)).json() for h in HISTS}
+    load = Load(url, 8, lambda i, j: body(HISTS[(i + j) % len(HISTS)]), per_client=5, timeout=120)
+    with load:
+        load.join(300)
+    load.check(allowed={"200"})
+    for r in load.replies:
+        same(r.body, want[tuple(HISTS[(r.client + r.n) % len(HISTS)])])
+
+
+def test_errors_are_the_one_process_errors(fronts: tuple, one: TestClient) -> None:
+    _, url = fronts
+    bad = [body([1, 2]) | {"beam_witdh": 3},  # validated in the front
+           {"history": [{"item_id": 1}, {"item_id": 2, "action": "no-such-action"}]},  # refused by the engine
+           {"history": [{"item_id": "x"}]}]
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for b in bad:
+            r, w = c.post("/v1/recommend", json=b), one.post("/v1/recommend", json=b)
+            assert r.status_code == w.status_code == 422, (r.text, w.text)
+            assert r.json() == w.json()
+        r = c.post("/v1/recommend", content=b"x" * (2 << 20), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["fields"] == ["body"]
+        r = c.post("/v1/recommend", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["fields"] == ["body"]
+
+
+def test_other_paths_reach_the_engine(fronts: tuple) -> None:
+    _, url = fronts
+    with httpx.Client(base_url=url, timeout=60) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        spec = c.get("/openapi.json").json()
+        assert {"/v1/recommend", "/v1/rank", "/readyz", "/admin/reload"} <= set(spec["paths"])
+        assert c.get("/no/such/path").status_code == 404
+        r = c.post("/admin/reload")
+        assert r.status_code == 200 and r.json()["version"] == ready.json()["index_version"], r.text
+        assert "<html" in c.get("/").text.lower()
+
+
+def test_metrics_count_what_the_fronts_answered(fronts: tuple) -> None:
+    _, url = fronts
+
+    def count(text: str, endpoint: str, status: str) -> float:
+        line = f'genrec_requests_total{{endpoint="{endpoint}",status="{status}"}} '
+        return sum(float(x[len(line):]) for x in text.splitlines() if x.startswith(line))
+
+    with httpx.Client(base_url=url, timeout=60) as c:
+        time.sleep(1.5)  # the fronts send their counts every half second: the earlier tests' are in
+        before = c.get("/metrics").text
+        for _ in range(3):
+            assert c.post("/v1/recommend", json=body([1, 2, 3])).status_code == 200
+        assert c.post("/v1/recommend", json={"k": 0, "history": []}).status_code == 422
+        time.sleep(1.5)  # the fronts send their counts every half second
+        after = c.get("/metrics").text
+    assert count(after, "/v1/recommend", "200") - count(before, "/v1/recommend", "200") == 3
+    assert count(after, "/v1/recommend", "422") - count(before, "/v1/recommend", "422") == 1
+    assert count(after, "/metrics", "200") - count(before, "/metrics", "200") == 1  # counted once, by the engine
+    assert 'genrec_stage_latency_ms_count{endpoint="recommend",stage="total"}' in after
+
+
+def test_a_killed_front_is_replaced(run_dir: Path) -> None:
+    proc, url = start_server(run_dir, fronts=2, threads=2, torch_threads=1)
+    try:
+        first = children(proc.pid)
+        assert len([p for p in first if alive(p)]) >= 2
+        victim = max(first)
+        os.kill(victim, signal.SIGKILL)
+        with httpx.Client(base_url=url, timeout=60) as c:
+            for _ in range(6):  # the other front answers meanwhile
+                assert c.post("/v1/recommend", json=body([1, 2])).status_code == 200
+        t_end = time.time() + 120
+        while time.time() < t_end and not (children(proc.pid) - first):
+            time.sleep(0.2)
+        assert children(proc.pid) - first, "no new front process"
+        fronts_now = children(proc.pid)
+        proc.kill()  # the engine dies: its fronts stop too (their link is closed)
+        proc.wait(30)
+        t_end = time.time() + 60
+        while time.time() < t_end and any(alive(p) for p in fronts_now):
+            time.sleep(0.2)
+        assert not any(alive(p) for p in fronts_now), "front processes outlived the engine"
+    finally:
+        stop_server(proc)
+
+
+def test_errors_travel_whole() -> None:
+    e = portable(InputError("unknown action 'x'", "history[1].action"))
+    assert isinstance(e, InputError) and e.field == "history[1].action" and str(e).startswith("history[1].action: ")
+
+    class Local(Exception):  # not importable by name: travels as its type's name and text
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}+{b}")
+
+    e2 = portable(Local(1, 2))
+    assert type(e2) is RuntimeError and str(e2) == "Local: 1+2"
