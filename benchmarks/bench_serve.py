@@ -1,7 +1,8 @@
 """Serving latency/QPS on loopback: server modes x client counts, side by side, with the client's CPU beside them.
 
     python benchmarks/bench_serve.py WORKDIR --duration 60 --clients 1,16,64 [--procs 4] [--warmup 3]
-        [--modes one,two,twocpu,norank,batch8,batch8busy,batch32,...] [--batch-buckets auto|off|1,2,4,8]
+        [--modes one,two,twocpu,norank,batch8,batch8busy,batch32,fronts4,...] [--batch-buckets auto|off|1,2,4,8]
+        [--precision float32|bf16]
 
 Each mode starts its own ``genrec serve`` child on a free 127.0.0.1 port and, for each client count of
 ``--clients``, drives ``POST /v1/recommend`` with that many closed-loop clients for ``--duration`` seconds
@@ -82,6 +83,7 @@ def main() -> None:
                     help="send each history as history_columns (one list of ids) instead of a list of events")
     ap.add_argument("--exact-history", action="store_true",
                     help="every history exactly --history-len items (short users extended with others')")
+    ap.add_argument("--precision", default="float32", choices=("float32", "bf16"), help="the servers' --precision")
     ap.add_argument("--batch-buckets", default=None, help="the servers' $GENREC_BATCH_BUCKETS (auto, off, 1,2,4,8)")
     a = ap.parse_args()
     clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
@@ -93,7 +95,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name, kw in modes.items():
         rank = kw.pop("rank")
-        proc, url = start_server(a.workdir, device=a.device, **kw)
+        proc, url = start_server(a.workdir, device=a.device, precision=a.precision, **kw)
         try:
             for c in clients:
                 body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
