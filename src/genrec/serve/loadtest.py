@@ -184,10 +184,11 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
                 micro_batch_policy: str | None = None, micro_batch_wait_ms: float = 2.0,
                 kv_pool_device: str = "auto", threads: int | None = None,
-                torch_threads: int | None = None, procs: int = 1) -> BenchResult:
+                torch_threads: int | None = None, procs: int = 1, fronts: int = 0) -> BenchResult:
     """Start (or target) a local server, drive it (:func:`drive`; ``procs`` client processes), stop it; returns
     the result. ``threads`` / ``torch_threads`` / ``micro_batch`` / ``micro_batch_policy``: the started server's
-    ``--threads`` / ``--torch-threads`` / ``--micro-batch`` / ``--micro-batch-policy`` (None: its defaults)."""
+    ``--threads`` / ``--torch-threads`` / ``--micro-batch`` / ``--micro-batch-policy`` (None: its defaults) and
+    ``--fronts``."""
     if client not in CLIENTS:  # before starting anything
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     if procs < 1:
@@ -197,7 +198,8 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
     if url is None:
         proc, url = start_server(workdir, two_process=two_process, micro_batch=micro_batch, device=device,
                                  micro_batch_policy=micro_batch_policy, micro_batch_wait_ms=micro_batch_wait_ms,
-                                 kv_pool_device=kv_pool_device, threads=threads, torch_threads=torch_threads)
+                                 kv_pool_device=kv_pool_device, threads=threads, torch_threads=torch_threads,
+                                 fronts=fronts)
     try:
         return drive(url, hist, concurrency=concurrency, procs=procs, duration=duration, max_requests=max_requests,
                      body={"k": k, "beam_width": beam_width, "rank": rank}, client=client,
