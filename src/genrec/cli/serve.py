@@ -63,10 +63,6 @@ def serve(
     admin_token: Optional[str] = typer.Option(
         None, envvar="GENREC_ADMIN_TOKEN", help="/admin/reload then needs 'Authorization: Bearer TOKEN' (set it "
                                                 "whenever --host is not loopback)."),
-    gil_switch_ms: float = typer.Option(
-        0.0, envvar="GENREC_GIL_SWITCH_MS",
-        help="The interpreter's thread switch interval in the serving process, ms (sys.setswitchinterval); 0: "
-             "Python's (5 ms)."),
     access_log: bool = typer.Option(False, help="uvicorn's access log: one line per request on stdout. Off by "
                                                 "default (the start-up lines on stderr still come); /metrics "
                                                 "counts requests either way."),
@@ -126,7 +122,7 @@ def serve(
                       max_body_bytes=max_body_bytes, threads=threads, torch_threads=torch_threads,
                       pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
                       micro_batch_wait_ms=micro_batch_wait_ms, kv_pool_device=kv_pool_device,
-                      admin_token=admin_token or None, announce=True, gil_switch_ms=gil_switch_ms)
+                      admin_token=admin_token or None, announce=True)
     run_server(cfg, host=host, port=port, workers=workers, access_log=access_log, fronts=fronts)
 
 

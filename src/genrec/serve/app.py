@@ -392,10 +392,7 @@ def app_from_env() -> FastAPI:
 
 def _process_app(cfg: ServeConfig) -> FastAPI:
     """The app of one server process (``serve``'s, or each ``--workers`` process's): torch's threads set for
-    the process first (``cfg.torch_threads``; 0 leaves torch's default), and the interpreter's switch interval
-    (``cfg.gil_switch_ms``; 0 leaves Python's)."""
+    the process first (``cfg.torch_threads``; 0 leaves torch's default)."""
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    if cfg.gil_switch_ms > 0:
-        sys.setswitchinterval(cfg.gil_switch_ms / 1e3)
     return create_app(cfg)

@@ -79,5 +79,3 @@ class ServeConfig:
     # serve() sets the URL it listens on here, for the lines of --workers > 1 (each worker says when it is ready)
     announce: bool = False
     url: str | None = None
-    # the interpreter's thread switch interval in each serving process (sys.setswitchinterval), ms; 0 = Python's 5
-    gil_switch_ms: float = 0.0
