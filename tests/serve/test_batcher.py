@@ -20,6 +20,7 @@ from genrec.errors import ConfigError
 from genrec.serve.app import create_app
 from genrec.serve.config import ServeConfig
 from genrec.serve.batcher import MicroBatcher
+from genrec.serve.loadtest import batch_counts
 
 from ._server import ServerThread
 
@@ -330,6 +331,11 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
             t.join(60)
         assert not errors, errors[:3]
         assert app.service.batcher.items > app.service.batcher.batches  # requests really shared forwards
+        # /metrics counts the same forwards and requests (what bench_serve's rows_per_batch reads)
+        got = batch_counts(s.url)
+        assert got is not None and got[:2] == (app.service.batcher.batches, app.service.batcher.items), got
+    # a full batch can form while one runs: twice the batch's requests may be in the engine at once
+    assert app.service.limiter.total_tokens == 2 * cfg.micro_batch
 
 
 def test_exact_length_histories_are_real_pieces(run_dir):  # noqa: ANN001

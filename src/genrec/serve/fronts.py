@@ -178,8 +178,8 @@ class EngineServer(uvicorn.Server):
             svc.metrics.observe(op, out["timings_ms"])
             return out
 
-        # as many requests in the engine at once as one process lets run (the limiter's capacity), for each front
-        threads = int(svc.limiter.total_tokens) * self.n
+        # as many requests in the engine at once as one process lets run (the limiter's capacity)
+        threads = int(svc.limiter.total_tokens)
         self.link = EngineLink(serve, svc.metrics, path, authkey, threads).start()
         self.public = socket.create_server((self.host, self.port), family=socket.AF_INET6 if ":" in self.host
                                            else socket.AF_INET, backlog=2048)

@@ -54,6 +54,11 @@ class BenchResult:
     client_cpu_s: float = 0.0  # user + system CPU seconds of the client process(es) while the clock ran
     client_busy: float = 0.0  # the busiest client process's CPU seconds per second (1.0: it used a whole core)
     server_cpu_s: float | None = None  # the server's process tree over the same span, when measured
+    # the server's micro-batched forwards over the run (its /metrics, when it has them): how many, the requests they
+    # served, and the share of the run's wall time one of them was running
+    batches: int | None = None
+    batch_rows: int | None = None
+    batch_busy: float | None = None
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
@@ -65,6 +70,9 @@ class BenchResult:
                 "p99_ms": round(float(np.percentile(lat, 99)), 2), "max_ms": round(float(lat.max()), 2),
                 "client_cpu_per_s": round(self.client_cpu_s / sec, 2), "client_busy": round(self.client_busy, 2),
                 "server_cpu_per_s": None if self.server_cpu_s is None else round(self.server_cpu_s / sec, 2),
+                "batches": self.batches,
+                "rows_per_batch": round(self.batch_rows / self.batches, 2) if self.batches and self.batch_rows else None,
+                "batch_busy": None if self.batch_busy is None else round(self.batch_busy, 2),
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
     def table(self) -> str:

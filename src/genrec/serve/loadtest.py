@@ -22,6 +22,7 @@ import queue
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from genrec.errors import ConfigError
 from genrec.serve.loadgen import CLIENTS, BenchResult, as_sent, check_loopback, run_client, run_load, \
     sample_histories, start_server
 
-__all__ = ["bench_serve", "drive", "proc_tree_cpu_s", "run_load_procs", "split", "stop_server"]
+__all__ = ["batch_counts", "bench_serve", "drive", "proc_tree_cpu_s", "run_load_procs", "split", "stop_server"]
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -148,22 +149,45 @@ def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs:
     return res
 
 
+def batch_counts(url: str) -> tuple[float, float, float, float] | None:
+    """The server's micro-batch counters from its ``/metrics`` (batches, requests in them, their summed wall ms) and
+    when they were read (``time.perf_counter``); None when it has none (micro-batching off, not a genrec server)."""
+    want = {"genrec_batch_rows_count": 0.0, "genrec_batch_rows_sum": 0.0, "genrec_batch_latency_ms_sum": 0.0}
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    seen = False
+    for line in text.splitlines():
+        name, _, val = line.partition(" ")
+        if name in want:
+            want[name], seen = float(val), True
+    return (*want.values(), time.perf_counter()) if seen else None  # type: ignore[return-value]
+
+
 def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, procs: int = 1,
           duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
           client: str = "raw", server_pid: int | None = None, columns: bool = False) -> BenchResult:
     """``concurrency`` closed-loop clients against ``url``: in this process (``procs`` 1) or spread over
-    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``. ``columns``: the
-    histories go as ``history_columns``."""
+    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``, and its micro-batches
+    (:func:`batch_counts`). ``columns``: the histories go as ``history_columns``."""
+    b0 = batch_counts(url)
     if procs > 1 and concurrency > 1:
-        return run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
-                              max_requests=max_requests, body=body, client=client, server_pid=server_pid,
-                              columns=columns)
-    srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
-    res = run_client(run_load(url, histories, duration=duration, concurrency=concurrency,
-                              max_requests=max_requests, body=body, client=client, columns=columns))
-    srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
-    if srv0 is not None and srv1 is not None:  # encoding the requests included: an upper bound
-        res.server_cpu_s = srv1 - srv0
+        res = run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
+                             max_requests=max_requests, body=body, client=client, server_pid=server_pid,
+                             columns=columns)
+    else:
+        srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+        res = run_client(run_load(url, histories, duration=duration, concurrency=concurrency,
+                                  max_requests=max_requests, body=body, client=client, columns=columns))
+        srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+        if srv0 is not None and srv1 is not None:  # encoding the requests included: an upper bound
+            res.server_cpu_s = srv1 - srv0
+    b1 = batch_counts(url) if b0 is not None else None
+    if b0 is not None and b1 is not None:  # (the span includes the clients' start: batch_busy is a lower bound)
+        res.batches, res.batch_rows = int(b1[0] - b0[0]), int(b1[1] - b0[1])
+        res.batch_busy = (b1[2] - b0[2]) / 1e3 / max(b1[3] - b0[3], 1e-9)
     return res
 
 

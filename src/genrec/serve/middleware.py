@@ -170,6 +170,11 @@ class Metrics:
         self.degraded = Counter("genrec_degraded_responses", "Retrieval-only answers (ranker down)", registry=r)
         self.stale = Counter("genrec_kv_stale_reads", "Stale KV-slot reads (retried)", registry=r)
         self.reloads = Counter("genrec_reloads", "Hot-swap attempts by outcome", ["outcome"], registry=r)
+        # each micro-batched forward: how many requests it served and how long it took (its host work included)
+        self.batch_rows = Histogram("genrec_batch_rows", "Requests per micro-batched forward",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.batch_ms = Histogram("genrec_batch_latency_ms", "Wall time of a micro-batched forward (ms)",
+                                  buckets=buckets, registry=r)
 
     def observe(self, endpoint: str, timings: dict[str, float]) -> None:
         """A request's stage timings (its answer's ``timings_ms``) into the stage histograms."""
