@@ -183,3 +183,30 @@ def test_errors_travel_whole() -> None:
 
     e2 = portable(Local(1, 2))
     assert type(e2) is RuntimeError and str(e2) == "Local: 1+2"
+
+
+def test_a_front_that_keeps_dying_is_not_restarted_in_a_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import uvicorn
+
+    from genrec.serve import fronts as fr
+
+    class Dead:  # a front process that exited at once
+        pid, exitcode = 0, 1
+
+        def is_alive(self) -> bool:
+            return False
+
+    monkeypatch.setattr(fr, "RESTARTS_PER_WINDOW", 2)
+    srv = fr.EngineServer(uvicorn.Config(app=None), service=None, fronts=1, host="127.0.0.1", port=0,
+                          front_args={}, link_dir="/nonexistent", say=None)
+    spawned: list[Dead] = []
+    srv.procs = [Dead()]
+    monkeypatch.setattr(srv, "_spawn", lambda: spawned.append(Dead()) or spawned[-1])
+    t = threading.Thread(target=srv._supervise, daemon=True)
+    t.start()
+    time.sleep(3.0)  # six polls: two restarts, then none until the minute is over
+    srv._stopping.set()
+    t.join(5)
+    assert len(spawned) == 2 and srv.restarts == 2

@@ -49,6 +49,8 @@ log = logging.getLogger("genrec.serve")
 
 OPS = ("recommend", "rank")
 """What a front asks the engine for: the two inference routes."""
+RESTARTS_PER_WINDOW, RESTART_WINDOW_S = 5, 60.0
+"""At most this many front restarts in this many seconds (a front that dies at once is not restarted in a loop)."""
 STATS_EVERY_S = 0.5
 """How often a front sends the engine its request counts."""
 
@@ -203,10 +205,16 @@ class EngineServer(uvicorn.Server):
         return p
 
     def _supervise(self) -> None:
+        recent: list[float] = []  # when fronts were restarted lately: a front that keeps dying is restarted slower
         while not self._stopping.wait(0.5):
             for i, p in enumerate(self.procs):
                 if not p.is_alive() and not self._stopping.is_set() and not self.should_exit:
+                    now = time.monotonic()
+                    recent = [t for t in recent if now - t < RESTART_WINDOW_S]
+                    if len(recent) >= RESTARTS_PER_WINDOW:
+                        continue  # (it is tried again once the window has room)
                     log.warning("front process %s exited with code %s: starting another", p.pid, p.exitcode)
+                    recent.append(now)
                     self.restarts += 1
                     self.procs[i] = self._spawn()
 
