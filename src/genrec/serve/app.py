@@ -73,7 +73,6 @@ __all__ = ["create_app", "install_inference_routes", "serve", "uvicorn_impl", "u
 
 log = logging.getLogger("genrec.serve")
 
-
 _IDS_DOC = ("Item ids are the run's: int64 ids, or -- when `genrec data prepare` remapped them (string ids, "
             "`--map-ids`) -- the source file's ids as strings (a number is matched as its text), in the request "
             "and in every id of the answer.")
@@ -312,6 +311,8 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
     """Run uvicorn (``workers > 1``: independent processes, each with its own bundle; ``fronts > 0``: this process
     runs the model and ``fronts`` processes answer HTTP, :mod:`genrec.serve.fronts`). With ``cfg.announce`` it says
     on stderr where it listens, what it loaded and when it is ready."""
+    if fronts > 0 and workers > 1:
+        raise ConfigError("--fronts and --workers > 1 do not go together: --fronts N is one model, N HTTP processes")
     url = _url(host, port)
     # (`genrec serve` ignores SIGHUP until the lifespan handles it)
     cfg = dataclasses.replace(cfg, workers=workers, url=url)
@@ -344,8 +345,6 @@ def _serve_with_fronts(cfg: ServeConfig, host: str, port: int, fronts: int, log_
     answer the public port (:class:`genrec.serve.fronts.EngineServer` starts them once the bundle is loaded)."""
     from genrec.serve.fronts import EngineServer, engine_link_dir
 
-    if cfg.workers > 1:
-        raise ConfigError("--fronts and --workers > 1 do not go together: --fronts N is one model, N HTTP processes")
     where = engine_link_dir()
     app = _process_app(cfg)
     front_args = {"cfg": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
