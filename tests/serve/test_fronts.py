@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -210,3 +211,34 @@ def test_a_front_that_keeps_dying_is_not_restarted_in_a_loop(monkeypatch: pytest
     srv._stopping.set()
     t.join(5)
     assert len(spawned) == 2 and srv.restarts == 2
+
+
+def test_an_answer_that_does_not_pickle_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """The engine's link, driven by a front's link in this process: an answer that cannot travel comes back as an
+    error; one that can, as itself."""
+    import asyncio
+
+    from genrec.serve.fronts import EngineLink, FrontLink
+    from genrec.serve.middleware import Metrics
+
+    def serve(op: str, req: Any) -> dict[str, Any]:
+        return {"ok": req} if req != "lambda" else {"bad": lambda: None}
+
+    key = b"k" * 32
+    link = EngineLink(serve, Metrics(), str(tmp_path / "link.sock"), key, threads=2).start()
+    try:
+        front = FrontLink(str(tmp_path / "link.sock"), key)
+
+        async def both() -> tuple[Any, Any]:
+            good = await asyncio.wait_for(front.call("recommend", "x"), 10)
+            try:
+                await asyncio.wait_for(front.call("recommend", "lambda"), 10)
+            except RuntimeError as e:
+                return good, str(e)
+            return good, None
+
+        good, bad = asyncio.run(both())
+        assert good == {"ok": "x"}
+        assert bad is not None and "could not be sent" in bad
+    finally:
+        link.close()

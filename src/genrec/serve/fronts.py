@@ -137,7 +137,13 @@ class EngineLink:
     @staticmethod
     def _reply(conn: Connection, send_lock: threading.Lock, msg: Any) -> None:
         with send_lock, contextlib.suppress(OSError):  # a front gone: its requests' answers have no reader
-            conn.send(msg)
+            try:
+                conn.send(msg)
+            except OSError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an answer that does not pickle: the request gets a 500, not a hang
+                conn.send((msg[0], False, RuntimeError(f"the answer could not be sent to the front: "
+                                                       f"{type(e).__name__}: {e}")))
 
     def _stats(self, cid: int, st: dict[str, Any]) -> None:
         for (endpoint, status), n in st["requests"].items():
