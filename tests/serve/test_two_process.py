@@ -149,3 +149,37 @@ def test_a_stopped_ranker_is_killed_and_restarted_after_timeouts_in_a_row() -> N
         assert c.restarts == 1 and c.pid != pid0 and c.responsive
     finally:
         c.stop()
+
+
+def test_concurrent_ranked_requests_share_one_forward_and_one_ranking_call(run_dir: Path) -> None:
+    """Micro-batching in two-process mode: requests that arrive together are encoded and retrieved as one batch
+    here and ranked as one batch there (one call with every row: half of 16 slots hold a batch of 4), and each
+    gets the answer it gets alone."""
+    import threading
+
+    app = create_app(ServeConfig(workdir=run_dir, two_process=True, pool_slots=16, micro_batch=4,
+                                 micro_batch_policy="timed", micro_batch_wait_ms=250, rank_timeout_s=5.0))
+    with ServerThread(app) as s:
+        s.service = app.service
+        want = {tuple(h): solo(s, h) for h in HISTS}
+        go, got, errors = threading.Barrier(8), {}, []
+
+        def client(i: int) -> None:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                go.wait(30)
+                r = c.post("/v1/recommend", json=body(HISTS[i % len(HISTS)]))
+            if r.status_code != 200 or r.json()["degraded"]:
+                errors.append(r.text[:300])
+            got[i] = r.json()
+
+        ts = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not errors, errors[:2]
+        for i, r in got.items():
+            assert_same(r, want[tuple(HISTS[i % len(HISTS)])])
+        b, ranker = app.service.batcher, app.service.ranker
+        assert b.items > b.batches  # requests shared forwards
+        assert ranker.rows_ranked > ranker.rank_calls  # ... and ranking calls

@@ -74,6 +74,35 @@ class KVCache:
         self.k, self.v, self.meta, self.lengths, self.last_hidden, self.last_ts = [], [], None, None, None, None
         self.plans = {}
 
+    def row(self, b: int) -> "KVCache":
+        """Row ``b`` as a cache of batch 1 (views of this one's tensors, no copy)."""
+        if self.meta is None:
+            raise ValueError("KVCache is empty: call prefill first")
+        one = lambda t: None if t is None else t[b:b + 1]  # noqa: E731
+        m = self.meta
+        return KVCache([t[b:b + 1] for t in self.k], [t[b:b + 1] for t in self.v],
+                       TokenMeta(m.pos[b:b + 1], m.kind[b:b + 1], m.tok[b:b + 1], m.item_tokens),
+                       one(self.lengths), one(self.last_hidden), self.layout, one(self.last_ts))
+
+    @staticmethod
+    def stack(caches: "list[KVCache]") -> "KVCache":
+        """Filled caches of the same layers, token count and layout as one batch, their rows in order (the
+        inverse of :meth:`row` over a batch's rows)."""
+        if not caches or any(c.meta is None for c in caches):
+            raise ValueError("KVCache.stack: needs one or more filled caches")
+        first = caches[0]
+        if any(c.n_tokens != first.n_tokens or c.n_layers != first.n_layers or c.layout != first.layout
+               for c in caches):
+            raise ValueError("KVCache.stack: the caches differ in token count, layers or layout")
+        cat = lambda ts: None if any(t is None for t in ts) else torch.cat(ts, 0)  # noqa: E731
+        metas = [c.meta for c in caches]
+        return KVCache([torch.cat([c.k[i] for c in caches], 0) for i in range(first.n_layers)],
+                       [torch.cat([c.v[i] for c in caches], 0) for i in range(first.n_layers)],
+                       TokenMeta(torch.cat([m.pos for m in metas], 0), torch.cat([m.kind for m in metas], 0),  # type: ignore[union-attr]
+                                 torch.cat([m.tok for m in metas], 0)),  # type: ignore[union-attr]
+                       cat([c.lengths for c in caches]), cat([c.last_hidden for c in caches]), first.layout,
+                       cat([c.last_ts for c in caches]))
+
     def expand(self, w: int) -> "KVCache":
         """A new cache with every row repeated ``w`` times (row b -> rows b*w .. b*w+w-1), for beams."""
         if self.meta is None:

@@ -11,8 +11,8 @@ Non-standard: inference runs on a bounded thread pool (the event loop never bloc
 pure-ASGI middleware enforces the body size limit (413) before any JSON parsing, also for chunked
 bodies; every validation failure is a 4xx whose message names the field; any other exception is
 a 500 for that request only. A request takes the served bundle once, at its start (hot swap).
-``micro_batch > 1`` (the default: 32) groups concurrent one-process requests into one batched forward
-(:mod:`genrec.serve.batcher`; default policy ``busy``: requests that queued while a batch ran form the next batch, no
+``micro_batch > 1`` (the default: 32) groups concurrent requests into one batched forward (in two-process mode
+too: one ranking call for the batch's rows) (:mod:`genrec.serve.batcher`; default policy ``busy``: requests that queued while a batch ran form the next batch, no
 timer, no cost at one client; ``timed``: a group's first request waits up to ``micro_batch_wait_ms`` for more).
 
 The routes live here; beside them: the configuration (:mod:`genrec.serve.config`), the shared state

@@ -11,7 +11,7 @@ __all__ = ["DEFAULT_MICRO_BATCH", "DEFAULT_MICRO_BATCH_POLICY", "ServeConfig", "
            "default_torch_threads"]
 
 DEFAULT_MICRO_BATCH = 32
-"""Concurrent one-process requests grouped into one forward by default (``--micro-batch``; 1 = off): the largest
+"""Concurrent requests grouped into one forward by default (``--micro-batch``; 1 = off): the largest
 default batch bucket (:mod:`genrec.infer.buckets`), so every batch replays a captured graph on the GPU."""
 DEFAULT_MICRO_BATCH_POLICY = "busy"
 """The default grouping (:mod:`genrec.serve.batcher`): a lone request runs at once; requests that queue while a
@@ -65,7 +65,7 @@ class ServeConfig:
     rank_timeout_s: float = 2.0
     stale_retries: int = 3
     pool_dir: Path | None = None
-    micro_batch: int = DEFAULT_MICRO_BATCH  # > 1: group up to this many concurrent one-process requests, 1: off
+    micro_batch: int = DEFAULT_MICRO_BATCH  # > 1: group up to this many concurrent requests, 1: off
     # "busy": batch only requests that queued while a batch ran, no timer; "timed": the first request
     # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
     micro_batch_policy: str = DEFAULT_MICRO_BATCH_POLICY

@@ -45,8 +45,9 @@ from genrec.serve.explain import Trace, explain_block, traced
 from genrec.serve.ids import SourceItemIds
 from genrec.workdir import read_json
 
-RemoteRank = Callable[[KVCache, np.ndarray, np.ndarray | None, int, int | None], torch.Tensor]
-"""(cache [1, ...], cand vecs [m, Di], cand SID codes [m, L] or None, surface, request_ts) -> logits [m, C]."""
+RemoteRank = Callable[[KVCache, np.ndarray, np.ndarray | None, list[int], list[int] | None], torch.Tensor]
+"""(cache [B, ...], cand vecs [B, m, Di], cand SID codes [B, m, L] or None, surfaces [B], request_ts [B] or None)
+-> logits [B, m, C]."""
 
 
 class InputError(GenrecError):
@@ -226,19 +227,19 @@ class Engine:
             raise _input_error(e) from e
 
     def _remote_scorer(self, remote_rank: RemoteRank) -> Scorer:
-        """The ranking stage as ``remote_rank`` runs it (one history per call; in place of the Recommender's
-        ``score_candidates``, without a copy of the Recommender)."""
+        """The ranking stage as ``remote_rank`` runs it (every row of the batch in one call; in place of the
+        Recommender's ``score_candidates``, without a copy of the Recommender)."""
         rec = self.rec
 
         def score_candidates(cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
                              surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None
                              ) -> torch.Tensor:
-            r = rows[0]
-            v = (rec.item_vecs[r] if vecs is None else vecs[0]).float().cpu().numpy()  # [m, Di]
-            sid = None if rec.codes is None else rec.codes[r].cpu().numpy()  # [m, L]
-            s = 0 if surface is None else int(surface[0])
-            ts = None if request_ts is None else int(request_ts[0])
-            return remote_rank(cache, v, sid, s, ts)[None].to(rec.device)  # [1, m, C]
+            b = rows.shape[0]
+            v = (rec.item_vecs[rows] if vecs is None else vecs).float().cpu().numpy()  # [B, m, Di]
+            sid = None if rec.codes is None else rec.codes[rows].cpu().numpy()  # [B, m, L]
+            s = [0] * b if surface is None else [int(x) for x in surface.reshape(-1).tolist()]
+            ts = None if request_ts is None else [int(x) for x in request_ts.reshape(-1).tolist()]
+            return remote_rank(cache, v, sid, s, ts).to(rec.device)  # [B, m, C]
 
         return score_candidates
 
@@ -262,9 +263,10 @@ class Engine:
     def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
-                       exclude_history: bool = False) -> list[dict[str, Any]]:
+                       exclude_history: bool = False, remote_rank: RemoteRank | None = None) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows (in
-        static shapes on a GPU: :mod:`genrec.infer.buckets`). Each history is parsed once."""
+        static shapes on a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the
+        batch, in two-process mode). Each history is parsed once."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm: list[int] = []
         parsed: list[dict[str, Any]] = []
@@ -277,9 +279,10 @@ class Engine:
                     warm.append(i)
                     parsed.append(p)
         if warm:
+            scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
             res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                             sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                            exclude_history=exclude_history)
+                            exclude_history=exclude_history, scorer=scorer)
             with stage("format"):
                 for i, r in zip(warm, res):
                     outs[i] = self._format(r)

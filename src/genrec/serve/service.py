@@ -27,6 +27,7 @@ from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
 from genrec.serve.explain import explain_ids_out
 from genrec.serve.ids import SourceItemIds, Unknown
+from genrec.model.kv_cache import KVCache
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.middleware import Metrics
 from genrec.serve.schemas import RankRequest, RecommendRequest
@@ -84,10 +85,8 @@ class Service:
                         if cfg.micro_batch > 1 else None)
         # with micro-batching, 2 x micro_batch request threads: a full batch runs while the next one forms (with
         # micro_batch threads the two shared them, and batches held half as many requests: 15.9 of 32 at 64 clients
-        # on the CPU box). Not in two-process mode: its ranked requests are never batched, and that many forwards
-        # side by side only contend.
-        batching = self.batcher is not None and not cfg.two_process
-        self.limiter = anyio.CapacityLimiter(max(1, cfg.threads, 2 * cfg.micro_batch if batching else 1))
+        # on the CPU box)
+        self.limiter = anyio.CapacityLimiter(max(1, cfg.threads, 2 * cfg.micro_batch if self.batcher else 1))
         self.pool: KVPool | None = None
         self.ranker: RankerClient | None = None
         self._pool_lock = threading.Lock()
@@ -166,12 +165,15 @@ class Service:
         if req.explain:  # one history per call: never batched
             kw["explain"] = True
         degraded = False
-        if self.batcher is not None and not (self.cfg.two_process and req.rank) and not req.explain:
+        remote = self.cfg.two_process and req.rank  # ranked in the ranking process
+        if self.batcher is not None and not req.explain:
             key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
                    req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
                    req.exclude_history)
-            out = self.batcher.submit(key, hist, lambda hs: self._batch(eng, hs, rank=req.rank, **kw))
-        elif not (self.cfg.two_process and req.rank):
+            out = self.batcher.submit(key, hist, (lambda hs: self._batch_remote(eng, hs, **kw)) if remote else
+                                      (lambda hs: self._batch(eng, hs, rank=req.rank, **kw)))
+            degraded = bool(out.pop("degraded", False))
+        elif not remote:
             out = eng.recommend(hist, rank=req.rank, **kw)  # type: ignore[arg-type]
         else:
             try:
@@ -197,32 +199,60 @@ class Service:
         self.metrics.batch_rows.observe(len(hists))
         return out
 
+    def _batch_remote(self, eng: Engine, hists: Sequence[Any], **kw: Any) -> list[dict[str, Any]]:
+        """A micro-batch of two-process ranked requests: one forward here, one ranking call for its rows (per
+        half of the pool's slots); the ranking process down, the batch's retrieval-only answers (``degraded``)."""
+        try:
+            return self._batch(eng, hists, rank=True, remote_rank=self._remote_rank(eng), **kw)
+        except RankingFailed as e:
+            log.warning("ranking failed, answering %d request(s) retrieval-only (degraded): %s", len(hists), e)
+            self.metrics.degraded.inc(len(hists))
+            outs = self._batch(eng, hists, rank=False, **kw)
+            for o in outs:
+                o["degraded"] = True
+            return outs
+
     def _remote_rank(self, eng: Engine) -> Callable[..., torch.Tensor]:
         pool = self._ensure_pool(eng)
         ranker = self.ranker
         assert ranker is not None
+        chunk = max(1, pool.spec.slots // 2)  # rows per ranking call: half the slots, the rest for other requests
 
-        def remote(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surface: int,
-                   request_ts: int | None) -> torch.Tensor:
+        def some(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
+                 request_ts: list[int] | None) -> torch.Tensor:
+            b = cache.batch_size
             for _ in range(self.cfg.stale_retries + 1):
+                leases = []
                 try:
-                    lease = pool.lease()
-                except StaleSlotError:  # every slot busy being written: count it as a stale try
-                    self.metrics.stale.inc()
-                    continue
-                self.metrics.pool_occupancy.set(pool.occupancy())
-                try:
-                    pool.write(lease, cache)  # the one encode's KV, shared with the ranking process
-                    return torch.from_numpy(ranker.rank(pool, lease, eng.checkpoint, vecs, sid, surface, request_ts,
+                    for _ in range(b):
+                        leases.append(pool.lease())
+                    self.metrics.pool_occupancy.set(pool.occupancy())
+                    for i, lease in enumerate(leases):  # the one encode's KV, shared with the ranking process
+                        pool.write(lease, cache if b == 1 else cache.row(i))
+                    return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs, sid, surfaces, request_ts,
                                                         digest=eng.weights_digest))
                 except StaleSlotError:
-                    self.metrics.stale.inc()  # slot recycled under us: rewrite into a fresh slot
+                    self.metrics.stale.inc()  # every slot busy, or a slot recycled under us: into fresh slots
                 except RankerUnavailable as e:
                     raise RankingFailed(str(e)) from e
                 finally:
-                    pool.release(lease)
+                    for lease in leases:
+                        pool.release(lease)
                     self.metrics.pool_occupancy.set(pool.occupancy())
             raise RankingFailed(f"KV slot stale {self.cfg.stale_retries + 1} times")
+
+        def remote(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
+                   request_ts: list[int] | None) -> torch.Tensor:
+            b = cache.batch_size
+            if b <= chunk:
+                return some(cache, vecs, sid, surfaces, request_ts)
+            parts = []
+            for lo in range(0, b, chunk):
+                hi = min(b, lo + chunk)
+                part = KVCache.stack([cache.row(i) for i in range(lo, hi)])
+                parts.append(some(part, vecs[lo:hi], None if sid is None else sid[lo:hi], surfaces[lo:hi],
+                                  None if request_ts is None else request_ts[lo:hi]))
+            return torch.cat(parts, 0)
 
         return remote
 

@@ -38,6 +38,7 @@ import torch
 from genrec.errors import GenrecError
 from genrec.infer.load import graph_mode
 from genrec.model.graphs import GraphedRanker
+from genrec.model.kv_cache import KVCache
 from genrec.serve.engine import load_model
 from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError
 from genrec.validation import trusted_inputs
@@ -52,8 +53,9 @@ class RankerUnavailable(GenrecError):
 
 
 def ranker_main(conn: Connection, threads: int = 1) -> None:
-    """Ranking process loop. ``{"op": "rank", "id", "pool", "slot", "gen", "ckpt", "digest", "vecs",
-    "sid", "surface", "ts"}`` -> ``{"id", "ok", "logits" | "error", "stale"}``; ``{"op": "warm", "ckpt",
+    """Ranking process loop. ``{"op": "rank", "id", "pool", "slots", "gens", "ckpt", "digest", "vecs",
+    "sid", "surface", "ts"}`` (B rows: lists of B, arrays ``[B, ...]``) -> ``{"id", "ok", "logits" | "error",
+    "stale"}``; ``{"op": "warm", "ckpt",
     "digest", "pool"}`` loads the model and attaches the pool ahead of the first request (at start and
     before a hot swap); ``{"op": "status"}`` -> the loaded (checkpoint, digest, device) triples. Exits
     when the pipe closes. A model is held by its weights' sha256 (``digest``, the served bundle's), not
@@ -104,20 +106,22 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
                 continue
             if msg.get("delay"):
                 time.sleep(float(msg["delay"]))  # test hook: a slow reader
-            cache = pool.read(int(msg["slot"]), int(msg["gen"]), layout=model.config.layout)
+            # the B rows of one batched forward of the server, one slot each, ranked as one batch again
+            caches = [pool.read(int(sl), int(g), layout=model.config.layout) for sl, g in zip(msg["slots"], msg["gens"])]
+            cache = caches[0] if len(caches) == 1 else KVCache.stack(caches)
             amp = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and dev.startswith("cuda")
                    else contextlib.nullcontext())
             with torch.no_grad(), amp:
-                vecs = torch.from_numpy(msg["vecs"])[None].to(dev)  # [1, m, Di]
-                sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"])[None].to(dev)  # [1, m, L]
-                ts = None if msg["ts"] is None else torch.tensor([int(msg["ts"])], device=dev)
-                surf = torch.tensor([int(msg["surface"])], device=dev)
+                vecs = torch.from_numpy(msg["vecs"]).to(dev)  # [B, m, Di]
+                sid = None if msg["sid"] is None else torch.from_numpy(msg["sid"]).to(dev)  # [B, m, L]
+                ts = None if msg["ts"] is None else torch.tensor([int(t) for t in msg["ts"]], device=dev)
+                surf = torch.tensor([int(x) for x in msg["surface"]], device=dev)
                 if grank is not None and grank.supports(cache, vecs):
-                    logits = grank(cache, vecs, sid, surf, ts)  # [1, m, C]
+                    logits = grank(cache, vecs, sid, surf, ts)  # [B, m, C]
                 else:
                     with trusted_inputs():  # SID codes come from the server's catalogue
                         logits = model.rank(cache, vecs, sid, surf, ts)
-            conn.send({"id": msg["id"], "ok": True, "logits": logits[0].float().cpu().numpy()})
+            conn.send({"id": msg["id"], "ok": True, "logits": logits.float().cpu().numpy()})
         except StaleSlotError as e:
             conn.send({"id": msg["id"], "ok": False, "stale": True, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - report, keep serving
@@ -133,6 +137,8 @@ class RankerClient:
     def __init__(self, *, timeout_s: float = 2.0, restart_delay_s: float = 0.2, threads: int = 1,
                  hang_after: int = 3) -> None:
         self.timeout_s = timeout_s
+        self.rank_calls = 0  # ranking calls sent, and the history rows they carried (a micro-batch's, in parts)
+        self.rows_ranked = 0
         self.hang_after = max(1, hang_after)
         self.timeouts_in_a_row = 0
         self.hang_kills = 0
@@ -291,13 +297,19 @@ class RankerClient:
         """The (checkpoint, digest, device) triples the ranking process holds (most recently used last)."""
         return list(self._call({"op": "status"}, timeout)["models"])
 
-    def rank(self, pool: KVPool, lease: Lease, ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
-             surface: int, request_ts: int | None, delay: float = 0.0, digest: str | None = None) -> np.ndarray:
-        """Action logits ``[m, C]``; raises StaleSlotError (retry / re-encode) or RankerUnavailable."""
-        msg = {"op": "rank", "pool": str(pool.path), "slot": lease.slot, "gen": lease.gen, "ckpt": str(ckpt),
-               "digest": digest,
+    def rank(self, pool: KVPool, leases: list[Lease], ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
+             surfaces: list[int], request_ts: list[int] | None, delay: float = 0.0,
+             digest: str | None = None) -> np.ndarray:
+        """Action logits ``[B, m, C]`` of the B histories written to ``leases`` (one slot each, one token count:
+        the rows of one batched forward) for their candidates ``vecs`` ``[B, m, Di]`` (SID codes ``[B, m, L]``),
+        ranked as one batch; raises StaleSlotError (retry / re-encode) or RankerUnavailable."""
+        self.rank_calls += 1
+        self.rows_ranked += len(leases)
+        msg = {"op": "rank", "pool": str(pool.path), "slots": [le.slot for le in leases],
+               "gens": [le.gen for le in leases], "ckpt": str(ckpt), "digest": digest,
                "vecs": np.ascontiguousarray(vecs, np.float32), "sid": None if sid is None else np.ascontiguousarray(sid),
-               "surface": int(surface), "ts": request_ts, "delay": delay}
+               "surface": [int(x) for x in surfaces], "ts": None if request_ts is None else [int(t) for t in request_ts],
+               "delay": delay}
         out = self._call(msg)
         if out["ok"]:
             return out["logits"]
