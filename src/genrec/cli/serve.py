@@ -40,7 +40,8 @@ def serve(
                    "1-4 clients: 75-106 QPS, against 41-83 with torch's own thread per core); on CUDA, torch's "
                    "default."),
     max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
-    pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode)."),
+    pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode): a micro-batch is ranked in calls of "
+                                           "half this many rows."),
     kv_pool_device: str = typer.Option(
         "auto", help="Two-process KV pool: auto (the server's device), cpu (shared memory) or cuda (CUDA IPC)."),
     device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or cuda:N."),
