@@ -64,6 +64,7 @@ from genrec.errors import ConfigError
 from genrec.serve.config import ServeConfig
 from genrec.serve.errors import install_error_handlers
 from genrec.serve.explorer import install_explorer
+from genrec.serve.fronts import EngineServer, engine_link_dir
 from genrec.serve.middleware import BodyLimit, Track
 from genrec.serve.schemas import RankRequest, RecommendRequest, api_models
 from genrec.serve.service import Service
@@ -343,8 +344,6 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
 def _serve_with_fronts(cfg: ServeConfig, host: str, port: int, fronts: int, log_kw: dict[str, Any]) -> None:
     """This process loads the bundle and serves its whole app on a private Unix socket; ``fronts`` processes
     answer the public port (:class:`genrec.serve.fronts.EngineServer` starts them once the bundle is loaded)."""
-    from genrec.serve.fronts import EngineServer, engine_link_dir
-
     where = engine_link_dir()
     app = _process_app(cfg)
     front_args = {"cfg": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},

@@ -29,6 +29,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import secrets
 import socket
 import tempfile
@@ -62,8 +63,6 @@ class EngineGone(RuntimeError):
 def portable(e: BaseException) -> BaseException:
     """``e`` if it survives pickling (the front then answers as one process would: a 422 naming the field, a 500
     naming the error's type), else a RuntimeError with its type and text."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(e))
         return e
@@ -325,7 +324,7 @@ class FrontStats(Metrics):
 def front_main(public: socket.socket, *, cfg: dict[str, Any], link: str, authkey: bytes, engine_uds: str,
                log_config: dict[str, Any], impl: dict[str, Any]) -> None:
     """A front process: serves ``public`` until SIGTERM, or until the engine closes the link."""
-    from genrec.serve.front_app import create_front_app
+    from genrec.serve.front_app import create_front_app  # (local: front_app imports this module)
 
     server: uvicorn.Server | None = None
 
