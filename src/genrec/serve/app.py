@@ -211,10 +211,7 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     install_explorer(app, svc)
 
     async def infer(op: str, req: Any) -> dict[str, Any]:
-        out = await anyio.to_thread.run_sync(svc.recommend if op == "recommend" else svc.rank, req,
-                                             limiter=svc.limiter)
-        svc.metrics.observe(op, out["timings_ms"])
-        return out
+        return await anyio.to_thread.run_sync(svc.infer, op, req, limiter=svc.limiter)
 
     # the bodies of this run's kind of ids: the tables' integers, or the source file's ids when they were remapped
     install_inference_routes(app, api_models(svc.source_ids), infer)
@@ -325,8 +322,7 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
              + (f", with {fronts} front processes for HTTP" if fronts > 0 else "")
              + f" (access log {'on, to stdout' if access_log else 'off'}) ...")
     if workers > 1:
-        os.environ["GENREC_SERVE_CONFIG"] = json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                                                        for k, v in cfg.__dict__.items()})
+        os.environ["GENREC_SERVE_CONFIG"] = json.dumps(_plain(cfg))
         uvicorn.run("genrec.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     **log_kw, **uvicorn_impl())
         return
@@ -341,12 +337,17 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, workers: 
         sys.exit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
 
 
+def _plain(cfg: ServeConfig) -> dict[str, Any]:
+    """``cfg`` as plain values (paths as text): for another process (:func:`app_from_env`, the fronts)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}
+
+
 def _serve_with_fronts(cfg: ServeConfig, host: str, port: int, fronts: int, log_kw: dict[str, Any]) -> None:
     """This process loads the bundle and serves its whole app on a private Unix socket; ``fronts`` processes
     answer the public port (:class:`genrec.serve.fronts.EngineServer` starts them once the bundle is loaded)."""
     where = engine_link_dir()
     app = _process_app(cfg)
-    front_args = {"cfg": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+    front_args = {"cfg": _plain(cfg),
                   "log_config": log_kw["log_config"], "impl": uvicorn_impl()}
     server = EngineServer(uvicorn.Config(app, uds=os.path.join(where, "engine.sock"), **log_kw, **uvicorn_impl()),
                           service=app.service, fronts=fronts, host=host, port=port,  # type: ignore[attr-defined]

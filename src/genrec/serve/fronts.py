@@ -78,7 +78,7 @@ class EngineLink:
 
     def __init__(self, serve: Callable[[str, Any], dict[str, Any]], metrics: Metrics, path: str, authkey: bytes,
                  threads: int) -> None:
-        self.serve, self.metrics, self.path, self.authkey = serve, metrics, path, authkey
+        self.serve, self.metrics = serve, metrics
         self.listener = Listener(path, family="AF_UNIX", authkey=authkey)
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="genrec-link")
         self.connected = threading.Semaphore(0)  # released once per front that connected
@@ -135,14 +135,15 @@ class EngineLink:
 
     @staticmethod
     def _reply(conn: Connection, send_lock: threading.Lock, msg: Any) -> None:
-        with send_lock, contextlib.suppress(OSError):  # a front gone: its requests' answers have no reader
+        with send_lock:
             try:
                 conn.send(msg)
             except OSError:
-                raise
+                pass  # a front gone: its requests' answers have no reader
             except Exception as e:  # noqa: BLE001 - an answer that does not pickle: the request gets a 500, not a hang
-                conn.send((msg[0], False, RuntimeError(f"the answer could not be sent to the front: "
-                                                       f"{type(e).__name__}: {e}")))
+                with contextlib.suppress(OSError):
+                    conn.send((msg[0], False, RuntimeError(f"the answer could not be sent to the front: "
+                                                           f"{type(e).__name__}: {e}")))
 
     def _stats(self, cid: int, st: dict[str, Any]) -> None:
         for (endpoint, status), n in st["requests"].items():
@@ -180,14 +181,9 @@ class EngineServer(uvicorn.Server):
         authkey = secrets.token_bytes(32)
         path = os.path.join(self.link_dir, "link.sock")
 
-        def serve(op: str, req: Any) -> dict[str, Any]:
-            out = svc.recommend(req) if op == "recommend" else svc.rank(req)
-            svc.metrics.observe(op, out["timings_ms"])
-            return out
-
         # as many requests in the engine at once as one process lets run (the limiter's capacity)
         threads = int(svc.limiter.total_tokens)
-        self.link = EngineLink(serve, svc.metrics, path, authkey, threads).start()
+        self.link = EngineLink(svc.infer, svc.metrics, path, authkey, threads).start()
         self.public = socket.create_server((self.host, self.port), family=socket.AF_INET6 if ":" in self.host
                                            else socket.AF_INET, backlog=2048)
         self.public.set_inheritable(True)
@@ -318,7 +314,8 @@ class FrontStats(Metrics):
                     now[(s.labels["endpoint"], s.labels["status"])] = s.value
         delta = {k: v - self._sent.get(k, 0.0) for k, v in now.items() if v != self._sent.get(k, 0.0)}
         self._sent = now
-        return {"requests": delta, "in_flight": float(self.in_flight._value.get())}
+        in_flight = next(iter(self.in_flight.collect())).samples[0].value
+        return {"requests": delta, "in_flight": float(in_flight)}
 
 
 def front_main(public: socket.socket, *, cfg: dict[str, Any], link: str, authkey: bytes, engine_uds: str,

@@ -27,7 +27,6 @@ from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
 from genrec.serve.explain import explain_ids_out
 from genrec.serve.ids import SourceItemIds, Unknown
-from genrec.model.kv_cache import KVCache
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.middleware import Metrics
 from genrec.serve.schemas import RankRequest, RecommendRequest
@@ -164,7 +163,6 @@ class Service:
                                   exclude_history=req.exclude_history)
         if req.explain:  # one history per call: never batched
             kw["explain"] = True
-        degraded = False
         remote = self.cfg.two_process and req.rank  # ranked in the ranking process
         if self.batcher is not None and not req.explain:
             key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
@@ -174,22 +172,23 @@ class Service:
                                       (lambda hs: self._batch(eng, hs, rank=req.rank, **kw)))
             degraded = bool(out.pop("degraded", False))
         elif not remote:
-            out = eng.recommend(hist, rank=req.rank, **kw)  # type: ignore[arg-type]
+            out, degraded = eng.recommend(hist, rank=req.rank, **kw), False  # type: ignore[arg-type]
         else:
-            try:
-                out = eng.recommend(hist, rank=True, remote_rank=self._remote_rank(eng), **kw)  # type: ignore[arg-type]
-            except RankingFailed as e:
-                # retrieval-only answer (re-encodes once: only on this degraded path)
-                log.warning("ranking failed, answering retrieval-only (degraded): %s", e)
-                degraded = True
-                self.metrics.degraded.inc()
-                out = eng.recommend(hist, rank=False, **kw)  # type: ignore[arg-type]
+            out, degraded = self._remote_or_degraded(
+                eng, lambda **r: eng.recommend(hist, **r, **kw), 1)  # type: ignore[arg-type]
         out.update(degraded=degraded, index_version=bundle.version)
         if ids is None:
             return out
         if "explain" in out:
             explain_ids_out(out["explain"], ids, unknown)
         return ids.answer_out(out, unknown)
+
+    def infer(self, op: str, req: Any) -> dict[str, Any]:
+        """``recommend`` or ``rank`` (``op``) for a validated request, its stage timings into /metrics: what an
+        inference route runs (in this process's thread, or for a front process, :mod:`genrec.serve.fronts`)."""
+        out = self.recommend(req) if op == "recommend" else self.rank(req)
+        self.metrics.observe(op, out["timings_ms"])
+        return out
 
     def _batch(self, eng: Engine, hists: Sequence[Any], **kw: Any) -> list[dict[str, Any]]:
         """One micro-batched forward, its size and wall time into /metrics."""
@@ -201,16 +200,22 @@ class Service:
 
     def _batch_remote(self, eng: Engine, hists: Sequence[Any], **kw: Any) -> list[dict[str, Any]]:
         """A micro-batch of two-process ranked requests: one forward here, one ranking call for its rows (per
-        half of the pool's slots); the ranking process down, the batch's retrieval-only answers (``degraded``)."""
+        half of the pool's slots); each answer says whether it is ``degraded``."""
+        outs, degraded = self._remote_or_degraded(eng, lambda **r: self._batch(eng, hists, **r, **kw), len(hists))
+        for o in outs:
+            o["degraded"] = degraded
+        return outs
+
+    def _remote_or_degraded(self, eng: Engine, run: Callable[..., Any], n: int) -> tuple[Any, bool]:
+        """``run(rank=True, remote_rank=...)`` (the ranking process ranks), and False; if that ranking fails, the
+        retrieval-only ``run(rank=False)`` (re-encodes once: only on this degraded path) for the ``n`` requests, and
+        True."""
         try:
-            return self._batch(eng, hists, rank=True, remote_rank=self._remote_rank(eng), **kw)
+            return run(rank=True, remote_rank=self._remote_rank(eng)), False
         except RankingFailed as e:
-            log.warning("ranking failed, answering %d request(s) retrieval-only (degraded): %s", len(hists), e)
-            self.metrics.degraded.inc(len(hists))
-            outs = self._batch(eng, hists, rank=False, **kw)
-            for o in outs:
-                o["degraded"] = True
-            return outs
+            log.warning("ranking failed, answering %d request(s) retrieval-only (degraded): %s", n, e)
+            self.metrics.degraded.inc(n)
+            return run(rank=False), True
 
     def _remote_rank(self, eng: Engine) -> Callable[..., torch.Tensor]:
         pool = self._ensure_pool(eng)
@@ -218,18 +223,20 @@ class Service:
         assert ranker is not None
         chunk = max(1, pool.spec.slots // 2)  # rows per ranking call: half the slots, the rest for other requests
 
-        def some(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
+        def some(cache: Any, lo: int, hi: int, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
                  request_ts: list[int] | None) -> torch.Tensor:
-            b = cache.batch_size
+            """Rows lo..hi-1 of the batch, one slot each, ranked in one call."""
             for _ in range(self.cfg.stale_retries + 1):
                 leases = []
                 try:
-                    for _ in range(b):
+                    for _ in range(hi - lo):
                         leases.append(pool.lease())
                     self.metrics.pool_occupancy.set(pool.occupancy())
                     for i, lease in enumerate(leases):  # the one encode's KV, shared with the ranking process
-                        pool.write(lease, cache if b == 1 else cache.row(i))
-                    return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs, sid, surfaces, request_ts,
+                        pool.write(lease, cache if cache.batch_size == 1 else cache.row(lo + i))
+                    return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs[lo:hi],
+                                                        None if sid is None else sid[lo:hi], surfaces[lo:hi],
+                                                        None if request_ts is None else request_ts[lo:hi],
                                                         digest=eng.weights_digest))
                 except StaleSlotError:
                     self.metrics.stale.inc()  # every slot busy, or a slot recycled under us: into fresh slots
@@ -244,15 +251,8 @@ class Service:
         def remote(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
                    request_ts: list[int] | None) -> torch.Tensor:
             b = cache.batch_size
-            if b <= chunk:
-                return some(cache, vecs, sid, surfaces, request_ts)
-            parts = []
-            for lo in range(0, b, chunk):
-                hi = min(b, lo + chunk)
-                part = KVCache.stack([cache.row(i) for i in range(lo, hi)])
-                parts.append(some(part, vecs[lo:hi], None if sid is None else sid[lo:hi], surfaces[lo:hi],
-                                  None if request_ts is None else request_ts[lo:hi]))
-            return torch.cat(parts, 0)
+            parts = [some(cache, lo, min(b, lo + chunk), vecs, sid, surfaces, request_ts) for lo in range(0, b, chunk)]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, 0)
 
         return remote
 
