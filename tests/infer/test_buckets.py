@@ -129,11 +129,13 @@ def test_bucket_padding_changes_no_answer(run: Path) -> None:
                 _assert_same(padded.recommend(h, **args), g, 1e-5)
 
 
-def test_one_capture_per_bucket_never_recaptured(run: Path) -> None:
+@pytest.mark.parametrize("sid_mode", ["full", "auto"])  # auto: the served default, the coarse prefix + dense leaf
+def test_one_capture_per_bucket_never_recaptured(run: Path, sid_mode: str) -> None:
     bk = ShapeBuckets((1, 2, 4, 8), min_slots=4)
     eng = _static(Engine.load(run), bk)
     rec = eng.rec
-    rec.sid_mode = "full"  # the SID stage that replays CUDA graphs (the coarse-prefix ones run eager)
+    rec.sid_mode = sid_mode  # both SID stages replay CUDA graphs
+    assert rec.served_sid_mode == ("full" if sid_mode == "full" else "dense")
     grid = bk.slot_grid(rec.config.max_items)
     assert grid == [4, 8, 13]
     rng = np.random.default_rng(1)
@@ -150,7 +152,7 @@ def test_one_capture_per_bucket_never_recaptured(run: Path) -> None:
         caps = rec.graph_captures
         assert caps["encode"] == len(seen)  # exactly one per (batch bucket, slot bucket) run
         assert len(rec._graphed_encode._cache.graphs) <= len(bk.batch_sizes) * len(grid)  # type: ignore[union-attr]
-        assert caps["sid"] <= len(seen) and 0 < caps["rank"] <= 4 * len(seen)
+        assert 0 < caps["sid"] <= len(seen) and 0 < caps["rank"] <= 4 * len(seen)
         if rep == 0:
             first = caps
     assert rec.graph_captures == first  # the second pass over every size only replays

@@ -42,8 +42,8 @@ from genrec.decode.beam import NEG_INF, BeamResult, StepFn, beam_search
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 
-__all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "dense_leaf", "pad_codebooks", "prefix_lists_reference",
-           "prefix_search"]
+__all__ = ["ORDERS", "PrefixLeaves", "PrefixResult", "check_prefix_args", "dense_leaf", "pad_codebooks", "prefix_lists",
+           "prefix_lists_reference", "prefix_search"]
 
 ORDERS = ("prefix", "merged")
 Order = Literal["prefix", "merged"]
@@ -116,7 +116,8 @@ def pad_codebooks(step_fn: StepFn, sizes: Sequence[int]) -> StepFn:
     return step
 
 
-def _check(order: str, limit: int, trie: TorchTrie, leaves: PrefixLeaves) -> None:
+def check_prefix_args(order: str, limit: int, trie: TorchTrie, leaves: PrefixLeaves) -> None:
+    """The coarse-prefix retrieval's arguments, checked before any work (a ConfigError naming the bad one)."""
     if order not in ORDERS:
         raise ConfigError(f"order must be one of {ORDERS}, got {order!r}")
     if limit < 1:
@@ -172,10 +173,17 @@ def prefix_search(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, batch_
     the served SIDs; ``leaves`` its leaves' catalogue rows and known flags. ``leaf_logits(rows [B, W, F]) ->
     [B, W, F]``: each row's dense score for its request (rows >= 0); given, the item inside a prefix is scored
     by its softmax over the prefix's items instead of by the last SID level."""
-    _check(order, limit, trie, leaves)
+    check_prefix_args(order, limit, trie, leaves)
     ls = trie.n_levels - 1
     beams = beam_search(step_fn, batch_size, ls, trie.codebook_sizes[:ls], beam_width,
                         diversity_lambda=diversity_lambda, penalty=penalty, trie=trie.cut(ls), device=device)
+    return prefix_lists(step_fn, trie, leaves, beams, limit, order, leaf_logits)
+
+
+def prefix_lists(step_fn: StepFn, trie: TorchTrie, leaves: PrefixLeaves, beams: BeamResult, limit: int,
+                 order: Order, leaf_logits: LeafFn | None = None) -> PrefixResult:
+    """Steps 2-4 of the module docstring after the beams over levels 1..L-1: every leaf under each beam scored,
+    then ``limit`` rows per request in ``order``. Sync-free (the graphed SID stage captures it)."""
     score, row, kn = _expand(step_fn, trie, leaves, beams, leaf_logits)  # [B, W, F]
     b = score.shape[0]
     if order == "prefix":  # inside each beam by score, beams in their order; then the empty slots last

@@ -46,13 +46,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from genrec.catalog import ItemCatalog
-from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
-from genrec.decode.prefix import PrefixLeaves, dense_leaf, pad_codebooks, prefix_search
-from genrec.decode.rows import beam_rows
+from genrec.decode.prefix import PrefixLeaves
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.infer import calls
@@ -62,10 +59,10 @@ from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import Scorer, run_funnel
 from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
 from genrec.infer.history import HistoryColumns, HistoryParser, vocab_index
-from genrec.infer.load import (fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode,
-                               trained_temperature)
+from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
 from genrec.infer.profile import stage
 from genrec.infer.results import SOURCES, BatchResult, RankedList, RecommendationList
+from genrec.infer.sid_stage import SidStage
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
@@ -77,7 +74,7 @@ __all__ = ["NEGATIVE_ACTIONS", "Recommender"]
 NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
 
 
-class Recommender:
+class Recommender(SidStage):
     """A trained model with its catalogue, SID trie / index and ANN index, ready to serve."""
 
     def __init__(self, catalog_model: CatalogModel, catalog: ItemCatalog, *, actions: list[str],
@@ -291,84 +288,6 @@ class Recommender:
         else:
             cache, user, _ = self.model.encode_history(mb)
         return cache, user
-
-    def decode_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float = 0.0, constrain: bool = True) -> BeamResult:
-        """SID beams over the cached history: codes [B, W, L] (constrained through the trie). Codes of a last
-        level grown past the model's head (`genrec sid assign`) get -inf: full-code beams never reach them."""
-        if self.trie is None:
-            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
-        cfg = self.config
-        sizes = self.trie.codebook_sizes
-        # shared-prefix plan checked once here; every step then runs sync-free over the context
-        ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        if ctx is not None and self._beam_graph is not None and sizes == list(cfg.sid_codebook_sizes):
-            if self._graphed is None or self._graphed.trie is not self.trie:
-                self._graphed = GraphedBeamSearch(self.model, self.trie, max_graphs=self._beam_graphs,
-                                                  use_graph=self._beam_graph)
-            if self._graphed.supports(ctx):
-                return self._graphed(ctx, beam_width, diversity_lambda=diversity_lambda, constrain=constrain)
-        return beam_search(pad_codebooks(self._sid_step(cache, ctx), sizes), cache.batch_size, cfg.sid_levels, sizes,
-                           beam_width, diversity_lambda=diversity_lambda, trie=self.trie, constrain=constrain,
-                           device=self.device)
-
-    def _sid_step(self, cache: KVCache, ctx: Any) -> Any:
-        """The beam step over the cached history: prefix [B, W, d] -> log-probs [B, W, K_{d+1}] (the model's sizes)."""
-        def step(prefix: torch.Tensor) -> torch.Tensor:
-            logits = self.model.sid_logits_ctx(ctx, prefix) if ctx is not None else self.model.sid_logits_next(cache, prefix)
-            return F.log_softmax(logits.float(), dim=-1)  # [B, W, K]
-
-        return step
-
-    @property
-    def served_sid_mode(self) -> str:
-        """The SID retrieval requests get: :attr:`sid_mode`, "auto" resolved -- "merged" while some catalogue
-        item has no trained last-level logit (:attr:`known_leaves`), else "dense" where the model has a dense
-        stage (a user head), else "full"."""
-        if self.sid_mode != "auto":
-            return self.sid_mode
-        if self.known_leaves is not None and not bool(np.all(self.known_leaves)):
-            return "merged"
-        return "dense" if self.model.user_head is not None else "full"
-
-    def retrieve_sids(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
-                      user: torch.Tensor | None = None) -> tuple[BeamResult, np.ndarray, np.ndarray]:
-        """The SID stage (:attr:`served_sid_mode`): (beams, catalogue rows int64 [B, limit] (-1 pad), the log-prob
-        each was retrieved with, float32 [B, limit] (nan pad)). "full": the full-code beams' items in beam order
-        (:meth:`beam_rows`); "prefix" / "merged" / "dense": the coarse-prefix retrieval (:mod:`genrec.decode.prefix`:
-        beams over levels 1..L-1, each item's log P(SID), the new-code rule's score, or with "dense" its prefix's
-        log-prob plus its dense leaf score from ``user`` [B, D], this encoding's user vectors)."""
-        mode = self.served_sid_mode
-        if mode == "full":
-            with stage("sid.beams"):
-                beams = self.decode_sids(cache, beam_width, diversity_lambda)
-            with stage("sid.rows"):
-                rows, lp = self.beam_rows(beams, limit)
-            return beams, rows, lp
-        if self.trie is None or self.leaf_rows is None:
-            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
-        self._leaves = PrefixLeaves.reuse(self._leaves, self.leaf_rows, self.known_leaves, self.trie.device)
-        ctx = self.model.beam_context(cache) if self.model.shared_beam_decode else None
-        if mode == "dense" and user is None:
-            raise ConfigError("sid_mode 'dense' scores items by the user vector: this model or call has none")
-        leaf = (dense_leaf(user, self.item_vecs, trained_temperature(self.run_config))
-                if mode == "dense" and user is not None else None)  # None with "dense": refused just above
-        res = prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
-                            limit, order="merged" if mode == "dense" else mode,  # type: ignore[arg-type]
-                            diversity_lambda=diversity_lambda, device=self.device, leaf_logits=leaf)
-        packed = torch.cat([res.rows.double(), res.scores.double()], 1).cpu().numpy()  # one device->host copy
-        rows = packed[:, :limit].astype(np.int64)
-        lp = np.where(rows >= 0, packed[:, limit:], np.nan).astype(np.float32)
-        return res.beams, rows, lp
-
-    def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Valid beams -> catalogue rows through the SID trie's leaves, beam order, deduplicated, at most
-        ``limit`` per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
-        if self.trie is None or self.leaf_rows is None:
-            raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
-        if self._leaf_t is None or self._leaf_t.device != self.trie.device or self._leaf_src is not self.leaf_rows:
-            self._leaf_t = torch.as_tensor(np.asarray(self.leaf_rows, dtype=np.int64), device=self.trie.device)
-            self._leaf_src = self.leaf_rows
-        return beam_rows(beams, self.trie, self._leaf_t, limit)
 
     def score_candidates(self, cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
                          surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None) -> torch.Tensor:
