@@ -145,3 +145,13 @@ def test_pad_codebooks_and_errors() -> None:
         prefix_search(step, trie, leaves, 1, 2, 0)
     with pytest.raises(ConfigError, match="leaves"):
         prefix_search(step, trie, PrefixLeaves.build(rows[:-1], None, "cpu"), 1, 2, 5)
+
+
+def test_leaves_reused_while_the_arrays_and_device_are_the_same() -> None:
+    """A server keeps one device copy of the leaves (the graphed SID stage keys its graphs by it): "cpu:0" and
+    "cpu" (as "cuda" and "cuda:0") name one device, so the copy is not rebuilt per request."""
+    rows, known = np.arange(6), np.ones(6, bool)
+    held = PrefixLeaves.reuse(None, rows, known, "cpu:0")
+    assert PrefixLeaves.reuse(held, rows, known, "cpu:0") is held
+    assert PrefixLeaves.reuse(held, rows, known, torch.device("cpu")) is held
+    assert PrefixLeaves.reuse(held, rows.copy(), known, "cpu") is not held  # arrays swapped (sid assign)

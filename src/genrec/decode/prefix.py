@@ -71,9 +71,15 @@ class PrefixLeaves:
               device: torch.device | str) -> tuple[Any, Any, "PrefixLeaves"]:
         """``held`` = (rows, known, their device copy) while it is of these very arrays on ``device``, else a
         new one (a server rebuilds its leaves only when ``sid assign`` swapped the arrays)."""
-        if held is None or held[0] is not rows or held[1] is not known or held[2].rows.device != torch.device(device):
+        if held is None or held[0] is not rows or held[1] is not known or not _on(held[2].rows, device):
             held = (rows, known, cls.build(rows, known, device))
         return held
+
+
+def _on(t: torch.Tensor, device: torch.device | str) -> bool:
+    """``t`` lives on ``device`` ("cuda" names the current card: a tensor there is on "cuda:0", not unequal)."""
+    d = torch.device(device)
+    return t.device.type == d.type and (d.index is None or t.device.index in (None, d.index))
 
 
 @dataclass
