@@ -198,6 +198,50 @@ def test_busy_queued_requests_form_one_batch_by_oldest_key() -> None:
     assert (b.batches, b.items) == (4, 7) and not b._busy
 
 
+def test_busy_handover_starts_the_next_batch_before_this_one_ends() -> None:
+    """A batch that calls ``handover()`` (two-process mode: its rows wait on the ranking process) lets the
+    queued requests run as the next batch while it still waits; every row still gets its own answer, the
+    batcher goes idle after both, and ``handover()`` outside a batch (or twice) changes nothing."""
+    b = MicroBatcher(max_batch=4, policy="busy")
+    b.handover()  # outside any batch: a no-op
+    first_waits, second_ran = threading.Event(), threading.Event()
+    calls: list[list[int]] = []
+
+    def fn(xs: list[int]) -> list[int]:
+        calls.append(list(xs))
+        if xs == [1]:  # the first batch: hands over, then waits until the next batch has run
+            b.handover()
+            b.handover()
+            first_waits.set()
+            assert second_ran.wait(10), "the queued batch did not run while the first one waited"
+        else:
+            second_ran.set()
+        return [10 * x for x in xs]
+
+    out: dict[int, int] = {}
+
+    def run(x: int) -> None:
+        out[x] = b.submit("k", x, fn)
+
+    entered, gate = threading.Event(), threading.Event()
+
+    def gated(xs: list[int]) -> list[int]:  # the first request holds the batcher until the others queued
+        if xs == [1]:
+            entered.set()
+            assert gate.wait(10)
+        return fn(xs)
+
+    ts = [_start(lambda: out.__setitem__(1, b.submit("k", 1, gated)))]
+    assert entered.wait(10)
+    ts += [_start(run, x) for x in (2, 3)]
+    _wait_pending(b, 2)
+    gate.set()
+    _join_all(ts, 10)
+    assert out == {1: 10, 2: 20, 3: 30}
+    assert calls == [[1], [2, 3]] and first_waits.is_set()
+    assert (b.batches, b.items) == (2, 3) and not b._busy
+
+
 def test_busy_failing_row_does_not_fail_its_neighbours() -> None:
     b = MicroBatcher(max_batch=8, policy="busy")
     fn = Gated()

@@ -34,6 +34,9 @@ fill, one forward at a time, where timed groups run side by side and contend; ``
 different keys, and a new group of the same key, can run side by side. Every request pays up to
 ``max_wait_ms`` even alone.
 
+A batch may hand the leadership on before it ends (:meth:`MicroBatcher.handover`): in two-process mode a batch
+whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile.
+
 Non-standard, both policies: a failing batch is retried row by row, so one bad request cannot
 fail its neighbours; a batch whose call returns the wrong number of rows is retried the same way.
 If a leader dies of something that is not an ``Exception``, every request of its batch still gets
@@ -113,6 +116,7 @@ class MicroBatcher:
         self._lock = threading.Lock()
         self._busy = False  # a batch is running (or being handed over)
         self._pending: deque[_Entry] = deque()
+        self._local = threading.local()  # the running batch's handover, in its leader's thread
 
     def submit(self, key: Hashable, item: Any, fn: Fn) -> Any:
         """``fn([item])[0]``, possibly computed in one call together with other requests of ``key``."""
@@ -138,31 +142,55 @@ class MicroBatcher:
         self._lead(batch)
         return e.fut.result()
 
+    def handover(self) -> None:
+        """Called by a busy-policy batch's ``fn`` in its leader's thread once the batch no longer needs the device
+        to itself (two-process mode: its rows are in the KV pool and wait on the ranking process): the next batch
+        starts now, beside this one's wait. A no-op anywhere else, and after the first call."""
+        hand = getattr(self._local, "handover", None)
+        if hand is not None:
+            self._local.handover = None
+            hand()
+
     def _lead(self, batch: list[_Entry]) -> None:
-        """Run ``batch`` (this thread's own request is its first entry), then hand over or go idle."""
+        """Run ``batch`` (this thread's own request is its first entry), then hand over (unless ``fn`` called
+        :meth:`handover`) or go idle."""
+        handed = threading.Event()
+
+        def hand() -> None:
+            if not handed.is_set():
+                handed.set()
+                self._pass_on()
+
+        self._local.handover = hand
         try:
             _run_rows([(x.item, x.fut) for x in batch], batch[0].fn)
         finally:
+            self._local.handover = None
             for x in batch:
                 if not x.fut.done():  # the leader died of a BaseException: fail its batch, do not hang it
                     x.fut.set_exception(RuntimeError("micro-batch: the batch's leader was interrupted"))
-            nxt: list[_Entry] | None = None
             with self._lock:
                 self.batches += 1
                 self.items += len(batch)
-                if self._pending:
-                    key = self._pending[0].key  # the oldest queued request's key goes next
-                    nxt, rest = [], deque[_Entry]()
-                    for x in self._pending:
-                        (nxt if x.key == key and len(nxt) < self.max_batch else rest).append(x)
-                    self._pending = rest
-                    nxt[0].batch = nxt
-                else:
-                    self._busy = False
-            if nxt is not None:
-                nxt[0].wake.set()  # the next leader first: the device gets its next batch at once
+            hand()
             for x in batch[1:]:
                 x.wake.set()
+
+    def _pass_on(self) -> None:
+        """Make the oldest queued request's key's batch the next one and wake its leader, or go idle."""
+        nxt: list[_Entry] | None = None
+        with self._lock:
+            if self._pending:
+                key = self._pending[0].key  # the oldest queued request's key goes next
+                nxt, rest = [], deque[_Entry]()
+                for x in self._pending:
+                    (nxt if x.key == key and len(nxt) < self.max_batch else rest).append(x)
+                self._pending = rest
+                nxt[0].batch = nxt
+            else:
+                self._busy = False
+        if nxt is not None:
+            nxt[0].wake.set()  # the next leader first: the device gets its next batch at once
 
     # ------------------------------------------------------------------ timed
     def _submit_timed(self, key: Hashable, item: Any, fn: Fn) -> Any:

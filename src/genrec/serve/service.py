@@ -89,6 +89,7 @@ class Service:
         self.pool: KVPool | None = None
         self.ranker: RankerClient | None = None
         self._pool_lock = threading.Lock()
+        self._remote_lock = threading.Lock()  # one ranking call holds KV slots at a time
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -221,31 +222,36 @@ class Service:
         pool = self._ensure_pool(eng)
         ranker = self.ranker
         assert ranker is not None
-        chunk = max(1, pool.spec.slots // 2)  # rows per ranking call: half the slots, the rest for other requests
+        chunk = pool.spec.slots  # rows per ranking call: every slot (one ranking call leases at a time)
 
         def some(cache: Any, lo: int, hi: int, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
                  request_ts: list[int] | None) -> torch.Tensor:
-            """Rows lo..hi-1 of the batch, one slot each, ranked in one call."""
+            """Rows lo..hi-1 of the batch, one slot each, ranked in one call. One call at a time holds slots (the
+            pool never recycles a slot a call still reads); once the first part's rows are in the pool the
+            micro-batcher starts the next batch, which encodes and retrieves while this one is ranked."""
             for _ in range(self.cfg.stale_retries + 1):
-                leases = []
-                try:
-                    for _ in range(hi - lo):
-                        leases.append(pool.lease())
-                    self.metrics.pool_occupancy.set(pool.occupancy())
-                    for i, lease in enumerate(leases):  # the one encode's KV, shared with the ranking process
-                        pool.write(lease, cache if cache.batch_size == 1 else cache.row(lo + i))
-                    return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs[lo:hi],
-                                                        None if sid is None else sid[lo:hi], surfaces[lo:hi],
-                                                        None if request_ts is None else request_ts[lo:hi],
-                                                        digest=eng.weights_digest))
-                except StaleSlotError:
-                    self.metrics.stale.inc()  # every slot busy, or a slot recycled under us: into fresh slots
-                except RankerUnavailable as e:
-                    raise RankingFailed(str(e)) from e
-                finally:
-                    for lease in leases:
-                        pool.release(lease)
-                    self.metrics.pool_occupancy.set(pool.occupancy())
+                with self._remote_lock:
+                    leases = []
+                    try:
+                        for _ in range(hi - lo):
+                            leases.append(pool.lease())
+                        self.metrics.pool_occupancy.set(pool.occupancy())
+                        for i, lease in enumerate(leases):  # the one encode's KV, shared with the ranking process
+                            pool.write(lease, cache if cache.batch_size == 1 else cache.row(lo + i))
+                        if self.batcher is not None:
+                            self.batcher.handover()
+                        return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs[lo:hi],
+                                                            None if sid is None else sid[lo:hi], surfaces[lo:hi],
+                                                            None if request_ts is None else request_ts[lo:hi],
+                                                            digest=eng.weights_digest))
+                    except StaleSlotError:
+                        self.metrics.stale.inc()  # a slot recycled under us (another process's lease): fresh slots
+                    except RankerUnavailable as e:
+                        raise RankingFailed(str(e)) from e
+                    finally:
+                        for lease in leases:
+                            pool.release(lease)
+                        self.metrics.pool_occupancy.set(pool.occupancy())
             raise RankingFailed(f"KV slot stale {self.cfg.stale_retries + 1} times")
 
         def remote(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
