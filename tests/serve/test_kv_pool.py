@@ -69,6 +69,37 @@ def test_roundtrip_and_stale(pool: KVPool) -> None:
     assert same(pool.read(again.slot, again.gen), c2)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batch_rows_written_and_read_as_one_equal_row_by_row(pool: KVPool, seed: int) -> None:
+    """``write_rows`` / ``read_rows`` (one synchronisation for a batch's rows) against the one-row path: rows
+    lo.. of a batch into shuffled slots, read back as one batch in another order, equal the rows themselves;
+    a stale row fails the whole read; repeated slots and mixed token counts are refused."""
+    rng = random.Random(seed)
+    n = rng.randint(1, SPEC.n_max)
+    batch = KVCache.stack([fake_cache(rng.randint(1, 99), n) for _ in range(4)])
+    lo, m = rng.randint(0, 1), SPEC.slots
+    leases = [pool.lease() for _ in range(m)]
+    rng.shuffle(leases)
+    pool.write_rows(leases, batch, lo)
+    order = list(range(m))
+    rng.shuffle(order)
+    got = pool.read_rows([leases[j].slot for j in order], [leases[j].gen for j in order])
+    assert same(got, KVCache.stack([batch.row(lo + j) for j in order]))
+    for j in order:  # and each row alone, through the one-row path
+        assert same(pool.read(leases[j].slot, leases[j].gen), batch.row(lo + j))
+    with pytest.raises(StaleSlotError):
+        pool.read_rows([leases[0].slot, leases[1].slot], [leases[0].gen, leases[1].gen + 1])
+    fresh = [pool.lease() for _ in range(2)]
+    with pytest.raises(ValueError, match="one slot per row"):
+        pool.write_rows([fresh[0], fresh[0]], batch)
+    with pytest.raises(ValueError, match="rows"):
+        pool.write_rows(fresh, batch, 3)  # rows 3..4 of a batch of 4
+    pool.write(fresh[0], fake_cache(5, 2))
+    pool.write(fresh[1], fake_cache(6, 3))
+    with pytest.raises(ValueError, match="different token counts"):
+        pool.read_rows([x.slot for x in fresh], [x.gen for x in fresh])
+
+
 def test_lease_prefers_free_slots_and_counts_occupancy(pool: KVPool) -> None:
     ls = [pool.lease() for _ in range(SPEC.slots)]
     assert sorted(x.slot for x in ls) == list(range(SPEC.slots))

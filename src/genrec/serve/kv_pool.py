@@ -265,74 +265,114 @@ class KVPool:
     # ------------------------------------------------------------------ write / read
     def write(self, lease: Lease, cache: KVCache) -> None:
         """Copy one request's cache (batch 1) into the leased slot, then publish it."""
-        sp = self.spec
-        self._check_slot(lease.slot)
-        if cache.meta is None or cache.lengths is None or cache.last_hidden is None:
-            raise ValueError("kv pool write: cache was not filled by encode_history")
         if cache.batch_size != 1:
             raise ValueError(f"kv pool write: one request per slot (batch 1), got batch {cache.batch_size}")
+        self.write_rows([lease], cache)
+
+    def write_rows(self, leases: list[Lease], cache: KVCache, lo: int = 0) -> None:
+        """Rows ``lo .. lo + len(leases) - 1`` of a batch's cache, row j into ``leases[j]``'s slot, then each
+        published: the copies of all rows, then one device synchronisation (not one per row)."""
+        sp, c = self.spec, self._c
+        for lease in leases:
+            self._check_slot(lease.slot)
+        if len({x.slot for x in leases}) != len(leases):
+            raise ValueError("kv pool write: one slot per row (the leases repeat a slot)")
+        if cache.meta is None or cache.lengths is None or cache.last_hidden is None:
+            raise ValueError("kv pool write: cache was not filled by encode_history")
+        if not leases or lo < 0 or lo + len(leases) > cache.batch_size:
+            raise ValueError(f"kv pool write: rows {lo}..{lo + len(leases) - 1} of a batch of {cache.batch_size}")
         n = cache.n_tokens
         if n > sp.n_max or cache.n_layers != sp.layers:
             raise ValueError(f"kv pool write: cache has {cache.n_layers} layers x {n} tokens; pool holds "
                              f"{sp.layers} x {sp.n_max}")
-        s, c = lease.slot, self._c
-        with self._locked():  # claim the slot for writing only if our lease is still the current one
-            if int(c["gen"][s]) != lease.gen:
-                raise StaleSlotError(f"slot {s}: lease gen {lease.gen} was superseded by {int(c['gen'][s])}")
-            if int(c["ready"][s]) == lease.gen:
-                raise ValueError(f"slot {s} gen {lease.gen}: already written (one write per lease)")
-            c["writer"][s] = os.getpid()
+        with self._locked():  # claim the slots for writing only if our leases are still the current ones
+            for lease in leases:
+                s = lease.slot
+                if int(c["gen"][s]) != lease.gen:
+                    raise StaleSlotError(f"slot {s}: lease gen {lease.gen} was superseded by {int(c['gen'][s])}")
+                if int(c["ready"][s]) == lease.gen:
+                    raise ValueError(f"slot {s} gen {lease.gen}: already written (one write per lease)")
+            for lease in leases:
+                c["writer"][lease.slot] = os.getpid()
         try:
-            self._write_data(lease, cache, n)
+            self._write_data(leases, cache, lo, n)
         finally:
-            c["writer"][s] = 0
+            for lease in leases:
+                c["writer"][lease.slot] = 0
 
-    def _write_data(self, lease: Lease, cache: KVCache, n: int) -> None:
-        sp, s, c = self.spec, lease.slot, self._c
+    def _write_data(self, leases: list[Lease], cache: KVCache, lo: int, n: int) -> None:
+        sp, c, m = self.spec, self._c, len(leases)
+        slots = [x.slot for x in leases]
+        idx = torch.tensor(slots, dtype=torch.int64, device=self.k.device)
         for i in range(sp.layers):
-            k, v = cache.k[i][0], cache.v[i][0]  # [H, n, Dh]
-            if k.shape != (sp.kv_heads, n, sp.head_dim):
-                raise ValueError(f"kv pool write: layer {i} keys {tuple(k.shape)} != {(sp.kv_heads, n, sp.head_dim)}")
-            self.k[i, s, :, :n].copy_(k)
-            self.v[i, s, :, :n].copy_(v)
+            k, v = cache.k[i][lo:lo + m], cache.v[i][lo:lo + m]  # [m, H, n, Dh]
+            if k.shape != (m, sp.kv_heads, n, sp.head_dim):
+                raise ValueError(f"kv pool write: layer {i} keys {tuple(k.shape[1:])} != {(sp.kv_heads, n, sp.head_dim)}")
+            self.k[i, idx, :, :n] = k.to(self.k.dtype)
+            self.v[i, idx, :, :n] = v.to(self.v.dtype)
         assert cache.meta is not None and cache.last_hidden is not None and cache.lengths is not None
-        self._meta[0, s, :n] = cache.meta.pos[0]
-        self._meta[1, s, :n] = cache.meta.kind[0]
-        self._meta[2, s, :n] = cache.meta.tok[0]
-        self._hidden[s].copy_(cache.last_hidden[0].float())
-        c["n_tokens"][s] = n
-        c["length"][s] = int(cache.lengths[0])
-        c["has_ts"][s] = int(cache.last_ts is not None)
-        c["last_ts"][s] = int(cache.last_ts[0]) if cache.last_ts is not None else 0
+        rows = slice(lo, lo + m)
+        host = torch.as_tensor(slots)
+        self._meta[:, host, :n] = torch.stack([cache.meta.pos[rows], cache.meta.kind[rows], cache.meta.tok[rows]]).cpu()
+        self._hidden[host] = cache.last_hidden[rows].float().cpu()
+        lengths = cache.lengths[rows].cpu().tolist()
+        last_ts = cache.last_ts[rows].cpu().tolist() if cache.last_ts is not None else [0] * m
         if self.k.is_cuda:
             torch.cuda.synchronize(self.k.device)
-        if int(c["gen"][s]) != lease.gen:  # re-leased while we wrote: never publish
-            raise StaleSlotError(f"slot {s}: re-leased while gen {lease.gen} was being written")
-        c["ready"][s] = lease.gen
+        for j, lease in enumerate(leases):
+            s = lease.slot
+            c["n_tokens"][s] = n
+            c["length"][s] = int(lengths[j])
+            c["has_ts"][s] = int(cache.last_ts is not None)
+            c["last_ts"][s] = int(last_ts[j])
+        for lease in leases:
+            if int(c["gen"][lease.slot]) != lease.gen:  # re-leased while we wrote: never publish
+                raise StaleSlotError(f"slot {lease.slot}: re-leased while gen {lease.gen} was being written")
+        for lease in leases:
+            c["ready"][lease.slot] = lease.gen
 
     def read(self, slot: int, gen: int, *, device: str | torch.device | None = None,
              layout: str = "pinger") -> KVCache:
         """A private copy of slot ``slot``'s cache if it still holds generation ``gen``; else StaleSlotError."""
-        self._check_slot(slot)
+        return self.read_rows([slot], [gen], device=device, layout=layout)
+
+    def read_rows(self, slots: list[int], gens: list[int], *, device: str | torch.device | None = None,
+                  layout: str = "pinger") -> KVCache:
+        """Private copies of the slots' caches as one batch (row j from ``slots[j]``, which must still hold
+        generation ``gens[j]``, else StaleSlotError), with one device synchronisation. The rows must hold the
+        same number of tokens (the rows of one batched forward do)."""
         c = self._c
-        if int(c["gen"][slot]) != gen or int(c["ready"][slot]) != gen:
-            raise StaleSlotError(f"slot {slot}: wanted gen {gen}, slot has gen {int(c['gen'][slot])} "
-                                 f"(ready {int(c['ready'][slot])})")
-        n = int(c["n_tokens"][slot])
-        length, has_ts, last_ts = int(c["length"][slot]), int(c["has_ts"][slot]), int(c["last_ts"][slot])
+        if not slots or len(slots) != len(gens):
+            raise ValueError(f"kv pool read: one generation per slot, got {len(slots)} slots, {len(gens)} gens")
+        for slot, gen in zip(slots, gens):
+            self._check_slot(slot)
+            if int(c["gen"][slot]) != gen or int(c["ready"][slot]) != gen:
+                raise StaleSlotError(f"slot {slot}: wanted gen {gen}, slot has gen {int(c['gen'][slot])} "
+                                     f"(ready {int(c['ready'][slot])})")
+        ns = {int(c["n_tokens"][s]) for s in slots}
+        if len(ns) != 1:
+            raise ValueError(f"kv pool read: the slots hold different token counts {sorted(ns)}")
+        n = ns.pop()
+        lengths = [int(c["length"][s]) for s in slots]
+        has_ts = {int(c["has_ts"][s]) for s in slots}
+        last_ts = [int(c["last_ts"][s]) for s in slots]
         dev = self.k.device if device is None else torch.device(device)
-        ks = [self.k[i, slot, :, :n].to(dev, copy=True)[None] for i in range(self.spec.layers)]  # [1, H, n, Dh]
-        vs = [self.v[i, slot, :, :n].to(dev, copy=True)[None] for i in range(self.spec.layers)]
-        meta = self._meta[:, slot, :n].clone()
-        hidden = self._hidden[slot].clone()
+        idx = torch.tensor(slots, dtype=torch.int64, device=self.k.device)
+        ks = [self.k[i, idx, :, :n].to(dev) for i in range(self.spec.layers)]  # [m, H, n, Dh], a gather: a copy
+        vs = [self.v[i, idx, :, :n].to(dev) for i in range(self.spec.layers)]
+        host = torch.as_tensor(slots)
+        meta = self._meta[:, host, :n].clone()  # [3, m, n]
+        hidden = self._hidden[host].clone()  # [m, D]
         if self.k.is_cuda:
             torch.cuda.synchronize(self.k.device)
-        if int(c["gen"][slot]) != gen:  # the seqlock's second check
-            raise StaleSlotError(f"slot {slot}: re-leased (gen {int(c['gen'][slot])}) while gen {gen} was read")
-        cache = KVCache(ks, vs, TokenMeta(meta[0][None].to(dev), meta[1][None].to(dev), meta[2][None].to(dev)),
-                        torch.tensor([length], dtype=torch.int64, device=dev), hidden[None].to(dev), layout,
-                        torch.tensor([last_ts], dtype=torch.int64, device=dev) if has_ts else None)
-        return cache
+        for slot, gen in zip(slots, gens):
+            if int(c["gen"][slot]) != gen:  # the seqlock's second check
+                raise StaleSlotError(f"slot {slot}: re-leased (gen {int(c['gen'][slot])}) while gen {gen} was read")
+        if len(has_ts) != 1:
+            raise ValueError("kv pool read: some slots carry a request time and some do not")
+        return KVCache(ks, vs, TokenMeta(meta[0].to(dev), meta[1].to(dev), meta[2].to(dev)),
+                       torch.tensor(lengths, dtype=torch.int64, device=dev), hidden.to(dev), layout,
+                       torch.tensor(last_ts, dtype=torch.int64, device=dev) if has_ts.pop() else None)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.spec.slots:

@@ -236,8 +236,7 @@ class Service:
                         for _ in range(hi - lo):
                             leases.append(pool.lease())
                         self.metrics.pool_occupancy.set(pool.occupancy())
-                        for i, lease in enumerate(leases):  # the one encode's KV, shared with the ranking process
-                            pool.write(lease, cache if cache.batch_size == 1 else cache.row(lo + i))
+                        pool.write_rows(leases, cache, lo)  # the one encode's KV, shared with the ranking process
                         if self.batcher is not None:
                             self.batcher.handover()
                         return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs[lo:hi],

@@ -38,7 +38,6 @@ import torch
 from genrec.errors import GenrecError
 from genrec.infer.load import graph_mode
 from genrec.model.graphs import GraphedRanker
-from genrec.model.kv_cache import KVCache
 from genrec.serve.engine import load_model
 from genrec.serve.kv_pool import KVPool, Lease, StaleSlotError
 from genrec.validation import trusted_inputs
@@ -107,8 +106,8 @@ def ranker_main(conn: Connection, threads: int = 1) -> None:
             if msg.get("delay"):
                 time.sleep(float(msg["delay"]))  # test hook: a slow reader
             # the B rows of one batched forward of the server, one slot each, ranked as one batch again
-            caches = [pool.read(int(sl), int(g), layout=model.config.layout) for sl, g in zip(msg["slots"], msg["gens"])]
-            cache = caches[0] if len(caches) == 1 else KVCache.stack(caches)
+            cache = pool.read_rows([int(x) for x in msg["slots"]], [int(g) for g in msg["gens"]],
+                                   layout=model.config.layout)
             amp = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and dev.startswith("cuda")
                    else contextlib.nullcontext())
             with torch.no_grad(), amp:
