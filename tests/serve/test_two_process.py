@@ -54,9 +54,15 @@ def assert_same(resp: dict, want: list, atol: float = 1e-5) -> None:
 
 
 def test_ranker_holds_the_served_model_before_the_first_request(server: ServerThread) -> None:
+    """Loaded, and warmed through the real path before any request: the server's warm-up shapes were ranked
+    there (on a GPU each batch bucket at each history bucket: its graphs captured outside a request's timeout)."""
     svc = server.service
     eng = svc.holder.current.engine
     assert [str(eng.checkpoint), eng.weights_digest, svc.pool.spec.device] in svc.ranker.status()
+    rec = eng.rec
+    shapes = (len(rec.warmup_lengths()) * len(rec.buckets.up_to(svc.cfg.micro_batch))
+              if rec.cuda_graphs != "off" and rec.buckets is not None else 1)
+    assert svc.ranker.rank_calls >= shapes and svc.ranker.rows_ranked >= shapes
 
 
 def test_two_process_equals_one_process(server: ServerThread) -> None:

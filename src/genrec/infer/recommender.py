@@ -359,11 +359,7 @@ class Recommender(SidStage):
         is graphed (CPU, ``GENREC_CUDA_GRAPHS=off``). Returns the history lengths run."""
         if self.cuda_graphs == "off" or len(self.catalog) == 0:
             return []
-        lens, n = [], min_bucket
-        while n < self.context_len:
-            lens.append(n)
-            n *= 2
-        lens.append(self.context_len)
+        lens = self.warmup_lengths(min_bucket)
         ids = self.catalog.item_ids
         sizes = sorted({self.buckets.batch(min(b, self.buckets.max_batch)) if self.buckets is not None else b
                         for b in batch_sizes})
@@ -373,6 +369,15 @@ class Recommender(SidStage):
                 self.recommend([h] * b, k=k, beam_width=beam_width, sources=None,
                                rank=None)  # every stage this model has (a TIGER layout: SID only)
         return lens
+
+    def warmup_lengths(self, min_bucket: int = 64) -> list[int]:
+        """The history lengths :meth:`warmup` runs: powers of two from ``min_bucket`` below the context, and the
+        context length."""
+        lens, n = [], min_bucket
+        while n < self.context_len:
+            lens.append(n)
+            n *= 2
+        return lens + [self.context_len]
 
     def recommend(self, history: Sequence[Any], *, k: int = 10, beam_width: int = 20, diversity_lambda: float = 0.0,
                   sources: Sequence[str] | None = None, rank: bool | None = None, overretrieve: int = 3,

@@ -120,8 +120,31 @@ class Service:
             self._tmp.cleanup()
 
     def _warm_ranker(self, eng: Engine) -> None:
-        if self.ranker is not None:
-            self.ranker.warm(self._ensure_pool(eng), eng.checkpoint, digest=eng.weights_digest)
+        """Load ``eng``'s model in the ranking process, then rank through it the shapes the server warmed for
+        itself (each batch bucket at each history bucket, ``Recommender.warmup``; on a CPU one small batch): the
+        ranking process compiles and captures its graphs now, with a long timeout, not in a first request's
+        2 s (which timed out into a degraded answer on the GPU)."""
+        if self.ranker is None:
+            return
+        self.ranker.warm(self._ensure_pool(eng), eng.checkpoint, digest=eng.weights_digest)
+        rec, ids = eng.rec, eng.rec.catalog.item_ids
+        if len(ids) == 0:
+            return
+        graphed = rec.cuda_graphs != "off"
+        lens = rec.warmup_lengths() if graphed else [1]
+        sizes = (rec.buckets.up_to(self.cfg.micro_batch) if graphed and rec.buckets is not None else (1,))
+        sources, rank = rec.check_sources(None, None)  # every stage this model has
+        if not rank:
+            return
+        remote = self._remote_rank(eng, timeout=300.0)
+        try:
+            for n in lens:
+                h = [{"item_id": int(ids[i % len(ids)])} for i in range(n)]
+                for b in sizes:
+                    eng.recommend_many([h] * b, k=10, beam_width=20, diversity_lambda=0.0, sources=sources, rank=True,
+                                       remote_rank=remote)
+        except RankingFailed as e:  # the model is loaded there; requests rank (or answer degraded) as they come
+            log.warning("warming the ranking process's shapes failed: %s", e)
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
@@ -218,7 +241,7 @@ class Service:
             self.metrics.degraded.inc(n)
             return run(rank=False), True
 
-    def _remote_rank(self, eng: Engine) -> Callable[..., torch.Tensor]:
+    def _remote_rank(self, eng: Engine, timeout: float | None = None) -> Callable[..., torch.Tensor]:
         pool = self._ensure_pool(eng)
         ranker = self.ranker
         assert ranker is not None
@@ -242,7 +265,7 @@ class Service:
                         return torch.from_numpy(ranker.rank(pool, leases, eng.checkpoint, vecs[lo:hi],
                                                             None if sid is None else sid[lo:hi], surfaces[lo:hi],
                                                             None if request_ts is None else request_ts[lo:hi],
-                                                            digest=eng.weights_digest))
+                                                            digest=eng.weights_digest, timeout=timeout))
                     except StaleSlotError:
                         self.metrics.stale.inc()  # a slot recycled under us (another process's lease): fresh slots
                     except RankerUnavailable as e:

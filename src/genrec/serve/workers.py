@@ -298,10 +298,11 @@ class RankerClient:
 
     def rank(self, pool: KVPool, leases: list[Lease], ckpt: Path, vecs: np.ndarray, sid: np.ndarray | None,
              surfaces: list[int], request_ts: list[int] | None, delay: float = 0.0,
-             digest: str | None = None) -> np.ndarray:
+             digest: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Action logits ``[B, m, C]`` of the B histories written to ``leases`` (one slot each, one token count:
         the rows of one batched forward) for their candidates ``vecs`` ``[B, m, Di]`` (SID codes ``[B, m, L]``),
-        ranked as one batch; raises StaleSlotError (retry / re-encode) or RankerUnavailable."""
+        ranked as one batch; raises StaleSlotError (retry / re-encode) or RankerUnavailable. ``timeout``: seconds
+        to wait instead of the client's (the warm-up's first calls compile and capture)."""
         self.rank_calls += 1
         self.rows_ranked += len(leases)
         msg = {"op": "rank", "pool": str(pool.path), "slots": [le.slot for le in leases],
@@ -309,7 +310,7 @@ class RankerClient:
                "vecs": np.ascontiguousarray(vecs, np.float32), "sid": None if sid is None else np.ascontiguousarray(sid),
                "surface": [int(x) for x in surfaces], "ts": None if request_ts is None else [int(t) for t in request_ts],
                "delay": delay}
-        out = self._call(msg)
+        out = self._call(msg, timeout)
         if out["ok"]:
             return out["logits"]
         if out.get("stale"):
