@@ -13,9 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 from genrec.errors import ConfigError, DataError
-from genrec.eval.evaluate import EvalConfig, choose_fusion, evaluate, fusion_metrics, tune_fusion
-from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion
+from genrec.catalog import open_store
+from genrec.data.splits import SplitSpec, train_events
+from genrec.eval.evaluate import (EvalConfig, choose_fusion, evaluate, fusion_metrics, l0l1_pass, load_eval_data,
+                                  tune_fusion)
+from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion, transition_file
 from genrec.infer.recommender import Recommender
+from genrec.infer.transitions import TransitionTable
 
 from tests.tiny_run import build_run
 
@@ -118,7 +122,9 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     path = Path(out["path"])
     assert path == fusion_file(root, rec0.checkpoint, "v0001") and path.exists()
     best = max(out["grid"], key=lambda r: r["ndcg@20"])
-    assert out["chosen"] == {"action_weight": best["a"], "retrieval_weight": best["w"], "sid_weight": best["v"]}
+    assert out["chosen"] == {"action_weight": best["a"], "retrieval_weight": best["w"], "sid_weight": best["v"],
+                             "transition_weight": best["t"]}
+    assert transition_file(path).exists() == (best["t"] > 0)  # the table served with a transition term
     assert out["chosen_on"]["split"] == "valid" and out["chosen_on"]["cases"] == 40
     stored = load_fusion(path)
     assert json.loads(path.read_text())["chosen_on"]["utility"] == {a: 1.0 for a in rec0.actions}
@@ -142,7 +148,7 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     assert [r.score for r in got] != [r.score for r in heads]
     rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False), rec=rec)
     assert rep["protocol"]["l1_fusion"] == {"action_weight": 0.0, "retrieval_weight": 1.0, "sid_weight": 0.5,
-                                            "stored": str(path)}
+                                            "transition_weight": 0.0, "stored": str(path)}
     from genrec.eval.report import markdown
 
     assert ("L1 score = 0 · utility + 1 · dense logit + 0.5 · log P(SID) (chosen on validation by `genrec fusion "
@@ -198,7 +204,8 @@ def test_cli_tune_and_show(root: Path) -> None:
     r = CliRunner().invoke(app, ["fusion", "show", str(root)])
     assert r.exit_code == 0, r.output
     shown = json.loads(r.output[r.output.index("{"):])
-    assert shown["stored"] and set(shown["weights"]) == {"action_weight", "retrieval_weight", "sid_weight"}
+    assert shown["stored"] and set(shown["weights"]) == {"action_weight", "retrieval_weight", "sid_weight",
+                                                         "transition_weight"}
     r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--metric", "mrr"])
     assert r.exit_code != 0 and "metric" in r.output
 
@@ -272,3 +279,86 @@ def test_cli_tune_with_a_utility(root: Path) -> None:
         assert "dislike=-1" in r.output and "served with these weights" in r.output
         r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--utility", "like=high"])
         assert r.exit_code != 0 and "like=high" in r.output
+
+
+# ----------------------------------------------------------------------------- the transition term
+def test_transition_term_is_served_as_defined_and_only_with_its_table(root: Path) -> None:
+    """Stored weights with t > 0 and their table: every recommended and every ranked item scores what the same
+    weights with t = 0 give plus t * log P(item | the history's last item) from that table; the score parts
+    recompute the served ranking; weights with t > 0 whose table is missing are not applied."""
+    rec0 = Recommender.from_checkpoint(root)
+    path = fusion_file(root, rec0.checkpoint, "v0001")
+    rng = np.random.default_rng(3)
+    n = len(rec0.catalog)
+    table = TransitionTable.from_sequences([rng.integers(0, n, 30) for _ in range(200)], n)
+    hist = [{"item_id": int(i)} for i in rec0.catalog.item_ids[[3, 40, 7, 90, 11]]]
+    last = rec0.catalog.rows(np.array([hist[-1]["item_id"]]))
+    meta = {"metric": "recall@10", "chosen_on": {"sid_mode": rec0.served_sid_mode}}
+    with restored(path), restored(transition_file(path)):
+        save_fusion(path, FusionWeights(0.0, 1.0, 0.5, 0.0), meta)
+        base = Recommender.from_checkpoint(root)
+        save_fusion(path, FusionWeights(0.0, 1.0, 0.5, 2.0), meta)
+        transition_file(path).unlink(missing_ok=True)
+        assert Recommender.from_checkpoint(root).fusion == FusionWeights()  # no table: not applied
+        table.save(transition_file(path))
+        rec = Recommender.from_checkpoint(root)
+        assert rec.fusion.transition_weight == 2.0 and rec.transitions is not None
+        ids = [int(i) for i in rec.catalog.item_ids[:25]]
+        got = {r.item_id: r.score for r in rec.rank_items(hist, ids, beam_width=12)}
+        want0 = {r.item_id: r.score for r in base.rank_items(hist, ids, beam_width=12)}
+        lp = table.log_prob(last, rec.catalog.rows(np.array(ids))[None])[0]
+        np.testing.assert_allclose([got[i] for i in ids], [want0[i] + 2.0 * x for i, x in zip(ids, lp)], atol=1e-4)
+        served = rec.recommend(hist, k=10, beam_width=12, overretrieve=2)
+        plain = {r.item_id: r.score for r in base.recommend(hist, k=60, beam_width=12, overretrieve=6)}
+        for r in served:  # the same candidates scored by the t = 0 weights, plus the term
+            if r.item_id in plain:
+                x = table.log_prob(last, rec.catalog.rows(np.array([r.item_id]))[None])[0, 0]
+                assert abs(r.score - (plain[r.item_id] + 2.0 * x)) < 1e-4
+        assert [r.score for r in served] == sorted((r.score for r in served), reverse=True)
+
+
+def test_eval_transitions_hold_the_training_pairs_only(root: Path) -> None:
+    """The table evaluation and tuning score with counts exactly the consecutive pairs of each user's training
+    events (a twin counting them one by one over the events sorted by hand): no validation or test target."""
+    rec = Recommender.from_checkpoint(root)
+    for split in ("valid", "test"):
+        data = load_eval_data(rec, root, EvalConfig(split=split, max_users=0))
+        ev = train_events(open_store(root).read_events(columns=["user_id", "item_id", "seq", "timestamp"]),
+                          SplitSpec(kind=rec.split_kind))  # type: ignore[arg-type]
+        per_user: dict[int, list[tuple[int, int]]] = {}
+        for u, i, q in zip(ev.column("user_id").to_pylist(), ev.column("item_id").to_pylist(),
+                           ev.column("seq").to_pylist()):
+            per_user.setdefault(u, []).append((q, i))
+        pairs: dict[tuple[int, int], int] = {}
+        for seq in per_user.values():
+            items = [i for _, i in sorted(seq)]
+            for a, b in zip(items, items[1:]):
+                ra, rb = (int(x) for x in rec.catalog.rows(np.array([a, b]), strict=False))
+                if ra >= 0 and rb >= 0:
+                    pairs[(ra, rb)] = pairs.get((ra, rb), 0) + 1
+        t = data.transitions
+        assert t is not None
+        n = len(rec.catalog)
+        assert {(int(k) // n, int(k) % n): int(c) for k, c in zip(t.keys, t.counts)} == pairs
+        for ex, tgt in zip(data.es.examples, data.es.target_rows):  # the user's own target pair is not there
+            own = sum(1 for a, b in zip(ex.rows, ex.rows[1:]) if (a, b) == (ex.rows[-1], tgt))
+            assert pairs.get((int(ex.rows[-1]), int(tgt)), 0) >= own
+
+
+def test_transition_parts_recompute_the_l0l1_ranking(root: Path) -> None:
+    """fusion_metrics over the recorded parts (with their transition column) gives the metrics l0l1_pass gives
+    with the same weights served: what fusion tune chooses on is what runs."""
+    rec = Recommender.from_checkpoint(root)
+    data = load_eval_data(rec, root, EvalConfig(split="valid", max_users=30))
+    parts: list = []
+    kw = dict(ks=(5, 10), beam_width=12, diversity_lambda=0.0, overretrieve=2, utility={a: 1.0 for a in rec.actions},
+              transitions=data.transitions)
+    l0l1_pass(rec, data.es, parts=parts, **kw)  # type: ignore[arg-type]
+    for a, w, v, t in [(0.0, 1.0, 0.0, 3.0), (1.0, 0.5, 0.2, 1.0)]:
+        direct = l0l1_pass(rec, data.es, action_weight=a, retrieval_weight=w, sid_weight=v, transition_weight=t,
+                           **kw)  # type: ignore[arg-type]
+        again = fusion_metrics(parts, (5, 10), a, w, v, t)
+        for m in ("recall@5", "recall@10", "ndcg@10"):
+            assert abs(direct[m] - again[m]) < 1e-9
+    with pytest.raises(ConfigError, match="transition"):  # a transition weight needs the split's own table
+        l0l1_pass(rec, data.es, **{**kw, "transitions": None}, transition_weight=1.0)  # type: ignore[arg-type]

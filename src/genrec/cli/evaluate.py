@@ -96,8 +96,9 @@ def fusion_tune(
         typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r[metric]:.4f} |")
     h = out["heads_only_valid"]
     c = out["chosen"]
-    typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g}, {metric} "
-               f"{out['valid'][metric]:.4f} on {out['chosen_on']['cases']} validation cases"
+    typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} "
+               f"t={c['transition_weight']:g}, {metric} {out['valid'][metric]:.4f} on {out['chosen_on']['cases']} "
+               "validation cases"
                + ("" if h is None else f" (heads alone: {h[metric]:.4f})"))
     typer.echo(f"utility: {', '.join(f'{k}={v:g}' for k, v in out['chosen_on']['utility'].items())} "
                "(served with these weights)")

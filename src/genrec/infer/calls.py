@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from genrec.errors import ConfigError, DataError
-from genrec.infer.funnel import Scorer, rank_given
+from genrec.infer.funnel import Scorer, rank_given, transition_input
 from genrec.infer.history import vocab_index
 from genrec.infer.profile import stage
 from genrec.infer.results import RankedList, Recommendation, RecommendationList, recommendation_lists
@@ -69,7 +69,8 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
         res = rec.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
-                            sid_weight=sid_weight, action_weight=action_weight, n_real=len(part), scorer=scorer)
+                            sid_weight=sid_weight, action_weight=action_weight, n_real=len(part), scorer=scorer,
+                            last_rows=last_rows(rows))
         t0 = time.perf_counter()
         with stage("results"):
             res = res.head(len(part))
@@ -97,6 +98,7 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
     fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight)
     u = rec.utility_vector(utility)
     p = rec.parse_history(history)
+    trans = transition_input(rec, None, last_rows([p]), fw.transition_weight)
     s = vocab_index(surface, rec.surfaces, "surface", "surface") if surface is not None \
         else int(p["surfaces"][-1])
     ids = np.asarray(list(item_ids), dtype=np.int64)
@@ -116,7 +118,8 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
                                       action_weight=fw.action_weight, retrieval_weight=fw.retrieval_weight,
                                       sid_weight=fw.sid_weight, beam_width=beam_width,
                                       diversity_lambda=diversity_lambda,
-                                      request_surface=torch.tensor([s], device=dev), request_ts=rts)
+                                      request_surface=torch.tensor([s], device=dev), request_ts=rts,
+                                      transition_weight=fw.transition_weight, trans=trans)
             t["rank"] = _ms(t0)
         order = np.argsort(-score, kind="stable")
         sel = rows[ok][order]
@@ -134,3 +137,8 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
+
+
+def last_rows(parsed: Sequence[dict[str, Any]]) -> np.ndarray:
+    """int64 [B]: each parsed history's last catalogue row (-1 for an empty one): the L1 transition term's source."""
+    return np.array([int(p["rows"][-1]) if len(p["rows"]) else -1 for p in parsed], dtype=np.int64)

@@ -25,6 +25,7 @@ from genrec.decode.rows import compact, first_seen
 from genrec.errors import ConfigError
 from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
+from genrec.infer.transitions import TransitionTable
 from genrec.model.genrec_model import ModelBatch
 from genrec.model.kv_cache import KVCache
 
@@ -224,10 +225,11 @@ def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | N
 def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
          u: torch.Tensor, *, action_weight: float, retrieval_weight: float, sid_weight: float,
          request_surface: torch.Tensor | None, request_ts: torch.Tensor | None, keep_parts: bool,
-         scorer: Scorer | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
+         scorer: Scorer | None = None, transition_weight: float = 0.0, trans: Transitions | None = None
+         ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
     """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
     :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion. ``scorer``: the ranking
-    stage (default ``rec.score_candidates``)."""
+    stage (default ``rec.score_candidates``). ``trans``: (the transition table, each row's last history item)."""
     b, m = cands.rows.shape
     with stage("rank.gather"):
         rows_t = torch.from_numpy(cands.rows).to(rec.device)
@@ -247,31 +249,40 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
             dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
         sid_lp_m = _sid_lp_matrix(cands, got.sid_reach) if sid_weight > 0 or keep_parts else None
         sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
-        score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
-                         sid_weight=sid_weight).cpu().numpy()  # [B, M]
+        trans_m = None
+        if trans is not None and (transition_weight > 0 or keep_parts):
+            trans_m = trans[0].log_prob(trans[1], np.where(cands.valid, cands.rows, -1))  # [B, M]
+        score = l1_score(util, dot, sid_lp, None if trans_m is None else torch.from_numpy(trans_m).to(util),
+                         action_weight=action_weight, retrieval_weight=retrieval_weight, sid_weight=sid_weight,
+                         transition_weight=transition_weight).cpu().numpy()  # [B, M]
         l1_parts = None
         if keep_parts and sid_lp_m is not None:
             l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
-                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m}
+                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m,
+                        "trans": np.zeros_like(sid_lp_m) if trans_m is None else trans_m}
         return score, p.cpu().numpy(), l1_parts
 
 
-def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, *, action_weight: float,
-             retrieval_weight: float, sid_weight: float) -> torch.Tensor:
+def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, trans: torch.Tensor | None = None,
+             *, action_weight: float, retrieval_weight: float, sid_weight: float,
+             transition_weight: float = 0.0) -> torch.Tensor:
     """The fused L1 score, written once for :func:`rank` and :func:`rank_given`: ``a * utility + w * dot + v *
-    sid_lp`` (a term whose weight is 0 is left out; ``sid_lp`` None: no SID term)."""
+    sid_lp + t * trans`` (a term whose weight is 0 is left out; ``sid_lp`` / ``trans`` None: no such term)."""
     fused = action_weight * util
     if retrieval_weight > 0:
         fused = fused + retrieval_weight * dot
     if sid_lp is not None and sid_weight > 0:
         fused = fused + sid_weight * sid_lp
+    if trans is not None and transition_weight > 0:
+        fused = fused + transition_weight * trans
     return fused
 
 
 def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows: torch.Tensor, u: torch.Tensor, *,
                action_weight: float, retrieval_weight: float, sid_weight: float, beam_width: int,
                diversity_lambda: float, request_surface: torch.Tensor | None,
-               request_ts: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+               request_ts: torch.Tensor | None, transition_weight: float = 0.0,
+               trans: Transitions | None = None) -> tuple[np.ndarray, np.ndarray]:
     """L1 for GIVEN candidate rows ``[1, m]`` of one encoded history: (fused score [m], action probabilities
     [m, C]), the score :func:`rank` gives the same row in the funnel. The SID term (``sid_weight`` > 0, a
     model with SIDs) runs the beam search at ``beam_width`` / ``diversity_lambda``: a candidate the beams
@@ -296,8 +307,11 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
             beam_row, beam_lp = rec.beam_rows(rec.decode_sids(cache, beam_width, diversity_lambda), beam_width)
         lps, floor = _scores_of(rows.cpu().numpy(), beam_row, beam_lp)  # float32, as rank's
         sid_lp = torch.from_numpy(np.where(np.isnan(lps), floor[:, None], lps)).to(util)
-    score = l1_score(util, dot, sid_lp, action_weight=action_weight, retrieval_weight=retrieval_weight,
-                     sid_weight=sid_weight)
+    tr = None
+    if trans is not None and transition_weight > 0:
+        tr = torch.from_numpy(trans[0].log_prob(trans[1], rows.cpu().numpy())).to(util)
+    score = l1_score(util, dot, sid_lp, tr, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                     sid_weight=sid_weight, transition_weight=transition_weight)
     return score[0].cpu().numpy(), p[0].cpu().numpy()
 
 
@@ -339,15 +353,18 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
                exclude_rows: Sequence[np.ndarray] | None = None, request_surface: torch.Tensor | None = None,
                request_ts: torch.Tensor | None = None, retrieval_weight: float | None = None,
                sid_weight: float | None = None, action_weight: float | None = None,
-               keep_parts: bool = False, n_real: int | None = None, scorer: Scorer | None = None) -> BatchResult:
+               keep_parts: bool = False, n_real: int | None = None, scorer: Scorer | None = None,
+               transition_weight: float | None = None, last_rows: np.ndarray | None = None,
+               transitions: TransitionTable | None = None) -> BatchResult:
     """The L0 -> L1 funnel for a batch of encoded-ready histories (arguments: see
     :meth:`genrec.infer.recommender.Recommender.run_batch`; ``rank_stage`` is its ``rank``)."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     if overretrieve < 1:
         raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
-    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight)  # checks each: finite, >= 0
+    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight, transition_weight)  # each finite, >= 0
     srcs, do_rank = rec.check_sources(sources, rank_stage)
+    trans = transition_input(rec, transitions, last_rows, fw.transition_weight if do_rank else 0.0)
     u = rec.utility_vector(utility)
     t: dict[str, float] = {}
     with stage("encode", t):
@@ -366,7 +383,8 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
             score, probs, l1_parts = rank(rec, cache, user, cands, got, u, action_weight=fw.action_weight,
                                           retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
                                           request_surface=request_surface, request_ts=request_ts,
-                                          keep_parts=keep_parts, scorer=scorer)
+                                          keep_parts=keep_parts, scorer=scorer,
+                                          transition_weight=fw.transition_weight, trans=trans)
     else:
         score = merged_order(cands, srcs)
     with stage("topk", t):
@@ -375,3 +393,21 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     out.timings_ms = t
     out.l1_parts = l1_parts
     return out
+
+
+Transitions = tuple["TransitionTable", np.ndarray]  # the table, each request's last history row [B]
+
+
+def transition_input(rec: Recommender, table: TransitionTable | None, last_rows: np.ndarray | None,
+                     weight: float) -> Transitions | None:
+    """(table, last rows) for the L1 transition term: ``table`` (else the run's, ``rec.transitions``) with the
+    histories' last catalogue rows; None where either is missing -- an error when ``weight`` > 0 needs it (a
+    validated transition term is never silently left out)."""
+    table = table if table is not None else rec.transitions
+    if table is not None and last_rows is not None:
+        return table, np.asarray(last_rows, dtype=np.int64)
+    if weight > 0:
+        raise ConfigError("transition_weight > 0: " + ("this run has no transition table (`genrec fusion tune` "
+                                                       "writes it)" if table is None else
+                                                       "the histories' last items were not given"))
+    return None

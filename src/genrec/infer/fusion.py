@@ -1,7 +1,7 @@
 """L1 score-fusion weights, chosen on validation and kept beside the checkpoint they were chosen for.
 
 The L1 score of a candidate (``Recommender.run_batch``) is ``a * Σ_c u_c p_c + w * (user ·
-candidate vector) + v * log P(candidate's SID)``: the action heads' utility (UniPinRec's L1 alone:
+candidate vector) + v * log P(candidate's SID) + t * log P(candidate | last history item)``: the action heads' utility (UniPinRec's L1 alone:
 a = 1, w = v = 0), the dense retrieval logit and the SID beam log-probability -- a product of
 experts over the one encoding. Which weighting is best depends on the data (on Amazon Beauty, one
 action type and no impressions, the heads alone rank badly and a = 0, w = 1, v = 0.05 wins), so
@@ -30,19 +30,21 @@ from genrec.workdir import atomic_write_json, file_digest, read_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FusionWeights", "FUSION_GRID", "fusion_file", "save_fusion", "load_fusion", "load_fusion_record",
-           "parse_utility"]
+__all__ = ["FusionWeights", "FUSION_GRID", "TRANSITION_GRID", "fusion_file", "save_fusion", "load_fusion",
+           "load_fusion_record", "parse_utility", "transition_file"]
 
 FORMAT = "genrec.fusion/1"
 
 
 @dataclass(frozen=True)
 class FusionWeights:
-    """``a`` (action heads' utility), ``w`` (dense retrieval logit), ``v`` (SID log-probability)."""
+    """``a`` (action heads' utility), ``w`` (dense retrieval logit), ``v`` (SID log-probability), ``t``
+    (``log P(candidate | last history item)``, :mod:`genrec.infer.transitions`)."""
 
     action_weight: float = 1.0
     retrieval_weight: float = 0.0
     sid_weight: float = 0.0
+    transition_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name, x in asdict(self).items():
@@ -50,11 +52,12 @@ class FusionWeights:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {x!r}")
 
     def resolve(self, action_weight: float | None, retrieval_weight: float | None,
-                sid_weight: float | None) -> FusionWeights:
+                sid_weight: float | None, transition_weight: float | None = None) -> FusionWeights:
         """These weights with any explicitly given one replacing its default."""
         return FusionWeights(self.action_weight if action_weight is None else action_weight,
                              self.retrieval_weight if retrieval_weight is None else retrieval_weight,
-                             self.sid_weight if sid_weight is None else sid_weight)
+                             self.sid_weight if sid_weight is None else sid_weight,
+                             self.transition_weight if transition_weight is None else transition_weight)
 
 
 # (a, w, v): the dense logit with SID priors of growing weight, the SID log-probability alone, and
@@ -63,6 +66,17 @@ FUSION_GRID: tuple[tuple[float, float, float], ...] = tuple(
     [(0.0, 1.0, v) for v in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)]
     + [(0.0, 0.0, 1.0)]
     + [(1.0, w, v) for w in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) for v in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)])
+
+TRANSITION_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0)
+"""The transition term's weights ``genrec fusion tune`` tries beside each (a, w, v) when the run has transitions
+(docs/log/2026-12-06-l1-transitions.md: Beauty chose 3, ml-latest-small 20 -- past this grid, not decided --,
+MovieLens 100K 0)."""
+
+
+def transition_file(fusion_path: str | Path) -> Path:
+    """The transition table served with the fusion weights at ``fusion_path`` (written beside them)."""
+    p = Path(fusion_path)
+    return p.with_name(p.stem + ".transitions.npz")
 
 
 def fusion_file(workdir: str | Path, ckpt: str | Path, sid_version: str | None) -> Path:
@@ -127,8 +141,10 @@ def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:
         fmt = d.get("format") if isinstance(d, dict) else None
         raise DataError(f"not a genrec fusion file (format {fmt!r})", path=path, field="format")
     w = d.get("weights")
-    if not isinstance(w, dict) or set(w) != {"action_weight", "retrieval_weight", "sid_weight"}:
-        raise DataError("expected weights {action_weight, retrieval_weight, sid_weight}", path=path, field="weights")
+    three = {"action_weight", "retrieval_weight", "sid_weight"}  # files from before the transition term: t = 0
+    if not isinstance(w, dict) or set(w) not in (three, three | {"transition_weight"}):
+        raise DataError("expected weights {action_weight, retrieval_weight, sid_weight[, transition_weight]}",
+                        path=path, field="weights")
     try:
         return FusionWeights(**w), d
     except ConfigError as e:

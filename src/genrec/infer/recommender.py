@@ -39,6 +39,7 @@ The jobs live beside this module: loading a run (:mod:`genrec.infer.load`), read
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,12 +58,13 @@ from genrec.infer.ann import AnnConfig, AnnIndex
 from genrec.infer.buckets import HistoryBuffers, ShapeBuckets, resolve_buckets
 from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import Scorer, run_funnel
-from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion
+from genrec.infer.fusion import FusionWeights, fusion_file, load_fusion_record, save_fusion, transition_file
 from genrec.infer.history import HistoryColumns, HistoryParser, vocab_index
 from genrec.infer.load import fingerprint, graph_mode, load_or_build_ann, open_run, resolve_precision, resolve_sid_mode
 from genrec.infer.profile import stage
 from genrec.infer.results import SOURCES, BatchResult, RankedList, RecommendationList
 from genrec.infer.sid_stage import SidStage
+from genrec.infer.transitions import TransitionTable
 from genrec.model.config import ModelConfig
 from genrec.model.genrec_model import GenRecModel, ModelBatch
 from genrec.model.graphs import GraphedEncoder, GraphedRanker
@@ -70,6 +72,8 @@ from genrec.model.kv_cache import KVCache
 from genrec.validation import trusted_inputs
 
 __all__ = ["NEGATIVE_ACTIONS", "Recommender"]
+
+log = logging.getLogger(__name__)
 
 NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
 
@@ -99,6 +103,7 @@ class Recommender(SidStage):
         self.fusion = FusionWeights()
         self.fusion_path: Path | None = None
         self.fusion_utility: dict[str, float] | None = None  # the utility the stored weights were chosen with
+        self.transitions: TransitionTable | None = None  # the L1 transition term's table (served with the weights)
         self.workdir: Path | None = None  # the run directory (from_checkpoint)
         self.sid_version: str | None = None  # the SID version loaded beside the weights
         # sha256 of the checkpoint's model.safetensors as loaded, and a short fingerprint of it and the item
@@ -163,16 +168,29 @@ class Recommender(SidStage):
         rec.workdir, rec.sid_version = wd.root, run.sid_version
         fpath = fusion_file(wd.root, ckpt, run.sid_version)
         stored = load_fusion_record(fpath, rec.actions, rec.served_sid_mode)
-        if stored is not None:  # chosen on validation for exactly these weights and SIDs
+        tpath = transition_file(fpath)
+        if stored is not None and stored[0].transition_weight > 0 and not tpath.exists():
+            log.warning("%s: the fusion weights use transitions but %s is missing: not applied (run `genrec fusion "
+                        "tune` again)", fpath, tpath)
+        elif stored is not None:  # chosen on validation for exactly these weights and SIDs
             rec.fusion, rec.fusion_utility = stored
             rec.fusion_path = fpath
+            if tpath.exists():
+                rec.transitions = TransitionTable.load(tpath)
         return rec
 
-    def store_fusion(self, weights: FusionWeights, utility: Mapping[str, float], meta: dict[str, Any]) -> Path:
+    def store_fusion(self, weights: FusionWeights, utility: Mapping[str, float], meta: dict[str, Any],
+                     transitions: TransitionTable | None = None) -> Path:
         """Keep ``weights`` (chosen on validation under ``utility``) for this checkpoint and SID
-        version -- ``WORKDIR/fusion/``, written atomically -- and use them from now on."""
+        version -- ``WORKDIR/fusion/``, written atomically -- and use them from now on; with ``transitions``
+        (the table of every event, served with a transition weight) written beside them first."""
         if self.workdir is None or self.checkpoint is None:
             raise ConfigError("store_fusion: this Recommender was not loaded from a run directory")
+        if weights.transition_weight > 0 and transitions is None:
+            raise ConfigError("store_fusion: a transition weight needs the transition table to serve with it")
+        if transitions is not None:
+            transitions.save(transition_file(fusion_file(self.workdir, self.checkpoint, self.sid_version)))
+            self.transitions = transitions
         path = save_fusion(fusion_file(self.workdir, self.checkpoint, self.sid_version), weights,
                            {**meta, "chosen_on": {**meta.get("chosen_on", {}), "utility": dict(utility)},
                             "checkpoint": str(self.checkpoint), "step": self.step, "sid_version": self.sid_version})
@@ -326,7 +344,8 @@ class Recommender(SidStage):
                   request_surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None,
                   retrieval_weight: float | None = None, sid_weight: float | None = None,
                   action_weight: float | None = None, keep_parts: bool = False, n_real: int | None = None,
-                  scorer: Scorer | None = None) -> BatchResult:
+                  scorer: Scorer | None = None, transition_weight: float | None = None,
+                  last_rows: np.ndarray | None = None, transitions: TransitionTable | None = None) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring and
         :mod:`genrec.infer.funnel`).
 
@@ -337,8 +356,10 @@ class Recommender(SidStage):
         beam search -- for a candidate the SID stage did not retrieve, the request's lowest
         retrieved beam log-probability (its SID scored below every kept beam's). Both fused
         terms are log-scale scores of the same encoding, so the fusion is a product of experts.
-        A weight left None takes :attr:`fusion`'s (the weights ``genrec fusion tune`` chose on
-        validation for this checkpoint, else a = 1, w = v = 0).
+        ``transition_weight`` t >= 0 adds ``log P(candidate | the history's last item)`` from
+        ``transitions`` (default :attr:`transitions`, the run's table) for ``last_rows`` (int [B], each
+        history's last catalogue row; required when t > 0). A weight left None takes :attr:`fusion`'s (the
+        weights ``genrec fusion tune`` chose on validation for this checkpoint, else a = 1, w = v = t = 0).
         ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``).
         ``n_real``: the batch's first ``n_real`` rows are requests, the rest copies of its first row
         (bucket padding: work off the device, the ANN search, runs for the requests only). ``scorer``: the
@@ -348,7 +369,8 @@ class Recommender(SidStage):
                               rank_stage=rank, overretrieve=overretrieve, utility=utility, exclude_rows=exclude_rows,
                               request_surface=request_surface, request_ts=request_ts,
                               retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
-                              keep_parts=keep_parts, n_real=n_real, scorer=scorer)
+                              keep_parts=keep_parts, n_real=n_real, scorer=scorer,
+                              transition_weight=transition_weight, last_rows=last_rows, transitions=transitions)
 
     # ------------------------------------------------------------------ public
     def warmup(self, *, k: int = 10, beam_width: int = 20, min_bucket: int = 64,

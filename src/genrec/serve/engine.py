@@ -164,6 +164,8 @@ class Engine:
         if self.rec.fusion_path is not None:
             f = self.rec.fusion
             v += f"+l1-a{f.action_weight:g}-w{f.retrieval_weight:g}-v{f.sid_weight:g}"
+            if f.transition_weight > 0:  # older versions' strings stay as they were
+                v += f"-t{f.transition_weight:g}"
         return v
 
     def versions(self, workdir: str | Path | None = None) -> dict[str, Any]:
