@@ -74,8 +74,9 @@ def main() -> None:
                 got: dict[str, np.ndarray] = {}
                 l0l1_pass(rec, es, ks=(10,), beam_width=a.beam, diversity_lambda=0.0, overretrieve=3,
                           utility={x: 1.0 for x in rec.actions},
-                          ranks_out=got, **({"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0}
-                                            if p == "heads" else {}))
+                          ranks_out=got, transitions=data.transitions,
+                          **({"action_weight": 1.0, "retrieval_weight": 0.0, "sid_weight": 0.0, "transition_weight": 0.0}
+                             if p == "heads" else {}))
                 ro[p] = got["l0l1"]
         if "ranking" in paths and rec.model.action_head is not None:  # the heads on the held-out slates
             mine, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,

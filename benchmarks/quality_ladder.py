@@ -172,7 +172,8 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
 def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, tune_fusion
+    from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
+    from genrec.eval.fusion_tune import tune_fusion
     from genrec.eval.metrics import topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval
     from genrec.eval.significance import paired_topk
@@ -202,7 +203,8 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             fz = tune_fusion(d, rec=rec, max_users=a.fusion_users, beam_width=a.sid_beam, utility=util)
             row["fusion"] = {**fz["chosen"], "sid_mode": fz["chosen_on"]["sid_mode"], "cases": fz["chosen_on"]["cases"]}
         for split in ("valid", "test"):
-            es = load_eval_data(rec, d, EvalConfig(split=split, max_users=0)).es
+            data = load_eval_data(rec, d, EvalConfig(split=split, max_users=0))
+            es = data.es
             tgt = np.asarray(es.target_rows)
             if split in cases and not np.array_equal(cases[split], tgt):
                 raise SystemExit(f"{d}: its {split} cases differ from the other rungs' (other tables?)")
@@ -215,7 +217,7 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             if funnel:
                 with torch.no_grad():
                     l0l1_pass(rec, es, ks=ks, beam_width=a.sid_beam, diversity_lambda=0.0, overretrieve=3,
-                              utility=util, batch_size=256, ranks_out=ro)
+                              utility=util, batch_size=256, ranks_out=ro, transitions=data.transitions)
             ranks[r["name"]][split] = ro
             for path, rk in ro.items():
                 for m, v in topk_metrics(rk, ks).items():

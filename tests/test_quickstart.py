@@ -17,7 +17,7 @@ def test_quickstart_runs_every_stage_and_stores_the_fusion_choice(tmp_path: Path
     """Every stage runs; the summary's rows are all measured on one set of reporting users, disjoint from the
     tuning users the fusion weights were chosen on (issue 38: L0+L1 was scored on its own 500 tuning users,
     beside rows on 300 sampled users and popularity on all 943)."""
-    import genrec.eval.evaluate as ev
+    import genrec.eval.fusion_tune as ev
     import genrec.recipes.quickstart as qs
     import genrec.recipes.training as tr
 

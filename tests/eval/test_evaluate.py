@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.eval.evaluate import EvalConfig, evaluate, fusion_metrics, l0l1_pass, load_eval_data, run_eval, sid_pass
+from genrec.eval.evaluate import EvalConfig, evaluate, l0l1_pass, load_eval_data, run_eval, sid_pass
+from genrec.eval.fusion_tune import fusion_metrics
 from genrec.eval.metrics import auc, hit_at_k_slates, rank_in_list, topk_metrics
 from genrec.eval.ranking import collect_slates, score_slates
 from genrec.eval.retrieval import evaluate_retrieval

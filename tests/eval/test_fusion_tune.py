@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from genrec.errors import ConfigError, DataError
 from genrec.catalog import open_store
 from genrec.data.splits import SplitSpec, train_events
-from genrec.eval.evaluate import (EvalConfig, choose_fusion, evaluate, fusion_metrics, l0l1_pass, load_eval_data,
-                                  tune_fusion)
+from genrec.eval.evaluate import EvalConfig, evaluate, l0l1_pass, load_eval_data
+from genrec.eval.fusion_tune import choose_fusion, fusion_metrics, tune_fusion
 from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion, transition_file
 from genrec.infer.recommender import Recommender
 from genrec.infer.transitions import TransitionTable

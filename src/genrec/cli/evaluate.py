@@ -83,7 +83,7 @@ def fusion_tune(
 ) -> None:
     """Choose the L1 score-fusion weights (a * heads + w * dense logit + v * log P(SID)) on the
     validation split and store them for this checkpoint: recommend, eval and serve then use them."""
-    from genrec.eval.evaluate import tune_fusion
+    from genrec.eval.fusion_tune import tune_fusion
     from genrec.infer.fusion import parse_utility
 
     util = None if utility is None else parse_utility(utility)

@@ -6,7 +6,7 @@ transition from the user's last item: add-one smoothed counts of consecutive pai
 ``log((count(last -> c) + 1) / (count(last -> *) + N))`` over the N catalogue rows. Measured first as an offline
 probe (docs/log/2026-12-06-l1-transitions.md): on Amazon Beauty it lifted L0+L1 test R@10 .0690 -> .0851.
 
-Where the pairs come from decides whether a metric leaks: :func:`genrec.eval.evaluate.tune_fusion` and
+Where the pairs come from decides whether a metric leaks: :func:`genrec.eval.fusion_tune.tune_fusion` and
 ``genrec eval`` count the pairs of the evaluated split's own histories (every event before each user's target,
 the targets never); the table a server loads (``WORKDIR/fusion/<key>.transitions.npz``, written by ``genrec
 fusion tune`` beside the weights it belongs to) counts every event of the tables.
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
+from genrec.catalog import ItemCatalog
 from genrec.errors import DataError
 from genrec.workdir import atomic_write_bytes
 
@@ -62,6 +64,16 @@ class TransitionTable:
         users, rows = np.asarray(users), np.asarray(rows, dtype=np.int64)
         same = users[1:] == users[:-1]
         return cls._from_pairs(rows[:-1][same], rows[1:][same], n_items)
+
+    @classmethod
+    def from_events_table(cls, events: pa.Table, catalog: ItemCatalog) -> "TransitionTable":
+        """The pairs of an events table (``user_id``, ``item_id``, ``seq``), each user's in ``seq`` order, over
+        ``catalog``'s rows: the training events' for evaluating and choosing weights (no valid or test target in
+        them), every event's for serving (``genrec fusion tune`` writes that one beside the weights)."""
+        u = np.asarray(events.column("user_id").to_numpy(), dtype=np.int64)
+        i = np.asarray(events.column("item_id").to_numpy(), dtype=np.int64)
+        o = np.lexsort((np.asarray(events.column("seq").to_numpy(), dtype=np.int64), u))
+        return cls.from_events(u[o], catalog.rows(i[o], strict=False), len(catalog))
 
     @classmethod
     def _from_pairs(cls, a: np.ndarray, b: np.ndarray, n_items: int) -> "TransitionTable":

@@ -34,7 +34,7 @@ from genrec.data.synth import synthesize
 from genrec.errors import ConfigError
 from genrec.eval.evaluate import EvalConfig, run_eval
 from genrec.eval.evaluate import evaluate as _evaluate
-from genrec.eval.evaluate import tune_fusion as _tune
+from genrec.eval.fusion_tune import tune_fusion as _tune
 from genrec.features.build import build_features
 from genrec.features.extend import new_item_content
 from genrec.features.store import ItemVectors

@@ -21,7 +21,8 @@ from rich.table import Table
 
 from genrec.data.ingest.options import IngestOptions
 from genrec.eval.baselines import Popularity
-from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, served_sid_stage, tune_fusion
+from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data, served_sid_stage
+from genrec.eval.fusion_tune import tune_fusion
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.retrieval import evaluate_retrieval, split_eval_set
 from genrec.infer.cases import user_history
