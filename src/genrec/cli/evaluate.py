@@ -91,9 +91,13 @@ def fusion_tune(
         out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam_width,
                           overretrieve=overretrieve, metric=metric, utility=util)
     top = sorted(out["grid"], key=lambda r: -r[metric])[:8]
-    typer.echo(f"| a | w | v | {metric} (valid) |\n|---|---|---|---|")
+    typer.echo(f"| a | w | v | t | {metric} (valid) |\n|---|---|---|---|---|")
     for r in top:
-        typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r[metric]:.4f} |")
+        typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r['t']:g} | {r[metric]:.4f} |")
+    no_t = max((r for r in out["grid"] if r["t"] == 0), key=lambda r: r[metric], default=None)
+    if no_t is not None:
+        typer.echo(f"best without the transition term: a={no_t['a']:g} w={no_t['w']:g} v={no_t['v']:g}, {metric} "
+                   f"{no_t[metric]:.4f}")
     h = out["heads_only_valid"]
     c = out["chosen"]
     typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} "

@@ -203,6 +203,17 @@ def train_events(events: pa.Table, spec: SplitSpec | SplitCutoffs) -> pa.Table:
     return events.filter(pa.array(keep))
 
 
+def history_events(events: pa.Table, spec: SplitSpec | SplitCutoffs, split: Literal["valid", "test"]) -> pa.Table:
+    """The rows of ``events`` that ``split``'s cases may read (order preserved): each user's events before their
+    ``split`` target, and a user without one their train events. No target of ``split`` is among them."""
+    cut = spec if isinstance(spec, SplitCutoffs) else compute_cutoffs(events, spec)
+    if events.num_rows == 0:
+        return events
+    tgt = cut.target_seq(split)
+    end = _row_cutoff(events, cut, np.where(tgt >= 0, tgt, cut.train_end))
+    return events.filter(pa.array(_np(events.column("seq"), np.int64) < end))
+
+
 def eval_cases(events: pa.Table, spec: SplitSpec | SplitCutoffs, split: Literal["valid", "test"] = "valid") -> EvalCases:
     """The valid or test targets under ``spec``, one per user that has one, sorted by user id."""
     if split not in ("valid", "test"):

@@ -37,7 +37,7 @@ import torch
 
 from genrec.catalog import open_store
 from genrec.data.join import BucketJoinReader
-from genrec.data.splits import SplitSpec, train_events
+from genrec.data.splits import SplitSpec, history_events, train_events
 from genrec.errors import ConfigError
 from genrec.eval.baselines import Popularity
 from genrec.eval.dump import gapped_cases, write_recs
@@ -122,7 +122,7 @@ class EvalData:
     split_kind: str
     train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     tables_version: str = ""  # the tables' data version the cases were read from
-    transitions: TransitionTable | None = None  # the training events' item pairs (L1's transition term; no target)
+    transitions: TransitionTable | None = None  # L1's transition term: the item pairs before the split's targets
 
 
 def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> EvalData:
@@ -135,10 +135,11 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     by_user = {r.user_id: r for r in records}
     es = make_eval_set(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)  # clears r.feedviews
     kept = [by_user[ex.user_id] for ex in es.examples]
-    tr = train_events(store.read_events(columns=["user_id", "item_id", "seq", "timestamp"]), spec)
+    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp"])
+    tr = train_events(events, spec)
     return EvalData(es, kept, [fv[r.user_id] for r in kept], kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64), store.tables_version,
-                    TransitionTable.from_events_table(tr, rec.catalog))
+                    TransitionTable.from_events_table(history_events(events, spec, cfg.split), rec.catalog))
 
 
 def _batches(rec: Recommender, es: EvalSet, batch_size: int, context_len: int):  # type: ignore[no-untyped-def]
@@ -190,8 +191,8 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
     0-based rank of its target in the top ``max(ks)`` (-1: not there), for paired comparisons.
     ``lists_out``: when a dict, ``lists_out["l0l1"]`` gets every case's ranked top ``max(ks)``
     catalogue rows (int [C, K], -1 padded), the lists the metrics are computed on. ``transitions``: the
-    table of the L1 transition term, built from the training events (:attr:`EvalData.transitions`; never the
-    served one, which holds the targets); without it a transition weight > 0 is an error."""
+    table of the L1 transition term, built from the events before the split's targets (:attr:`EvalData.transitions`;
+    never the served one, which holds the targets); without it a transition weight > 0 is an error."""
     kmax = max(ks)
     ranks = np.full(len(es), -1, np.int64)
     lists = np.full((len(es), kmax), -1, np.int64) if lists_out is not None else None

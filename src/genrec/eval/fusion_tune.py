@@ -81,7 +81,7 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     and an evaluation at another width says so). ``eval_set``: the validation cases to choose on, instead of
     ``max_users`` sampled ones (e.g. one part of the validation users, the other kept for reporting).
     The transition term's weight t is chosen beside (a, w, v) from ``TRANSITION_GRID`` on ``transitions``
-    (default: the training events' pairs, no validation target among them); a chosen t > 0 is stored with the
+    (default: the pairs of the events before each user's validation target); a chosen t > 0 is stored with the
     table of every event, which the server loads with the weights."""
     t0 = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, checkpoint)

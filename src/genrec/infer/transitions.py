@@ -7,8 +7,8 @@ transition from the user's last item: add-one smoothed counts of consecutive pai
 probe (docs/log/2026-12-06-l1-transitions.md): on Amazon Beauty it lifted L0+L1 test R@10 .0690 -> .0851.
 
 Where the pairs come from decides whether a metric leaks: :func:`genrec.eval.fusion_tune.tune_fusion` and
-``genrec eval`` count the pairs of the evaluated split's own histories (every event before each user's target,
-the targets never); the table a server loads (``WORKDIR/fusion/<key>.transitions.npz``, written by ``genrec
+``genrec eval`` count the pairs of the events before each user's target of the evaluated split (the
+targets never); the table a server loads (``WORKDIR/fusion/<key>.transitions.npz``, written by ``genrec
 fusion tune`` beside the weights it belongs to) counts every event of the tables.
 
 Non-standard: the table is the sorted pair keys ``src * N + dst`` with their counts (a CSR without the row
@@ -68,8 +68,9 @@ class TransitionTable:
     @classmethod
     def from_events_table(cls, events: pa.Table, catalog: ItemCatalog) -> "TransitionTable":
         """The pairs of an events table (``user_id``, ``item_id``, ``seq``), each user's in ``seq`` order, over
-        ``catalog``'s rows: the training events' for evaluating and choosing weights (no valid or test target in
-        them), every event's for serving (``genrec fusion tune`` writes that one beside the weights)."""
+        ``catalog``'s rows: the events before a split's targets for evaluating and choosing weights on it
+        (``genrec.data.splits.history_events``), every event for serving (``genrec fusion tune`` writes that one
+        beside the weights)."""
         u = np.asarray(events.column("user_id").to_numpy(), dtype=np.int64)
         i = np.asarray(events.column("item_id").to_numpy(), dtype=np.int64)
         o = np.lexsort((np.asarray(events.column("seq").to_numpy(), dtype=np.int64), u))
