@@ -139,7 +139,8 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     tr = train_events(events, spec)
     return EvalData(es, kept, [fv[r.user_id] for r in kept], kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64), store.tables_version,
-                    TransitionTable.from_events_table(history_events(events, spec, cfg.split), rec.catalog))
+                    TransitionTable.from_events_table(
+                        history_events(events, spec, cfg.split), rec.catalog))  # type: ignore[arg-type]
 
 
 def _batches(rec: Recommender, es: EvalSet, batch_size: int, context_len: int):  # type: ignore[no-untyped-def]
