@@ -360,3 +360,11 @@ def test_transition_parts_recompute_the_l0l1_ranking(root: Path) -> None:
             assert abs(direct[m] - again[m]) < 1e-9
     with pytest.raises(ConfigError, match="transition"):  # a transition weight needs the split's own table
         l0l1_pass(rec, data.es, **{**kw, "transitions": None}, transition_weight=1.0)  # type: ignore[arg-type]
+
+
+def test_eval_takes_an_explicit_transition_weight(root: Path) -> None:
+    """`genrec eval --transition-weight`: the report's fusion says the weight used; a bad one is refused."""
+    rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False, transition_weight=1.5))
+    assert rep["protocol"]["l1_fusion"]["transition_weight"] == 1.5
+    with pytest.raises(ConfigError, match="--transition-weight"):
+        EvalConfig(transition_weight=-1.0).validate()

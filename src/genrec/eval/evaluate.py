@@ -62,11 +62,12 @@ class EvalConfig:
     beam_width: int = 20
     diversity_lambda: float = 0.0
     overretrieve: int = 3
-    # L1 score fusion (Recommender.run_batch): a * utility + w * user.candidate + v * log P(SID)
-    # None: the Recommender's (chosen by `genrec fusion tune` for this checkpoint, else a=1, w=v=0)
+    # L1 score fusion (Recommender.run_batch): a * utility + w * user.candidate + v * log P(SID) + t * log P(item |
+    # last item); None: the Recommender's (chosen by `genrec fusion tune` for this checkpoint, else a=1, w=v=t=0)
     retrieval_weight: float | None = None
     sid_weight: float | None = None
     action_weight: float | None = None
+    transition_weight: float | None = None
     utility: dict[str, float] | None = None
     """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
     next interaction of any kind, so the matching utility is the probability of engaging at all
@@ -103,7 +104,7 @@ class EvalConfig:
         if self.overretrieve < 1:
             raise ConfigError(f"overretrieve must be >= 1, got {self.overretrieve}")
         for flag, x in (("--retrieval-weight", self.retrieval_weight), ("--sid-weight", self.sid_weight),
-                        ("--action-weight", self.action_weight)):
+                        ("--action-weight", self.action_weight), ("--transition-weight", self.transition_weight)):
             if x is not None and not (x >= 0 and math.isfinite(x)):
                 raise ConfigError(f"{flag} must be a finite number >= 0, got {x}")
         if any(c < 1 for c in self.sweep_context):
@@ -259,7 +260,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         paths["l0l1"] = l0l1_pass(rec, es, ks=ks, beam_width=cfg.beam_width, diversity_lambda=cfg.diversity_lambda,
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
                                   retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
-                                  action_weight=cfg.action_weight, lists_out=lists, transitions=data.transitions)
+                                  action_weight=cfg.action_weight, lists_out=lists, transitions=data.transitions,
+                                  transition_weight=cfg.transition_weight)
         timings["l0l1"] = time.perf_counter() - t0
     pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
     pop_ranks = pop.target_ranks(es.target_rows)
@@ -313,7 +315,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                      "overretrieve": cfg.overretrieve, "utility": rec.default_utility() if cfg.utility is None
                      else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users,
                      "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
-                                                               cfg.sid_weight)),
+                                                               cfg.sid_weight, cfg.transition_weight)),
                                    "stored": None if rec.fusion_path is None else str(rec.fusion_path)}},
         "model_selection": _model_selection(rec, cfg, wd), "notes": notes,
         "previous_test_reports": previous if cfg.split == "test" else [],
@@ -347,7 +349,7 @@ def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
     another beam width than this evaluation's."""
     out: list[str] = []
     if rec.fusion_path is None or any(x is not None for x in (cfg.action_weight, cfg.retrieval_weight,
-                                                                cfg.sid_weight)):
+                                                                cfg.sid_weight, cfg.transition_weight)):
         return out
     chosen = read_fusion_meta(rec.fusion_path).get("chosen_on", {})
     if cfg.split == "valid" and chosen.get("split") == "valid":
