@@ -19,6 +19,8 @@ from genrec.eval.fusion_tune import choose_fusion, fusion_metrics, tune_fusion
 from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion, transition_file
 from genrec.infer.recommender import Recommender
 from genrec.infer.transitions import TransitionTable
+from genrec.serve.engine import Engine
+from genrec.serve.schemas import FusionWeightsRequest
 
 from tests.tiny_run import build_run
 
@@ -314,6 +316,19 @@ def test_transition_term_is_served_as_defined_and_only_with_its_table(root: Path
                 x = table.log_prob(last, rec.catalog.rows(np.array([r.item_id]))[None])[0, 0]
                 assert abs(r.score - (plain[r.item_id] + 2.0 * x)) < 1e-4
         assert [r.score for r in served] == sorted((r.score for r in served), reverse=True)
+        # a call (or an HTTP request's "fusion") may leave the term out: then it ranks as the t = 0 weights do
+        off = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, transition_weight=0.0)
+        want_off = base.recommend(hist, k=10, beam_width=12, overretrieve=2)
+        assert [(r.item_id, r.score) for r in off] == [(r.item_id, r.score) for r in want_off]
+        off_rank = {r.item_id: r.score for r in rec.rank_items(hist, ids, beam_width=12, transition_weight=0.0)}
+        assert off_rank == want0
+        eng = Engine.load(root)
+        assert eng.rec.fusion.transition_weight == 2.0
+        got_http = eng.recommend(hist, k=10, beam_width=12, diversity_lambda=0.0, sources=["sid", "ann"], rank=True,
+                                 fusion=FusionWeightsRequest(transition_weight=0.0).model_dump())
+        assert [x["item_id"] for x in got_http["items"]] == [r.item_id for r in want_off]
+    with pytest.raises(ValueError, match="transition_weight"):
+        FusionWeightsRequest(transition_weight=-1.0)
 
 
 def test_eval_transitions_hold_the_pairs_before_the_targets_only(root: Path) -> None:

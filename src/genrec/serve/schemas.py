@@ -175,6 +175,10 @@ class FusionWeightsRequest(_Strict):
     sid_weight: Optional[StrictFloat] = Field(default=None, ge=0.0, le=MAX_FUSION_WEIGHT,
                                               description="v: weight of the log-probability of the item's SID under "
                                                           "the SID beams.")
+    transition_weight: Optional[StrictFloat] = Field(
+        default=None, ge=0.0, le=MAX_FUSION_WEIGHT,
+        description="t: weight of log P(item | the history's last item), from the served run's item pairs (> 0 needs "
+                    "the table `genrec fusion tune` stores with a transition term; 0 leaves the term out).")
 
 
 _HISTORY_DOC = ("The user's events, oldest first (the newest context window of known items is read). Item ids "
