@@ -107,8 +107,9 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     l0l1_pass(rec, es, ks=ks, beam_width=beam_width, diversity_lambda=0.0, overretrieve=overretrieve,
               utility=utility, batch_size=batch_size, parts=parts, transitions=trans)
     d = FusionWeights()  # a tie with the untuned weights keeps them: nothing measured says to change
-    full = [tuple(g) + (t,) for g in (grid or FUSION_GRID) for t in (TRANSITION_GRID if len(g) == 3 else ())] + \
-        [tuple(g) for g in (grid or ()) if len(g) == 4]
+    # each (a, w, v) beside every transition weight; a given (a, w, v, t) as it is
+    full = [tuple(g) if len(g) == 4 else (*g, t) for g in (grid or FUSION_GRID)
+            for t in ((None,) if len(g) == 4 else TRANSITION_GRID)]
     best, rows = choose_fusion(parts, ks, full, metric,
                                prefer=(d.action_weight, d.retrieval_weight, d.sid_weight, d.transition_weight))
     heads = next((r for r in rows if (r["a"], r["w"], r["v"], r["t"]) == (1.0, 0.0, 0.0, 0.0)), None)

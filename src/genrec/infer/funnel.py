@@ -39,6 +39,7 @@ Scorer = Callable[[KVCache, torch.Tensor, torch.Tensor | None, torch.Tensor | No
 """The ranking stage: (cache, candidate rows [B, M], their vectors [B, M, D], request surface [B], request
 time [B]) -> action logits [B, M, C] -- ``Recommender.score_candidates``, or what replaces it (the service's
 remote ranker)."""
+Transitions = tuple[TransitionTable, np.ndarray]  # the L1 transition term: the table, each row's last item
 
 
 @dataclass
@@ -394,8 +395,6 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     out.l1_parts = l1_parts
     return out
 
-
-Transitions = tuple["TransitionTable", np.ndarray]  # the table, each request's last history row [B]
 
 
 def transition_input(rec: Recommender, table: TransitionTable | None, last_rows: np.ndarray | None,

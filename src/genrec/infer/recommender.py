@@ -381,16 +381,22 @@ class Recommender(SidStage):
         is graphed (CPU, ``GENREC_CUDA_GRAPHS=off``). Returns the history lengths run."""
         if self.cuda_graphs == "off" or len(self.catalog) == 0:
             return []
-        lens = self.warmup_lengths(min_bucket)
+        for batch in self.warmup_batches(batch_sizes, min_bucket):
+            self.recommend(batch, k=k, beam_width=beam_width, sources=None,
+                           rank=None)  # every stage this model has (a TIGER layout: SID only)
+        return self.warmup_lengths(min_bucket)
+
+    def warmup_batches(self, batch_sizes: Sequence[int], min_bucket: int = 64) -> list[list[list[dict[str, int]]]]:
+        """The batches :meth:`warmup` runs (the ranking process of two-process serving is warmed with them too): at
+        each of :meth:`warmup_lengths`, one batch of each of ``batch_sizes``' buckets, histories of catalogue items."""
         ids = self.catalog.item_ids
         sizes = sorted({self.buckets.batch(min(b, self.buckets.max_batch)) if self.buckets is not None else b
                         for b in batch_sizes})
-        for n in lens:
+        out = []
+        for n in self.warmup_lengths(min_bucket):
             h = [{"item_id": int(ids[i % len(ids)])} for i in range(n)]
-            for b in sizes:
-                self.recommend([h] * b, k=k, beam_width=beam_width, sources=None,
-                               rank=None)  # every stage this model has (a TIGER layout: SID only)
-        return lens
+            out += [[h] * b for b in sizes]
+        return out
 
     def warmup_lengths(self, min_bucket: int = 64) -> list[int]:
         """The history lengths :meth:`warmup` runs: powers of two from ``min_bucket`` below the context, and the

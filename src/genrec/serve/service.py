@@ -130,19 +130,16 @@ class Service:
         rec, ids = eng.rec, eng.rec.catalog.item_ids
         if len(ids) == 0:
             return
-        graphed = rec.cuda_graphs != "off"
-        lens = rec.warmup_lengths() if graphed else [1]
-        sizes = (rec.buckets.up_to(self.cfg.micro_batch) if graphed and rec.buckets is not None else (1,))
         sources, rank = rec.check_sources(None, None)  # every stage this model has
         if not rank:
             return
+        batches = (rec.warmup_batches(rec.buckets.up_to(self.cfg.micro_batch) if rec.buckets is not None else (1,))
+                   if rec.cuda_graphs != "off" else [[[{"item_id": int(ids[0])}]]])
         remote = self._remote_rank(eng, timeout=300.0)
         try:
-            for n in lens:
-                h = [{"item_id": int(ids[i % len(ids)])} for i in range(n)]
-                for b in sizes:
-                    eng.recommend_many([h] * b, k=10, beam_width=20, diversity_lambda=0.0, sources=sources, rank=True,
-                                       remote_rank=remote)
+            for batch in batches:
+                eng.recommend_many(batch, k=10, beam_width=20, diversity_lambda=0.0, sources=sources, rank=True,
+                                   remote_rank=remote)
         except RankingFailed as e:  # the model is loaded there; requests rank (or answer degraded) as they come
             log.warning("warming the ranking process's shapes failed: %s", e)
 
