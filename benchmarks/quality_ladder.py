@@ -126,7 +126,8 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
     if a.p5:
         out = root / "yardstick.jsonl"
         out.unlink(missing_ok=True)
-        yard = subprocess.Popen([sys.executable, a.yardstick, a.p5, "--loss", "ce", "--out", str(out)],
+        yard = subprocess.Popen([sys.executable, __file__, "--yardstick-child", a.yardstick, str(root / YARD_RANKS),
+                                 a.p5, "--loss", "ce", "--out", str(out)],
                                 stdout=open(root / "yardstick.log", "wb"), stderr=subprocess.STDOUT, env=env)
     failed: set[str] = set()
     while todo or procs:
@@ -176,7 +177,8 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
     from genrec.eval.fusion_tune import tune_fusion
     from genrec.eval.metrics import topk_metrics
     from genrec.eval.retrieval import evaluate_retrieval
-    from genrec.eval.significance import paired_topk
+    from genrec.eval.significance import paired_ratio, paired_topk
+    from genrec.infer.cases import SourceIds
     from genrec.infer.load import trained_temperature
     from genrec.infer.recommender import Recommender
 
@@ -185,6 +187,7 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
     ranks: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # rung -> split -> path -> per-user rank
     rows: list[dict[str, Any]] = []
     cases: dict[str, np.ndarray] = {}
+    plain = yardstick_ranks(root)
     for r in ladder["rungs"]:
         d = root / r["name"]
         if not (d / "checkpoints").exists():
@@ -222,6 +225,18 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
             for path, rk in ro.items():
                 for m, v in topk_metrics(rk, ks).items():
                     row[f"{split}/{path}/{m}"] = v
+            if plain is not None:  # each path / the plain SASRec of this call, paired over the same users
+                src = SourceIds.of(d)
+                back = {i: o for o, i in src.users.items()} if src is not None else {}
+                keys = [str(back.get(int(ex.user_id), ex.user_id)) for ex in es.examples]
+                missing = [k for k in keys if k not in plain[split]]
+                if missing:
+                    raise SystemExit(f"{d}: {len(missing)} {split} users not in the plain SASRec's data, e.g. {missing[:3]}")
+                yr = np.array([plain[split][k] for k in keys])
+                for path, rk in ro.items():
+                    for metric in ("recall@10", "ndcg@10"):
+                        q = paired_ratio(rk, yr, metric, n_boot=a.n_boot)
+                        row[f"{split}/{path}/{metric}/vs_plain"] = [q.observed, q.low, q.high]
         rows.append(row)
         print(f"scored {r['name']}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()
                                                   if k.endswith(("recall@10", "ndcg@10"))), flush=True)
@@ -243,6 +258,52 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
                                     n_boot=a.n_boot)[("a", "b")]
                     row[f"{split}/{path}/{metric}/diff"] = [d.observed, d.low, d.high]
     return {"rows": rows, "cases": {s: len(c) for s, c in cases.items()}}
+
+
+YARD_RANKS = "yardstick-ranks.npz"
+
+
+def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
+    """Run the plain SASRec script as it is (its ``main``, its arguments), recording the 0-based rank of every
+    target its final evaluations count, so genrec's paths can be paired with it user by user: its module-level
+    ``metrics`` is wrapped (the rank computed as it computes it, then its own function called), not replaced.
+    Its last three evaluations are the chosen checkpoint's validation, test and test-without-history, one row per
+    line of ``sequential_data.txt``, in order; written as users (the line's first field), valid, test."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("yardstick_sasrec", script)
+    assert spec is not None and spec.loader is not None, script
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen: list[np.ndarray] = []
+    inner = mod.metrics
+
+    def metrics(scores: Any, target: Any, *rest: Any, **kw: Any) -> Any:
+        seen.append((scores > scores.gather(1, target[:, None])).sum(1).cpu().numpy())
+        return inner(scores, target, *rest, **kw)
+
+    mod.metrics = metrics
+    sys.argv = [script, *args]
+    mod.main()
+    with open(Path(args[0]) / "sequential_data.txt") as f:
+        users = np.array([ln.split()[0] for ln in f if ln.strip()])
+    n, ranks = len(users), np.concatenate(seen)
+    valid, test = ranks[-3 * n:-2 * n], ranks[-2 * n:-n]
+    res = json.loads(Path(args[args.index("--out") + 1]).read_text().splitlines()[-1]) if "--out" in args else None
+    if res is not None:  # the recorded ranks give back the script's own figures, or the pairing would be wrong
+        for split, r in (("valid", valid), ("test", test)):
+            if abs(float((r < 10).mean()) - res[split]["R@10"]) > 1e-6:
+                raise SystemExit(f"yardstick ranks: {split} R@10 {(r < 10).mean():.6f} != its {res[split]['R@10']}")
+    np.savez(ranks_file, users=users, valid=valid, test=test)
+
+
+def yardstick_ranks(root: Path) -> dict[str, dict[str, int]] | None:
+    """{split: {P5 user id: 0-based rank}} of the plain SASRec of this call, or None without one."""
+    p = root / YARD_RANKS
+    if not p.exists():
+        return None
+    z = np.load(p)
+    return {s: dict(zip(z["users"].tolist(), z[s].tolist())) for s in ("valid", "test")}
 
 
 def yardstick_result(root: Path) -> dict[str, Any] | None:
@@ -285,7 +346,8 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
         out.append(f"plain SASRec (yardstick, same call, {yard.get('seconds', 0):.0f} s): valid R@10 "
                    f"{yard['valid']['R@10']:.4f} N@10 {yard['valid']['N@10']:.4f}; test R@10 {yard['test']['R@10']:.4f} "
                    f"N@10 {yard['test']['N@10']:.4f}\n")
-    out.append("| rung | change | path | valid R@10 | valid N@10 | test R@10 | test N@10 | test R@10 ÷ plain | "
+    out.append("| rung | change | path | valid R@10 | valid N@10 | test R@10 | test N@10 | test R@10 ÷ plain (paired: R@10 / N@10 "
+               "[95%]) | "
                "Δ test R@10 vs rung before [95%] | Δ test N@10 [95%] |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in res["rows"]:
@@ -293,6 +355,10 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
             if f"test/{path}/recall@10" not in row:
                 continue
             ratio = f"{row[f'test/{path}/recall@10'] / yard['test']['R@10']:.3f}" if yard else "-"
+            for metric in ("recall@10", "ndcg@10") if f"test/{path}/recall@10/vs_plain" in row else ():
+                q = row[f"test/{path}/{metric}/vs_plain"]
+                ratio += f"{' / ' if metric == 'ndcg@10' else ' (paired '}{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]"
+            ratio += ")" if f"test/{path}/recall@10/vs_plain" in row else ""
 
             def diff(metric: str) -> str:
                 d = row.get(f"test/{path}/{metric}/diff")
@@ -308,6 +374,9 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--yardstick-child"]:  # SCRIPT RANKS_FILE P5 ARGS...: the plain SASRec, ranks recorded
+        yardstick_child(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--ladder", type=Path, required=True)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 
@@ -114,8 +115,12 @@ def test_l0l1_scores_what_genrec_eval_reports(benchmark_script: Callable[[str], 
     build_run(root / "joint", data_root, steps=4)
     ladder = {"rungs": [{"name": "joint", "change": "a tiny joint model"}]}
     a = argparse.Namespace(sid_beam=6, l0l1=True, fusion_users=40, n_boot=10)
+    users = np.array([str(u) for u in range(1, 944)])  # MovieLens 100K's users; a plain SASRec that hits every target
+    np.savez(root / ql.YARD_RANKS, users=users, valid=np.zeros(943, np.int64), test=np.zeros(943, np.int64))
     res = ql.score(root, ladder, a)
     row = res["rows"][0]
+    for key in ("test/l0l1/recall@10", "valid/ann/ndcg@10"):  # paired user by user: the ratio to 1.0 everywhere
+        assert row[f"{key}/vs_plain"][0] == pytest.approx(row[key])
     assert row["fusion"]["sid_mode"] == "dense" and row["fusion"]["cases"] == 40
     assert (root / "joint" / "fusion").is_dir()
     for split in ("valid", "test"):
@@ -123,3 +128,34 @@ def test_l0l1_scores_what_genrec_eval_reports(benchmark_script: Callable[[str], 
         for m in ("recall@10", "ndcg@10", "recall@20"):
             assert row[f"{split}/l0l1/{m}"] == pytest.approx(want["paths"]["l0l1"][m], abs=1e-12), (split, m)
     assert "| joint | a tiny joint model | l0l1 |" in ql.table(res, None)
+
+
+def test_the_yardstick_child_records_the_ranks_its_figures_come_from(benchmark_script: Callable[[str], ModuleType],
+                                                                      tmp_path: Path) -> None:
+    """The plain SASRec run through ``--yardstick-child``: one rank per user and split, in its data's user order,
+    giving back the R@10 and N@10 the script itself printed (a mis-sliced record would not)."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "shared" / "yardstick" / "sasrec.py"
+    if not script.exists():
+        pytest.skip(f"the plain SASRec is not at {script}")
+    from genrec.eval.metrics import topk_metrics
+
+    ql = benchmark_script("quality_ladder")
+    rng = np.random.default_rng(0)
+    p5 = tmp_path / "p5"
+    p5.mkdir()
+    lines = [" ".join(map(str, [u, *rng.integers(1, 40, rng.integers(5, 12))])) for u in range(1, 81)]
+    (p5 / "sequential_data.txt").write_text("\n".join(lines) + "\n")
+    ranks, out = tmp_path / "ranks.npz", tmp_path / "yard.jsonl"
+    subprocess.run([sys.executable, ql.__file__, "--yardstick-child", str(script), str(ranks), str(p5), "--loss", "ce",
+                    "--epochs", "4", "--d", "8", "--out", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    z, res = np.load(ranks), json.loads(out.read_text().splitlines()[-1])
+    assert z["users"].tolist() == [str(u) for u in range(1, 81)]
+    for split in ("valid", "test"):
+        got = topk_metrics(z[split], (10,))
+        assert got["recall@10"] == pytest.approx(res[split]["R@10"]) and got["ndcg@10"] == pytest.approx(res[split]["N@10"])
+    assert ql.yardstick_ranks(tmp_path / "nothing") is None

@@ -84,3 +84,27 @@ def test_paired_topk_equals_the_bootstrap_of_topk_metrics_and_formats_cells() ->
         paired_topk({"a": ranks["a"], "b": ranks["b"][:10]})
     with pytest.raises(ConfigError, match="recall@K"):
         paired_topk(ranks, "mrr")
+
+
+def test_paired_ratio_matches_a_plain_loop_twin_and_is_one_for_one_system() -> None:
+    from genrec.eval.metrics import topk_metrics
+    from genrec.eval.significance import paired_ratio
+
+    rng = np.random.default_rng(6)
+    a, b = rng.integers(-1, 25, 300), rng.integers(-1, 25, 300)
+    got = paired_ratio(a, b, "recall@10", n_boot=250, seed=2)
+    r = np.random.default_rng(2)
+    ratios = []
+    for _ in range(250):
+        i = r.integers(0, 300, 300)
+        ratios.append(topk_metrics(a[i], (10,))["recall@10"] / topk_metrics(b[i], (10,))["recall@10"])
+    lo, hi = np.quantile(ratios, [0.025, 0.975])
+    full = topk_metrics(a, (10,))["recall@10"] / topk_metrics(b, (10,))["recall@10"]
+    assert got.observed == pytest.approx(full) and got.low == pytest.approx(lo) and got.high == pytest.approx(hi)
+    assert got.p_greater == pytest.approx(np.mean(np.array(ratios) > 1) + 0.5 * np.mean(np.array(ratios) == 1))
+    same = paired_ratio(a, a, "ndcg@10", n_boot=50)
+    assert same.observed == same.low == same.high == 1.0
+    better = np.where(b >= 10, 0, b)  # every miss at 10 turned into a hit: strictly above on every resample
+    assert paired_ratio(better, b, n_boot=100).low > 1
+    with pytest.raises(ConfigError, match="same cases"):
+        paired_ratio(a, b[:5])

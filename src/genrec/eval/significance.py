@@ -18,7 +18,7 @@ import numpy as np
 from genrec.errors import ConfigError
 from genrec.eval.metrics import topk_metrics
 
-__all__ = ["PairedDiff", "paired_bootstrap", "paired_topk"]
+__all__ = ["PairedDiff", "paired_bootstrap", "paired_ratio", "paired_topk"]
 
 
 @dataclass(frozen=True)
@@ -52,38 +52,69 @@ def paired_bootstrap(metrics: Mapping[str, Callable[[np.ndarray], float]], n_cas
     if n_boot < 1 or not 0 < level < 1:
         raise ConfigError(f"n_boot must be >= 1 and level in (0, 1), got {n_boot}, {level}")
     names = list(metrics)
+    observed, draws = _resample(metrics, n_cases, n_boot, seed)
+    out: dict[tuple[str, str], PairedDiff] = {}
+    for a, b in permutations(range(len(names)), 2):
+        out[(names[a], names[b])] = _interval(observed[a] - observed[b], draws[:, a] - draws[:, b], 0.0, level)
+    return out
+
+
+def _resample(metrics: Mapping[str, Callable[[np.ndarray], float]], n_cases: int, n_boot: int,
+              seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every variant's metric on all cases [V] and on ``n_boot`` resamples of them, one per row [n_boot, V]."""
+    names = list(metrics)
     full = np.arange(n_cases)
-    observed = {v: float(metrics[v](full)) for v in names}
+    observed = np.array([float(metrics[v](full)) for v in names])
     rng = np.random.default_rng(seed)
     draws = np.empty((n_boot, len(names)))
     for i in range(n_boot):
         idx = rng.integers(0, n_cases, n_cases)
         draws[i] = [metrics[v](idx) for v in names]
-    out: dict[tuple[str, str], PairedDiff] = {}
+    return observed, draws
+
+
+def _interval(observed: float, d: np.ndarray, above: float, level: float) -> PairedDiff:
+    """The percentile interval of the finite resampled statistics ``d`` and the share above ``above``."""
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return PairedDiff(observed, float("nan"), float("nan"), float("nan"))
     q = (1 - level) / 2
-    for a, b in permutations(range(len(names)), 2):
-        d = draws[:, a] - draws[:, b]
-        d = d[np.isfinite(d)]
-        if len(d) == 0:
-            lo = hi = p = float("nan")
-        else:
-            lo, hi = (float(x) for x in np.quantile(d, [q, 1 - q]))
-            p = float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
-        out[(names[a], names[b])] = PairedDiff(observed[names[a]] - observed[names[b]], lo, hi, p)
-    return out
+    lo, hi = (float(x) for x in np.quantile(d, [q, 1 - q]))
+    return PairedDiff(observed, lo, hi, float(np.mean(d > above) + 0.5 * np.mean(d == above)))
+
+
+def paired_ratio(a: np.ndarray, b: np.ndarray, metric: str = "recall@10", *, n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> PairedDiff:
+    """``metric(a) / metric(b)`` of two systems' per-case 0-based target ranks over the same cases (-1: not
+    retrieved): the ratio on all cases, its paired bootstrap percentile interval, and the share of resamples in
+    which it is > 1. "A reaches 1.10x B" is decided when ``low >= 1.10``. Resamples where B scores 0 are left out."""
+    f = _topk_metric(metric)
+    a, b = np.asarray(a), np.asarray(b)
+    if len(a) != len(b):
+        raise ConfigError(f"a ratio needs ranks for the same cases, got {len(a)} and {len(b)}")
+    observed, draws = _resample({"a": lambda i: f(a[i]), "b": lambda i: f(b[i])}, len(a), n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = observed[0] / observed[1] if observed[1] else float("nan")
+        return _interval(float(ratio), draws[:, 0] / draws[:, 1], 1.0, level)
+
+
+def _topk_metric(metric: str) -> Callable[[np.ndarray], float]:
+    """``recall@K`` / ``ndcg@K`` of an array of per-case 0-based ranks."""
+    name, _, k = metric.partition("@")
+    if name not in ("recall", "ndcg") or not k.isdigit():
+        raise ConfigError(f"metric must be recall@K or ndcg@K, got {metric!r}")
+    return lambda r: topk_metrics(r, (int(k),))[metric]
 
 
 def paired_topk(ranks: Mapping[str, np.ndarray], metric: str = "recall@10", *, n_boot: int = 2000,
                 seed: int = 0) -> dict[tuple[str, str], PairedDiff]:
     """:func:`paired_bootstrap` of a top-K retrieval metric (``recall@K`` / ``ndcg@K``) from every
     variant's per-case 0-based target ranks (-1: not retrieved), all over the same cases."""
-    name, _, k = metric.partition("@")
-    if name not in ("recall", "ndcg") or not k.isdigit():
-        raise ConfigError(f"metric must be recall@K or ndcg@K, got {metric!r}")
+    f = _topk_metric(metric)
     sizes = {len(r) for r in ranks.values()}
     if len(sizes) != 1:
         raise ConfigError(f"every variant needs ranks for the same cases, got lengths {sorted(sizes)}")
     def of(r: np.ndarray) -> Callable[[np.ndarray], float]:
-        return lambda idx: topk_metrics(r[idx], (int(k),))[metric]
+        return lambda idx: f(r[idx])
 
     return paired_bootstrap({v: of(np.asarray(r)) for v, r in ranks.items()}, sizes.pop(), n_boot=n_boot, seed=seed)
