@@ -316,6 +316,16 @@ def test_transition_term_is_served_as_defined_and_only_with_its_table(root: Path
                 x = table.log_prob(last, rec.catalog.rows(np.array([r.item_id]))[None])[0, 0]
                 assert abs(r.score - (plain[r.item_id] + 2.0 * x)) < 1e-4
         assert [r.score for r in served] == sorted((r.score for r in served), reverse=True)
+        # the term brings its own candidates: an item neither SID nor ANN retrieves, the last item's one successor
+        far = next(int(i) for i in rec.catalog.item_ids[::-1] if int(i) not in plain)
+        far_row = int(rec.catalog.rows(np.array([far]))[0])
+        TransitionTable.from_sequences([np.array([int(last[0]), far_row])] * 50, n).save(transition_file(path))
+        top = Recommender.from_checkpoint(root).recommend(hist, k=10, beam_width=12, overretrieve=2,
+                                                          transition_weight=50.0)
+        assert top[0].item_id == far and top[0].sources == ("transition",)
+        assert far not in {r.item_id for r in rec.recommend(hist, k=10, beam_width=12, overretrieve=2,
+                                                            transition_weight=0.0)}
+        table.save(transition_file(path))
         # a call (or an HTTP request's "fusion") may leave the term out: then it ranks as the t = 0 weights do
         off = rec.recommend(hist, k=10, beam_width=12, overretrieve=2, transition_weight=0.0)
         want_off = base.recommend(hist, k=10, beam_width=12, overretrieve=2)
@@ -359,20 +369,33 @@ def test_eval_transitions_hold_the_pairs_before_the_targets_only(root: Path) -> 
 
 
 def test_transition_parts_recompute_the_l0l1_ranking(root: Path) -> None:
-    """fusion_metrics over the recorded parts (with their transition column) gives the metrics l0l1_pass gives
-    with the same weights served: what fusion tune chooses on is what runs."""
+    """fusion_metrics over the recorded parts (with their transition column and the transition source's rows) gives
+    the metrics l0l1_pass gives with the same weights served, t = 0 (no transition source) included: what fusion
+    tune chooses on is what runs."""
     rec = Recommender.from_checkpoint(root)
     data = load_eval_data(rec, root, EvalConfig(split="valid", max_users=30))
     parts: list = []
     kw = dict(ks=(5, 10), beam_width=12, diversity_lambda=0.0, overretrieve=2, utility={a: 1.0 for a in rec.actions},
               transitions=data.transitions)
     l0l1_pass(rec, data.es, parts=parts, **kw)  # type: ignore[arg-type]
-    for a, w, v, t in [(0.0, 1.0, 0.0, 3.0), (1.0, 0.5, 0.2, 1.0)]:
+    for a, w, v, t in [(0.0, 1.0, 0.0, 3.0), (1.0, 0.5, 0.2, 1.0), (1.0, 0.5, 0.2, 0.0)]:  # t = 0: no source
         direct = l0l1_pass(rec, data.es, action_weight=a, retrieval_weight=w, sid_weight=v, transition_weight=t,
                            **kw)  # type: ignore[arg-type]
         again = fusion_metrics(parts, (5, 10), a, w, v, t)
         for m in ("recall@5", "recall@10", "ndcg@10"):
             assert abs(direct[m] - again[m]) < 1e-9
+    # a table whose successors are the targets (no leak in use: a probe of the source's place in the parts): with
+    # t = 0 its rows are no candidates -- as served, whatever the weights -- and kept, they would change the metrics
+    tgt = np.asarray(data.es.target_rows)
+    cheat = TransitionTable.from_sequences([np.array([ex.rows[-1], t]) for ex, t in zip(data.es.examples, tgt)] * 3,
+                                           len(rec.catalog))
+    parts = []
+    l0l1_pass(rec, data.es, parts=parts, **{**kw, "transitions": cheat})  # type: ignore[arg-type]
+    direct = l0l1_pass(rec, data.es, action_weight=1.0, retrieval_weight=0.0, sid_weight=0.0, transition_weight=0.0,
+                       **{**kw, "transitions": cheat})  # type: ignore[arg-type]
+    assert fusion_metrics(parts, (5, 10), 1.0, 0.0, 0.0, 0.0)["recall@10"] == pytest.approx(direct["recall@10"])
+    kept = [{k: v for k, v in pt.items() if k != "src"} for pt in parts]
+    assert fusion_metrics(kept, (5, 10), 1.0, 0.0, 0.0, 0.0)["recall@10"] != pytest.approx(direct["recall@10"])
     with pytest.raises(ConfigError, match="transition"):  # a transition weight needs the split's own table
         l0l1_pass(rec, data.es, **{**kw, "transitions": None}, transition_weight=1.0)  # type: ignore[arg-type]
 

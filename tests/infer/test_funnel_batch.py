@@ -48,6 +48,16 @@ def _union_ref(got: Retrieved, b: int, n: int, exclude_rows: Any) -> list[dict[i
                     e[2], e[3] = s, j
         for pos, r in enumerate(order):
             d[r][4] = pos
+        if got.trans_rows is not None:  # the transition source: appended after, in successor order
+            kept_t: list[int] = []
+            for r in got.trans_rows[i]:
+                if r >= 0 and int(r) not in excl and int(r) not in kept_t:
+                    kept_t.append(int(r))
+            for r in kept_t[:n]:
+                if r in d:
+                    d[r][0] |= 4
+                else:
+                    d[r] = [4, np.nan, np.nan, -1, len(d)]
         out.append(d)
     return out
 
@@ -65,7 +75,14 @@ def _random_retrieved(rng: np.random.Generator, b: int, n_items: int) -> tuple[R
     excl = None
     if rng.random() < 0.6:
         excl = [rng.choice(n_items, int(rng.integers(0, min(6, n_items))), replace=False).astype(np.int64) for _ in range(b)]
-    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None), excl
+    trans_rows = None
+    if rng.random() < 0.5:  # the last item's successors: distinct rows, then -1 pad
+        wt = int(rng.integers(0, 10))
+        trans_rows = np.full((b, wt), -1, np.int64)
+        for i in range(b):
+            m = int(rng.integers(0, min(wt, n_items) + 1))
+            trans_rows[i, :m] = rng.choice(n_items, m, replace=False)
+    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None, trans_rows=trans_rows), excl
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -48,6 +48,23 @@ def test_log_prob_equals_the_pair_counting_twin(case: tuple) -> None:
     np.testing.assert_allclose(got, _twin(seqs, n, last, rows), rtol=1e-6, atol=1e-6)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.lists(st.integers(-1, n - 1), max_size=12), max_size=8),
+    st.lists(st.integers(-2, n), min_size=1, max_size=6), st.integers(0, 5))))
+def test_successors_are_the_most_frequent_next_rows(case: tuple) -> None:
+    """The L0 transition source against a twin that counts each last row's next rows and sorts them: count
+    first, then the lower row; -1 past them and for a last row outside the catalogue."""
+    n, seqs, last, k = case
+    t = TransitionTable.from_sequences([np.array(s, dtype=np.int64) for s in seqs], n)
+    pairs: Counter = Counter((a, b) for s in seqs for a, b in zip(s, s[1:]) if 0 <= a < n and 0 <= b < n)
+    got = t.successors(np.array(last), k)
+    assert got.shape == (len(last), k) and got.dtype == np.int64
+    for i, l in enumerate(last):
+        nxt = sorted((b for (a, b) in pairs if a == l), key=lambda b: (-pairs[(l, b)], b))[:k]
+        assert got[i].tolist() == nxt + [-1] * (k - len(nxt)), (l, got[i])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_from_events_equals_from_sequences(seed: int) -> None:
     """Events sorted by user then order give the same table as each user's sequence."""

@@ -37,11 +37,14 @@ def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], ac
             score = score + retrieval_weight * pt["dot"].astype(np.float32)
         if sid_weight > 0:
             score = score + sid_weight * pt["sid_lp"].astype(np.float32)
+        rows = pt["rows"]
         if transition_weight > 0:
             score = score + transition_weight * pt["trans"].astype(np.float32)
-        score = np.where(pt["rows"] >= 0, score, -np.inf)
+        elif "src" in pt:  # without the term its source does not run: the rows only it found are not candidates
+            rows = np.where(pt["src"] == 4, -1, rows)
+        score = np.where(rows >= 0, score, -np.inf)
         order = np.argsort(-score, axis=1, kind="stable")[:, :kmax]
-        top = np.take_along_axis(pt["rows"], order, axis=1)
+        top = np.take_along_axis(rows, order, axis=1)
         ranks.append(rank_in_list(top, pt["target_rows"]))
     return topk_metrics(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
 

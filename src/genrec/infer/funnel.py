@@ -56,14 +56,16 @@ class Retrieved:
     ann_score: np.ndarray  # float32 [B, n_ann]
     ann_vecs: np.ndarray | None  # [B, n_ann, D]
     sid_reach: tuple[np.ndarray, np.ndarray] | None = None  # (rows int64 [B, R] (-1 pad), scores float32 [B, R])
+    trans_rows: np.ndarray | None = None  # int64 [B, n_t] (-1 pad): the last item's most frequent successors
 
 
 @dataclass
 class Candidates:
     """The union of the L0 lists, one row per request in union order -- the SID stage's rows in beam order,
     then the ANN rows it did not find, in ANN order -- as arrays [B, M]: ``rows`` int64 (0 pad), ``valid``
-    bool, ``src`` int8 bitmask of the stages that found the row (1 = sid, 2 = ann), ``sid_lp`` / ``ann_score``
-    float32 (nan: that stage did not find it), ``ann_at`` int64 (the column of ``Retrieved.ann_vecs`` holding
+    bool, ``src`` int8 bitmask of the stages that found the row (1 = sid, 2 = ann, 4 = transition: rows only
+    the transition source found come last, so leaving them out leaves the two-source union), ``sid_lp`` /
+    ``ann_score`` float32 (nan: that stage did not find it), ``ann_at`` int64 (the column of ``Retrieved.ann_vecs`` holding
     the vector the index returned for it, -1: none) and ``merged`` int64 (its position in the round-robin
     merge of the two lists)."""
 
@@ -131,10 +133,11 @@ def sid_reach_limit(rec: Recommender, beam_width: int) -> int:
 
 def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], b: int, n: int,
              extra: int, beam_width: int, diversity_lambda: float, t: dict[str, float],
-             n_real: int | None = None, reach: bool = True) -> Retrieved:
+             n_real: int | None = None, reach: bool = True, trans: Transitions | None = None) -> Retrieved:
     """L0: up to ``n + extra`` rows per request from each stage in ``srcs`` (``extra``: the most rows a
     request excludes); stage times into ``t``. ``n_real``: rows past it are copies of row 0 (bucket
-    padding): the ANN index is searched for the first ``n_real`` only and row 0's answer copied."""
+    padding): the ANN index is searched for the first ``n_real`` only and row 0's answer copied. ``trans``
+    (the transition table, each request's last row): also the last item's most frequent successors."""
     beams, got_reach = None, None
     sid_rows = np.full((b, 0), -1, np.int64)
     sid_lp = np.zeros((b, 0), np.float32)
@@ -165,14 +168,20 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
                 ann_ids, ann_sc, ann_vecs = (np.concatenate([x, np.repeat(x[:1], b - real, 0)])
                                              for x in (ann_ids, ann_sc, ann_vecs))
             ann_rows = rec.catalog.rows(ann_ids.reshape(-1), strict=False).reshape(ann_ids.shape)
-    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs, got_reach)
+    trans_rows = None
+    if trans is not None:
+        with stage("transition", t):
+            trans_rows = trans[0].successors(trans[1], n + extra)
+    return Retrieved(beams, sid_rows, sid_lp, ann_rows, ann_sc, ann_vecs, got_reach, trans_rows)
 
 
 def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | None) -> Candidates:
     """Deduplicate the stages' lists (the first ``n`` not excluded of each; within a list the first
     occurrence of a row counts), remembering stages and scores. Array operations over the whole batch:
     no Python loop over requests or candidates (the item-by-item twin is in tests/infer/test_funnel_batch.py)."""
-    stride = 1 + max(int(got.sid_rows.max(initial=0)), int(got.ann_rows.max(initial=0)))  # key = request * stride + row
+    tr = got.trans_rows if got.trans_rows is not None else np.full((b, 0), -1, np.int64)
+    stride = 1 + max(int(got.sid_rows.max(initial=0)), int(got.ann_rows.max(initial=0)),
+                     int(tr.max(initial=0)))  # key = request * stride + row
     ex: np.ndarray | None = None
     if exclude_rows is not None:
         lens = [len(x) for x in exclude_rows]
@@ -220,7 +229,34 @@ def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | N
     first[si[hit], sp[hit]] = np.minimum(2 * sp[hit], 2 * ap[~new] + 1)
     first[ai[new], col_new] = 2 * ap[new] + 1
     merged = np.where(valid, np.argsort(np.argsort(first, axis=1, kind="stable"), axis=1, kind="stable"), 0)
-    return Candidates(rows, valid, src, sid_lp, ann_score, ann_at, merged)
+    cands = Candidates(rows, valid, src, sid_lp, ann_score, ann_at, merged)
+    return _append_transitions(cands, *kept(tr)[:2], tr, stride) if tr.shape[1] else cands
+
+
+def _append_transitions(c: Candidates, ti: np.ndarray, tj: np.ndarray, tr: np.ndarray, stride: int) -> Candidates:
+    """The union with the transition source's kept rows (``ti``, ``tj``: their places in ``tr``, in request then
+    successor order): a row already there gains bit 4, a new one goes after the request's other rows, in
+    successor order, with no SID or ANN score, last in the merged order."""
+    b, m = c.rows.shape
+    t_rows = tr[ti, tj]
+    vi, vj = np.nonzero(c.valid)
+    at = _lookup(vi * stride + c.rows[vi, vj], ti * stride + t_rows)  # each kept successor's place in the union
+    old, new = at >= 0, at < 0
+    counts = c.valid.sum(1)
+    n_new = np.bincount(ti[new], minlength=b)
+    col = counts[ti[new]] + (np.cumsum(new) - 1)[new] - (np.cumsum(n_new) - n_new)[ti[new]]
+    w = max(m, int((counts + n_new).max(initial=0)))
+
+    def grown(x: np.ndarray, fill: float | int) -> np.ndarray:
+        out = np.full((b, w), fill, x.dtype)
+        out[:, :m] = x
+        return out
+
+    rows, src, sid_lp, ann_score = grown(c.rows, 0), grown(c.src, 0), grown(c.sid_lp, np.nan), grown(c.ann_score, np.nan)
+    ann_at, merged = grown(c.ann_at, -1), grown(c.merged, 0)
+    src[vi[at[old]], vj[at[old]]] |= 4
+    rows[ti[new], col], src[ti[new], col], merged[ti[new], col] = t_rows[new], 4, col
+    return Candidates(rows, np.arange(w)[None, :] < (counts + n_new)[:, None], src, sid_lp, ann_score, ann_at, merged)
 
 
 def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
@@ -259,7 +295,7 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
         l1_parts = None
         if keep_parts and sid_lp_m is not None:
             l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
-                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m,
+                        "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m, "src": cands.src,
                         "trans": np.zeros_like(sid_lp_m) if trans_m is None else trans_m}
         return score, p.cpu().numpy(), l1_parts
 
@@ -374,8 +410,10 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
+    # the transition source runs where its term ranks (or parts are kept: choosing t, its rows are marked)
+    t_src = trans if do_rank and (fw.transition_weight > 0 or keep_parts) else None
     got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real,
-                   reach=do_rank and (fw.sid_weight > 0 or keep_parts))  # the reach feeds L1's SID term alone
+                   reach=do_rank and (fw.sid_weight > 0 or keep_parts), trans=t_src)  # the reach: L1's SID term
     with stage("union", t):
         cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None

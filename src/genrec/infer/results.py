@@ -13,8 +13,8 @@ import numpy as np
 from genrec.catalog import ItemCatalog
 from genrec.decode.beam import BeamResult
 
-SOURCES = ("sid", "ann")
-SRC_BIT = {"sid": 1, "ann": 2}  # BatchResult.src: bitmask of the L0 stages that retrieved a row
+SOURCES = ("sid", "ann")  # the L0 stages a request may name; the transition source runs with its L1 term
+SRC_BIT = {"sid": 1, "ann": 2, "transition": 4}  # BatchResult.src: bitmask of the L0 stages that retrieved a row
 
 
 @dataclass
@@ -74,7 +74,7 @@ class RankedList(RecommendationList):
 @dataclass
 class BatchResult:
     """Batched core output, rows sorted by final score. ``rows`` int64 [B, K] catalogue rows (-1 pad);
-    ``scores`` [B, K]; ``src`` int8 [B, K] bitmask (1 = sid, 2 = ann); ``sid_lp`` / ``ann_score``
+    ``scores`` [B, K]; ``src`` int8 [B, K] bitmask (1 = sid, 2 = ann, 4 = transition); ``sid_lp`` / ``ann_score``
     [B, K] (nan where the stage did not retrieve the item); ``probs`` [B, K, C] or None;
     ``beams``: the SID beam result (None without the SID stage)."""
 
@@ -116,7 +116,7 @@ def recommendation_lists(res: BatchResult, parsed: Sequence[dict[str, Any]], cat
     codes = None if sids is None else sids.tolist()
     probs = None if res.probs is None else res.probs.tolist()
     titles = catalog.titles
-    names = {b: tuple(s for s in SOURCES if b & SRC_BIT[s]) for b in range(4)}
+    names = {b: tuple(s for s in SRC_BIT if b & SRC_BIT[s]) for b in range(8)}
     acts = list(actions)
     outs = []
     for i, p in enumerate(parsed):

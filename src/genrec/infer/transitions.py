@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,32 @@ class TransitionTable:
             c = np.zeros(key.shape, np.int64)
         lp = np.log((c + 1.0) / (self.out_degree[src][:, None] + n))
         return np.where(ok, lp, 0.0).astype(np.float32)
+
+    @cached_property
+    def _by_count(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each row's first pair, rows + 1 offsets; every pair's destination) with each source's pairs by count,
+        most first, ties by destination row: the candidate lists of :meth:`successors`."""
+        n = self.n_items
+        src, dst = self.keys // max(n, 1), self.keys % max(n, 1)
+        order = np.lexsort((dst, -self.counts, src))
+        return np.searchsorted(src[order], np.arange(n + 1)), dst[order]
+
+    def successors(self, last: np.ndarray, n: int) -> np.ndarray:
+        """int64 [B, n]: for each ``last[b]`` the (up to) ``n`` rows that followed it most often, most first (ties:
+        lower row first), -1 past them or where ``last[b]`` is missing (< 0): an L0 candidate source, the items
+        the L1 transition term favours most."""
+        last = np.asarray(last, dtype=np.int64)
+        out = np.full((len(last), max(n, 0)), -1, np.int64)
+        if n <= 0 or not len(self.keys):
+            return out
+        ptr, dst = self._by_count
+        ok = (last >= 0) & (last < self.n_items)
+        start = np.where(ok, ptr[np.clip(last, 0, self.n_items - 1)], 0)
+        count = np.where(ok, ptr[np.clip(last, 0, self.n_items - 1) + 1] - start, 0)
+        j = np.arange(n)[None, :]
+        has = j < count[:, None]
+        out[has] = dst[(start[:, None] + j)[has]]
+        return out
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:

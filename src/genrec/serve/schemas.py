@@ -208,7 +208,9 @@ class RecommendRequest(_OneHistory):
     diversity_lambda: StrictFloat = Field(default=0.0, ge=0.0, le=MAX_LAMBDA,
                                           description="PinGER's prefix-depth diversity penalty on the SID beams.")
     sources: list[Literal["sid", "ann"]] = Field(default_factory=lambda: list(_ALL_SOURCES), min_length=1, max_length=2,
-                                                 description="The retrieval stages: SID beam search, dense ANN search.")
+                                                 description="The retrieval stages: SID beam search, dense ANN search "
+                                                             "(with ranking and a transition weight > 0, the last "
+                                                             "item's most frequent successors join them).")
     rank: StrictBool = Field(default=True, description="Rank the retrieved union by the L1 score (false: order "
                                                        "by retrieval).")
     fusion: Optional[FusionWeightsRequest] = Field(default=None, description=_FUSION_DOC)
@@ -321,7 +323,8 @@ class RecommendedItem(BaseModel):
     sid: Optional[list[int]] = Field(description="The item's Semantic ID, one code per level (null: a model "
                                                  "without SIDs).")
     sources: list[str] = Field(description="The retrieval stages that found it: `sid` (beam search), `ann` (dense "
-                                           "search); `popular` on a cold start.")
+                                           "search), `transition` (the last history item's most frequent successors); `popular` "
+                                           "on a cold start.")
 
 
 class SourceIdRecommendedItem(RecommendedItem):
