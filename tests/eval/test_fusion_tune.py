@@ -16,7 +16,7 @@ from genrec.errors import ConfigError, DataError
 from genrec.catalog import open_store
 from genrec.eval.evaluate import EvalConfig, evaluate, l0l1_pass, load_eval_data
 from genrec.eval.fusion_tune import choose_fusion, fusion_metrics, tune_fusion
-from genrec.infer.fusion import FUSION_GRID, FusionWeights, fusion_file, load_fusion, save_fusion, transition_file
+from genrec.infer.fusion import FUSION_GRID, HISTORY_GRID, FusionWeights, fusion_file, load_fusion, save_fusion, transition_file
 from genrec.infer.recommender import Recommender
 from genrec.infer.transitions import TransitionTable
 from genrec.serve.engine import Engine
@@ -31,6 +31,22 @@ def test_weights_must_be_finite_and_non_negative(bad: object) -> None:
     for field in ("action_weight", "retrieval_weight", "sid_weight"):
         with pytest.raises(ConfigError, match=field):
             FusionWeights(**{field: bad})  # type: ignore[arg-type]
+
+
+def test_the_history_weight_takes_either_sign_and_files_keep_it(tmp_path: Path) -> None:
+    """h demotes (< 0) or promotes (> 0) what the history holds: any finite number; a file keeps it, an older
+    file without it reads h = 0."""
+    assert FusionWeights(history_weight=-4.0).history_weight == -4.0 and FusionWeights(history_weight=2.0)
+    for bad in (float("nan"), float("inf"), True):
+        with pytest.raises(ConfigError, match="history_weight"):
+            FusionWeights(history_weight=bad)  # type: ignore[arg-type]
+    p = tmp_path / "f.json"
+    save_fusion(p, FusionWeights(1.0, 0.5, 0.0, 1.0, -4.0), {"metric": "recall@10"})
+    assert load_fusion(p) == FusionWeights(1.0, 0.5, 0.0, 1.0, -4.0)
+    p.write_text(json.dumps({"format": "genrec.fusion/1", "weights": {
+        "action_weight": 1, "retrieval_weight": 0.5, "sid_weight": 0, "transition_weight": 1}}))
+    assert load_fusion(p) == FusionWeights(1.0, 0.5, 0.0, 1.0, 0.0)
+    assert FusionWeights().resolve(None, None, None, None, -2.0).history_weight == -2.0
 
 
 def test_resolve_replaces_only_the_named_weights() -> None:
@@ -122,9 +138,10 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     out = tune_fusion(root, max_users=40, beam_width=12, overretrieve=2, grid=GRID, metric="ndcg@20")
     path = Path(out["path"])
     assert path == fusion_file(root, rec0.checkpoint, "v0001") and path.exists()
-    best = max(out["grid"], key=lambda r: r["ndcg@20"])
+    best = max(out["grid"], key=lambda r: r["ndcg@20"])  # the history weight's rows (coordinate ascent) included
     assert out["chosen"] == {"action_weight": best["a"], "retrieval_weight": best["w"], "sid_weight": best["v"],
-                             "transition_weight": best["t"]}
+                             "transition_weight": best["t"], "history_weight": best["h"]}
+    assert {r["h"] for r in out["grid"]} == set(HISTORY_GRID)
     assert transition_file(path).exists() == (best["t"] > 0)  # the table served with a transition term
     assert out["chosen_on"]["split"] == "valid" and out["chosen_on"]["cases"] == 40
     stored = load_fusion(path)
@@ -149,7 +166,7 @@ def test_tune_stores_the_choice_and_every_entry_point_uses_it(root: Path) -> Non
     assert [r.score for r in got] != [r.score for r in heads]
     rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False), rec=rec)
     assert rep["protocol"]["l1_fusion"] == {"action_weight": 0.0, "retrieval_weight": 1.0, "sid_weight": 0.5,
-                                            "transition_weight": 0.0, "stored": str(path)}
+                                            "transition_weight": 0.0, "history_weight": 0.0, "stored": str(path)}
     from genrec.eval.report import markdown
 
     assert ("L1 score = 0 · utility + 1 · dense logit + 0.5 · log P(SID) (chosen on validation by `genrec fusion "
@@ -206,7 +223,7 @@ def test_cli_tune_and_show(root: Path) -> None:
     assert r.exit_code == 0, r.output
     shown = json.loads(r.output[r.output.index("{"):])
     assert shown["stored"] and set(shown["weights"]) == {"action_weight", "retrieval_weight", "sid_weight",
-                                                         "transition_weight"}
+                                                         "transition_weight", "history_weight"}
     r = CliRunner().invoke(app, ["fusion", "tune", str(root), "--metric", "mrr"])
     assert r.exit_code != 0 and "metric" in r.output
 
@@ -341,6 +358,43 @@ def test_transition_term_is_served_as_defined_and_only_with_its_table(root: Path
         FusionWeightsRequest(transition_weight=-1.0)
 
 
+def test_history_term_is_served_as_defined(root: Path) -> None:
+    """Stored weights with h != 0: every ranked item scores what the same weights with h = 0 give plus h where the
+    history holds it; recommended lists likewise (a demoted history item leaves the top when h is low enough);
+    `genrec eval`'s report names the term."""
+    rec0 = Recommender.from_checkpoint(root)
+    path = fusion_file(root, rec0.checkpoint, "v0001")
+    ids = [int(i) for i in rec0.catalog.item_ids[:25]]
+    hist = [{"item_id": i} for i in (ids[3], ids[7], ids[11], ids[3])]
+    meta = {"metric": "recall@10", "chosen_on": {"sid_mode": rec0.served_sid_mode}}
+    with restored(path), restored(transition_file(path)):
+        save_fusion(path, FusionWeights(0.0, 1.0, 0.5), meta)
+        base = Recommender.from_checkpoint(root)
+        save_fusion(path, FusionWeights(0.0, 1.0, 0.5, 0.0, -3.0), meta)
+        rec = Recommender.from_checkpoint(root)
+        got = {r.item_id: r.score for r in rec.rank_items(hist, ids, beam_width=12)}
+        want = {r.item_id: r.score for r in base.rank_items(hist, ids, beam_width=12)}
+        held = {ids[3], ids[7], ids[11]}
+        for i in ids:
+            assert got[i] == pytest.approx(want[i] - (3.0 if i in held else 0.0), abs=1e-5), i
+        plain = base.recommend(hist, k=10, beam_width=12, overretrieve=2)
+        served = rec.recommend(hist, k=10, beam_width=12, overretrieve=2)
+        scores = {r.item_id: r.score for r in base.recommend(hist, k=60, beam_width=12, overretrieve=6)}
+        for r in served:
+            if r.item_id in scores:
+                assert r.score == pytest.approx(scores[r.item_id] - (3.0 if r.item_id in held else 0.0), abs=1e-5)
+        hist2 = hist + [{"item_id": r.item_id} for r in plain[:3]]  # items this model recommends, now history
+        held2 = {int(h["item_id"]) for h in hist2}
+        assert held2 & {r.item_id for r in base.recommend(hist2, k=10, beam_width=12, overretrieve=2)}
+        rec.fusion = FusionWeights(0.0, 1.0, 0.5, 0.0, -1e4)  # a demotion strong enough takes them all out
+        assert not held2 & {r.item_id for r in rec.recommend(hist2, k=10, beam_width=12, overretrieve=2)}
+        rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False))
+        assert rep["protocol"]["l1_fusion"]["history_weight"] == -3.0
+        from genrec.eval.report import markdown
+
+        assert "− 3 · [item in the history]" in markdown(rep)
+
+
 def test_eval_transitions_hold_the_pairs_before_the_targets_only(root: Path) -> None:
     """The table evaluation and tuning score with counts exactly the consecutive pairs of each user's events
     before their target of the split (leave-one-out, written out by hand: a user of >= 3 events drops the last two
@@ -378,10 +432,11 @@ def test_transition_parts_recompute_the_l0l1_ranking(root: Path) -> None:
     kw = dict(ks=(5, 10), beam_width=12, diversity_lambda=0.0, overretrieve=2, utility={a: 1.0 for a in rec.actions},
               transitions=data.transitions)
     l0l1_pass(rec, data.es, parts=parts, **kw)  # type: ignore[arg-type]
-    for a, w, v, t in [(0.0, 1.0, 0.0, 3.0), (1.0, 0.5, 0.2, 1.0), (1.0, 0.5, 0.2, 0.0)]:  # t = 0: no source
+    for a, w, v, t, h in [(0.0, 1.0, 0.0, 3.0, 0.0), (1.0, 0.5, 0.2, 1.0, 0.0), (1.0, 0.5, 0.2, 0.0, 0.0),
+                          (1.0, 0.5, 0.2, 1.0, -2.0), (0.0, 1.0, 0.0, 0.0, 0.5)]:  # t = 0: no source; h either sign
         direct = l0l1_pass(rec, data.es, action_weight=a, retrieval_weight=w, sid_weight=v, transition_weight=t,
-                           **kw)  # type: ignore[arg-type]
-        again = fusion_metrics(parts, (5, 10), a, w, v, t)
+                           history_weight=h, **kw)  # type: ignore[arg-type]
+        again = fusion_metrics(parts, (5, 10), a, w, v, t, h)
         for m in ("recall@5", "recall@10", "ndcg@10"):
             assert abs(direct[m] - again[m]) < 1e-9
     # a table whose successors are the targets (no leak in use: a probe of the source's place in the parts): with

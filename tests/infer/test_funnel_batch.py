@@ -258,3 +258,19 @@ def test_profiling_records_device_time_on_cuda() -> None:
             for _ in range(20):
                 x = x @ x / 512
     assert prof.device()["mm"] > 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_in_history_equals_a_set_lookup(seed: int) -> None:
+    """The L1 history term's indicator against a per-request set: 1 where a candidate row (>= 0) is in that
+    request's history, whatever the histories' lengths (empty included) and repeats."""
+    from genrec.infer.funnel import in_history
+
+    rng = np.random.default_rng(seed)
+    b, n = int(rng.integers(1, 6)), int(rng.integers(2, 30))
+    rows = rng.integers(-1, n, (b, int(rng.integers(0, 9))))
+    hist = [rng.integers(0, n, int(rng.integers(0, 12))) for _ in range(b)]
+    got = in_history(rows, hist)
+    assert got.dtype == np.float32 and got.shape == rows.shape
+    want = [[float(r >= 0 and int(r) in set(h.tolist())) for r in row] for row, h in zip(rows, hist)]
+    np.testing.assert_array_equal(got, np.asarray(want, np.float32).reshape(rows.shape))

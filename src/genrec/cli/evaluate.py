@@ -94,17 +94,17 @@ def fusion_tune(
         out = tune_fusion(workdir, checkpoint=checkpoint, max_users=max_users, beam_width=beam_width,
                           overretrieve=overretrieve, metric=metric, utility=util)
     top = sorted(out["grid"], key=lambda r: -r[metric])[:8]
-    typer.echo(f"| a | w | v | t | {metric} (valid) |\n|---|---|---|---|---|")
+    typer.echo(f"| a | w | v | t | h | {metric} (valid) |\n|---|---|---|---|---|---|")
     for r in top:
-        typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r['t']:g} | {r[metric]:.4f} |")
-    no_t = max((r for r in out["grid"] if r["t"] == 0), key=lambda r: r[metric], default=None)
+        typer.echo(f"| {r['a']:g} | {r['w']:g} | {r['v']:g} | {r['t']:g} | {r['h']:g} | {r[metric]:.4f} |")
+    no_t = max((r for r in out["grid"] if r["t"] == 0 and r["h"] == 0), key=lambda r: r[metric], default=None)
     if no_t is not None:
-        typer.echo(f"best without the transition term: a={no_t['a']:g} w={no_t['w']:g} v={no_t['v']:g}, {metric} "
+        typer.echo(f"best without the transition and history terms: a={no_t['a']:g} w={no_t['w']:g} v={no_t['v']:g}, {metric} "
                    f"{no_t[metric]:.4f}")
     h = out["heads_only_valid"]
     c = out["chosen"]
     typer.echo(f"chosen: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} "
-               f"t={c['transition_weight']:g}, {metric} {out['valid'][metric]:.4f} on {out['chosen_on']['cases']} "
+               f"t={c['transition_weight']:g} h={c['history_weight']:g}, {metric} {out['valid'][metric]:.4f} on {out['chosen_on']['cases']} "
                "validation cases"
                + ("" if h is None else f" (heads alone: {h[metric]:.4f})"))
     typer.echo(f"utility: {', '.join(f'{k}={v:g}' for k, v in out['chosen_on']['utility'].items())} "

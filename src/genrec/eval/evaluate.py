@@ -185,11 +185,12 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
               retrieval_weight: float | None = None, sid_weight: float | None = None, action_weight: float | None = None,
               parts: list[dict[str, np.ndarray]] | None = None, ranks_out: dict[str, np.ndarray] | None = None,
               lists_out: dict[str, np.ndarray] | None = None, transitions: TransitionTable | None = None,
-              transition_weight: float | None = None) -> dict[str, float]:
+              transition_weight: float | None = None, history_weight: float | None = None) -> dict[str, float]:
     """The L0 (SID ∪ ANN, over-retrieved by r) -> L1 (fused score, see ``Recommender.run_batch``;
     a weight left None takes ``rec.fusion``'s) path on every case. ``parts``: when a list, each
     batch's L1 score parts are appended to it (with the batch's ``target_rows``), for
-    :func:`fusion_metrics`. ``ranks_out``: when a dict, ``ranks_out["l0l1"]`` gets every case's
+    :func:`fusion_metrics`; the transition source then runs whatever the weight (its own rows marked in the
+    parts' ``src``), so with a weight of 0 the returned metrics are not the served ones: read the parts. ``ranks_out``: when a dict, ``ranks_out["l0l1"]`` gets every case's
     0-based rank of its target in the top ``max(ks)`` (-1: not there), for paired comparisons.
     ``lists_out``: when a dict, ``lists_out["l0l1"]`` gets every case's ranked top ``max(ks)``
     catalogue rows (int [C, K], -1 padded), the lists the metrics are computed on. ``transitions``: the
@@ -205,7 +206,9 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
                             retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                             keep_parts=parts is not None, transition_weight=transition_weight,
                             transitions=transitions, last_rows=None if transitions is None else np.array(
-                                [ex.rows[-1] for ex in es.examples[lo:lo + mb.actions.shape[0]]], dtype=np.int64))
+                                [ex.rows[-1] for ex in es.examples[lo:lo + mb.actions.shape[0]]], dtype=np.int64),
+                            history_rows=[ex.rows for ex in es.examples[lo:lo + mb.actions.shape[0]]],
+                            history_weight=history_weight)
         tgt = es.target_rows[lo:lo + len(res.rows)]
         if parts is not None and res.l1_parts is not None:
             parts.append({**res.l1_parts, "target_rows": np.asarray(tgt)})

@@ -17,7 +17,7 @@ from genrec.errors import ConfigError
 from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
 from genrec.eval.metrics import rank_in_list, topk_metrics
 from genrec.eval.retrieval import EvalSet
-from genrec.infer.fusion import FUSION_GRID, TRANSITION_GRID, FusionWeights
+from genrec.infer.fusion import FUSION_GRID, HISTORY_GRID, TRANSITION_GRID, FusionWeights
 from genrec.infer.recommender import Recommender
 from genrec.infer.transitions import TransitionTable
 
@@ -25,7 +25,8 @@ __all__ = ["choose_fusion", "fusion_metrics", "tune_fusion"]
 
 
 def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], action_weight: float,
-                   retrieval_weight: float, sid_weight: float, transition_weight: float = 0.0) -> dict[str, float]:
+                   retrieval_weight: float, sid_weight: float, transition_weight: float = 0.0,
+                   history_weight: float = 0.0) -> dict[str, float]:
     """The L0+L1 metrics that :func:`l0l1_pass` would give with these fusion weights, recomputed from
     the score parts it recorded (one pass, then any number of weightings: for choosing them on
     validation). Ties keep the union's order, as the Recommender's stable sort does."""
@@ -42,6 +43,8 @@ def fusion_metrics(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int], ac
             score = score + transition_weight * pt["trans"].astype(np.float32)
         elif "src" in pt:  # without the term its source does not run: the rows only it found are not candidates
             rows = np.where(pt["src"] == 4, -1, rows)
+        if history_weight != 0:
+            score = score + history_weight * pt["hist"].astype(np.float32)
         score = np.where(rows >= 0, score, -np.inf)
         order = np.argsort(-score, axis=1, kind="stable")[:, :kmax]
         top = np.take_along_axis(rows, order, axis=1)
@@ -53,16 +56,17 @@ def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
                   grid: Sequence[tuple[float, ...]], metric: str = "recall@10",
                   prefer: tuple[float, ...] | None = None
                   ) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Every weighting of ``grid`` -- (a, w, v) or (a, w, v, t) -- scored from recorded score parts
+    """Every weighting of ``grid`` -- (a, w, v), (a, w, v, t) or (a, w, v, t, h) -- scored from recorded score parts
     (:func:`fusion_metrics`), and the best by ``metric``; ties go to ``prefer`` (the weights in use without
     tuning) when it ties for the best, else to the earlier (simpler) weighting. Returns (best, all rows)."""
     if not grid:
         raise ConfigError("fusion grid is empty")
-    full = [tuple(g) + (0.0,) * (4 - len(g)) for g in grid]
-    rows = [{"a": a, "w": w, "v": v, "t": t, **fusion_metrics(parts, ks, a, w, v, t)} for a, w, v, t in full]
+    full = [tuple(g) + (0.0,) * (5 - len(g)) for g in grid]
+    rows = [{"a": a, "w": w, "v": v, "t": t, "h": h, **fusion_metrics(parts, ks, a, w, v, t, h)}
+            for a, w, v, t, h in full]
     best = max(rows, key=lambda r: r[metric])  # max keeps the first of equals
-    pref = None if prefer is None else tuple(prefer) + (0.0,) * (4 - len(prefer))
-    kept = next((r for r in rows if (r["a"], r["w"], r["v"], r["t"]) == pref and r[metric] == best[metric]), None)
+    pref = None if prefer is None else tuple(prefer) + (0.0,) * (5 - len(prefer))
+    kept = next((r for r in rows if tuple(r[x] for x in "awvth") == pref and r[metric] == best[metric]), None)
     return kept or best, rows
 
 
@@ -85,7 +89,9 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     ``max_users`` sampled ones (e.g. one part of the validation users, the other kept for reporting).
     The transition term's weight t is chosen beside (a, w, v) from ``TRANSITION_GRID`` on ``transitions``
     (default: the pairs of the events before each user's validation target); a chosen t > 0 is stored with the
-    table of every event, which the server loads with the weights."""
+    table of every event, which the server loads with the weights. The history term's weight h (``HISTORY_GRID``,
+    either sign) by coordinate ascent: every h beside the best (a, w, v, t) without it, then, when some h != 0 is
+    better, the whole (a, w, v, t) grid again beside that h (a grid of 5-tuples is scored as it is)."""
     t0 = time.perf_counter()
     rec = rec or Recommender.from_checkpoint(workdir, checkpoint)
     if rec.model.action_head is None or rec.ann is None:
@@ -110,14 +116,21 @@ def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users
     l0l1_pass(rec, es, ks=ks, beam_width=beam_width, diversity_lambda=0.0, overretrieve=overretrieve,
               utility=utility, batch_size=batch_size, parts=parts, transitions=trans)
     d = FusionWeights()  # a tie with the untuned weights keeps them: nothing measured says to change
-    # each (a, w, v) beside every transition weight; a given (a, w, v, t) as it is
-    full = [tuple(g) if len(g) == 4 else (*g, t) for g in (grid or FUSION_GRID)
-            for t in ((None,) if len(g) == 4 else TRANSITION_GRID)]
-    best, rows = choose_fusion(parts, ks, full, metric,
-                               prefer=(d.action_weight, d.retrieval_weight, d.sid_weight, d.transition_weight))
-    heads = next((r for r in rows if (r["a"], r["w"], r["v"], r["t"]) == (1.0, 0.0, 0.0, 0.0)), None)
-    chosen = FusionWeights(best["a"], best["w"], best["v"], best["t"])
-    wk = ("a", "w", "v", "t")
+    # each (a, w, v) beside every transition weight; a given (a, w, v, t[, h]) as it is
+    full = [tuple(g) if len(g) >= 4 else (*g, t) for g in (grid or FUSION_GRID)
+            for t in ((None,) if len(g) >= 4 else TRANSITION_GRID)]
+    pref = (d.action_weight, d.retrieval_weight, d.sid_weight, d.transition_weight, d.history_weight)
+    best, rows = choose_fusion(parts, ks, full, metric, prefer=pref)
+    if not any(len(g) == 5 for g in full):  # the history weight beside the best, then the grid again beside it
+        at = tuple(best[x] for x in "awvt")
+        best_h, rows_h = choose_fusion(parts, ks, [(*at, h) for h in HISTORY_GRID], metric, prefer=(*at, 0.0))
+        rows += [r for r in rows_h if r["h"] != 0]
+        if best_h["h"] != 0:
+            best, again = choose_fusion(parts, ks, [(*g, best_h["h"]) for g in full], metric, prefer=pref)
+            rows += again
+    heads = next((r for r in rows if tuple(r[x] for x in "awvth") == (1.0, 0.0, 0.0, 0.0, 0.0)), None)
+    chosen = FusionWeights(best["a"], best["w"], best["v"], best["t"], best["h"])
+    wk = ("a", "w", "v", "t", "h")
     out: dict[str, Any] = {
         "chosen": asdict(chosen), "metric": metric, "valid": {k: v for k, v in best.items() if k not in wk},
         "heads_only_valid": None if heads is None else {k: v for k, v in heads.items() if k not in wk},

@@ -49,10 +49,10 @@ def _fusion_line(f: dict[str, Any] | None) -> str:
     if not f:
         return ""
     src = "chosen on validation by `genrec fusion tune`" if f.get("stored") else "defaults"
-    t = f.get("transition_weight") or 0.0
+    t, h = f.get("transition_weight") or 0.0, f.get("history_weight") or 0.0
     return (f" L1 score = {f['action_weight']:g} · utility + {f['retrieval_weight']:g} · dense logit + "
             f"{f['sid_weight']:g} · log P(SID)" + (f" + {t:g} · log P(item | last item)" if t > 0 else "")
-            + f" ({src}).")
+            + (f" {'+' if h > 0 else '−'} {abs(h):g} · [item in the history]" if h != 0 else "") + f" ({src}).")
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -66,11 +66,12 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
         t_parse = _ms(t_wall)
         # the whole given history, not only the newest context_len items the model reads
         excl = [np.unique(p["given_rows"]) for p in rows] if exclude_history else None
+        hist = excl if excl is not None or rec.fusion.history_weight == 0 else [np.unique(p["given_rows"]) for p in rows]
         res = rec.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
                             sid_weight=sid_weight, action_weight=action_weight, n_real=len(part), scorer=scorer,
-                            last_rows=last_rows(rows), transition_weight=transition_weight)
+                            last_rows=last_rows(rows), transition_weight=transition_weight, history_rows=hist)
         t0 = time.perf_counter()
         with stage("results"):
             res = res.head(len(part))
@@ -119,7 +120,8 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
                                       sid_weight=fw.sid_weight, beam_width=beam_width,
                                       diversity_lambda=diversity_lambda,
                                       request_surface=torch.tensor([s], device=dev), request_ts=rts,
-                                      transition_weight=fw.transition_weight, trans=trans)
+                                      transition_weight=fw.transition_weight, trans=trans,
+                                      history_weight=fw.history_weight, history_rows=np.unique(p["given_rows"]))
             t["rank"] = _ms(t0)
         order = np.argsort(-score, kind="stable")
         sel = rows[ok][order]

@@ -32,7 +32,7 @@ from genrec.model.kv_cache import KVCache
 if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py imports this module
     from genrec.infer.recommender import Recommender
 
-__all__ = ["Candidates", "Retrieved", "Scorer", "l1_score", "merged_order", "rank", "rank_given", "retrieve",
+__all__ = ["Candidates", "Retrieved", "Scorer", "in_history", "l1_score", "merged_order", "rank", "rank_given", "retrieve",
            "run_funnel", "top_k", "union"]
 
 Scorer = Callable[[KVCache, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
@@ -262,11 +262,13 @@ def _append_transitions(c: Candidates, ti: np.ndarray, tj: np.ndarray, tr: np.nd
 def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Candidates, got: Retrieved,
          u: torch.Tensor, *, action_weight: float, retrieval_weight: float, sid_weight: float,
          request_surface: torch.Tensor | None, request_ts: torch.Tensor | None, keep_parts: bool,
-         scorer: Scorer | None = None, transition_weight: float = 0.0, trans: Transitions | None = None
+         scorer: Scorer | None = None, transition_weight: float = 0.0, trans: Transitions | None = None,
+         history_weight: float = 0.0, history_rows: Sequence[np.ndarray] | None = None
          ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
     """L1: (fused score [B, M], action probabilities [B, M, C], the score's parts or None); see
     :meth:`genrec.infer.recommender.Recommender.run_batch` for the fusion. ``scorer``: the ranking
-    stage (default ``rec.score_candidates``). ``trans``: (the transition table, each row's last history item)."""
+    stage (default ``rec.score_candidates``). ``trans``: (the transition table, each row's last history item).
+    ``history_rows``: each request's history rows (the history term's)."""
     b, m = cands.rows.shape
     with stage("rank.gather"):
         rows_t = torch.from_numpy(cands.rows).to(rec.device)
@@ -289,22 +291,27 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
         trans_m = None
         if trans is not None and (transition_weight > 0 or keep_parts):
             trans_m = trans[0].log_prob(trans[1], np.where(cands.valid, cands.rows, -1))  # [B, M]
+        hist_m = in_history(cands.rows, history_rows) if history_rows is not None and (
+            history_weight != 0 or keep_parts) else None
         score = l1_score(util, dot, sid_lp, None if trans_m is None else torch.from_numpy(trans_m).to(util),
+                         None if hist_m is None else torch.from_numpy(hist_m).to(util),
                          action_weight=action_weight, retrieval_weight=retrieval_weight, sid_weight=sid_weight,
-                         transition_weight=transition_weight).cpu().numpy()  # [B, M]
+                         transition_weight=transition_weight, history_weight=history_weight).cpu().numpy()  # [B, M]
         l1_parts = None
         if keep_parts and sid_lp_m is not None:
             l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
                         "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m, "src": cands.src,
-                        "trans": np.zeros_like(sid_lp_m) if trans_m is None else trans_m}
+                        "trans": np.zeros_like(sid_lp_m) if trans_m is None else trans_m,
+                        "hist": np.zeros_like(sid_lp_m) if hist_m is None else hist_m}
         return score, p.cpu().numpy(), l1_parts
 
 
 def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, trans: torch.Tensor | None = None,
-             *, action_weight: float, retrieval_weight: float, sid_weight: float,
-             transition_weight: float = 0.0) -> torch.Tensor:
+             hist: torch.Tensor | None = None, *, action_weight: float, retrieval_weight: float, sid_weight: float,
+             transition_weight: float = 0.0, history_weight: float = 0.0) -> torch.Tensor:
     """The fused L1 score, written once for :func:`rank` and :func:`rank_given`: ``a * utility + w * dot + v *
-    sid_lp + t * trans`` (a term whose weight is 0 is left out; ``sid_lp`` / ``trans`` None: no such term)."""
+    sid_lp + t * trans + h * hist`` (a term whose weight is 0 is left out; ``sid_lp`` / ``trans`` / ``hist`` None:
+    no such term)."""
     fused = action_weight * util
     if retrieval_weight > 0:
         fused = fused + retrieval_weight * dot
@@ -312,14 +319,29 @@ def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None,
         fused = fused + sid_weight * sid_lp
     if trans is not None and transition_weight > 0:
         fused = fused + transition_weight * trans
+    if hist is not None and history_weight != 0:
+        fused = fused + history_weight * hist
     return fused
+
+
+def in_history(rows: np.ndarray, history_rows: Sequence[np.ndarray]) -> np.ndarray:
+    """float32 [B, M]: 1 where ``rows[b, j]`` (>= 0) is among ``history_rows[b]``, else 0 (the history term)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    lens = [len(h) for h in history_rows]
+    flat = np.concatenate([np.asarray(h, np.int64).reshape(-1) for h in history_rows]) if sum(lens) else \
+        np.zeros(0, np.int64)
+    stride = 1 + max(int(rows.max(initial=0)), int(flat.max(initial=0)))
+    hk = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * stride + flat
+    keys = np.arange(rows.shape[0], dtype=np.int64)[:, None] * stride + rows
+    return ((rows >= 0) & np.isin(keys, hk[flat >= 0])).astype(np.float32)
 
 
 def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows: torch.Tensor, u: torch.Tensor, *,
                action_weight: float, retrieval_weight: float, sid_weight: float, beam_width: int,
                diversity_lambda: float, request_surface: torch.Tensor | None,
                request_ts: torch.Tensor | None, transition_weight: float = 0.0,
-               trans: Transitions | None = None) -> tuple[np.ndarray, np.ndarray]:
+               trans: Transitions | None = None, history_weight: float = 0.0,
+               history_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """L1 for GIVEN candidate rows ``[1, m]`` of one encoded history: (fused score [m], action probabilities
     [m, C]), the score :func:`rank` gives the same row in the funnel. The SID term (``sid_weight`` > 0, a
     model with SIDs) runs the beam search at ``beam_width`` / ``diversity_lambda``: a candidate the beams
@@ -347,8 +369,11 @@ def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows
     tr = None
     if trans is not None and transition_weight > 0:
         tr = torch.from_numpy(trans[0].log_prob(trans[1], rows.cpu().numpy())).to(util)
-    score = l1_score(util, dot, sid_lp, tr, action_weight=action_weight, retrieval_weight=retrieval_weight,
-                     sid_weight=sid_weight, transition_weight=transition_weight)
+    hist = None
+    if history_rows is not None and history_weight != 0:
+        hist = torch.from_numpy(in_history(rows.cpu().numpy(), [history_rows])).to(util)
+    score = l1_score(util, dot, sid_lp, tr, hist, action_weight=action_weight, retrieval_weight=retrieval_weight,
+                     sid_weight=sid_weight, transition_weight=transition_weight, history_weight=history_weight)
     return score[0].cpu().numpy(), p[0].cpu().numpy()
 
 
@@ -392,15 +417,18 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
                sid_weight: float | None = None, action_weight: float | None = None,
                keep_parts: bool = False, n_real: int | None = None, scorer: Scorer | None = None,
                transition_weight: float | None = None, last_rows: np.ndarray | None = None,
-               transitions: TransitionTable | None = None) -> BatchResult:
+               transitions: TransitionTable | None = None, history_rows: Sequence[np.ndarray] | None = None,
+               history_weight: float | None = None) -> BatchResult:
     """The L0 -> L1 funnel for a batch of encoded-ready histories (arguments: see
     :meth:`genrec.infer.recommender.Recommender.run_batch`; ``rank_stage`` is its ``rank``)."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     if overretrieve < 1:
         raise ConfigError(f"overretrieve must be >= 1, got {overretrieve}")
-    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight, transition_weight)  # each finite, >= 0
+    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight, transition_weight, history_weight)
     srcs, do_rank = rec.check_sources(sources, rank_stage)
+    if do_rank and fw.history_weight != 0 and history_rows is None:
+        raise ConfigError("history_weight != 0: the histories' rows were not given")
     trans = transition_input(rec, transitions, last_rows, fw.transition_weight if do_rank else 0.0)
     u = rec.utility_vector(utility)
     t: dict[str, float] = {}
@@ -423,7 +451,8 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
                                           retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
                                           request_surface=request_surface, request_ts=request_ts,
                                           keep_parts=keep_parts, scorer=scorer,
-                                          transition_weight=fw.transition_weight, trans=trans)
+                                          transition_weight=fw.transition_weight, trans=trans,
+                                          history_weight=fw.history_weight, history_rows=history_rows)
     else:
         score = merged_order(cands, srcs)
     with stage("topk", t):

@@ -1,7 +1,8 @@
 """L1 score-fusion weights, chosen on validation and kept beside the checkpoint they were chosen for.
 
 The L1 score of a candidate (``Recommender.run_batch``) is ``a * Σ_c u_c p_c + w * (user ·
-candidate vector) + v * log P(candidate's SID) + t * log P(candidate | last history item)``: the action heads' utility (UniPinRec's L1 alone:
+candidate vector) + v * log P(candidate's SID) + t * log P(candidate | last history item) + h * [candidate in the
+history]``: the action heads' utility (UniPinRec's L1 alone:
 a = 1, w = v = 0), the dense retrieval logit and the SID beam log-probability -- a product of
 experts over the one encoding. Which weighting is best depends on the data (on Amazon Beauty, one
 action type and no impressions, the heads alone rank badly and a = 0, w = 1, v = 0.05 wins), so
@@ -30,7 +31,7 @@ from genrec.workdir import atomic_write_json, file_digest, read_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FusionWeights", "FUSION_GRID", "TRANSITION_GRID", "fusion_file", "save_fusion", "load_fusion",
+__all__ = ["FusionWeights", "FUSION_GRID", "HISTORY_GRID", "TRANSITION_GRID", "fusion_file", "save_fusion", "load_fusion",
            "load_fusion_record", "parse_utility", "transition_file"]
 
 FORMAT = "genrec.fusion/1"
@@ -39,25 +40,32 @@ FORMAT = "genrec.fusion/1"
 @dataclass(frozen=True)
 class FusionWeights:
     """``a`` (action heads' utility), ``w`` (dense retrieval logit), ``v`` (SID log-probability), ``t``
-    (``log P(candidate | last history item)``, :mod:`genrec.infer.transitions`)."""
+    (``log P(candidate | last history item)``, :mod:`genrec.infer.transitions`), all >= 0, and ``h`` (1 for a
+    candidate the request's history holds: negative demotes what the user already had, positive promotes a
+    repeat), any finite number."""
 
     action_weight: float = 1.0
     retrieval_weight: float = 0.0
     sid_weight: float = 0.0
     transition_weight: float = 0.0
+    history_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name, x in asdict(self).items():
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {x!r}")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (
+                    x < 0 and name != "history_weight"):
+                raise ConfigError(f"{name} must be a finite number{'' if name == 'history_weight' else ' >= 0'}, "
+                                  f"got {x!r}")
 
     def resolve(self, action_weight: float | None, retrieval_weight: float | None,
-                sid_weight: float | None, transition_weight: float | None = None) -> FusionWeights:
+                sid_weight: float | None, transition_weight: float | None = None,
+                history_weight: float | None = None) -> FusionWeights:
         """These weights with any explicitly given one replacing its default."""
         return FusionWeights(self.action_weight if action_weight is None else action_weight,
                              self.retrieval_weight if retrieval_weight is None else retrieval_weight,
                              self.sid_weight if sid_weight is None else sid_weight,
-                             self.transition_weight if transition_weight is None else transition_weight)
+                             self.transition_weight if transition_weight is None else transition_weight,
+                             self.history_weight if history_weight is None else history_weight)
 
 
 # (a, w, v): the dense logit with SID priors of growing weight, the SID log-probability alone, and
@@ -71,6 +79,12 @@ TRANSITION_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0)
 """The transition term's weights ``genrec fusion tune`` tries beside each (a, w, v) when the run has transitions
 (docs/log/2026-12-06-l1-transitions.md: Beauty chose 3, ml-latest-small 20 -- past this grid, not decided --,
 MovieLens 100K 0)."""
+
+
+HISTORY_GRID: tuple[float, ...] = (0.0, 1.0, -0.5, -1.0, -2.0, -4.0, -8.0)
+"""The history term's weights ``genrec fusion tune`` tries once (a, w, v, t) are chosen without it; the full grid is
+then chosen again beside the best (docs/log/2026-12-06-paired-plain.md: Beauty's validation R@10 .1115 -> .1217 at
+-4 with the rest fixed)."""
 
 
 def transition_file(fusion_path: str | Path) -> Path:
@@ -141,10 +155,11 @@ def _read(path: Path) -> tuple[FusionWeights, dict[str, Any]] | None:
         fmt = d.get("format") if isinstance(d, dict) else None
         raise DataError(f"not a genrec fusion file (format {fmt!r})", path=path, field="format")
     w = d.get("weights")
-    three = {"action_weight", "retrieval_weight", "sid_weight"}  # files from before the transition term: t = 0
-    if not isinstance(w, dict) or set(w) not in (three, three | {"transition_weight"}):
-        raise DataError("expected weights {action_weight, retrieval_weight, sid_weight[, transition_weight]}",
-                        path=path, field="weights")
+    three = {"action_weight", "retrieval_weight", "sid_weight"}  # older files: t = 0, h = 0
+    if not isinstance(w, dict) or set(w) not in (three, three | {"transition_weight"},
+                                                 three | {"transition_weight", "history_weight"}):
+        raise DataError("expected weights {action_weight, retrieval_weight, sid_weight[, transition_weight[, "
+                        "history_weight]]}", path=path, field="weights")
     try:
         return FusionWeights(**w), d
     except ConfigError as e:

@@ -345,7 +345,8 @@ class Recommender(SidStage):
                   retrieval_weight: float | None = None, sid_weight: float | None = None,
                   action_weight: float | None = None, keep_parts: bool = False, n_real: int | None = None,
                   scorer: Scorer | None = None, transition_weight: float | None = None,
-                  last_rows: np.ndarray | None = None, transitions: TransitionTable | None = None) -> BatchResult:
+                  last_rows: np.ndarray | None = None, transitions: TransitionTable | None = None,
+                  history_rows: Sequence[np.ndarray] | None = None, history_weight: float | None = None) -> BatchResult:
         """The L0 -> L1 pipeline for a batch of encoded-ready histories (see module docstring and
         :mod:`genrec.infer.funnel`).
 
@@ -358,8 +359,10 @@ class Recommender(SidStage):
         terms are log-scale scores of the same encoding, so the fusion is a product of experts.
         ``transition_weight`` t >= 0 adds ``log P(candidate | the history's last item)`` from
         ``transitions`` (default :attr:`transitions`, the run's table) for ``last_rows`` (int [B], each
-        history's last catalogue row; required when t > 0). A weight left None takes :attr:`fusion`'s (the
-        weights ``genrec fusion tune`` chose on validation for this checkpoint, else a = 1, w = v = t = 0).
+        history's last catalogue row; required when t > 0). The stored ``history_weight`` h (any sign) adds h for a
+        candidate among ``history_rows`` (each request's history rows; required when h != 0). A weight left None
+        takes :attr:`fusion`'s (the weights ``genrec fusion tune`` chose on validation for this checkpoint, else
+        a = 1, w = v = t = h = 0).
         ``keep_parts``: also return every candidate's score parts (``BatchResult.l1_parts``).
         ``n_real``: the batch's first ``n_real`` rows are requests, the rest copies of its first row
         (bucket padding: work off the device, the ANN search, runs for the requests only). ``scorer``: the
@@ -370,7 +373,8 @@ class Recommender(SidStage):
                               request_surface=request_surface, request_ts=request_ts,
                               retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                               keep_parts=keep_parts, n_real=n_real, scorer=scorer,
-                              transition_weight=transition_weight, last_rows=last_rows, transitions=transitions)
+                              transition_weight=transition_weight, last_rows=last_rows, transitions=transitions,
+                              history_rows=history_rows, history_weight=history_weight)
 
     # ------------------------------------------------------------------ public
     def warmup(self, *, k: int = 10, beam_width: int = 20, min_bucket: int = 64,

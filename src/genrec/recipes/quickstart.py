@@ -83,7 +83,7 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
         fusion = tune_fusion(wd, rec=rec, eval_set=tune_es, beam_width=20, transitions=data.transitions)
     c = fusion["chosen"]
     step(f"fusion tune: a={c['action_weight']:g} w={c['retrieval_weight']:g} v={c['sid_weight']:g} "
-         f"t={c['transition_weight']:g} on "
+         f"t={c['transition_weight']:g} h={c['history_weight']:g} on "
          f"{fusion['chosen_on']['cases']} tuning users (stored for this checkpoint)", t)
 
     # every row on the same reporting users (same split, same cases), none of whom the weights were chosen on
@@ -101,7 +101,8 @@ def run_quickstart(workdir: str | Path, *, dataset: str = "movielens-100k", data
                                          overretrieve=int(fusion["chosen_on"]["overretrieve"]),
                                          utility=fusion["chosen_on"]["utility"], action_weight=c["action_weight"],
                                          retrieval_weight=c["retrieval_weight"], sid_weight=c["sid_weight"],
-                                         transition_weight=c["transition_weight"], transitions=data.transitions)
+                                         transition_weight=c["transition_weight"], transitions=data.transitions,
+                                         history_weight=c["history_weight"])
         pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
         pop_m = topk_metrics(pop.target_ranks(report_es.target_rows), ks)
         rows["popularity"] = pop_m

@@ -166,6 +166,8 @@ class Engine:
             v += f"+l1-a{f.action_weight:g}-w{f.retrieval_weight:g}-v{f.sid_weight:g}"
             if f.transition_weight > 0:  # older versions' strings stay as they were
                 v += f"-t{f.transition_weight:g}"
+            if f.history_weight != 0:
+                v += f"-h{f.history_weight:g}"
         return v
 
     def versions(self, workdir: str | Path | None = None) -> dict[str, Any]:
