@@ -232,11 +232,14 @@ def score(root: Path, ladder: dict[str, Any], a: argparse.Namespace) -> dict[str
                 missing = [k for k in keys if k not in plain[split]]
                 if missing:
                     raise SystemExit(f"{d}: {len(missing)} {split} users not in the plain SASRec's data, e.g. {missing[:3]}")
-                yr = np.array([plain[split][k] for k in keys])
-                for path, rk in ro.items():
-                    for metric in ("recall@10", "ndcg@10"):
-                        q = paired_ratio(rk, yr, metric, n_boot=a.n_boot)
-                        row[f"{split}/{path}/{metric}/vs_plain"] = [q.observed, q.low, q.high]
+                against = [("vs_plain", split)] + ([("vs_plain_excl", "test_excl")] if split == "test" and
+                                                    "test_excl" in plain else [])
+                for name, ys in against:
+                    yr = np.array([plain[ys][k] for k in keys])
+                    for path, rk in ro.items():
+                        for metric in ("recall@10", "ndcg@10"):
+                            q = paired_ratio(rk, yr, metric, n_boot=a.n_boot)
+                            row[f"{split}/{path}/{metric}/{name}"] = [q.observed, q.low, q.high]
         rows.append(row)
         print(f"scored {r['name']}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()
                                                   if k.endswith(("recall@10", "ndcg@10"))), flush=True)
@@ -268,7 +271,8 @@ def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
     target its final evaluations count, so genrec's paths can be paired with it user by user: its module-level
     ``metrics`` is wrapped (the rank computed as it computes it, then its own function called), not replaced.
     Its last three evaluations are the chosen checkpoint's validation, test and test-without-history, one row per
-    line of ``sequential_data.txt``, in order; written as users (the line's first field), valid, test."""
+    line of ``sequential_data.txt``, in order; written as users (the line's first field), valid, test and
+    test_excl (its ranks with the history's items left out, the figure a repeat-demoting L1 is to be read against)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("yardstick_sasrec", script)
@@ -288,22 +292,23 @@ def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
     with open(Path(args[0]) / "sequential_data.txt") as f:
         users = np.array([ln.split()[0] for ln in f if ln.strip()])
     n, ranks = len(users), np.concatenate(seen)
-    valid, test = ranks[-3 * n:-2 * n], ranks[-2 * n:-n]
+    valid, test, test_excl = ranks[-3 * n:-2 * n], ranks[-2 * n:-n], ranks[-n:]
     res = json.loads(Path(args[args.index("--out") + 1]).read_text().splitlines()[-1]) if "--out" in args else None
     if res is not None:  # the recorded ranks give back the script's own figures, or the pairing would be wrong
         for split, r in (("valid", valid), ("test", test)):
             if abs(float((r < 10).mean()) - res[split]["R@10"]) > 1e-6:
                 raise SystemExit(f"yardstick ranks: {split} R@10 {(r < 10).mean():.6f} != its {res[split]['R@10']}")
-    np.savez(ranks_file, users=users, valid=valid, test=test)
+    np.savez(ranks_file, users=users, valid=valid, test=test, test_excl=test_excl)
 
 
 def yardstick_ranks(root: Path) -> dict[str, dict[str, int]] | None:
-    """{split: {P5 user id: 0-based rank}} of the plain SASRec of this call, or None without one."""
+    """{split: {P5 user id: 0-based rank}} of the plain SASRec of this call (and "test_excl": its test ranks with
+    the history's items left out, where recorded), or None without one."""
     p = root / YARD_RANKS
     if not p.exists():
         return None
     z = np.load(p)
-    return {s: dict(zip(z["users"].tolist(), z[s].tolist())) for s in ("valid", "test")}
+    return {s: dict(zip(z["users"].tolist(), z[s].tolist())) for s in ("valid", "test", "test_excl") if s in z}
 
 
 def yardstick_result(root: Path) -> dict[str, Any] | None:

@@ -116,11 +116,14 @@ def test_l0l1_scores_what_genrec_eval_reports(benchmark_script: Callable[[str], 
     ladder = {"rungs": [{"name": "joint", "change": "a tiny joint model"}]}
     a = argparse.Namespace(sid_beam=6, l0l1=True, fusion_users=40, n_boot=10)
     users = np.array([str(u) for u in range(1, 944)])  # MovieLens 100K's users; a plain SASRec that hits every target
-    np.savez(root / ql.YARD_RANKS, users=users, valid=np.zeros(943, np.int64), test=np.zeros(943, np.int64))
+    zero = np.zeros(943, np.int64)
+    np.savez(root / ql.YARD_RANKS, users=users, valid=zero, test=zero, test_excl=zero)
     res = ql.score(root, ladder, a)
     row = res["rows"][0]
     for key in ("test/l0l1/recall@10", "valid/ann/ndcg@10"):  # paired user by user: the ratio to 1.0 everywhere
         assert row[f"{key}/vs_plain"][0] == pytest.approx(row[key])
+    assert row["test/ann/recall@10/vs_plain_excl"][0] == pytest.approx(row["test/ann/recall@10"])
+    assert "valid/ann/recall@10/vs_plain_excl" not in row  # the plain SASRec's history-excluded figure: test only
     assert row["fusion"]["sid_mode"] == "dense" and row["fusion"]["cases"] == 40
     assert (root / "joint" / "fusion").is_dir()
     for split in ("valid", "test"):
@@ -155,7 +158,7 @@ def test_the_yardstick_child_records_the_ranks_its_figures_come_from(benchmark_s
                    env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     z, res = np.load(ranks), json.loads(out.read_text().splitlines()[-1])
     assert z["users"].tolist() == [str(u) for u in range(1, 81)]
-    for split in ("valid", "test"):
+    for split, key in (("valid", "valid"), ("test", "test"), ("test_excl", "test_excl_history")):
         got = topk_metrics(z[split], (10,))
-        assert got["recall@10"] == pytest.approx(res[split]["R@10"]) and got["ndcg@10"] == pytest.approx(res[split]["N@10"])
+        assert got["recall@10"] == pytest.approx(res[key]["R@10"]) and got["ndcg@10"] == pytest.approx(res[key]["N@10"])
     assert ql.yardstick_ranks(tmp_path / "nothing") is None
