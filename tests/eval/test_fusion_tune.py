@@ -393,6 +393,24 @@ def test_history_term_is_served_as_defined(root: Path) -> None:
         from genrec.eval.report import markdown
 
         assert "− 3 · [item in the history]" in markdown(rep)
+        rep = evaluate(root, EvalConfig(split="valid", max_users=16, beam_width=12, ranking=False, history_weight=2.0))
+        assert rep["protocol"]["l1_fusion"]["history_weight"] == 2.0  # eval's explicit weight wins
+        with pytest.raises(ConfigError, match="--history-weight"):
+            EvalConfig(history_weight=float("nan")).validate()
+        # a call, or an HTTP request's "fusion", may set h: 0 ranks as the h = 0 weights do
+        rec.fusion = FusionWeights(0.0, 1.0, 0.5, 0.0, -3.0)
+        want_off = [(r.item_id, r.score) for r in base.recommend(hist2, k=10, beam_width=12, overretrieve=2)]
+        off = rec.recommend(hist2, k=10, beam_width=12, overretrieve=2, history_weight=0.0)
+        assert [(r.item_id, r.score) for r in off] == want_off
+        assert {r.item_id: r.score for r in rec.rank_items(hist, ids, beam_width=12, history_weight=0.0)} == want
+        eng = Engine.load(root)
+        assert eng.rec.fusion.history_weight == -3.0
+        got_http = eng.recommend(hist2, k=10, beam_width=12, diversity_lambda=0.0, sources=["sid", "ann"], rank=True,
+                                 fusion=FusionWeightsRequest(history_weight=0.0).model_dump())
+        assert [x["item_id"] for x in got_http["items"]] == [i for i, _ in want_off]
+        assert eng.version.endswith("-h-3")  # the served version names the history term
+    with pytest.raises(ValueError, match="history_weight"):
+        FusionWeightsRequest(history_weight=float("inf"))
 
 
 def test_eval_transitions_hold_the_pairs_before_the_targets_only(root: Path) -> None:

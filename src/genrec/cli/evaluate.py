@@ -30,6 +30,8 @@ def eval_cmd(
     transition_weight: Optional[float] = typer.Option(
         None, help="L1 score fusion: ... + t * log P(candidate | the history's last item), from the pairs of the "
                    "events before the split's targets (default: stored, else 0)."),
+    history_weight: Optional[float] = typer.Option(
+        None, help="L1 score fusion: ... + h * [candidate in the history], either sign (default: stored, else 0)."),
     sweep_lambda: Optional[str] = typer.Option(None, help="e.g. 0,0.5,1,2: SID recall + distinct codes per λ."),
     sweep_beam: Optional[str] = typer.Option(None, help="e.g. 10,20,50: SID recall per beam width."),
     sweep_context: Optional[str] = typer.Option(None, help="e.g. 5,10,20,50: recall per context length."),
@@ -53,7 +55,7 @@ def eval_cmd(
                      overretrieve=overretrieve, checkpoint=checkpoint, sid_mode=sid_mode, ranking=ranking,
                      slate_negatives=slate_negatives, dump_recs=None if dump_recs is None else str(dump_recs),
                      retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
-                     transition_weight=transition_weight, sweep_lambda=floats(sweep_lambda or "", "--sweep-lambda"),
+                     transition_weight=transition_weight, history_weight=history_weight, sweep_lambda=floats(sweep_lambda or "", "--sweep-lambda"),
                      sweep_beam=tuple(int(x) for x in floats(sweep_beam or "", "--sweep-beam")),
                      sweep_context=tuple(int(x) for x in floats(sweep_context or "", "--sweep-context")))
     report, files = run_eval(workdir, cfg)

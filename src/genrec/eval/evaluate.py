@@ -68,6 +68,7 @@ class EvalConfig:
     sid_weight: float | None = None
     action_weight: float | None = None
     transition_weight: float | None = None
+    history_weight: float | None = None
     utility: dict[str, float] | None = None
     """L1 utility for the L0+L1 path. None = every action weighs 1: the leave-one-out target is the
     next interaction of any kind, so the matching utility is the probability of engaging at all
@@ -107,6 +108,8 @@ class EvalConfig:
                         ("--action-weight", self.action_weight), ("--transition-weight", self.transition_weight)):
             if x is not None and not (x >= 0 and math.isfinite(x)):
                 raise ConfigError(f"{flag} must be a finite number >= 0, got {x}")
+        if self.history_weight is not None and not math.isfinite(self.history_weight):
+            raise ConfigError(f"--history-weight must be a finite number, got {self.history_weight}")
         if any(c < 1 for c in self.sweep_context):
             raise ConfigError("context lengths must be >= 1")
         if self.slate_negatives < 0:
@@ -264,7 +267,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                                   overretrieve=cfg.overretrieve, utility=cfg.utility, batch_size=cfg.batch_size,
                                   retrieval_weight=cfg.retrieval_weight, sid_weight=cfg.sid_weight,
                                   action_weight=cfg.action_weight, lists_out=lists, transitions=data.transitions,
-                                  transition_weight=cfg.transition_weight)
+                                  transition_weight=cfg.transition_weight, history_weight=cfg.history_weight)
         timings["l0l1"] = time.perf_counter() - t0
     pop = Popularity(rec.catalog.item_ids, data.train_item_ids)
     pop_ranks = pop.target_ranks(es.target_rows)
@@ -318,7 +321,8 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
                      "overretrieve": cfg.overretrieve, "utility": rec.default_utility() if cfg.utility is None
                      else cfg.utility, "context_len": rec.context_len, "max_users": cfg.max_users,
                      "l1_fusion": {**asdict(rec.fusion.resolve(cfg.action_weight, cfg.retrieval_weight,
-                                                               cfg.sid_weight, cfg.transition_weight)),
+                                                               cfg.sid_weight, cfg.transition_weight,
+                                                               cfg.history_weight)),
                                    "stored": None if rec.fusion_path is None else str(rec.fusion_path)}},
         "model_selection": _model_selection(rec, cfg, wd), "notes": notes,
         "previous_test_reports": previous if cfg.split == "test" else [],
@@ -352,7 +356,8 @@ def _report_notes(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> list[str]:
     another beam width than this evaluation's."""
     out: list[str] = []
     if rec.fusion_path is None or any(x is not None for x in (cfg.action_weight, cfg.retrieval_weight,
-                                                                cfg.sid_weight, cfg.transition_weight)):
+                                                                cfg.sid_weight, cfg.transition_weight,
+                                                                cfg.history_weight)):
         return out
     chosen = read_fusion_meta(rec.fusion_path).get("chosen_on", {})
     if cfg.split == "valid" and chosen.get("split") == "valid":

@@ -40,7 +40,8 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
                surface: str | int | None = None, request_ts: int | None = None,
                retrieval_weight: float | None = None, sid_weight: float | None = None,
                action_weight: float | None = None, scorer: Scorer | None = None,
-               t_wall: float | None = None, transition_weight: float | None = None) -> list[RecommendationList]:
+               t_wall: float | None = None, transition_weight: float | None = None,
+               history_weight: float | None = None) -> list[RecommendationList]:
     """:meth:`Recommender.recommend <genrec.infer.recommender.Recommender.recommend>` (its arguments) for
     histories already parsed (``rec.parse_history``; the service parses each request once), one list each.
     With ``rec.buckets`` the batch runs in chunks of at most the largest bucket, each padded to its bucket
@@ -66,12 +67,14 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
         t_parse = _ms(t_wall)
         # the whole given history, not only the newest context_len items the model reads
         excl = [np.unique(p["given_rows"]) for p in rows] if exclude_history else None
-        hist = excl if excl is not None or rec.fusion.history_weight == 0 else [np.unique(p["given_rows"]) for p in rows]
+        h = rec.fusion.history_weight if history_weight is None else history_weight
+        hist = excl if excl is not None or h == 0 else [np.unique(p["given_rows"]) for p in rows]
         res = rec.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
                             sid_weight=sid_weight, action_weight=action_weight, n_real=len(part), scorer=scorer,
-                            last_rows=last_rows(rows), transition_weight=transition_weight, history_rows=hist)
+                            last_rows=last_rows(rows), transition_weight=transition_weight, history_rows=hist,
+                            history_weight=history_weight)
         t0 = time.perf_counter()
         with stage("results"):
             res = res.head(len(part))
@@ -91,12 +94,13 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
 def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int], *, surface: str | int | None,
                request_ts: int | None, utility: Mapping[str, float] | None, action_weight: float | None,
                retrieval_weight: float | None, sid_weight: float | None, beam_width: int,
-               diversity_lambda: float, transition_weight: float | None = None) -> RankedList:
+               diversity_lambda: float, transition_weight: float | None = None,
+               history_weight: float | None = None) -> RankedList:
     """:meth:`genrec.infer.recommender.Recommender.rank_items` (its arguments)."""
     t_wall = time.perf_counter()
     if rec.model.action_head is None:
         raise ConfigError(f"rank: layout {rec.config.layout!r} has no action heads")
-    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight, transition_weight)
+    fw = rec.fusion.resolve(action_weight, retrieval_weight, sid_weight, transition_weight, history_weight)
     u = rec.utility_vector(utility)
     p = rec.parse_history(history)
     trans = transition_input(rec, None, last_rows([p]), fw.transition_weight)

@@ -416,8 +416,8 @@ class Recommender(SidStage):
                   utility: Mapping[str, float] | None = None, exclude_history: bool = False,
                   surface: str | int | None = None, request_ts: int | None = None,
                   retrieval_weight: float | None = None, sid_weight: float | None = None,
-                  action_weight: float | None = None,
-                  transition_weight: float | None = None) -> RecommendationList | list[RecommendationList]:
+                  action_weight: float | None = None, transition_weight: float | None = None,
+                  history_weight: float | None = None) -> RecommendationList | list[RecommendationList]:
         """Top-``k`` items for one history (-> RecommendationList) or a batch of them (-> list of them).
 
         ``sources=None`` / ``rank=None`` mean "every stage this model has" (a TIGER-layout model has
@@ -438,7 +438,8 @@ class Recommender(SidStage):
                                 sources=sources, rank=rank, overretrieve=overretrieve, utility=utility,
                                 exclude_history=exclude_history, surface=surface, request_ts=request_ts,
                                 retrieval_weight=retrieval_weight, sid_weight=sid_weight,
-                                action_weight=action_weight, transition_weight=transition_weight, t_wall=t_wall)
+                                action_weight=action_weight, transition_weight=transition_weight,
+                                history_weight=history_weight, t_wall=t_wall)
         return outs if is_batch else outs[0]
 
     @torch.no_grad()
@@ -446,7 +447,7 @@ class Recommender(SidStage):
                    request_ts: int | None = None, utility: Mapping[str, float] | None = None,
                    action_weight: float | None = None, retrieval_weight: float | None = None,
                    sid_weight: float | None = None, beam_width: int = 20, diversity_lambda: float = 0.0,
-                   transition_weight: float | None = None) -> RankedList:
+                   transition_weight: float | None = None, history_weight: float | None = None) -> RankedList:
         """Score GIVEN candidates for one history by the L1 score :meth:`recommend` ranks by (same fusion
         weights and utility, :func:`genrec.infer.funnel.rank_given`), best first, ties in the given order.
         One encode; each candidate attends to the cached history only (M-FALCON), so its score does not
@@ -456,4 +457,4 @@ class Recommender(SidStage):
         return calls.rank_items(self, history, item_ids, surface=surface, request_ts=request_ts, utility=utility,
                                 action_weight=action_weight, retrieval_weight=retrieval_weight,
                                 sid_weight=sid_weight, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                                transition_weight=transition_weight)
+                                transition_weight=transition_weight, history_weight=history_weight)

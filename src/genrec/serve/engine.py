@@ -95,7 +95,8 @@ def load_model(ckpt: str | Path, device: str = "cpu", digest: str | None = None)
 
 def _fusion_kw(fusion: Mapping[str, float | None] | None) -> dict[str, float | None]:
     f = fusion or {}
-    return {k: f.get(k) for k in ("action_weight", "retrieval_weight", "sid_weight", "transition_weight")}
+    return {k: f.get(k) for k in ("action_weight", "retrieval_weight", "sid_weight", "transition_weight",
+                                  "history_weight")}
 
 
 def _input_error(e: Exception) -> InputError:
@@ -196,7 +197,8 @@ class Engine:
                   remote_rank: RemoteRank | None = None, fusion: Mapping[str, float | None] | None = None,
                   exclude_history: bool = False, explain: bool = False) -> dict[str, Any]:
         """One encode -> SID + ANN -> ranking (locally, or through ``remote_rank``). ``fusion``: the
-        request's L1 weights (``action_weight`` / ``retrieval_weight`` / ``sid_weight`` / ``transition_weight``;
+        request's L1 weights (``action_weight`` / ``retrieval_weight`` / ``sid_weight`` / ``transition_weight`` /
+        ``history_weight``;
         None or a missing key: the served checkpoint's). ``exclude_history``: none of the history's items back
         (the whole history given, as :meth:`Recommender.recommend`). ``explain``: the answer also holds
         ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""

@@ -179,6 +179,10 @@ class FusionWeightsRequest(_Strict):
         default=None, ge=0.0, le=MAX_FUSION_WEIGHT,
         description="t: weight of log P(item | the history's last item), from the served run's item pairs (> 0 needs "
                     "the table `genrec fusion tune` stores with a transition term; 0 leaves the term out).")
+    history_weight: Optional[StrictFloat] = Field(
+        default=None, ge=-MAX_FUSION_WEIGHT, le=MAX_FUSION_WEIGHT,
+        description="h: added to the score of an item the request's history holds (negative demotes what the user "
+                    "already had, positive promotes a repeat; 0 leaves the term out).")
 
 
 _HISTORY_DOC = ("The user's events, oldest first (the newest context window of known items is read). Item ids "
