@@ -34,6 +34,7 @@ Prints Markdown tables; everything to ``$OUT/ladder.json`` (or ``--out``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -273,8 +274,6 @@ def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
     Its last three evaluations are the chosen checkpoint's validation, test and test-without-history, one row per
     line of ``sequential_data.txt``, in order; written as users (the line's first field), valid, test and
     test_excl (its ranks with the history's items left out, the figure a repeat-demoting L1 is to be read against)."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("yardstick_sasrec", script)
     assert spec is not None and spec.loader is not None, script
     mod = importlib.util.module_from_spec(spec)
@@ -295,7 +294,7 @@ def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
     valid, test, test_excl = ranks[-3 * n:-2 * n], ranks[-2 * n:-n], ranks[-n:]
     res = json.loads(Path(args[args.index("--out") + 1]).read_text().splitlines()[-1]) if "--out" in args else None
     if res is not None:  # the recorded ranks give back the script's own figures, or the pairing would be wrong
-        for split, r in (("valid", valid), ("test", test)):
+        for split, r in (("valid", valid), ("test", test), ("test_excl_history", test_excl)):
             if abs(float((r < 10).mean()) - res[split]["R@10"]) > 1e-6:
                 raise SystemExit(f"yardstick ranks: {split} R@10 {(r < 10).mean():.6f} != its {res[split]['R@10']}")
     np.savez(ranks_file, users=users, valid=valid, test=test, test_excl=test_excl)
@@ -360,10 +359,9 @@ def table(res: dict[str, Any], yard: dict[str, Any] | None) -> str:
             if f"test/{path}/recall@10" not in row:
                 continue
             ratio = f"{row[f'test/{path}/recall@10'] / yard['test']['R@10']:.3f}" if yard else "-"
-            for metric in ("recall@10", "ndcg@10") if f"test/{path}/recall@10/vs_plain" in row else ():
-                q = row[f"test/{path}/{metric}/vs_plain"]
-                ratio += f"{' / ' if metric == 'ndcg@10' else ' (paired '}{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]"
-            ratio += ")" if f"test/{path}/recall@10/vs_plain" in row else ""
+            if f"test/{path}/recall@10/vs_plain" in row:  # paired over the same users: R@10 and N@10, [95%]
+                ratio = " / ".join(f"{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]" for q in
+                                   (row[f"test/{path}/{m}/vs_plain"] for m in ("recall@10", "ndcg@10")))
 
             def diff(metric: str) -> str:
                 d = row.get(f"test/{path}/{metric}/diff")
