@@ -204,14 +204,13 @@ def l0l1_pass(rec: Recommender, es: EvalSet, *, ks: Sequence[int], beam_width: i
     lists = np.full((len(es), kmax), -1, np.int64) if lists_out is not None else None
     src_hits = {"sid": 0, "ann": 0, "both": 0}
     for lo, mb in _batches(rec, es, batch_size, rec.context_len):
+        hist = [ex.rows for ex in es.examples[lo:lo + mb.actions.shape[0]]]  # the history terms' (L1) rows
         res = rec.run_batch(mb, k=kmax, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=None,
                             rank=True, overretrieve=overretrieve, utility=utility,
                             retrieval_weight=retrieval_weight, sid_weight=sid_weight, action_weight=action_weight,
                             keep_parts=parts is not None, transition_weight=transition_weight,
                             transitions=transitions, last_rows=None if transitions is None else np.array(
-                                [ex.rows[-1] for ex in es.examples[lo:lo + mb.actions.shape[0]]], dtype=np.int64),
-                            history_rows=[ex.rows for ex in es.examples[lo:lo + mb.actions.shape[0]]],
-                            history_weight=history_weight)
+                                [h[-1] for h in hist], dtype=np.int64), history_rows=hist, history_weight=history_weight)
         tgt = es.target_rows[lo:lo + len(res.rows)]
         if parts is not None and res.l1_parts is not None:
             parts.append({**res.l1_parts, "target_rows": np.asarray(tgt)})

@@ -125,7 +125,8 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
                                       diversity_lambda=diversity_lambda,
                                       request_surface=torch.tensor([s], device=dev), request_ts=rts,
                                       transition_weight=fw.transition_weight, trans=trans,
-                                      history_weight=fw.history_weight, history_rows=np.unique(p["given_rows"]))
+                                      history_weight=fw.history_weight,
+                                      history_rows=np.unique(p["given_rows"]) if fw.history_weight else None)
             t["rank"] = _ms(t0)
         order = np.argsort(-score, kind="stable")
         sel = rows[ok][order]

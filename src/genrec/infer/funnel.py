@@ -182,14 +182,7 @@ def union(got: Retrieved, b: int, n: int, exclude_rows: Sequence[np.ndarray] | N
     tr = got.trans_rows if got.trans_rows is not None else np.full((b, 0), -1, np.int64)
     stride = 1 + max(int(got.sid_rows.max(initial=0)), int(got.ann_rows.max(initial=0)),
                      int(tr.max(initial=0)))  # key = request * stride + row
-    ex: np.ndarray | None = None
-    if exclude_rows is not None:
-        lens = [len(x) for x in exclude_rows]
-        flat = np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in exclude_rows]) if sum(lens) else \
-            np.zeros(0, np.int64)
-        req = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-        ok = (flat >= 0) & (flat < stride)
-        ex = req[ok] * stride + flat[ok]
+    ex = None if exclude_rows is None else _request_keys(exclude_rows, stride)
 
     def kept(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keep = first_seen(rows)
@@ -288,10 +281,11 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
             dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
         sid_lp_m = _sid_lp_matrix(cands, got.sid_reach) if sid_weight > 0 or keep_parts else None
         sid_lp = None if sid_lp_m is None else torch.from_numpy(sid_lp_m).to(util)
+        live = np.where(cands.valid, cands.rows, -1)  # [B, M], -1 pad
         trans_m = None
         if trans is not None and (transition_weight > 0 or keep_parts):
-            trans_m = trans[0].log_prob(trans[1], np.where(cands.valid, cands.rows, -1))  # [B, M]
-        hist_m = in_history(cands.rows, history_rows) if history_rows is not None and (
+            trans_m = trans[0].log_prob(trans[1], live)  # [B, M]
+        hist_m = in_history(live, history_rows) if history_rows is not None and (
             history_weight != 0 or keep_parts) else None
         score = l1_score(util, dot, sid_lp, None if trans_m is None else torch.from_numpy(trans_m).to(util),
                          None if hist_m is None else torch.from_numpy(hist_m).to(util),
@@ -299,7 +293,7 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
                          transition_weight=transition_weight, history_weight=history_weight).cpu().numpy()  # [B, M]
         l1_parts = None
         if keep_parts and sid_lp_m is not None:
-            l1_parts = {"rows": np.where(cands.valid, cands.rows, -1), "utility": util.cpu().numpy(),
+            l1_parts = {"rows": live, "utility": util.cpu().numpy(),
                         "dot": dot.cpu().numpy(), "sid_lp": sid_lp_m, "src": cands.src,
                         "trans": np.zeros_like(sid_lp_m) if trans_m is None else trans_m,
                         "hist": np.zeros_like(sid_lp_m) if hist_m is None else hist_m}
@@ -324,16 +318,23 @@ def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None,
     return fused
 
 
+def _request_keys(per_request: Sequence[np.ndarray], stride: int) -> np.ndarray:
+    """int64 keys ``request * stride + row`` of every row in ``0 .. stride - 1`` of each request's list: one
+    ``np.isin`` against ``b * stride + rows`` then asks "is this row in its request's list" for a whole batch."""
+    lens = [len(x) for x in per_request]
+    flat = np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in per_request]) if sum(lens) else \
+        np.zeros(0, np.int64)
+    req = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    ok = (flat >= 0) & (flat < stride)
+    return req[ok] * stride + flat[ok]
+
+
 def in_history(rows: np.ndarray, history_rows: Sequence[np.ndarray]) -> np.ndarray:
     """float32 [B, M]: 1 where ``rows[b, j]`` (>= 0) is among ``history_rows[b]``, else 0 (the history term)."""
     rows = np.asarray(rows, dtype=np.int64)
-    lens = [len(h) for h in history_rows]
-    flat = np.concatenate([np.asarray(h, np.int64).reshape(-1) for h in history_rows]) if sum(lens) else \
-        np.zeros(0, np.int64)
-    stride = 1 + max(int(rows.max(initial=0)), int(flat.max(initial=0)))
-    hk = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * stride + flat
+    stride = 1 + int(rows.max(initial=0))  # a history row past every candidate row matches none
     keys = np.arange(rows.shape[0], dtype=np.int64)[:, None] * stride + rows
-    return ((rows >= 0) & np.isin(keys, hk[flat >= 0])).astype(np.float32)
+    return ((rows >= 0) & np.isin(keys, _request_keys(history_rows, stride))).astype(np.float32)
 
 
 def rank_given(rec: Recommender, cache: KVCache, user: torch.Tensor | None, rows: torch.Tensor, u: torch.Tensor, *,
@@ -461,7 +462,6 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     out.timings_ms = t
     out.l1_parts = l1_parts
     return out
-
 
 
 def transition_input(rec: Recommender, table: TransitionTable | None, last_rows: np.ndarray | None,
