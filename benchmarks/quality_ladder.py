@@ -393,7 +393,8 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every rung (e.g. a time cap)")
     ap.add_argument("--score-only", action="store_true")
     ap.add_argument("--l0l1", action="store_true", help="also score each rung's L0 -> L1 path (fusion tuned on valid)")
-    ap.add_argument("--fusion-users", type=int, default=2000, help="validation users the L1 fusion is chosen on")
+    ap.add_argument("--fusion-users", type=int, default=0,
+                    help="validation users the L1 fusion is chosen on (0 = all, as `genrec fusion tune`)")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     a = ap.parse_args()
     ladder = json.loads(a.ladder.read_text())

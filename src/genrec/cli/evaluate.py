@@ -76,7 +76,7 @@ def eval_cmd(
 def fusion_tune(
     workdir: Path = typer.Argument(..., help="A trained run directory."),
     checkpoint: Optional[str] = CHECKPOINT,
-    max_users: int = typer.Option(2000, help="Validation cases to choose on (0 = all)."),
+    max_users: int = typer.Option(0, help="Validation cases to choose on (0 = all, as `genrec eval`)."),
     beam_width: int = typer.Option(20, help="SID beam width inside L0 (genrec eval's default; recorded with the "
                                             "weights)."),
     overretrieve: int = typer.Option(3, help="L0 over-retrieval factor r."),

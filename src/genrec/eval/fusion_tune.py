@@ -70,7 +70,7 @@ def choose_fusion(parts: Sequence[dict[str, np.ndarray]], ks: Sequence[int],
     return kept or best, rows
 
 
-def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 2000, beam_width: int = 20,
+def tune_fusion(workdir: str | Path, *, checkpoint: str | None = None, max_users: int = 0, beam_width: int = 20,
                 overretrieve: int = 3, batch_size: int = 128, metric: str = "recall@10",
                 grid: Sequence[tuple[float, float, float]] | None = None, save: bool = True,
                 rec: Recommender | None = None, utility: Mapping[str, float] | None = None,

@@ -81,10 +81,10 @@ TRANSITION_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0)
 MovieLens 100K 0)."""
 
 
-HISTORY_GRID: tuple[float, ...] = (0.0, 1.0, -0.5, -1.0, -2.0, -4.0, -8.0)
+HISTORY_GRID: tuple[float, ...] = (0.0, 1.0, -0.5, -1.0, -2.0, -4.0, -8.0, -16.0, -32.0)
 """The history term's weights ``genrec fusion tune`` tries once (a, w, v, t) are chosen without it; the full grid is
 then chosen again beside the best (docs/log/2026-12-06-paired-plain.md: Beauty's validation R@10 .1115 -> .1217 at
--4 with the rest fixed)."""
+-4 with the rest fixed; every validation user chose -8, the grid's end until 2026-12-06, hence -16 and -32)."""
 
 
 def transition_file(fusion_path: str | Path) -> Path:
