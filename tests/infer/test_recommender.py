@@ -481,3 +481,23 @@ def test_a_damaged_checkpoint_names_its_file_and_the_runs_other_checkpoints(rec:
     finally:
         weights.write_bytes(keep)
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_checkpoint_copied_without_its_training_state_serves(rec: Recommender, tmp_path: Path) -> None:
+    """Serving reads the weights and extra.json only: a folder copied without the optimizer / RNG state loads and
+    answers as the full one; resuming training from it names the missing file."""
+    import shutil
+
+    from genrec.model.checkpoint_io import CheckpointError
+    from genrec.train.checkpoint import load_checkpoint
+
+    served = tmp_path / Path(rec.checkpoint).name
+    shutil.copytree(rec.checkpoint, served, ignore=shutil.ignore_patterns("state.*"))
+    assert not list(served.glob("state.*")) and (served / "model.safetensors").exists()
+    light = Recommender.from_checkpoint(rec.workdir, str(served))
+    want = rec.recommend(HIST, k=20, beam_width=16)
+    got = light.recommend(HIST, k=20, beam_width=16)
+    assert [r.item_id for r in got] == [r.item_id for r in want]
+    np.testing.assert_allclose([r.score for r in got], [r.score for r in want], atol=1e-6)
+    with pytest.raises(CheckpointError, match=r"state\.safetensors is missing.*resuming training"):
+        load_checkpoint(served, light.model)

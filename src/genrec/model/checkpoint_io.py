@@ -38,10 +38,13 @@ MODEL_PREFIX = "model."
 """Where the training objective keeps the model: its state dict names the model's tensors ``model.<name>``."""
 TRAINING_ONLY = ("sketch.",)
 """State the training objective saves beside the model that inference does not read (its count-min sketch)."""
-REQUIRED_FILES = ("model.safetensors", "state.safetensors", "state.json", "extra.json")
+SERVED_FILES = ("model.safetensors", "extra.json")
+"""What inference reads of a checkpoint: a folder copied for serving may leave the training state out."""
+REQUIRED_FILES = (*SERVED_FILES, "state.safetensors", "state.json")
+"""What a resume reads: the served files and the optimizer / scheduler / RNG state."""
 
-__all__ = ["BEST", "LATEST", "CheckpointError", "list_checkpoints", "load_checkpoint", "load_config_dict",
-           "load_weights", "model_state", "open_checkpoint", "read_weights", "resolve_checkpoint"]
+__all__ = ["BEST", "LATEST", "REQUIRED_FILES", "SERVED_FILES", "CheckpointError", "list_checkpoints", "load_checkpoint",
+           "load_config_dict", "load_weights", "model_state", "open_checkpoint", "read_weights", "resolve_checkpoint"]
 
 
 class CheckpointError(GenrecError):
@@ -132,9 +135,10 @@ def read_file(path: Path, read: Callable[[Path], Any]) -> Any:
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
 
 
-def open_checkpoint(path: str | Path, which: str = LATEST) -> Path:
-    """The complete checkpoint folder for ``path`` (as :func:`resolve_checkpoint`): its ``meta.json`` in a
-    known format and every file a checkpoint holds present, else a :class:`CheckpointError` naming what is not."""
+def open_checkpoint(path: str | Path, which: str = LATEST, *, required: tuple[str, ...] = SERVED_FILES) -> Path:
+    """The checkpoint folder for ``path`` (as :func:`resolve_checkpoint`): its ``meta.json`` in a known format and
+    the ``required`` files present (default: what inference reads; a resume asks for ``REQUIRED_FILES``), else a
+    :class:`CheckpointError` naming what is not."""
     ckpt = resolve_checkpoint(path, which)
     if ckpt is None:
         raise CheckpointError(f"no checkpoint at {path} (no {which} file and no meta.json)")
@@ -142,9 +146,10 @@ def open_checkpoint(path: str | Path, which: str = LATEST) -> Path:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         fmt = meta.get("format") if isinstance(meta, dict) else meta
         raise CheckpointError(f"{ckpt / 'meta.json'}: unsupported checkpoint format {fmt!r}")
-    for f in REQUIRED_FILES:
+    for f in required:
         if not (ckpt / f).exists():
-            raise CheckpointError(f"{ckpt / f} is missing: the checkpoint is incomplete")
+            what = "" if f in SERVED_FILES else " for resuming training (serving does not need it)"
+            raise CheckpointError(f"{ckpt / f} is missing: the checkpoint is incomplete{what}")
     return ckpt
 
 

@@ -45,6 +45,7 @@ from genrec.model.checkpoint_io import (
     BEST,
     FORMAT_VERSION,
     LATEST,
+    REQUIRED_FILES,
     STEP_RE,
     CheckpointError,
     list_checkpoints,
@@ -253,7 +254,7 @@ def load_checkpoint(
     root's ``LATEST``/``BEST``; returns the saved ``extra`` dict. The weights load under the names they
     were saved with (the training objective's: resume, ``init_from``); a bare model for inference loads
     through :func:`genrec.model.checkpoint_io.load_checkpoint`."""
-    ckpt = open_checkpoint(path, which)
+    ckpt = open_checkpoint(path, which, required=REQUIRED_FILES)
     load_weights(_unwrap(model), ckpt / "model.safetensors", strict=strict, device=device)
     tensors = read_file(ckpt / "state.safetensors", lambda p: load_file(str(p), device="cpu"))
     skeleton = read_file(ckpt / "state.json", read_json)
