@@ -8,6 +8,7 @@
 # A third field sets overrides for every rung of that ladder (comma-separated), e.g. a shorter time cap so the
 # dataset's preparation and scoring fit one device call: "beauty:configs/ladder-beauty.json:train.max_minutes=4.5".
 # SID_ARGS replaces the base SIDs' `sid build` options (default: 3 levels; SID_ARGS="--seed 0" gives sid build's defaults).
+# NAME synth: `genrec data synth` (SYNTH_ARGS, default --users 1000 --items 10000 --events 2000000) instead of a dataset.
 # LADDER_ARGS passes more options to every quality_ladder.py, e.g. LADDER_ARGS="--only pinger-50 pinger-200".
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
@@ -18,12 +19,14 @@ one() {  # NAME LADDER [SET]: prepare the run directory, then the ladder; output
     beauty) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
     ml100k) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
     mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
+    synth) p5=; cb="";;  # genrec data synth: long histories (median ~1,200 events), no P5 file: no plain SASRec
   esac
-  { python3 -m genrec.cli data prepare $prep && python3 -m genrec.cli features build $wd \
+  { if [ $name = synth ]; then python3 -m genrec.cli data synth $wd ${SYNTH_ARGS:---users 1000 --items 10000 --events 2000000}
+    else python3 -m genrec.cli data prepare $prep; fi && python3 -m genrec.cli features build $wd \
       && python3 -m genrec.cli sid build $wd ${SID_ARGS:---levels 3 $cb}; } > /tmp/$name.prep.log 2>&1 \
       || { tail -5 /tmp/$name.prep.log; return 1; }
   timeout ${LADDER_TIMEOUT:-560} python3 benchmarks/quality_ladder.py $wd --ladder $ladder --parallel ${PARALLEL:-14} \
-    "${extra[@]}" ${LADDER_ARGS:-} --p5 $p5 --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
+    "${extra[@]}" ${LADDER_ARGS:-} ${p5:+--p5 $p5} --yardstick .gpudata/yardstick/sasrec.py --out $OUT/$name 2>&1 | grep -v "Warn\|warn" > $OUT/$name.log
 }
 pids=()
 for spec in ${RUNS:-beauty:configs/ladder-beauty.json}; do one ${spec//:/ } & pids+=($!); done
