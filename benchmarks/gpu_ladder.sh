@@ -9,12 +9,14 @@
 # dataset's preparation and scoring fit one device call: "beauty:configs/ladder-beauty.json:train.max_minutes=4.5".
 # SID_ARGS replaces the base SIDs' `sid build` options (default: 3 levels; SID_ARGS="--seed 0" gives sid build's defaults).
 # NAME synth: `genrec data synth` (SYNTH_ARGS, default --users 1000 --items 10000 --events 2000000) instead of a dataset.
-# LADDER_ARGS passes more options to every quality_ladder.py, e.g. LADDER_ARGS="--only pinger-50 pinger-200".
+# LADDER_ARGS passes more options to every quality_ladder.py, e.g. LADDER_ARGS="--only pinger-50 pinger-200"; a fourth
+# field to one ladder only: "mlsmall:configs/ladder-context.json:train.max_minutes=5:--only,pinger-2000".
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
-one() {  # NAME LADDER [SET]: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
+one() {  # NAME LADDER [SET [ARGS]]: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
   local name=$1 ladder=$2 wd=runs/$1 p5 prep extra=()
   [ -n "${3:-}" ] && extra=(--set ${3//,/ })
+  [ -n "${4:-}" ] && extra+=(${4//,/ })
   case $name in
     beauty) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
     ml100k) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
