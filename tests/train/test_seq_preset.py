@@ -66,6 +66,19 @@ def test_the_action_weight_follows_the_datas_actions(tmp_path: Path, data_root: 
         dataclasses.replace(obj, w_action_feedback=-1.0).validate()
     # training on MovieLens (three actions) says which weight it took
     build_run(tmp_path / "run", data_root, steps=1, overrides=("objective.w_action=0.5",
-                                                               "objective.w_action_feedback=3"))
+                                                               "objective.w_action_feedback=3",
+                                                               "data.neg_sampling_feedback=mixed"))
     err = capsys.readouterr().err
     assert "the action loss weighs 3 (objective.w_action_feedback), not 0.5" in err, err
+    assert "ranking candidates drawn mixed (data.neg_sampling_feedback), not uniform" in err, err
+
+
+def test_the_ranking_candidates_follow_the_datas_actions(tmp_path: Path, data_root: Path) -> None:
+    """One action logged: the preset draws ranking rows' impression-only candidates from the engagement neighbours;
+    several: half of them uniformly (``data.neg_sampling_feedback``); unset, neg_sampling everywhere; a value
+    outside the samplings is refused naming the key."""
+    data = RunConfig.from_name("seq-small").data
+    assert (data.sampling_for(1), data.sampling_for(3)) == ("neighbours", "mixed")
+    assert dataclasses.replace(data, neg_sampling_feedback=None).sampling_for(3) == "neighbours"
+    with pytest.raises(ConfigError, match="data.neg_sampling_feedback"):
+        build_run(tmp_path / "bad", data_root, steps=1, overrides=("data.neg_sampling_feedback=nearby",))

@@ -130,18 +130,24 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                                  dense_temperature=obj_cfg.temperature)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
-    if cfg.data.neg_sampling not in NEG_SAMPLING:
-        raise ConfigError(f"config key 'data.neg_sampling': must be one of {', '.join(NEG_SAMPLING)}, "
-                          f"got {cfg.data.neg_sampling!r}")
+    for key in ("neg_sampling", "neg_sampling_feedback"):
+        if (value := getattr(cfg.data, key)) not in NEG_SAMPLING and (key == "neg_sampling" or value is not None):
+            raise ConfigError(f"config key 'data.{key}': must be one of {', '.join(NEG_SAMPLING)}"
+                              f"{'' if key == 'neg_sampling' else ' or null'}, got {value!r}")
+    sampling = cfg.data.sampling_for(len(info.actions))
+    key = "data.neg_sampling" if sampling == cfg.data.neg_sampling else "data.neg_sampling_feedback"
+    if sampling != cfg.data.neg_sampling and obj_cfg.w_action > 0 and dist_info.rank == 0:
+        print(f"[genrec.train] the data logs {len(info.actions)} actions: ranking candidates drawn {sampling} "
+              f"(data.neg_sampling_feedback), not {cfg.data.neg_sampling}", file=sys.stderr)
     neg_weights = neg_table = neg_near = None
-    if cfg.data.neg_sampling == "popularity":
+    if sampling == "popularity":
         neg_weights = counts.astype(np.float64) ** 0.75 if n_train else np.ones(len(catalog))
-    elif cfg.data.neg_sampling in ("neighbours", "mixed"):
+    elif sampling in ("neighbours", "mixed"):
         if catalog.n_engagement == 0:
-            raise ConfigError(f"config key 'data.neg_sampling': {cfg.data.neg_sampling!r} needs the items' engagement "
+            raise ConfigError(f"config key '{key}': {sampling!r} needs the items' engagement "
                               f"vectors (features in {wd.features} have none): rebuild them with `genrec features build`")
         neg_table = neighbour_table(catalog.feats[:, -catalog.n_engagement:].numpy(), NEIGHBOURS)
-        neg_near = (cfg.data.neg_cands + 1) // 2 if cfg.data.neg_sampling == "mixed" else None
+        neg_near = (cfg.data.neg_cands + 1) // 2 if sampling == "mixed" else None
     p_rank = cfg.data.p_rank if obj_cfg.w_action > 0 or obj_cfg.w_dpo > 0 else 0.0
     # the batches' settings, checked before anything trains; the streaming and in-memory inputs share them
     options = CollateOptions(

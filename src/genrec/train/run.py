@@ -68,6 +68,9 @@ class DataConfig:
     # uniform | popularity (training-split counts ^ 0.75) | neighbours (the engagement neighbours of the slate's
     # items, the user's own items left out: what L0 returns beside what the user took) | mixed (half of each)
     neg_sampling: str = "uniform"
+    # where the data logs several actions (like / view / dislike), this sampling instead (None: neg_sampling
+    # everywhere); the candidates teach the heads which action, so one-action data keeps neg_sampling
+    neg_sampling_feedback: str | None = None
     split: str = "loo"  # loo | temporal
     valid_cases: int = 2000  # valid users scored per evaluation during training (0 = all)
     eval_beam: int = 20
@@ -90,6 +93,12 @@ class DataConfig:
             raise ConfigError(f"config key 'data.window_buckets': must be >= 1, got {self.window_buckets}")
         if self.ray_workers < 1:
             raise ConfigError(f"config key 'data.ray_workers': must be >= 1, got {self.ray_workers}")
+
+    def sampling_for(self, n_actions: int) -> str:
+        """How ranking rows' impression-only candidates are drawn on data that logs ``n_actions`` actions:
+        ``neg_sampling_feedback`` where it logs several and that is set, else ``neg_sampling``."""
+        return self.neg_sampling_feedback if self.neg_sampling_feedback is not None and n_actions >= 2 \
+            else self.neg_sampling
 
 
 @dataclass
@@ -226,7 +235,8 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                    input_proj=False, normalize=False, embed_init_std=0.02),
         objective=dict(item_loss="full", w_sid=4.0, w_item=1.0, w_action=0.2, w_action_feedback=5.0,
                        temperature=1.0),
-        data=dict(context_len=50, valid_cases=5000, eval_beam=20, neg_sampling="neighbours"),
+        data=dict(context_len=50, valid_cases=5000, eval_beam=20, neg_sampling="neighbours",
+                  neg_sampling_feedback="mixed"),
         train=dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), decay="constant", warmup_steps=0, grad_clip=0.0,
                    ema_decay=0.999, batch_size=256, bf16=True, device="auto", total_steps=200000, max_minutes=5,
                    eval_every=200, log_every=200, ckpt_every=1000, keep_last=2, compile=False,
