@@ -65,10 +65,11 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
             if request_ts is not None:
                 rts = torch.full((len(rows),), int(request_ts), dtype=torch.int64, device=rec.device)
         t_parse = _ms(t_wall)
-        # the whole given history, not only the newest context_len items the model reads
-        excl = [np.unique(p["given_rows"]) for p in rows] if exclude_history else None
-        h = rec.fusion.history_weight if history_weight is None else history_weight
-        hist = excl if excl is not None or h == 0 else [np.unique(p["given_rows"]) for p in rows]
+        # the whole given history, not only the newest context_len items the model reads: for the exclusion and
+        # the history term
+        h = rec.fusion.resolve(None, None, None, history_weight=history_weight).history_weight
+        hist = [given_rows(p) for p in rows] if exclude_history or h != 0 else None
+        excl = hist if exclude_history else None
         res = rec.run_batch(mb, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                             rank=rank, overretrieve=overretrieve, utility=utility, exclude_rows=excl,
                             request_surface=surf, request_ts=rts, retrieval_weight=retrieval_weight,
@@ -126,7 +127,7 @@ def rank_items(rec: Recommender, history: Sequence[Any], item_ids: Sequence[int]
                                       request_surface=torch.tensor([s], device=dev), request_ts=rts,
                                       transition_weight=fw.transition_weight, trans=trans,
                                       history_weight=fw.history_weight,
-                                      history_rows=np.unique(p["given_rows"]) if fw.history_weight else None)
+                                      history_rows=given_rows(p) if fw.history_weight else None)
             t["rank"] = _ms(t0)
         order = np.argsort(-score, kind="stable")
         sel = rows[ok][order]
@@ -149,3 +150,9 @@ def _ms(t0: float) -> float:
 def last_rows(parsed: Sequence[dict[str, Any]]) -> np.ndarray:
     """int64 [B]: each parsed history's last catalogue row (-1 for an empty one): the L1 transition term's source."""
     return np.array([int(p["rows"][-1]) if len(p["rows"]) else -1 for p in parsed], dtype=np.int64)
+
+
+def given_rows(parsed: dict[str, Any]) -> np.ndarray:
+    """The catalogue rows of the WHOLE given history (not only the newest context_len the model reads), each once:
+    what ``exclude_history`` leaves out and the L1 history term marks."""
+    return np.unique(parsed["given_rows"])

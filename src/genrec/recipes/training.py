@@ -30,7 +30,7 @@ from genrec.errors import ConfigError
 from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
 from genrec.model.genrec_model import GenRecModel
 from genrec.sid.build import open_current
-from genrec.train.batches import NEG_SAMPLING, NEIGHBOURS, BatchStream, materialise, neighbour_table
+from genrec.train.batches import NEIGHBOURS, BatchStream, materialise, neighbour_table
 from genrec.train.config import compile_kwargs, compile_mode_for_world
 from genrec.train.distributed import broadcast_object, cleanup, group_initialized, init_distributed, pick_device
 from genrec.train.objective import JointObjective
@@ -130,10 +130,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
                                  dense_temperature=obj_cfg.temperature)
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
-    for key in ("neg_sampling", "neg_sampling_feedback"):
-        if (value := getattr(cfg.data, key)) not in NEG_SAMPLING and (key == "neg_sampling" or value is not None):
-            raise ConfigError(f"config key 'data.{key}': must be one of {', '.join(NEG_SAMPLING)}"
-                              f"{'' if key == 'neg_sampling' else ' or null'}, got {value!r}")
     sampling = cfg.data.sampling_for(len(info.actions))
     key = "data.neg_sampling" if sampling == cfg.data.neg_sampling else "data.neg_sampling_feedback"
     if sampling != cfg.data.neg_sampling and obj_cfg.w_action > 0 and dist_info.rank == 0:

@@ -33,6 +33,7 @@ from typing import Any
 from genrec.catalog import ItemCatalog
 from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
+from genrec.train.batches import NEG_SAMPLING
 from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
 from genrec.train.objective import JointObjective, ObjectiveConfig
 from genrec.train.warm import warm_start
@@ -93,6 +94,12 @@ class DataConfig:
             raise ConfigError(f"config key 'data.window_buckets': must be >= 1, got {self.window_buckets}")
         if self.ray_workers < 1:
             raise ConfigError(f"config key 'data.ray_workers': must be >= 1, got {self.ray_workers}")
+        if self.neg_sampling not in NEG_SAMPLING:
+            raise ConfigError(f"config key 'data.neg_sampling': must be one of {', '.join(NEG_SAMPLING)}, "
+                              f"got {self.neg_sampling!r}")
+        if self.neg_sampling_feedback is not None and self.neg_sampling_feedback not in NEG_SAMPLING:
+            raise ConfigError(f"config key 'data.neg_sampling_feedback': must be one of {', '.join(NEG_SAMPLING)} "
+                              f"or null, got {self.neg_sampling_feedback!r}")
 
     def sampling_for(self, n_actions: int) -> str:
         """How ranking rows' impression-only candidates are drawn on data that logs ``n_actions`` actions:
