@@ -58,23 +58,10 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
     info = store.info()
     mv, obj_cfg = variant_overrides(cfg)
     if (resolved := obj_cfg.for_actions(len(info.actions))) is not obj_cfg and dist_info.rank == 0:
-        said = []
-        if resolved.w_action != obj_cfg.w_action:
-            said.append(f"weighs {resolved.w_action:g} (objective.w_action_feedback), not {obj_cfg.w_action:g}")
-        if resolved.action_from_step != obj_cfg.action_from_step:
-            said.append(f"starts at step {resolved.action_from_step} (objective.action_from_step_feedback), not "
-                        f"{obj_cfg.action_from_step}")
-        if said:
-            print(f"[genrec.train] the data logs {len(info.actions)} actions ({', '.join(info.actions)}): the action "
-                  f"loss {' and '.join(said)}", file=sys.stderr)
+        print(f"[genrec.train] the data logs {len(info.actions)} actions ({', '.join(info.actions)}): the action "
+              f"loss weighs {resolved.w_action:g} (objective.w_action_feedback), not {obj_cfg.w_action:g}",
+              file=sys.stderr)
     obj_cfg = resolved
-    es = cfg.train.early_stopping
-    if obj_cfg.w_action > 0 and obj_cfg.action_from_step > es.from_step:  # no best checkpoint with untrained heads
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-            cfg.train, early_stopping=dataclasses.replace(es, from_step=obj_cfg.action_from_step)))
-        if dist_info.rank == 0:
-            print(f"[genrec.train] the action loss starts at step {obj_cfg.action_from_step}: the best checkpoint is "
-                  "chosen from there on (train.early_stopping.from_step)", file=sys.stderr)
     needs_sids = mv.get("layout", "pinger") in ("pinger", "tiger")
     if cfg.data.split not in ("loo", "temporal"):
         raise ConfigError(f"config key 'data.split': must be 'loo' or 'temporal', got {cfg.data.split!r}")

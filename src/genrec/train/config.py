@@ -33,7 +33,6 @@ class EarlyStoppingConfig:
     mode: Literal["max", "min"] = "max"
     patience: int = 0  # 0 = never stop early
     min_delta: float = 0.0
-    from_step: int = 0  # evaluations before this step neither choose the best checkpoint nor count against patience
 
     def improves(self, value: float, best: float | None) -> bool:
         """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``min_delta`` in ``mode``'s direction."""
@@ -203,8 +202,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train config 'early_stopping.mode': must be max|min, got {es.mode!r}")
     if es.patience < 0:
         raise ConfigError(f"train config 'early_stopping.patience': must be >= 0, got {es.patience!r}")
-    if es.from_step < 0:
-        raise ConfigError(f"train config 'early_stopping.from_step': must be >= 0, got {es.from_step!r}")
 
 
 # ---------------------------------------------------------------------------- generic dataclass I/O

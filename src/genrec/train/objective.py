@@ -60,31 +60,19 @@ class ObjectiveConfig:
     # so the item tower also learns to place items from content alone (cold start: new items have none)
     w_dpo: float = 0.0  # preference tuning (genrec train --stage dpo): DPO on SID sequences, genrec.train.dpo
     dpo_beta: float = 0.1  # DPO's beta: how far the policy may move from the frozen reference per unit of margin
-    # the action loss counts from this step on; before it the model trains its retrieval losses alone, so the heads
-    # start on a retrieval-shaped model (UniPinRec fine-tunes ranking on a trained retrieval model; here one run
-    # does both and goes on training every part). The best checkpoint is chosen from this step on (train_run)
-    action_from_step: int = 0
-    action_from_step_feedback: int | None = None  # the same where the data logs several actions (None: the above)
 
     def for_actions(self, n_actions: int) -> "ObjectiveConfig":
-        """This objective on data that logs ``n_actions`` actions: ``w_action_feedback`` in place of ``w_action`` and
-        ``action_from_step_feedback`` in place of ``action_from_step`` (each where set) where there are two or more
-        and the action loss is trained at all (``w_action`` > 0)."""
-        if n_actions < 2 or self.w_action == 0:
+        """This objective on data that logs ``n_actions`` actions: ``w_action_feedback`` in place of ``w_action``
+        where there are two or more and the action loss is trained at all (``w_action`` > 0)."""
+        if self.w_action_feedback is None or n_actions < 2 or self.w_action == 0:
             return self
-        changes = {k: v for k, v in (("w_action", self.w_action_feedback),
-                                     ("action_from_step", self.action_from_step_feedback)) if v is not None}
-        return dataclasses.replace(self, **changes) if changes else self
+        return dataclasses.replace(self, w_action=self.w_action_feedback)
 
     def validate(self) -> None:
         if self.w_action_feedback is not None and not (math.isfinite(self.w_action_feedback)
                                                        and self.w_action_feedback >= 0):
             raise ConfigError(f"objective.w_action_feedback must be a finite number >= 0 or null, "
                               f"got {self.w_action_feedback}")
-        for key, v in (("action_from_step", self.action_from_step),
-                       ("action_from_step_feedback", self.action_from_step_feedback)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(f"objective.{key} must be a whole number of steps >= 0, got {v!r}")
         if self.item_loss not in ("sampled", "full"):
             raise ConfigError(f"objective.item_loss must be 'sampled' or 'full', got {self.item_loss!r}")
         if not 0.0 <= self.p_mask < 1.0:
@@ -116,7 +104,6 @@ class JointObjective(nn.Module):
         cfg.validate()
         self.model = model
         self.cfg = cfg
-        self.step = 0  # the optimiser step about to run (Trainer calls at_step): cfg.action_from_step reads it
         self.register_buffer("feats", catalog.feats.float(), persistent=False)  # [N, F]
         self.register_buffer("item_ids", torch.from_numpy(np.asarray(catalog.item_ids, dtype=np.int64)),
                              persistent=False)  # [N]
@@ -205,10 +192,6 @@ class JointObjective(nn.Module):
             keep[..., -self.n_engagement:] = (~drop)[..., None].to(f.dtype)
             f = f * keep
         return f
-
-    def at_step(self, step: int) -> None:
-        """The trainer's hook before each optimiser step: ``step`` steps are done."""
-        self.step = step
 
     def catalogue_vectors(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Item vectors of catalogue rows ``start:stop`` (features + ID vectors): ``[rows, item_dim]``."""
@@ -325,7 +308,7 @@ class JointObjective(nn.Module):
             total = total + cfg.w_item * terms["item"]
         if "action_past" in sums:  # eq. 4: per head, the past mean plus the candidates' mean
             terms["action"] = (means["action_past"] + means["action_cand"]).sum()
-            total = total + (cfg.w_action if self.step >= cfg.action_from_step else 0.0) * terms["action"]
+            total = total + cfg.w_action * terms["action"]
         if "dpo" in sums:  # DPO's mean over every process's pairs; the share of pairs it orders right, logged
             terms["dpo"], terms["dpo_acc"] = means["dpo"], means["dpo_acc"].detach()
             total = total + cfg.w_dpo * terms["dpo"]

@@ -258,7 +258,7 @@ class Trainer:
     def _early_stop_update(self, metrics: Mapping[str, float]) -> tuple[bool, bool]:
         """(improved, should_stop) for the configured metric."""
         es = self.cfg.early_stopping
-        if not es.metric or self.step < es.from_step:  # before from_step: neither the best nor a bad evaluation
+        if not es.metric:
             return False, False
         if es.metric not in metrics:
             raise GenrecError(f"early_stopping.metric {es.metric!r} not among eval metrics {sorted(metrics)}")
@@ -398,9 +398,6 @@ class Trainer:
         """One optimiser step on ``batch``, its terms queued in ``window``; returns whether the time is up."""
         cfg, info = self.cfg, self.info
         batch = to_device(batch, self.device)
-        at_step = getattr(self.model, "at_step", None)  # a model whose objective follows the step (a schedule)
-        if callable(at_step):
-            at_step(self.step)
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with self._autocast():
