@@ -131,8 +131,9 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
         return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
 
     sampling = cfg.data.sampling_for(len(info.actions))
-    key = "data.neg_sampling" if sampling == cfg.data.neg_sampling else "data.neg_sampling_feedback"
-    if sampling != cfg.data.neg_sampling and obj_cfg.w_action > 0 and dist_info.rank == 0:
+    by_feedback = sampling != cfg.data.neg_sampling
+    key = "data.neg_sampling_feedback" if by_feedback else "data.neg_sampling"
+    if by_feedback and obj_cfg.w_action > 0 and dist_info.rank == 0:
         print(f"[genrec.train] the data logs {len(info.actions)} actions: ranking candidates drawn {sampling} "
               f"(data.neg_sampling_feedback), not {cfg.data.neg_sampling}", file=sys.stderr)
     neg_weights = neg_table = neg_near = None

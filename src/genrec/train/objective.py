@@ -40,6 +40,12 @@ from genrec.train.dpo import dpo_loss, preference_pairs, sid_sequence_logprob
 from genrec.validation import trusted_inputs
 
 
+def logs_feedback(n_actions: int) -> bool:
+    """Whether data that logs ``n_actions`` actions carries feedback beyond engagement (like / view / dislike, cart /
+    buy): the one rule the ``*_feedback`` settings of the objective and the data follow."""
+    return n_actions >= 2
+
+
 @dataclass
 class ObjectiveConfig:
     w_sid: float = 1.0
@@ -64,7 +70,7 @@ class ObjectiveConfig:
     def for_actions(self, n_actions: int) -> "ObjectiveConfig":
         """This objective on data that logs ``n_actions`` actions: ``w_action_feedback`` in place of ``w_action``
         where there are two or more and the action loss is trained at all (``w_action`` > 0)."""
-        if self.w_action_feedback is None or n_actions < 2 or self.w_action == 0:
+        if self.w_action_feedback is None or not logs_feedback(n_actions) or self.w_action == 0:
             return self
         return dataclasses.replace(self, w_action=self.w_action_feedback)
 

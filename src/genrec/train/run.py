@@ -35,7 +35,7 @@ from genrec.errors import ConfigError
 from genrec.model.config import ModelConfig
 from genrec.train.batches import NEG_SAMPLING
 from genrec.train.config import EarlyStoppingConfig, TrainConfig, apply_overrides, from_dict, to_dict
-from genrec.train.objective import JointObjective, ObjectiveConfig
+from genrec.train.objective import JointObjective, ObjectiveConfig, logs_feedback
 from genrec.train.warm import warm_start
 from genrec.workdir import WorkDir, read_json
 
@@ -104,7 +104,7 @@ class DataConfig:
     def sampling_for(self, n_actions: int) -> str:
         """How ranking rows' impression-only candidates are drawn on data that logs ``n_actions`` actions:
         ``neg_sampling_feedback`` where it logs several and that is set, else ``neg_sampling``."""
-        return self.neg_sampling_feedback if self.neg_sampling_feedback is not None and n_actions >= 2 \
+        return self.neg_sampling_feedback if self.neg_sampling_feedback is not None and logs_feedback(n_actions) \
             else self.neg_sampling
 
 
