@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -49,7 +48,6 @@ def train(
     they are the fields of RunConfig (genrec/train/run.py: variant, model.*, data.*, objective.* from
     genrec/train/objective.py) and TrainConfig (genrec/train/config.py: train.*), documented there.
     Progress: a bar on a terminal, plain lines on stderr otherwise (train.progress, train.progress_every_s)."""
-    from genrec.recipes.training import train_run
     from genrec.train.distributed import launched_rank
     from genrec.train.run import RunConfig
 
@@ -68,18 +66,9 @@ def train(
 
         typer.echo("\n".join(lines(to_dict(cfg))))
         return
-    if init_from is not None:
-        from genrec.recipes.warmstart import train_warm
+    from genrec.recipes.retrieval_first import train as train_command
 
-        out = train_warm(workdir, cfg, init_from)
-    else:
-        if not cfg.init_from and not no_resume:
-            from genrec.recipes.warmstart import recorded_init_from
-
-            kept = recorded_init_from(workdir)
-            if kept:  # resuming a warm start: it keeps the checkpoint it started from
-                cfg = dataclasses.replace(cfg, init_from=kept)
-        out = train_run(workdir, cfg, resume=not no_resume)
+    out = train_command(workdir, cfg, resume=not no_resume, init_from=init_from)
     if launched_rank() == 0:  # under torchrun every process returns the same summary: one prints it
         echo_json(out)
     if out.get("interrupted"):

@@ -43,8 +43,9 @@ from genrec.workdir import WorkDir
 __all__ = ["train_run"]
 
 
-def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> dict[str, Any]:
-    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``).
+def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase: str | None = None) -> dict[str, Any]:
+    """Train one model in ``WORKDIR`` (checkpoints under ``WORKDIR/checkpoints``). ``phase`` names the run as one
+    phase of several (:mod:`genrec.recipes.retrieval_first`): recorded in its checkpoints' config.
 
     Under ``torchrun --nproc-per-node W`` each of the W processes trains on its share of every global batch
     (``train.batch_size`` is global) through DDP, gloo on CPU and NCCL on CUDA: rank 0 writes the checkpoints
@@ -174,7 +175,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True) -> di
              "sid_version": sid_build.version if sid_build else None, "init_from": cfg.init_from or None,
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
-                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict()}, dist_info=dist_info)
+                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict(), **({"phase": phase} if phase else {})},
+                      dist_info=dist_info)
     with engine if engine is not None else contextlib.nullcontext():
         result = trainer.fit(resume=resume)
     final: dict[str, float] = {}

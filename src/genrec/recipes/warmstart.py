@@ -10,7 +10,7 @@ A warm start is a new run: the run WORKDIR holds (its checkpoints, logs, reports
 checkpoint that lay in it is followed to where it went -- the new run records that path as its ``init_from``.
 If the warm start fails before its first checkpoint, the previous run is put back, so WORKDIR still serves it.
 An interrupted warm start resumes with ``genrec train WORKDIR`` (without ``--init-from``): the run's recorded
-``init_from`` is kept (:func:`recorded_init_from`).
+``init_from`` is kept (:func:`genrec.recipes.retrieval_first.train`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from genrec.train.run import RunConfig
 from genrec.train.run_state import RUN_FILES, archive_previous_run
 from genrec.workdir import WorkDir, read_json
 
-__all__ = ["recorded_init_from", "resolve_init_from", "train_warm"]
+__all__ = ["resolve_init_from", "train_warm"]
 
 
 def resolve_init_from(workdir: str | Path, init_from: str | Path) -> Path:
@@ -41,19 +41,6 @@ def resolve_init_from(workdir: str | Path, init_from: str | Path) -> Path:
     if p.is_dir() and (p / "checkpoints").is_dir() and not (p / "meta.json").exists():
         return find_checkpoint(p).resolve()  # a run directory: the checkpoint it serves
     return find_checkpoint(workdir, text).resolve()
-
-
-def recorded_init_from(workdir: str | Path) -> str:
-    """The ``init_from`` of the run WORKDIR holds (its latest checkpoint's config), "" when none: what a resume
-    of an interrupted warm start keeps."""
-    try:
-        ckpt = resolve_checkpoint(WorkDir(workdir).checkpoints, LATEST)
-    except Exception:  # noqa: BLE001 - a damaged pointer: the resume itself will say so
-        return ""
-    if ckpt is None or not (ckpt / "config.json").exists():
-        return ""
-    run = read_json(ckpt / "config.json").get("run") or {}
-    return str(run.get("init_from") or "")
 
 
 def _put_back(wd: WorkDir, archived: Path) -> None:

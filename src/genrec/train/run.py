@@ -39,6 +39,7 @@ from genrec.train.objective import JointObjective, ObjectiveConfig, logs_feedbac
 from genrec.train.warm import warm_start
 from genrec.workdir import WorkDir, read_json
 
+RETRIEVAL_FIRST = ("off", "feedback", "on")
 VARIANTS = ("pinger", "tiger", "sasrec", "dense", "no-fusion", "ranking-only", "hstu", "frozen-ft")
 
 
@@ -143,6 +144,9 @@ class RunConfig:
     variant: str = "pinger"
     model_preset: str = "cpu-small"
     init_from: str = ""  # a checkpoint (folder or checkpoints root) to start from; weights only (genrec.train.warm)
+    # train retrieval alone first, then the joint model from its best checkpoint (genrec.recipes.retrieval_first):
+    # off | feedback (where the data logs several actions) | on
+    retrieval_first: str = "off"
     freeze_item_encoder: bool = False
     model: ModelOverrides = field(default_factory=ModelOverrides)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -161,6 +165,9 @@ class RunConfig:
         _check_model_overrides(overrides or [])
         if cfg.variant not in VARIANTS:
             raise ConfigError(f"config key 'variant': {cfg.variant!r} is not one of {VARIANTS}")
+        if cfg.retrieval_first not in RETRIEVAL_FIRST:
+            raise ConfigError(f"config key 'retrieval_first': must be one of {', '.join(RETRIEVAL_FIRST)}, "
+                              f"got {cfg.retrieval_first!r}")
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,10 +240,11 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # (configs/ladder-ml-l1-cpu.json: the heads alone rank the union decidedly better, retrieval unchanged). The
     # action loss weighs .2 where the data logs one action (Beauty's retrieval falls at 2 and 5:
     # configs/ladder-beauty-action.json) and 5 where it logs several (MovieLens with like / view / dislike:
-    # configs/ladder-ml-order-cpu.json, rung a5).
-    # 5 minutes of training, sized for one GPU.
+    # configs/ladder-ml-order-cpu.json, rung a5). There the retrieval model is trained first and the joint model
+    # from it (retrieval_first: UniPinRec's ordering, configs/ladder-ml-order-cpu.json rungs warm and two).
+    # 5 minutes of training (each phase's), sized for one GPU.
     "seq-small": dict(
-        variant="pinger", model_preset="gpu-base",
+        variant="pinger", model_preset="gpu-base", retrieval_first="feedback",
         model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=64, item_dim=64, dropout=0.5, input_dropout=0.5,
                    id_embedding=True, item_content=True, positions="end", pos_init_std=0.02, user_head="identity",
                    input_proj=False, normalize=False, embed_init_std=0.02),
