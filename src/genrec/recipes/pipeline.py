@@ -39,14 +39,13 @@ from genrec.features.build import build_features
 from genrec.features.extend import new_item_content
 from genrec.features.store import ItemVectors
 from genrec.infer.recommender import Recommender
+from genrec.recipes import retrieval_first
 from genrec.recipes.model_sids import model_item_vectors, new_item_model_vectors
-from genrec.recipes.training import train_run
 from genrec.sid.build import assign_sids, build_sids, open_current
 from genrec.sid.source import (MODEL_SOURCE, choose_sid_source, features_text_quality, new_item_vectors,
                                sid_input_vectors)
-from genrec.workdir import read_json
 from genrec.train.run import RunConfig
-from genrec.workdir import WorkDir, clean_stale_tmp
+from genrec.workdir import WorkDir, clean_stale_tmp, read_json
 
 __all__ = ["append", "assign_new_items", "build_item_features", "build_semantic_ids", "default_split", "evaluate",
            "load_catalog", "new_item_sid_vectors", "open_store",
@@ -198,8 +197,10 @@ def new_item_sid_vectors(version_path: str | Path, content: Any, item_ids: Any, 
 def train_model(workdir: str | Path, preset: str = "cpu-small", overrides: list[str] | tuple[str, ...] = (), *,
                 resume: bool = True) -> dict[str, Any]:
     """``genrec train``: the joint model on WORKDIR's tables, features and SIDs, from a named preset and
-    ``key=value`` overrides (``variant=tiger``, ``train.lr=3e-4``, ...); returns the run's summary."""
-    return train_run(workdir, RunConfig.from_name(preset, list(overrides)), resume=resume)
+    ``key=value`` overrides (``variant=tiger``, ``train.lr=3e-4``, ...); returns the run's summary. As the command:
+    a warm start resumed keeps its start, and ``retrieval_first`` trains two phases
+    (:func:`genrec.recipes.retrieval_first.train`)."""
+    return retrieval_first.train(workdir, RunConfig.from_name(preset, list(overrides)), resume=resume)
 
 
 def evaluate(workdir: str | Path, *, split: str = "test", write: bool = True, **options: Any) -> dict[str, Any]:
