@@ -89,9 +89,10 @@ def sid_variants(base: Path, ladder: dict[str, Any]) -> list[list[str]]:
 
 
 def readiness(rung: dict[str, Any], waiting: set[str], running: set[str], failed: set[str], root: Path) -> str:
-    """Whether ``rung`` may start now: "go", "wait" (its ``sid_from_rung`` is still to train or training) or
-    "skip" (that rung failed, or was not trained in this call and has no checkpoints under ``root``)."""
-    dep = rung.get("sid_from_rung")
+    """Whether ``rung`` may start now: "go", "wait" (its ``sid_from_rung`` or ``after`` -- a rung whose checkpoint it
+    starts from -- is still to train or training) or "skip" (that rung failed, or was not trained in this call and
+    has no checkpoints under ``root``)."""
+    dep = rung.get("sid_from_rung") or rung.get("after")
     if dep is None:
         return "go"
     if dep in waiting or dep in running:
@@ -140,7 +141,8 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
                 continue
             r = todo.pop(i)
             if state == "skip":
-                print(f"{r['name']}: skipped (sid_from_rung {r['sid_from_rung']!r} has no trained model)", flush=True)
+                dep = r.get("sid_from_rung") or r.get("after")
+                print(f"{r['name']}: skipped (rung {dep!r} it needs has no trained model)", flush=True)
                 failed.add(r["name"])
                 continue
             d = root / r["name"]
