@@ -1,6 +1,6 @@
 """``retrieval_first``: one `genrec train` trains the retrieval model (no action loss), then the joint model from
-its best checkpoint -- the same weights as the two commands it replaces (a run with ``objective.w_action=0``,
-then ``--init-from`` it); it resumes whichever phase stopped, and runs as one phase where it does not apply."""
+its last checkpoint -- the same weights as the two commands it replaces (a run with ``objective.w_action=0``,
+then ``--init-from last``); it resumes whichever phase stopped, and runs as one phase where it does not apply."""
 
 from __future__ import annotations
 
@@ -64,20 +64,21 @@ def test_when_it_applies() -> None:
 
 
 def test_one_command_is_the_two_commands(run: Path, tmp_path: Path) -> None:
-    """Phase one is the run with w_action 0, phase two the warm start from its BEST: weights equal bit for bit."""
+    """Phase one is the run with w_action 0, phase two the warm start from its last checkpoint: weights equal bit
+    for bit."""
     twin = tmp_path / "twin"
     shutil.copytree(run, twin)
     r = CliRunner().invoke(app, ["train", str(run), "--preset", "cpu-tiny", "retrieval_first=feedback", *TINY])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     first = out["retrieval_first"]
-    assert first["step"] == 4 and first["best_step"] in (2, 4)
+    assert first["step"] == 4 and first["best_step"] in (2, 4), first
 
     retr = train_run(twin, _cfg("objective.w_action=0"))  # the two commands, by hand
-    joint = train_warm(twin, _cfg(), twin)
+    joint = train_warm(twin, _cfg(), "last")
     assert retr["best_step"] == first["best_step"]
     start = Path(out["init_from"])
-    assert start.name == f"step-{first['best_step']:06d}" and start.parent.parent == Path(out["previous_run"])
+    assert start.name == "step-000004" and start.parent.parent == Path(out["previous_run"])  # its last, not its best
     _same(start, Path(joint["init_from"]))  # the retrieval phase == a run with w_action 0
     saved = read_json(start.parent / "config.json")
     assert saved["phase"] == RETRIEVAL_PHASE and saved["run"]["objective"]["w_action"] == 0
@@ -113,9 +114,12 @@ def test_a_finished_retrieval_phase_is_not_trained_again(run: Path) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any failure of the joint phase's start
         train(run, _cfg("retrieval_first=on", "model.d_model=48"))  # does not fit the retrieval phase's weights
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # put back, summary and all
+    (run / "checkpoints" / "BEST").write_text("step-000002")  # a best before the last
     out = train(run, _cfg("retrieval_first=on"))
     assert out["retrieval_first"]["step"] == first["step"]
-    assert read_json(Path(out["init_from"]).parent / "config.json")["phase"] == RETRIEVAL_PHASE
+    start = Path(out["init_from"])
+    assert start.name == "step-000004"  # the joint phase starts at the retrieval phase's last checkpoint
+    assert read_json(start.parent / "config.json")["phase"] == RETRIEVAL_PHASE
 
 
 def test_one_phase_where_it_does_not_apply_and_a_clear_refusal(run: Path) -> None:

@@ -9,9 +9,13 @@ logs several actions, as ``--preset seq-small`` sets) is two runs in WORKDIR:
 1. **the retrieval phase**: the run's configuration with ``objective.w_action=0`` (no ranking rows), its own early
    stopping and budget; its checkpoints' config records ``phase: retrieval-first``, and a finished phase leaves
    ``checkpoints/retrieval-first.json`` (its summary);
-2. **the joint phase**: a warm start (:func:`genrec.recipes.warmstart.train_warm`) from the checkpoint the retrieval
-   phase serves (BEST), with the run's own losses, a fresh optimiser and a fresh weight average; the retrieval phase
-   moves to ``WORKDIR/previous-runs/`` and the joint run records where its start lies (``init_from``).
+2. **the joint phase**: a warm start (:func:`genrec.recipes.warmstart.train_warm`) from the retrieval phase's LAST
+   checkpoint (where its early stopping ended it), with the run's own losses, a fresh optimiser and a fresh weight
+   average; the retrieval phase moves to ``WORKDIR/previous-runs/`` and the joint run records where its start lies
+   (``init_from``). The last, not the best: the measured recipe started there, and started from the best checkpoint
+   (MovieLens 100K with actions, CPU) the joint phase's validation retrieval only fell, so its early stopping kept
+   its first evaluation, the heads barely trained (slate Hit@3 −.070 on validation, decided;
+   ``docs/log/2026-12-06-retrieval-first.md``).
 
 Running the command again resumes where it stopped: an interrupted retrieval phase resumes (then the joint phase
 runs), a finished one goes straight to the joint phase, an interrupted joint phase resumes with its recorded start
@@ -113,12 +117,12 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
               file=sys.stderr)
     else:
         print("[genrec.train] retrieval_first: the retrieval phase (objective.w_action=0) first, then the joint model "
-              "from its best checkpoint", file=sys.stderr)
+              "from its last checkpoint", file=sys.stderr)
         retrieval = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, w_action=0.0))
         out = train_run(wd.root, retrieval, resume=resume, phase=RETRIEVAL_PHASE)
         if out.get("interrupted"):
             return {**out, "phase": RETRIEVAL_PHASE}
         first = {k: out.get(k) for k in _SUMMARY}
         atomic_write_json(done, first)
-    joint = train_warm(wd.root, cfg, wd.root)  # the checkpoint the retrieval phase serves: BEST, else LATEST
+    joint = train_warm(wd.root, cfg, "last")  # the retrieval phase's last checkpoint (the module docstring)
     return {**joint, "retrieval_first": first}

@@ -144,7 +144,7 @@ class RunConfig:
     variant: str = "pinger"
     model_preset: str = "cpu-small"
     init_from: str = ""  # a checkpoint (folder or checkpoints root) to start from; weights only (genrec.train.warm)
-    # train retrieval alone first, then the joint model from its best checkpoint (genrec.recipes.retrieval_first):
+    # train retrieval alone first, then the joint model from its last checkpoint (genrec.recipes.retrieval_first):
     # off | feedback (where the data logs several actions) | on
     retrieval_first: str = "off"
     freeze_item_encoder: bool = False
