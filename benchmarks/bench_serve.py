@@ -12,8 +12,10 @@ so the load generator is not the bottleneck: ``client_busy`` is the busiest clie
 second (near 1.0: that process is saturated, add processes), ``client_cpu`` the client processes' CPU seconds
 per second together and ``server_cpu`` the server's (its process and children: the ranking process of
 two-process mode, the front processes of ``--fronts``). From the server's /metrics: ``rows_per_batch`` (requests per
-micro-batched forward) and ``batch_busy`` (the share of the run's wall time a batched forward was running: near 1.0
-the forward, its GPU and host work, is the limit; well below, what runs around it). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
+micro-batched forward), ``batch_busy`` (batched forwards' wall time, parse and formatting included, per second of the
+clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of the run a batch held the model: near
+1.0 the model's run is the limit; well below, what runs around it) and ``batch_wait_ms`` (a request's mean wait in
+the micro-batcher for its batch to start). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
 (the server's ``--micro-batch N``; timed unless told) and ``fronts<N>`` (as shipped, with ``--fronts N``). ``default`` is the server as shipped (micro-batch 32, busy);
 ``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
@@ -48,7 +50,7 @@ MODES: dict[str, dict[str, Any]] = {
                         micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms
 }
 KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
-        "server_cpu_per_s", "rows_per_batch", "batch_busy"]
+        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms"]
 
 
 def mode(name: str) -> dict[str, Any]:

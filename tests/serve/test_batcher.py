@@ -7,7 +7,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -377,7 +377,13 @@ def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
         assert app.service.batcher.items > app.service.batcher.batches  # requests really shared forwards
         # /metrics counts the same forwards and requests (what bench_serve's rows_per_batch reads)
         got = batch_counts(s.url)
-        assert got is not None and got[:2] == (app.service.batcher.batches, app.service.batcher.items), got
+        assert got is not None, got
+        assert (got["genrec_batch_rows_count"], got["genrec_batch_rows_sum"]) == (app.service.batcher.batches,
+                                                                                  app.service.batcher.items), got
+        # every batched request's wait was observed once; the model's part of a batch is a part of its wall time
+        waited = app.service.batcher.items if app.service.batcher.policy == "busy" else 0  # (timed: not observed)
+        assert got["genrec_batch_wait_ms_count"] == waited, got
+        assert 0 < got["genrec_device_latency_ms_sum"] <= got["genrec_batch_latency_ms_sum"], got
     # a full batch can form while one runs: twice the batch's requests may be in the engine at once
     assert app.service.limiter.total_tokens == 2 * cfg.micro_batch
 
@@ -401,3 +407,54 @@ def test_exact_length_histories_are_real_pieces(run_dir):  # noqa: ANN001
     assert all(tuple(h[-5:]) in tails for h in hs)
     short = sample_histories(run_dir, 20, 700, seed=3)
     assert any(len(h) < 700 for h in short) and all(len(h) <= 700 for h in short)
+
+
+def test_the_batch_runs_only_the_model(run_dir: Path) -> None:
+    """The server parses each request's history in its own thread and formats its answer there: the batch is
+    ``Engine.run_many`` over parsed histories, under the engine's model lock, and parse + run_many + answer is
+    ``recommend_many`` (the answers of a batch as such). ``on_device`` gets the time under the lock."""
+    from genrec.serve.engine import Engine
+
+    eng = Engine.load(run_dir)
+    hists = [[{"item_id": x} for x in h] for h in ([1, 50, 172], [7, 9, 11, 12], [300, 301])]
+    kw: dict[str, Any] = dict(k=6, beam_width=10, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    parsed = [eng.read(h)[0] for h in hists]
+    times: list[float] = []
+    held: list[bool] = []
+    run = eng._run
+
+    def spy(*a: Any, **k: Any) -> Any:
+        held.append(eng._model.locked())
+        return run(*a, **k)
+
+    eng._run = spy  # type: ignore[method-assign]
+    got = [eng.answer(r) for r in eng.run_many(parsed, on_device=times.append, **kw)]
+    assert held == [True] and len(times) == 1 and times[0] > 0
+    want = eng.recommend_many(hists, **kw)
+    for g, w in zip(got, want, strict=True):  # (the timings are the calls' own)
+        assert g.pop("timings_ms").keys() == w.pop("timings_ms").keys() and g == w
+
+
+def test_handover_lets_the_next_batch_run_beside_the_first() -> None:
+    """Once a batch's fn hands over, the next queued request leads its own batch while the first is still running
+    (the first here waits for the second to have run: without the handover it would wait forever)."""
+    b = MicroBatcher(4, policy="busy")
+    second_ran = threading.Event()
+    order: list[str] = []
+
+    def first(items: Sequence[Any]) -> list[Any]:
+        t = threading.Thread(target=lambda: order.append(b.submit("k", "second", second)))
+        t.start()
+        time.sleep(0.05)  # the second request is queued behind this batch
+        b.handover()
+        assert second_ran.wait(10), "the next batch did not start after the handover"
+        t.join(10)  # the second request was answered while this batch still ran
+        order.append("first done")
+        return list(items)
+
+    def second(items: Sequence[Any]) -> list[Any]:
+        second_ran.set()
+        return list(items)
+
+    assert b.submit("k", "first", first) == "first"
+    assert order == ["second", "first done"] and b.batches == 2

@@ -35,7 +35,9 @@ different keys, and a new group of the same key, can run side by side. Every req
 ``max_wait_ms`` even alone.
 
 A batch may hand the leadership on before it ends (:meth:`MicroBatcher.handover`): in two-process mode a batch
-whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile.
+whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile. (The server keeps host
+work out of the batch instead: a request parses its history before it queues and formats its answer after,
+:class:`genrec.serve.service.Service`.)
 
 Non-standard, both policies: a failing batch is retried row by row, so one bad request cannot
 fail its neighbours; a batch whose call returns the wrong number of rows is retried the same way.
@@ -64,10 +66,11 @@ Fn = Callable[[Sequence[Any]], Sequence[Any]]
 class _Entry:
     """One queued request (busy policy): its key, item, call, and where its answer goes."""
 
-    __slots__ = ("key", "item", "fn", "fut", "wake", "batch")
+    __slots__ = ("key", "item", "fn", "fut", "wake", "batch", "t0")
 
     def __init__(self, key: Hashable, item: Any, fn: Fn) -> None:
         self.key, self.item, self.fn = key, item, fn
+        self.t0 = time.perf_counter()  # when it was submitted (its wait: until its batch starts)
         self.fut: Future = Future()
         self.wake = threading.Event()  # set when answered, or when made the next leader
         self.batch: list[_Entry] | None = None  # set (on the batch's first entry) to hand over leadership
@@ -96,16 +99,19 @@ class MicroBatcher:
     """Group ``submit(key, item, fn)`` calls with equal ``key`` into calls of ``fn(items) -> results``.
 
     ``policy="busy"`` (default, as the server's): batch only while a batch is running, no timer (``max_wait_ms``
-    is not used). ``policy="timed"``: a group's first request waits up to ``max_wait_ms`` for more.
+    is not used); ``on_wait`` gets each request's wait (ms) until its batch started. ``policy="timed"``: a group's
+    first request waits up to ``max_wait_ms`` for more.
     ``batches`` / ``items`` count the calls made and the requests they served."""
 
-    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = DEFAULT_MICRO_BATCH_POLICY) -> None:
+    def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = DEFAULT_MICRO_BATCH_POLICY,
+                 on_wait: Callable[[float], None] | None = None) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ConfigError(f"micro-batch: max_batch >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
         if policy not in POLICIES:
             raise ConfigError(f"micro-batch policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1e3
+        self.on_wait = on_wait  # busy policy: each request's wait (ms) from submit to its batch's start
         self.policy = policy
         self.batches = 0
         self.items = 0
@@ -155,6 +161,10 @@ class MicroBatcher:
         """Run ``batch`` (this thread's own request is its first entry), then hand over (unless ``fn`` called
         :meth:`handover`) or go idle."""
         handed = threading.Event()
+        if self.on_wait is not None:
+            now = time.perf_counter()
+            for x in batch:
+                self.on_wait((now - x.t0) * 1e3)
 
         def hand() -> None:
             if not handed.is_set():

@@ -20,7 +20,10 @@ Checkpoint weights are read through safetensors only (no pickle).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,6 +128,7 @@ class Engine:
         self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
         self._leaf_t: torch.Tensor | None = None  # rec.leaf_rows on the trie's device (explained requests)
+        self._model = threading.Lock()  # one micro-batch runs the model at a time (run_many)
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu", *,
@@ -204,7 +208,7 @@ class Engine:
         ``explain``, what each stage found (:mod:`genrec.serve.explain`; the tables' ids)."""
         sent = history
         with stage("parse"):
-            parsed, dropped = self._read(history)
+            parsed, dropped = self.read(history)
         if parsed is None:
             out = self.cold_start(dropped, k)
             if explain:
@@ -220,12 +224,12 @@ class Engine:
                         sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
                         exclude_history=exclude_history, scorer=scorer)[0]
         with stage("format"):
-            out = self._format(res)
+            out = self.answer(res)
         if trace is not None:
             out["explain"] = explain_block(self.rec, trace, sent, [r.item_id for r in res])
         return out
 
-    def _read(self, history: Sequence[Any]) -> tuple[dict[str, Any] | None, list[int]]:
+    def read(self, history: Sequence[Any]) -> tuple[dict[str, Any] | None, list[int]]:
         """The request's one parse (:meth:`genrec.infer.history.HistoryParser.read`); input errors -> 422."""
         try:
             return self.rec.history.read(history)
@@ -270,32 +274,49 @@ class Engine:
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
                        exclude_history: bool = False, remote_rank: RemoteRank | None = None) -> list[dict[str, Any]]:
-        """Micro-batched :meth:`recommend`: ONE padded prefill / beam search / ANN / ranking for all rows (in
-        static shapes on a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the
-        batch, in two-process mode). Each history is parsed once."""
+        """Micro-batched :meth:`recommend`: each history parsed (:meth:`read`), the known ones through ONE
+        :meth:`run_many`, each answer formatted (:meth:`answer`). The server does the three apart: a request parses
+        and formats in its own thread, its batch only runs the model (:class:`genrec.serve.service.Service`)."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm: list[int] = []
         parsed: list[dict[str, Any]] = []
-        with stage("parse"):
-            for i, h in enumerate(histories):
-                p, dropped = self._read(h)  # each its own request's "history"
-                if p is None:
-                    outs[i] = self.cold_start(dropped, k)
-                else:
-                    warm.append(i)
-                    parsed.append(p)
+        for i, h in enumerate(histories):
+            p, dropped = self.read(h)  # each its own request's "history"
+            if p is None:
+                outs[i] = self.cold_start(dropped, k)
+            else:
+                warm.append(i)
+                parsed.append(p)
         if warm:
-            scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
+            res = self.run_many(parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
+                                rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
+                                exclude_history=exclude_history, remote_rank=remote_rank)
+            for i, r in zip(warm, res):
+                outs[i] = self.answer(r)
+        return outs  # type: ignore[return-value]
+
+    def run_many(self, parsed: list[dict[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
+                 sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
+                 fusion: Mapping[str, float | None] | None = None, exclude_history: bool = False,
+                 remote_rank: RemoteRank | None = None,
+                 on_device: Callable[[float], None] | None = None) -> list[RecommendationList]:
+        """ONE padded prefill / beam search / ANN / ranking for parsed histories (:meth:`read`; in static shapes on
+        a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the batch, in
+        two-process mode). Ranked here, it holds the engine's model lock: one batch runs at a time, whatever
+        thread calls; ``on_device`` gets its wall time (ms) under the lock."""
+        scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
+        with self._model if remote_rank is None else contextlib.nullcontext():
+            t0 = time.perf_counter()
             res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                             sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
                             exclude_history=exclude_history, scorer=scorer)
-            with stage("format"):
-                for i, r in zip(warm, res):
-                    outs[i] = self._format(r)
-        return outs  # type: ignore[return-value]
+            if on_device is not None:
+                on_device((time.perf_counter() - t0) * 1e3)
+        return res
 
     @staticmethod
-    def _format(res: Any) -> dict[str, Any]:
+    def answer(res: Any) -> dict[str, Any]:
+        """A request's answer (the response's fields) from its :class:`RecommendationList`."""
         t = res.timings_ms
         return {
             "items": [{"item_id": r.item_id, "score": r.score, "action_probs": r.action_probs,

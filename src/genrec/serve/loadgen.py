@@ -58,7 +58,9 @@ class BenchResult:
     # served, and the share of the run's wall time one of them was running
     batches: int | None = None
     batch_rows: int | None = None
-    batch_busy: float | None = None
+    batch_busy: float | None = None  # batches' wall time (parse, model, format; they overlap) per second
+    device_busy: float | None = None  # the share of the run a batch held the model
+    batch_wait_ms: float | None = None  # a request's mean wait for its batch to start
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
@@ -73,6 +75,8 @@ class BenchResult:
                 "batches": self.batches,
                 "rows_per_batch": round(self.batch_rows / self.batches, 2) if self.batches and self.batch_rows else None,
                 "batch_busy": None if self.batch_busy is None else round(self.batch_busy, 2),
+                "device_busy": None if self.device_busy is None else round(self.device_busy, 2),
+                "batch_wait_ms": None if self.batch_wait_ms is None else round(self.batch_wait_ms, 2),
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
     def table(self) -> str:

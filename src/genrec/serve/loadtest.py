@@ -149,10 +149,16 @@ def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs:
     return res
 
 
-def batch_counts(url: str) -> tuple[float, float, float, float] | None:
-    """The server's micro-batch counters from its ``/metrics`` (batches, requests in them, their summed wall ms) and
-    when they were read (``time.perf_counter``); None when it has none (micro-batching off, not a genrec server)."""
-    want = {"genrec_batch_rows_count": 0.0, "genrec_batch_rows_sum": 0.0, "genrec_batch_latency_ms_sum": 0.0}
+BATCH_METRICS = ("genrec_batch_rows_count", "genrec_batch_rows_sum", "genrec_batch_latency_ms_sum",
+                 "genrec_device_latency_ms_sum", "genrec_batch_wait_ms_sum", "genrec_batch_wait_ms_count")
+"""The server's micro-batch counters :func:`batch_counts` reads: batches, the requests in them, their summed wall
+ms, the summed ms they held the model, the requests' summed wait for their batch and how many waited."""
+
+
+def batch_counts(url: str) -> dict[str, float] | None:
+    """The server's :data:`BATCH_METRICS` from its ``/metrics`` (0 for one it lacks); None when it has none
+    (micro-batching off, not a genrec server)."""
+    want = dict.fromkeys(BATCH_METRICS, 0.0)
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -163,7 +169,7 @@ def batch_counts(url: str) -> tuple[float, float, float, float] | None:
         name, _, val = line.partition(" ")
         if name in want:
             want[name], seen = float(val), True
-    return (*want.values(), time.perf_counter()) if seen else None  # type: ignore[return-value]
+    return want if seen else None
 
 
 def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, procs: int = 1,
@@ -185,9 +191,16 @@ def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: in
         if srv0 is not None and srv1 is not None:  # encoding the requests included: an upper bound
             res.server_cpu_s = srv1 - srv0
     b1 = batch_counts(url) if b0 is not None else None
-    if b0 is not None and b1 is not None:  # (the span includes the clients' start: batch_busy is a lower bound)
-        res.batches, res.batch_rows = int(b1[0] - b0[0]), int(b1[1] - b0[1])
-        res.batch_busy = (b1[2] - b0[2]) / 1e3 / max(b1[3] - b0[3], 1e-9)
+    if b0 is not None and b1 is not None:
+        d = {k: b1[k] - b0[k] for k in BATCH_METRICS}
+        res.batches, res.batch_rows = int(d["genrec_batch_rows_count"]), int(d["genrec_batch_rows_sum"])
+        # over the clients' measured run (batches run only while they send; the span between the two reads also
+        # held the client processes' start, and understated the share)
+        sec = max(res.seconds, 1e-9)
+        res.batch_busy = d["genrec_batch_latency_ms_sum"] / 1e3 / sec
+        res.device_busy = d["genrec_device_latency_ms_sum"] / 1e3 / sec
+        waits = d["genrec_batch_wait_ms_count"]
+        res.batch_wait_ms = d["genrec_batch_wait_ms_sum"] / waits if waits else None
     return res
 
 

@@ -175,6 +175,12 @@ class Metrics:
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.batch_ms = Histogram("genrec_batch_latency_ms", "Wall time of a micro-batched forward (ms)",
                                   buckets=buckets, registry=r)
+        # the part of it that held the device (the model's run, not the parse or the answers' formatting: the next
+        # batch parses meanwhile), and each request's wait in the micro-batcher before its batch started
+        self.device_ms = Histogram("genrec_device_latency_ms", "Wall time a micro-batch held the model (ms)",
+                                   buckets=buckets, registry=r)
+        self.batch_wait_ms = Histogram("genrec_batch_wait_ms", "A request's wait for its micro-batch to start (ms)",
+                                       buckets=buckets, registry=r)
 
     def observe(self, endpoint: str, timings: dict[str, float]) -> None:
         """A request's stage timings (its answer's ``timings_ms``) into the stage histograms."""

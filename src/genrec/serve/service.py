@@ -22,6 +22,8 @@ import torch
 
 from genrec.errors import ConfigError
 from genrec.infer.cases import SourceIds
+from genrec.infer.profile import stage
+from genrec.infer.results import RecommendationList
 from genrec.serve.batcher import MicroBatcher
 from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
@@ -80,8 +82,8 @@ class Service:
         # the run's ids were remapped: requests and answers speak the source file's ids (genrec.serve.ids)
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.metrics = Metrics()
-        self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy)
-                        if cfg.micro_batch > 1 else None)
+        self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy,
+                                     on_wait=self.metrics.batch_wait_ms.observe) if cfg.micro_batch > 1 else None)
         # with micro-batching, 2 x micro_batch request threads: a full batch runs while the next one forms (with
         # micro_batch threads the two shared them, and batches held half as many requests: 15.9 of 32 at 64 clients
         # on the CPU box)
@@ -186,12 +188,21 @@ class Service:
             kw["explain"] = True
         remote = self.cfg.two_process and req.rank  # ranked in the ranking process
         if self.batcher is not None and not req.explain:
-            key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
-                   req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
-                   req.exclude_history)
-            out = self.batcher.submit(key, hist, (lambda hs: self._batch_remote(eng, hs, **kw)) if remote else
-                                      (lambda hs: self._batch(eng, hs, rank=req.rank, **kw)))
-            degraded = bool(out.pop("degraded", False))
+            # the request parses its history before it queues and formats its answer after: the batch only runs the
+            # model, so this host work overlaps the batch running ahead (and a bad history fails its request alone)
+            with stage("parse"):
+                parsed, dropped = eng.read(hist)
+            if parsed is None:
+                out, degraded = eng.cold_start(dropped, req.k), False
+            else:
+                key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
+                       req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
+                       req.exclude_history)
+                res, degraded = self.batcher.submit(
+                    key, parsed, (lambda ps: self._batch_remote(eng, ps, **kw)) if remote else
+                    (lambda ps: self._batch(eng, ps, rank=req.rank, **kw)))
+                with stage("format"):
+                    out = eng.answer(res)
         elif not remote:
             out, degraded = eng.recommend(hist, rank=req.rank, **kw), False  # type: ignore[arg-type]
         else:
@@ -211,21 +222,20 @@ class Service:
         self.metrics.observe(op, out["timings_ms"])
         return out
 
-    def _batch(self, eng: Engine, hists: Sequence[Any], **kw: Any) -> list[dict[str, Any]]:
-        """One micro-batched forward, its size and wall time into /metrics."""
+    def _batch(self, eng: Engine, parsed: Sequence[Any], **kw: Any) -> list[tuple[RecommendationList, bool]]:
+        """One micro-batched run of the model for parsed histories (not ``degraded``), its size, wall time and
+        time holding the model into /metrics."""
         t0 = time.perf_counter()
-        out = eng.recommend_many(hists, **kw)
+        res = eng.run_many(list(parsed), on_device=self.metrics.device_ms.observe, **kw)
         self.metrics.batch_ms.observe((time.perf_counter() - t0) * 1e3)
-        self.metrics.batch_rows.observe(len(hists))
-        return out
+        self.metrics.batch_rows.observe(len(parsed))
+        return [(r, False) for r in res]
 
-    def _batch_remote(self, eng: Engine, hists: Sequence[Any], **kw: Any) -> list[dict[str, Any]]:
+    def _batch_remote(self, eng: Engine, parsed: Sequence[Any], **kw: Any) -> list[tuple[RecommendationList, bool]]:
         """A micro-batch of two-process ranked requests: one forward here, one ranking call for its rows (per
-        half of the pool's slots); each answer says whether it is ``degraded``."""
-        outs, degraded = self._remote_or_degraded(eng, lambda **r: self._batch(eng, hists, **r, **kw), len(hists))
-        for o in outs:
-            o["degraded"] = degraded
-        return outs
+        half of the pool's slots); each result says whether it is ``degraded``."""
+        outs, degraded = self._remote_or_degraded(eng, lambda **r: self._batch(eng, parsed, **r, **kw), len(parsed))
+        return [(r, degraded) for r, _ in outs]
 
     def _remote_or_degraded(self, eng: Engine, run: Callable[..., Any], n: int) -> tuple[Any, bool]:
         """``run(rank=True, remote_rank=...)`` (the ranking process ranks), and False; if that ranking fails, the
