@@ -280,19 +280,21 @@ class Engine:
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm: list[int] = []
         parsed: list[dict[str, Any]] = []
-        for i, h in enumerate(histories):
-            p, dropped = self.read(h)  # each its own request's "history"
-            if p is None:
-                outs[i] = self.cold_start(dropped, k)
-            else:
-                warm.append(i)
-                parsed.append(p)
+        with stage("parse"):
+            for i, h in enumerate(histories):
+                p, dropped = self.read(h)  # each its own request's "history"
+                if p is None:
+                    outs[i] = self.cold_start(dropped, k)
+                else:
+                    warm.append(i)
+                    parsed.append(p)
         if warm:
             res = self.run_many(parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                                 rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
                                 exclude_history=exclude_history, remote_rank=remote_rank)
-            for i, r in zip(warm, res):
-                outs[i] = self.answer(r)
+            with stage("format"):
+                for i, r in zip(warm, res):
+                    outs[i] = self.answer(r)
         return outs  # type: ignore[return-value]
 
     def run_many(self, parsed: list[dict[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
