@@ -17,7 +17,8 @@ clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of t
 1.0 the model's run is the limit; well below, what runs around it) and ``batch_wait_ms`` (a request's mean wait in
 the micro-batcher for its batch to start). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
-(the server's ``--micro-batch N``; timed unless told) and ``fronts<N>`` (as shipped, with ``--fronts N``). ``default`` is the server as shipped (micro-batch 32, busy);
+(the server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap]`` (as shipped, with ``--fronts N``;
+``overlap``: and ``--host-overlap``). ``default`` is the server as shipped (micro-batch 32, busy);
 ``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
 "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
 clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
@@ -44,6 +45,7 @@ MODES: dict[str, dict[str, Any]] = {
     "two": dict(two_process=True, rank=True),  # the KV pool on the server's device (GPU: CUDA IPC)
     "twocpu": dict(two_process=True, rank=True, kv_pool_device="cpu"),  # the KV pool in CPU shared memory
     "norank": dict(two_process=False, rank=False),
+    "overlap": dict(two_process=False, rank=True, host_overlap=True),  # parse and format beside the batch
     "batch8": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed"),  # batch<N>: timed
     "batch8busy": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="busy"),
     "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
@@ -57,13 +59,13 @@ def mode(name: str) -> dict[str, Any]:
     """A mode's server settings (``rank``: what the requests ask for)."""
     if name in MODES:
         return dict(MODES[name])
-    f = re.fullmatch(r"fronts(\d+)", name)
+    f = re.fullmatch(r"fronts(\d+)(overlap)?", name)
     if f is not None and int(f.group(1)) >= 1:  # as shipped, with N front processes for HTTP
-        return dict(two_process=False, rank=True, fronts=int(f.group(1)))
+        return dict(two_process=False, rank=True, fronts=int(f.group(1)), host_overlap=bool(f.group(2)))
     m = re.fullmatch(r"batch(\d+)(busy|timed)?", name)
     if m is None or int(m.group(1)) < 2:
         raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)}, batch<N>[busy|timed] or "
-                         "fronts<N>")
+                         "fronts<N>[overlap]")
     return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
 
 

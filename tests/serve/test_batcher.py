@@ -334,15 +334,17 @@ def test_bad_policy_is_refused() -> None:
     assert r.exit_code == 2 and "--micro-batch must be >= 1" in r.output
 
 
-@pytest.mark.parametrize("policy", ["busy", "timed", None])
+@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap"])
 def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
     # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
     # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
-    # None: the server as configured by default (it batches).
+    # None: the server as configured by default (it batches); "overlap": that with host_overlap (each request
+    # parses and formats in its own thread, the batch runs only the model; a cold history never queues).
     cfg = (ServeConfig(workdir=run_dir) if policy is None else
+           ServeConfig(workdir=run_dir, host_overlap=True) if policy == "overlap" else
            ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
     app = create_app(cfg)
-    assert app.service.batcher.policy == (policy or "busy")
+    assert app.service.batcher.policy == (policy if policy in ("busy", "timed") else "busy")
     hists = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305], [12], [100, 98, 56, 22], []]
     with ServerThread(app) as s:
         rec = app.service.holder.current.engine.rec

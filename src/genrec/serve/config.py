@@ -70,6 +70,10 @@ class ServeConfig:
     # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
     micro_batch_policy: str = DEFAULT_MICRO_BATCH_POLICY
     micro_batch_wait_ms: float = 2.0  # timed policy only
+    # micro-batched requests parse their histories before they queue and format their answers after, in their own
+    # threads (the batch runs only the model); off: the batch does all three. Measured on the 2-core CPU box only,
+    # where it cost ~10% at 64 clients (the model's cores then share the host work); meant for a GPU server
+    host_overlap: bool = False
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # /admin/reload needs "Authorization: Bearer <admin_token>" when set (default: $GENREC_ADMIN_TOKEN); unset,
     # it is open to whoever reaches the port (loopback by default)

@@ -273,10 +273,12 @@ class Engine:
     def recommend_many(self, histories: Sequence[Sequence[Mapping[str, Any]]], *, k: int, beam_width: int,
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
-                       exclude_history: bool = False, remote_rank: RemoteRank | None = None) -> list[dict[str, Any]]:
+                       exclude_history: bool = False, remote_rank: RemoteRank | None = None,
+                       on_device: Callable[[float], None] | None = None) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: each history parsed (:meth:`read`), the known ones through ONE
-        :meth:`run_many`, each answer formatted (:meth:`answer`). The server does the three apart: a request parses
-        and formats in its own thread, its batch only runs the model (:class:`genrec.serve.service.Service`)."""
+        :meth:`run_many` (``on_device``: its time holding the model), each answer formatted (:meth:`answer`). A
+        server with ``host_overlap`` does the three apart: a request parses and formats in its own thread, its batch
+        only runs the model (:class:`genrec.serve.service.Service`)."""
         outs: list[dict[str, Any] | None] = [None] * len(histories)
         warm: list[int] = []
         parsed: list[dict[str, Any]] = []
@@ -291,7 +293,7 @@ class Engine:
         if warm:
             res = self.run_many(parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                                 rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                                exclude_history=exclude_history, remote_rank=remote_rank)
+                                exclude_history=exclude_history, remote_rank=remote_rank, on_device=on_device)
             with stage("format"):
                 for i, r in zip(warm, res):
                     outs[i] = self.answer(r)

@@ -23,7 +23,6 @@ import torch
 from genrec.errors import ConfigError
 from genrec.infer.cases import SourceIds
 from genrec.infer.profile import stage
-from genrec.infer.results import RecommendationList
 from genrec.serve.batcher import MicroBatcher
 from genrec.serve.config import ServeConfig, default_threads
 from genrec.serve.engine import Engine, RankingFailed
@@ -188,21 +187,25 @@ class Service:
             kw["explain"] = True
         remote = self.cfg.two_process and req.rank  # ranked in the ranking process
         if self.batcher is not None and not req.explain:
-            # the request parses its history before it queues and formats its answer after: the batch only runs the
-            # model, so this host work overlaps the batch running ahead (and a bad history fails its request alone)
-            with stage("parse"):
-                parsed, dropped = eng.read(hist)
-            if parsed is None:
-                out, degraded = eng.cold_start(dropped, req.k), False
+            key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
+                   req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
+                   req.exclude_history)
+            overlap = self.cfg.host_overlap
+            parsed = dropped = None
+            if overlap:  # parse here, before queueing: the batch runs only the model (ServeConfig.host_overlap)
+                with stage("parse"):
+                    parsed, dropped = eng.read(hist)
+            if overlap and parsed is None:
+                out, degraded = eng.cold_start(dropped or [], req.k), False
             else:
-                key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
-                       req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
-                       req.exclude_history)
                 res, degraded = self.batcher.submit(
-                    key, parsed, (lambda ps: self._batch_remote(eng, ps, **kw)) if remote else
-                    (lambda ps: self._batch(eng, ps, rank=req.rank, **kw)))
-                with stage("format"):
-                    out = eng.answer(res)
+                    key, parsed if overlap else hist,
+                    (lambda xs: self._batch_remote(eng, xs, parsed=overlap, **kw)) if remote else
+                    (lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=overlap, rank=req.rank, **kw)]))
+                if overlap:
+                    with stage("format"):
+                        res = eng.answer(res)
+                out = res
         elif not remote:
             out, degraded = eng.recommend(hist, rank=req.rank, **kw), False  # type: ignore[arg-type]
         else:
@@ -222,20 +225,22 @@ class Service:
         self.metrics.observe(op, out["timings_ms"])
         return out
 
-    def _batch(self, eng: Engine, parsed: Sequence[Any], **kw: Any) -> list[tuple[RecommendationList, bool]]:
-        """One micro-batched run of the model for parsed histories (not ``degraded``), its size, wall time and
-        time holding the model into /metrics."""
+    def _batch(self, eng: Engine, items: Sequence[Any], *, parsed: bool, **kw: Any) -> list[Any]:
+        """One micro-batched forward, its size, wall time and time holding the model into /metrics: for parsed
+        histories, their :class:`RecommendationList` (``Engine.run_many``); else for the requests' histories, their
+        answers (``Engine.recommend_many``: parse, run, format)."""
         t0 = time.perf_counter()
-        res = eng.run_many(list(parsed), on_device=self.metrics.device_ms.observe, **kw)
+        run = eng.run_many if parsed else eng.recommend_many
+        out = run(list(items), on_device=self.metrics.device_ms.observe, **kw)
         self.metrics.batch_ms.observe((time.perf_counter() - t0) * 1e3)
-        self.metrics.batch_rows.observe(len(parsed))
-        return [(r, False) for r in res]
+        self.metrics.batch_rows.observe(len(items))
+        return out
 
-    def _batch_remote(self, eng: Engine, parsed: Sequence[Any], **kw: Any) -> list[tuple[RecommendationList, bool]]:
+    def _batch_remote(self, eng: Engine, items: Sequence[Any], **kw: Any) -> list[tuple[Any, bool]]:
         """A micro-batch of two-process ranked requests: one forward here, one ranking call for its rows (per
-        half of the pool's slots); each result says whether it is ``degraded``."""
-        outs, degraded = self._remote_or_degraded(eng, lambda **r: self._batch(eng, parsed, **r, **kw), len(parsed))
-        return [(r, degraded) for r, _ in outs]
+        half of the pool's slots); each result with whether it is ``degraded``."""
+        outs, degraded = self._remote_or_degraded(eng, lambda **r: self._batch(eng, items, **r, **kw), len(items))
+        return [(o, degraded) for o in outs]
 
     def _remote_or_degraded(self, eng: Engine, run: Callable[..., Any], n: int) -> tuple[Any, bool]:
         """``run(rank=True, remote_rank=...)`` (the ranking process ranks), and False; if that ranking fails, the
