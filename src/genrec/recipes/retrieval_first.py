@@ -35,7 +35,7 @@ from typing import Any
 
 from genrec.catalog import open_store
 from genrec.errors import ConfigError
-from genrec.model.checkpoint_io import LATEST, resolve_checkpoint
+from genrec.model.checkpoint_io import CheckpointError, load_config_dict
 from genrec.recipes.training import train_run
 from genrec.recipes.warmstart import train_warm
 from genrec.train.objective import logs_feedback
@@ -76,12 +76,9 @@ def retrieval_first_applies(cfg: RunConfig, n_actions: int) -> bool:
 def _latest_config(wd: WorkDir) -> dict[str, Any] | None:
     """The config of the run WORKDIR holds (its LATEST checkpoint's), None when it holds none."""
     try:
-        ckpt = resolve_checkpoint(wd.checkpoints, LATEST)
-    except Exception:  # noqa: BLE001 - a damaged pointer: the resume itself will say so
+        cfg = load_config_dict(wd.checkpoints)
+    except (CheckpointError, OSError, ValueError):  # a damaged pointer or file: the resume itself will say so
         return None
-    if ckpt is None or not (ckpt / "config.json").exists():
-        return None
-    cfg = read_json(ckpt / "config.json")
     return cfg if isinstance(cfg, dict) else None
 
 
@@ -94,7 +91,8 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
         return train_warm(workdir, cfg, init_from)
     wd = WorkDir(workdir)
     saved = _latest_config(wd) if resume else None
-    two = retrieval_first_applies(cfg, len(open_store(wd.root).info().actions))
+    # (the tables are read for their actions only where the setting could apply)
+    two = cfg.retrieval_first != "off" and retrieval_first_applies(cfg, len(open_store(wd.root).info().actions))
     if saved is not None and saved.get("phase") == RETRIEVAL_PHASE and not two:
         raise ConfigError(f"{wd.checkpoints} holds the retrieval phase of a two-phase run (retrieval_first), and this "
                           f"run (retrieval_first={cfg.retrieval_first}) is one phase: run it with the settings it "
@@ -109,7 +107,7 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("retrieval_first: the two-phase run is not made under torchrun yet; set "
                           "retrieval_first=off and run the phases as two commands (objective.w_action=0, then "
-                          "--init-from best)")
+                          "--init-from last)")
     done = wd.checkpoints / DONE_FILE
     if saved is not None and done.exists():
         first = read_json(done)

@@ -174,8 +174,8 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
     extra = {"tables": store.tables_version, "tables_snapshots": store.snapshot_ids(),
              "sid_version": sid_build.version if sid_build else None, "init_from": cfg.init_from or None,
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
-    trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra,
-                      config_extra={"run": cfg.to_dict(), "model": mcfg.to_dict(), **({"phase": phase} if phase else {})},
+    config_extra = {"run": cfg.to_dict(), "model": mcfg.to_dict(), **({"phase": phase} if phase else {})}
+    trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra, config_extra=config_extra,
                       dist_info=dist_info)
     with engine if engine is not None else contextlib.nullcontext():
         result = trainer.fit(resume=resume)
