@@ -79,7 +79,7 @@ def main() -> None:
                              if p == "heads" else {}))
                 ro[p] = got["l0l1"]
         if "ranking" in paths and rec.model.action_head is not None:  # the heads on the held-out slates
-            mine, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,
+            mine, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len,
                                      negatives=EvalConfig().slate_negatives)
             if slates is None:
                 slates, actions = mine, (rec.actions, rec.positive_actions)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def test_sid_pass_matches_evaluate_retrieval_and_diagnostics(run: tuple[Path, Re
 def test_ranking_metrics_batched_equal_one_at_a_time(run: tuple[Path, Recommender]) -> None:
     root, rec = run
     data = load_eval_data(rec, root, EvalConfig(split="test", max_users=30))
-    slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len)
+    slates, skipped = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len)
     assert len(slates) >= 20
     batched = score_slates(rec, slates, batch_size=8)
     single = [score_slates(rec, [s])[0] for s in slates[:10]]
@@ -139,14 +140,39 @@ def test_ranking_metrics_batched_equal_one_at_a_time(run: tuple[Path, Recommende
     assert all(len(f) <= 1 and (not f or f[0].item_ids[0] == r.target_item)
                for r, f in zip(data.records, data.feedviews)) and len(by_user) == len(data.records)
     # with sampled impression-only negatives: AUC still over the logged items, Hit@3 over the whole slate
-    neg, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len, negatives=8, seed=3)
+    neg, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len, negatives=8, seed=3)
     assert all(s.n_sampled == 8 and len(s.cand_rows) == 9 and not (s.labels[1:]).any() for s in neg)
     assert all(not set(s.cand_rows[1:].tolist()) & set(s.rows.tolist()) for s in neg)
     m2 = ranking_metrics(rec, neg)
     assert m2["auc"] == pytest.approx(m["auc"], nan_ok=True) and m2["n_items"] == m["n_items"]
     assert m2["n_sampled_negatives"] == 8 * len(neg) and m2["hit@3_chance"] == pytest.approx(3 / 9)
-    again, _ = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len, negatives=8, seed=3)
+    again, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len, negatives=8, seed=3)
     assert all(np.array_equal(a.cand_rows, b.cand_rows) for a, b in zip(neg, again))  # the same for every model
+
+
+def test_slate_probs_of_the_model_equal_the_served_scores(run: tuple[Path, Recommender]) -> None:
+    """Training's validation ranking (``valid/rank/*``) scores slates on the bare model; the served path (a
+    Recommender's encode + rank step) is its twin: the same probabilities, slates of several items and sampled
+    negatives included, in any batching."""
+    from genrec.eval.ranking import slate_probs
+
+    root, rec = run
+    data = load_eval_data(rec, root, EvalConfig(split="valid", max_users=40))
+    with_neg, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len,
+                                 negatives=5, seed=1)
+    alone, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len)
+    slates = [s for pair in zip(with_neg, alone) for s in pair]  # candidates of several lengths
+    cut = 1 + np.arange(len(slates)) % 7  # and histories: the newest 1..7 events of every third
+    slates = [dataclasses.replace(s, rows=s.rows[-c:], actions=s.actions[-c:], surfaces=s.surfaces[-c:], ts=s.ts[-c:])
+              if i % 3 == 0 else s for i, (s, c) in enumerate(zip(slates, cut))]
+    assert len(slates) >= 40 and len({len(s.cand_rows) for s in slates}) > 1 and len({len(s.rows) for s in slates}) > 3
+    served = score_slates(rec, slates, batch_size=16)
+    for bs in (7, 128):
+        mine = slate_probs(rec.catalog_model, slates, batch_size=bs)
+        assert len(mine) == len(served)
+        for a, b in zip(mine, served):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    assert not rec.model.training
 
 
 def test_run_eval_writes_report_and_records_test_split(run: tuple[Path, Recommender]) -> None:

@@ -128,3 +128,31 @@ def test_one_phase_where_it_does_not_apply_and_a_clear_refusal(run: Path) -> Non
     train_run(run, _cfg("objective.w_action=0", "train.total_steps=2"), resume=False, phase=RETRIEVAL_PHASE)
     with pytest.raises(ConfigError, match="holds the retrieval phase of a two-phase run"):
         train(run, _cfg())
+
+
+def test_the_joint_phase_picks_its_checkpoint_by_joint_metric(run: Path) -> None:
+    """``joint_metric=valid/rank/auc``: the retrieval phase early-stops on the run's metric (no heads trained, no
+    ``valid/rank/*``), the joint phase on the heads' validation AUC -- which is what ``genrec eval`` reports for
+    the same weights and cases (the served scoring path)."""
+    from genrec.eval.evaluate import EvalConfig, load_eval_data
+    from genrec.eval.ranking import collect_slates, ranking_metrics
+    from genrec.infer.recommender import Recommender
+
+    out = train(run, _cfg("retrieval_first=on", "joint_metric=valid/rank/auc"))
+    first = [json.loads(x) for x in (Path(out["previous_run"]) / "eval_log.jsonl").read_text().splitlines()]
+    joint = [json.loads(x) for x in (run / "eval_log.jsonl").read_text().splitlines()]
+    assert first and not any(k.startswith("valid/rank/") for e in first for k in e)
+    assert all({"valid/rank/auc", "valid/rank/hit@3", "valid/rank/auc/like"} <= set(e) for e in joint)
+    saved = read_json(run / "checkpoints" / "config.json")
+    assert saved["run"]["joint_metric"] == "valid/rank/auc"
+    best = max(joint, key=lambda e: (e["valid/rank/auc"], -e["step"]))  # the first of equals
+    assert (run / "checkpoints" / "BEST").read_text().strip() == f"step-{best['step']:06d}"
+    assert out["best_step"] == best["step"]
+    # the summary's metrics are the last checkpoint's weights: the served path scores them the same
+    rec = Recommender.from_checkpoint(run, "last")
+    data = load_eval_data(rec, run, EvalConfig(split="valid", max_users=8))
+    slates, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len, negatives=8)
+    ref = ranking_metrics(rec, slates, utility=rec.action_utility())
+    assert out["valid"]["valid/rank/hit@3"] == pytest.approx(ref["hit@3"], abs=1e-6)
+    for a, v in ref["auc"].items():
+        assert out["valid"][f"valid/rank/auc/{a}"] == pytest.approx(v, abs=1e-6, nan_ok=True), a

@@ -42,7 +42,7 @@ from genrec.errors import ConfigError
 from genrec.eval.baselines import Popularity
 from genrec.eval.dump import gapped_cases, write_recs
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
-from genrec.eval.ranking import collect_slates, ranking_metrics
+from genrec.eval.ranking import SLATE_NEGATIVES, collect_slates, ranking_metrics
 from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
 from genrec.infer.fusion import read_fusion_meta
 from genrec.infer.load import checkpoint_mark, trained_temperature
@@ -81,7 +81,7 @@ class EvalConfig:
     sid_mode: str | None = None  # the SID stage, as `genrec serve --sid-mode` (None: $GENREC_SID_MODE, else auto)
     seed: int = 0
     ranking: bool = True
-    slate_negatives: int = 8
+    slate_negatives: int = SLATE_NEGATIVES
     """Sampled impression-only candidates added to each ranking slate (as training's ``data.neg_cands``):
     the held-out part of a leave-one-out slate is 1-2 items, too few for Hit@3 to mean anything."""
     ranking_utility: dict[str, float] | None = None
@@ -291,7 +291,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     ranking: dict[str, Any] | None = None
     if cfg.ranking and rec.model.action_head is not None:
         t0 = time.perf_counter()
-        slates, skipped = collect_slates(data.records, data.feedviews, rec, context_len=rec.context_len,
+        slates, skipped = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len,
                                          negatives=cfg.slate_negatives, seed=cfg.seed)
         ranking = ranking_metrics(rec, slates, utility=cfg.ranking_utility or rec.action_utility(),
                                   batch_size=cfg.batch_size)

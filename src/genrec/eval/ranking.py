@@ -31,15 +31,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
+from genrec.catalog import ItemCatalog
 from genrec.data.join import UserExample
 from genrec.eval.metrics import auc, hit_at_k_per_slate, hit_at_k_slates
 from genrec.eval.significance import PairedDiff, paired_bootstrap
-from genrec.infer.recommender import Recommender
+from genrec.infer.recommender import Recommender, action_utility
+from genrec.model.types import ModelBatch
+
+if TYPE_CHECKING:
+    from genrec.infer.catalog_model import CatalogModel
+    from genrec.train.objective import JointObjective
+
+
+SLATE_NEGATIVES = 8
+"""Sampled impression-only candidates added to each held-out slate by default (``genrec eval --slate-negatives``,
+training's ``valid/rank/*``): a leave-one-out validation slate alone holds 2 items, where Hit@3 says nothing."""
 
 
 @dataclass
@@ -86,22 +97,22 @@ def sample_negatives(n_catalog: int, exclude: np.ndarray, m: int, user_id: int, 
     return np.asarray(out, dtype=np.int64)
 
 
-def collect_slates(records: Sequence["UserExample"], feedviews: Sequence[Sequence[Any]], rec: "Recommender",
+def collect_slates(records: Sequence["UserExample"], feedviews: Sequence[Sequence[Any]], catalog: ItemCatalog,
                    *, context_len: int, negatives: int = 0, seed: int = 0) -> tuple[list[Slate], int]:
     """Slates from eval records (``feedviews[i]`` are record i's slates), each with ``negatives``
     sampled impression-only candidates appended (:func:`sample_negatives`). Returns (slates, skipped)."""
     out: list[Slate] = []
     skipped = 0
-    n_cat = len(rec.catalog)
+    n_cat = len(catalog)
     for r, fvs in zip(records, feedviews):
         for fv in fvs:
             hl = int(fv.history_len)
-            cand = rec.catalog.rows(np.asarray(fv.item_ids, dtype=np.int64), strict=False)
+            cand = catalog.rows(np.asarray(fv.item_ids, dtype=np.int64), strict=False)
             keep = cand >= 0
             if hl < 1 or not keep.any():
                 skipped += 1
                 continue
-            hrows = rec.catalog.rows(np.asarray(r.items[:hl], dtype=np.int64), strict=False)
+            hrows = catalog.rows(np.asarray(r.items[:hl], dtype=np.int64), strict=False)
             ok = hrows >= 0
             sel = np.flatnonzero(ok)[-context_len:]
             if len(sel) == 0:
@@ -138,6 +149,66 @@ def score_slates(rec: "Recommender", slates: Sequence[Slate], *, batch_size: int
         p = torch.sigmoid(logits.float()).cpu().numpy()
         out.extend(p[i, :len(s.cand_rows)] for i, s in enumerate(chunk))
     return out
+
+
+@torch.no_grad()
+def slate_probs(objective: torch.nn.Module, slates: Sequence[Slate], *, batch_size: int = 128) -> list[np.ndarray]:
+    """:func:`score_slates` on a model with its catalogue tensors -- the trainer's
+    :class:`~genrec.train.objective.JointObjective` or a :class:`~genrec.infer.catalog_model.CatalogModel` --
+    eagerly, without a Recommender: the validation ranking metrics of training (``valid/rank/*``). The same
+    history encode and rank step as the served path (tested equal to it)."""
+    obj = cast("JointObjective | CatalogModel", objective)
+    model = obj.model
+    dev = next(model.parameters()).device
+    out: list[np.ndarray] = []
+    was_training = model.training
+    model.eval()  # (the final validation of a run calls it in training mode)
+    try:
+        vecs = obj.catalogue_vectors()  # [N, D]
+        codes = obj.codes if model.config.uses_sids else None  # [N, L]: the codes the model reads
+        _score_chunks(model, vecs, codes, slates, batch_size, dev, out)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _score_chunks(model: Any, vecs: torch.Tensor, codes: torch.Tensor | None, slates: Sequence[Slate],
+                  batch_size: int, dev: torch.device, out: list[np.ndarray]) -> None:
+    """:func:`slate_probs`' loop: each chunk's probabilities appended to ``out``."""
+    for lo in range(0, len(slates), batch_size):
+        chunk = slates[lo:lo + batch_size]
+        b, n, k = len(chunk), max(len(s.rows) for s in chunk), max(len(s.cand_rows) for s in chunk)
+        cols = np.zeros((4, b, n), np.int64)  # rows, actions, surfaces, ts; right-padded
+        cand = np.zeros((b, k), np.int64)  # pad with row 0: candidates never see each other
+        for i, s in enumerate(chunk):
+            for c, v in enumerate((s.rows, s.actions, s.surfaces, s.ts)):
+                cols[c, i, :len(v)] = v
+            cand[i, :len(s.cand_rows)] = s.cand_rows
+        t = torch.from_numpy(cols).to(dev)
+        rows, cand_t = t[0], torch.from_numpy(cand).to(dev)
+        mb = ModelBatch(actions=t[1], surfaces=t[2], timestamps=t[3], item_vecs=vecs[rows],
+                        lengths=torch.tensor([len(s.rows) for s in chunk], dtype=torch.int64, device=dev),
+                        sid_codes=None if codes is None else codes[rows])
+        cache, _, _ = model.encode_history(mb)
+        logits = model.rank(cache, vecs[cand_t], None if codes is None else codes[cand_t],
+                            torch.tensor([s.surface for s in chunk], dtype=torch.int64, device=dev),
+                            torch.tensor([s.request_ts for s in chunk], dtype=torch.int64, device=dev))
+        p = torch.sigmoid(logits.float()).cpu().numpy()
+        out.extend(p[i, :len(s.cand_rows)] for i, s in enumerate(chunk))
+
+
+def slate_scalars(objective: torch.nn.Module, slates: Sequence[Slate], actions: Sequence[str],
+                  positive_actions: Sequence[str], k: int = 3) -> dict[str, float]:
+    """Training's validation ranking of ``slates`` (:func:`slate_probs`; the default utility, as ``genrec eval``):
+    ``rank/hit@3``, ``rank/auc/<action>`` and ``rank/auc`` (the mean over the actions whose AUC is defined;
+    nan when none is)."""
+    u = action_utility(actions, positive_actions)
+    m = slate_metrics(slate_probs(objective, slates), slates, actions, positive_actions,
+                      np.array([u[a] for a in actions], dtype=np.float32), k)
+    aucs = {a: float(v) for a, v in m["auc"].items()}
+    defined = [v for v in aucs.values() if np.isfinite(v)]
+    return {f"rank/hit@{k}": float(m[f"hit@{k}"]), **{f"rank/auc/{a}": v for a, v in aucs.items()},
+            "rank/auc": float(np.mean(defined)) if defined else float("nan")}
 
 
 def ranking_metrics(rec: "Recommender", slates: Sequence[Slate], *, utility: Mapping[str, float] | None = None,

@@ -71,11 +71,16 @@ from genrec.model.graphs import GraphedEncoder, GraphedRanker
 from genrec.model.kv_cache import KVCache
 from genrec.validation import trusted_inputs
 
-__all__ = ["NEGATIVE_ACTIONS", "Recommender"]
+__all__ = ["NEGATIVE_ACTIONS", "Recommender", "action_utility"]
 
 log = logging.getLogger(__name__)
 
 NEGATIVE_ACTIONS = frozenset({"dislike", "skip", "hide", "report", "negative", "unlike", "block"})
+
+
+def action_utility(actions: Sequence[str], positive_actions: Sequence[str]) -> dict[str, float]:
+    """+1 for the dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), 0 for the rest."""
+    return {a: (1.0 if a in positive_actions else -1.0 if a.lower() in NEGATIVE_ACTIONS else 0.0) for a in actions}
 
 
 class Recommender(SidStage):
@@ -212,9 +217,8 @@ class Recommender(SidStage):
         return self.action_utility()
 
     def action_utility(self) -> dict[str, float]:
-        """+1 for the dataset's positive actions, -1 for known negative ones (e.g. 'dislike'), 0 for the rest."""
-        return {a: (1.0 if a in self.positive_actions else -1.0 if a.lower() in NEGATIVE_ACTIONS else 0.0)
-                for a in self.actions}
+        """:func:`action_utility` of the run's actions."""
+        return action_utility(self.actions, self.positive_actions)
 
     def utility_vector(self, utility: Mapping[str, float] | None) -> torch.Tensor:
         u = self.default_utility() if utility is None else dict(utility)

@@ -82,6 +82,14 @@ def _latest_config(wd: WorkDir) -> dict[str, Any] | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+def _joint(cfg: RunConfig) -> RunConfig:
+    """The joint phase's configuration: the run's, early-stopping on ``joint_metric`` where one is set."""
+    if not cfg.joint_metric:
+        return cfg
+    es = dataclasses.replace(cfg.train.early_stopping, metric=cfg.joint_metric)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, early_stopping=es))
+
+
 def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
           init_from: str | Path | None = None) -> dict[str, Any]:
     """What ``genrec train WORKDIR`` runs: a warm start from ``init_from``; else the run WORKDIR holds resumed (a
@@ -100,7 +108,7 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
     if saved is not None and saved.get("phase") != RETRIEVAL_PHASE:
         kept = str((saved.get("run") or {}).get("init_from") or "")
         if kept and not cfg.init_from:  # resuming a warm start (the joint phase is one): it keeps its start
-            cfg = dataclasses.replace(cfg, init_from=kept)
+            cfg = dataclasses.replace(_joint(cfg) if two else cfg, init_from=kept)
         return train_run(wd.root, cfg, resume=resume)
     if not two:
         return train_run(wd.root, cfg, resume=resume)
@@ -122,5 +130,5 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
             return {**out, "phase": RETRIEVAL_PHASE}
         first = {k: out.get(k) for k in _SUMMARY}
         atomic_write_json(done, first)
-    joint = train_warm(wd.root, cfg, "last")  # the retrieval phase's last checkpoint (the module docstring)
+    joint = train_warm(wd.root, _joint(cfg), "last")  # the retrieval phase's last checkpoint (the module docstring)
     return {**joint, "retrieval_first": first}

@@ -27,6 +27,7 @@ from genrec.data.stream_index import stream_index
 from genrec.decode.rows import leaf_rows as sid_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
+from genrec.eval.ranking import SLATE_NEGATIVES, Slate, collect_slates, slate_scalars
 from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
 from genrec.model.genrec_model import GenRecModel
 from genrec.sid.build import open_current
@@ -109,8 +110,16 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
         print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
               "training forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
-    valid = make_eval_set(list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)),
-                          catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
+    records = list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len))
+    feedviews = {r.user_id: list(r.feedviews) for r in records}  # (make_eval_set clears them)
+    valid = make_eval_set(records, catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
+    # the validation cases' held-out slates, scored by the action heads where the run trains them (valid/rank/*)
+    slates: list[Slate] = []
+    if model.action_head is not None and obj_cfg.w_action > 0:
+        by_user = {r.user_id: r for r in records}
+        kept = [by_user[ex.user_id] for ex in valid.examples]
+        slates, _ = collect_slates(kept, [feedviews[r.user_id] for r in kept], catalog,
+                                   context_len=cfg.data.context_len, negatives=SLATE_NEGATIVES)  # as genrec eval
     if len(valid) == 0:
         print("[genrec.train] warning: no validation cases (no user has a validation event in this split), so "
               "every valid/* metric below reads 0 and says nothing; early stopping and the BEST checkpoint follow "
@@ -129,7 +138,11 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
         res = evaluate_retrieval(m, valid, paths=("ann", "sid", "sid-dense"), beam_width=cfg.data.eval_beam,
                                  context_len=cfg.data.context_len, trie=trie, leaf_rows=leaf_rows,
                                  dense_temperature=obj_cfg.temperature)
-        return {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
+        out = {f"valid/{p}/{k}": v for p, r in res.items() for k, v in r.items() if k != "n"}
+        if slates:
+            ranked = slate_scalars(m, slates, info.actions, info.positive_actions)
+            out.update({f"valid/{k}": v for k, v in ranked.items()})
+        return out
 
     sampling = cfg.data.sampling_for(len(info.actions))
     by_feedback = sampling != cfg.data.neg_sampling

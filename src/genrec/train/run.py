@@ -147,6 +147,9 @@ class RunConfig:
     # train retrieval alone first, then the joint model from its last checkpoint (genrec.recipes.retrieval_first):
     # off | feedback (where the data logs several actions) | on
     retrieval_first: str = "off"
+    # the metric the joint phase of such a run early-stops on and picks its best checkpoint by (e.g. valid/rank/auc:
+    # the heads it trains); "" = train.early_stopping.metric, as the retrieval phase
+    joint_metric: str = ""
     freeze_item_encoder: bool = False
     model: ModelOverrides = field(default_factory=ModelOverrides)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
