@@ -22,7 +22,11 @@ bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batc
 ``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
 "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
 clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
-not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there). The issue's GPU target (1,000-item history,
+not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there).
+``--gil-profile``: py-spy (``pip install py-spy``; it must be allowed to read the server's memory) samples which
+thread of the server's main process holds its interpreter lock during each measured run, and a table gives the
+share of the run per stage (:data:`GIL_STAGES`): what the model's own Python costs beside the request plumbing
+around it. The issue's GPU target (1,000-item history,
 beam 60, ranking on) is ``--history-len 1000 --exact-history --beam-width 60`` on a run trained with a long
 context (benchmarks/README.md has the command).
 """
@@ -30,10 +34,15 @@ context (benchmarks/README.md has the command).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from typing import Any
 
 from genrec.serve.loadgen import as_sent, sample_histories, start_server
@@ -51,6 +60,11 @@ MODES: dict[str, dict[str, Any]] = {
     "batch8timed": dict(two_process=False, rank=True, micro_batch=8, micro_batch_policy="timed",
                         micro_batch_wait_ms=2.0),  # the earlier policy: a group's first request waits 2 ms
 }
+GIL_STAGES = [("model (run_many)", "run_parsed"), ("link: receive, unpickle", "EngineLink._read"),
+              ("link: reply", "EngineLink._reply"), ("parse", "Engine.read"), ("answer: lists", "recommendation_lists"),
+              ("answer: dicts", "Engine.answer"), ("micro-batcher", "MicroBatcher"), ("service", "Service."),
+              ("metrics", "Metrics."), ("thread pool", "concurrent/futures"), ("HTTP (uvicorn, fastapi)", "uvicorn")]
+"""``--gil-profile``'s stages: a sample counts for the first whose text is in its stack (outermost frame first)."""
 KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
         "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms"]
 
@@ -67,6 +81,43 @@ def mode(name: str) -> dict[str, Any]:
         raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)}, batch<N>[busy|timed] or "
                          "fronts<N>[overlap]")
     return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
+
+
+def gil_profile_start(pid: int, duration: float) -> tuple[subprocess.Popen, str, float] | None:
+    """py-spy recording which thread of ``pid`` holds the interpreter lock, for the run's ``duration`` (less its
+    start); None (said) where py-spy is not installed."""
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(exe):
+        print("--gil-profile: py-spy not found (pip install py-spy)", flush=True)
+        return None
+    out = tempfile.mktemp(suffix=".txt", prefix="gil-")
+    secs, rate = max(1, int(duration) - 1), 200
+    cmd = [exe, "record", "-p", str(pid), "--gil", "-r", str(rate), "-d", str(secs), "-f", "raw", "-o", out,
+           "--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out, secs * rate
+
+
+def gil_profile_table(spy: subprocess.Popen, path: str, possible: float) -> dict[str, float]:
+    """The recording's share of the run per stage (:data:`GIL_STAGES`; ``other``: the rest; ``free``: the lock
+    held by none), printed as a table."""
+    _, err = spy.communicate()
+    if spy.returncode != 0 or not os.path.exists(path):
+        print(f"--gil-profile: py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-300:]}", flush=True)
+        return {}
+    per: collections.Counter[str] = collections.Counter()
+    with open(path) as f:
+        for line in f:
+            stack, n = line.rstrip().rsplit(" ", 1)
+            per[next((name for name, key in GIL_STAGES if key in stack), "other")] += int(n)
+    os.unlink(path)
+    held = sum(per.values())
+    share = {k: v / possible for k, v in per.most_common()}
+    share["free"] = max(0.0, 1.0 - held / possible)
+    print("| GIL held by | share of the run |\n|---|---|")
+    for k, v in share.items():
+        print(f"| {k} | {v:.3f} |")
+    print(flush=True)
+    return share
 
 
 def main() -> None:
@@ -90,6 +141,8 @@ def main() -> None:
     ap.add_argument("--exact-history", action="store_true",
                     help="every history exactly --history-len items (short users extended with others')")
     ap.add_argument("--precision", default="float32", choices=("float32", "bf16"), help="the servers' --precision")
+    ap.add_argument("--gil-profile", action="store_true",
+                    help="py-spy: the share of each measured run the server's interpreter lock is held, per stage")
     ap.add_argument("--batch-buckets", default=None, help="the servers' $GENREC_BATCH_BUCKETS (auto, off, 1,2,4,8)")
     a = ap.parse_args()
     clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
@@ -108,11 +161,14 @@ def main() -> None:
                 if a.warmup > 0:
                     drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body,
                           columns=a.columns)
+                spy = gil_profile_start(proc.pid, a.duration) if a.gil_profile else None
                 res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
                             server_pid=proc.pid, columns=a.columns)
                 row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary()}
                 rows.append(row)
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
+                if spy is not None:
+                    row["gil"] = gil_profile_table(*spy)
         finally:
             stop_server(proc)
     out = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}

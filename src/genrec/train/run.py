@@ -244,10 +244,12 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # action loss weighs .2 where the data logs one action (Beauty's retrieval falls at 2 and 5:
     # configs/ladder-beauty-action.json) and 5 where it logs several (MovieLens with like / view / dislike:
     # configs/ladder-ml-order-cpu.json, rung a5). There the retrieval model is trained first and the joint model
-    # from it (retrieval_first: UniPinRec's ordering, configs/ladder-ml-order-cpu.json rungs warm and two).
+    # from it (retrieval_first: UniPinRec's ordering, configs/ladder-ml-order-cpu.json rungs warm and two), the
+    # joint model's checkpoint chosen by its heads' validation Hit@3 (joint_metric; on ANN NDCG it kept its first
+    # evaluation on a GPU, the heads barely trained: configs/ladder-ml-joint-gpu.json, rungs two-hit and two).
     # 5 minutes of training (each phase's), sized for one GPU.
     "seq-small": dict(
-        variant="pinger", model_preset="gpu-base", retrieval_first="feedback",
+        variant="pinger", model_preset="gpu-base", retrieval_first="feedback", joint_metric="valid/rank/hit@3",
         model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=64, item_dim=64, dropout=0.5, input_dropout=0.5,
                    id_embedding=True, item_content=True, positions="end", pos_init_std=0.02, user_head="identity",
                    input_proj=False, normalize=False, embed_init_std=0.02),
