@@ -35,9 +35,9 @@ different keys, and a new group of the same key, can run side by side. Every req
 ``max_wait_ms`` even alone.
 
 A batch may hand the leadership on before it ends (:meth:`MicroBatcher.handover`): in two-process mode a batch
-whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile. (The server keeps host
-work out of the batch instead: a request parses its history before it queues and formats its answer after,
-:class:`genrec.serve.service.Service`.)
+whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile. (``--host-overlap``, off by
+default, keeps host work out of the batch instead: a request parses its history before it queues and formats its
+answer after, :class:`genrec.serve.service.Service`.)
 
 Non-standard, both policies: a failing batch is retried row by row, so one bad request cannot
 fail its neighbours; a batch whose call returns the wrong number of rows is retried the same way.
