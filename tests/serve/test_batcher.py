@@ -460,3 +460,87 @@ def test_handover_lets_the_next_batch_run_beside_the_first() -> None:
 
     assert b.submit("k", "first", first) == "first"
     assert order == ["second", "first done"] and b.batches == 2
+
+
+def test_async_requests_batch_with_waiting_ones_and_settle_after_the_handover() -> None:
+    """``submit_async`` (what the engine of ``--fronts`` uses): mixed with waiting threads, random keys and pauses,
+    every future holds fn of its own item, every item computed, one batch at a time, batches formed; a failing
+    item fails alone; and a batch's futures are settled only once the next batch has started (else the callback
+    below, which waits for that start, would time out)."""
+    b = MicroBatcher(max_batch=6, policy="busy")
+    lock, running, overlap = threading.Lock(), [0], [0]
+    calls: list[list[Any]] = []
+
+    def make_fn(key: int) -> Callable[[list[Any]], list[Any]]:
+        def fn(items):  # noqa: ANN001, ANN202
+            with lock:
+                running[0] += 1
+                overlap[0] = max(overlap[0], running[0])
+                calls.append(list(items))
+            time.sleep(random.random() * 0.002)
+            with lock:
+                running[0] -= 1
+            if any(it == (0, 13) for it in items):
+                raise ValueError("bad row")
+            return [(key, it) for it in items]
+        return fn
+
+    futs: dict[Any, Any] = {}
+    bad: list[str] = []
+
+    def client(t: int) -> None:
+        rng = random.Random(t)
+        for j in range(20):
+            key = rng.randrange(2)
+            if t % 2:  # a waiting thread
+                try:
+                    got = b.submit(key, (t, j), make_fn(key))
+                    if got != (key, (t, j)):
+                        bad.append(f"{t}/{j}: {got}")
+                except ValueError:
+                    bad.append(f"{t}/{j} failed")
+            else:
+                futs[(t, j)] = (key, b.submit_async(key, (t, j), make_fn(key)))
+            time.sleep(rng.random() * 0.001)
+
+    _join_all([_start(client, t) for t in range(16)], 60)
+    for (t, j), (key, f) in futs.items():
+        if (t, j) == (0, 13):
+            with pytest.raises(ValueError, match="bad row"):
+                f.result(10)
+        else:
+            assert f.result(10) == (key, (t, j))
+    assert not bad, bad[:3]
+    done = [it for items in calls for it in items]  # (a failing batch's items are run again one by one)
+    assert set(done) == {(t, j) for t in range(16) for j in range(20)}
+    assert overlap[0] == 1 and max(len(c) for c in calls) > 1
+    t_end = time.monotonic() + 10
+    while (b._busy or b._pending) and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert not b._pending and not b._busy
+
+    # the answers go out after the next batch has started
+    gate, second = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def fn2(items):  # noqa: ANN001, ANN202
+        if "second" in items:
+            second.set()
+        else:
+            gate.wait(10)
+        return list(items)
+
+    f1 = b.submit_async("k", "first", fn2)
+    f1.add_done_callback(lambda f: seen.append(second.wait(5)))
+    f2 = b.submit_async("k", "second", fn2)  # queued behind the first
+    gate.set()
+    assert f1.result(10) == "first" and f2.result(10) == "second"
+    t_end = time.monotonic() + 10
+    while not seen and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert seen == [True]
+
+
+def test_async_needs_the_busy_policy() -> None:
+    with pytest.raises(ConfigError, match="busy"):
+        MicroBatcher(max_batch=4, policy="timed").submit_async("k", 1, lambda xs: xs)

@@ -256,3 +256,61 @@ def test_an_answer_that_does_not_pickle_is_an_error_not_a_hang(tmp_path: Path) -
         assert bad is not None and "could not be sent" in bad
     finally:
         link.close()
+
+
+def test_requests_taken_without_a_thread_answer_as_infer(run_dir: Path) -> None:
+    """What the engine of ``--fronts`` does with a front's request (``Service.submit_nowait``): concurrent recommend
+    requests join the micro-batcher from the caller's thread and are answered through ``done`` exactly as
+    ``Service.infer`` answers them, stage timings in /metrics included; explained requests, /v1/rank and bad
+    requests are not taken (a thread runs them), or come back as their error."""
+    import threading
+
+    from genrec.infer.cases import SourceIds
+    from genrec.serve.schemas import api_models
+    from genrec.serve.service import Service
+
+    svc = Service(ServeConfig(workdir=run_dir, threads=2))
+    svc.start()
+    try:
+        models = api_models(SourceIds.remapped(run_dir))
+        reqs = [models.recommend_request.model_validate(body(h)) for h in HISTS * 4]
+        want = [svc.infer("recommend", r) for r in reqs]
+
+        def observed() -> float:
+            return sum(x.value for fam in svc.metrics.stage.collect() for x in fam.samples if x.name.endswith(
+                "_count") and x.labels == {"endpoint": "recommend", "stage": "total"})
+
+        n0 = observed()
+        got: dict[int, tuple[bool, Any]] = {}
+        all_in = threading.Event()
+
+        def done_for(i: int) -> Any:
+            def done(ok: bool, val: Any) -> None:
+                got[i] = (ok, val)
+                if len(got) == len(reqs):
+                    all_in.set()
+            return done
+
+        b0 = svc.batcher.batches
+        assert all(svc.submit_nowait("recommend", r, done_for(i)) for i, r in enumerate(reqs))
+        assert all_in.wait(60)
+        assert svc.batcher.batches - b0 < len(reqs)  # they were batched
+        assert observed() - n0 == len(reqs)
+        for i, w in enumerate(want):
+            ok, out = got[i]
+            assert ok, out
+            same(out, w)
+            assert out["timings_ms"].keys() == w["timings_ms"].keys()
+        assert not svc.submit_nowait("recommend", models.recommend_request.model_validate(
+            body(HISTS[0], explain=True)), done_for(-1))
+        rank = models.rank_request.model_validate({"history": body(HISTS[0])["history"], "candidates": [3, 1]})
+        assert not svc.submit_nowait("rank", rank, done_for(-1))
+        bad = models.recommend_request.model_validate({"history": [{"item_id": 1, "action": "no-such-action"}]})
+        errs: list[Any] = []
+        assert svc.submit_nowait("recommend", bad, lambda ok, v: errs.append((ok, v)))
+        t_end = time.time() + 30
+        while not errs and time.time() < t_end:
+            time.sleep(0.01)
+        assert errs and errs[0][0] is False and isinstance(errs[0][1], InputError)
+    finally:
+        svc.stop()

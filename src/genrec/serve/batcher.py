@@ -52,7 +52,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from genrec.errors import ConfigError
@@ -68,31 +68,43 @@ class _Entry:
 
     __slots__ = ("key", "item", "fn", "fut", "wake", "batch", "t0")
 
-    def __init__(self, key: Hashable, item: Any, fn: Fn) -> None:
+    def __init__(self, key: Hashable, item: Any, fn: Fn, waits: bool = True) -> None:
         self.key, self.item, self.fn = key, item, fn
         self.t0 = time.perf_counter()  # when it was submitted (its wait: until its batch starts)
         self.fut: Future = Future()
-        self.wake = threading.Event()  # set when answered, or when made the next leader
+        # set when answered, or when made the next leader; None: no thread waits (submit_async), a runner leads
+        self.wake = threading.Event() if waits else None
         self.batch: list[_Entry] | None = None  # set (on the batch's first entry) to hand over leadership
 
 
-def _run_rows(batch: Sequence[tuple[Any, Future]], fn: Fn) -> None:
-    """One call for the whole batch; if it fails (or returns the wrong number of rows), row by row."""
+def _rows(items: Sequence[Any], fn: Fn) -> list[tuple[bool, Any]]:
+    """One call for the whole batch; if it fails (or returns the wrong number of rows), row by row: each item's
+    (ok, result or error)."""
     try:
-        outs = fn([it for it, _ in batch])
-        if len(outs) != len(batch):
-            raise RuntimeError(f"micro-batch: {len(batch)} items gave {len(outs)} results")
-        for (_, f), o in zip(batch, outs):
-            f.set_result(o)
+        outs = fn(list(items))
+        if len(outs) != len(items):
+            raise RuntimeError(f"micro-batch: {len(items)} items gave {len(outs)} results")
+        return [(True, o) for o in outs]
     except Exception:  # noqa: BLE001 - isolate the failing request(s)
-        if len(batch) == 1:
-            batch[0][1].set_exception(sys.exc_info()[1])  # type: ignore[arg-type]
-            return
-        for it, f in batch:
+        if len(items) == 1:
+            return [(False, sys.exc_info()[1])]
+        got: list[tuple[bool, Any]] = []
+        for it in items:
             try:
-                f.set_result(fn([it])[0])
+                got.append((True, fn([it])[0]))
             except Exception as e:  # noqa: BLE001
-                f.set_exception(e)
+                got.append((False, e))
+        return got
+
+
+def _settle(futs: Sequence[Future], got: Sequence[tuple[bool, Any]]) -> None:
+    for f, (ok, v) in zip(futs, got):
+        f.set_result(v) if ok else f.set_exception(v)
+
+
+def _run_rows(batch: Sequence[tuple[Any, Future]], fn: Fn) -> None:
+    """:func:`_rows` of the batch, into its futures."""
+    _settle([f for _, f in batch], _rows([it for it, _ in batch], fn))
 
 
 class MicroBatcher:
@@ -123,6 +135,7 @@ class MicroBatcher:
         self._busy = False  # a batch is running (or being handed over)
         self._pending: deque[_Entry] = deque()
         self._local = threading.local()  # the running batch's handover, in its leader's thread
+        self._runner: ThreadPoolExecutor | None = None  # leads the batches of submit_async (made on first use)
 
     def submit(self, key: Hashable, item: Any, fn: Fn) -> Any:
         """``fn([item])[0]``, possibly computed in one call together with other requests of ``key``."""
@@ -141,6 +154,7 @@ class MicroBatcher:
                 self._busy = True
                 batch = [e]
         if batch is None:
+            assert e.wake is not None  # (a waiting entry)
             e.wake.wait()
             if e.batch is None:  # answered by another leader
                 return e.fut.result()
@@ -157,9 +171,33 @@ class MicroBatcher:
             self._local.handover = None
             hand()
 
+    def submit_async(self, key: Hashable, item: Any, fn: Fn) -> Future:
+        """``fn([item])[0]`` as a future, computed like :meth:`submit`'s (busy policy) but with no thread waiting for
+        it: a batch whose first request was submitted so runs in the batcher's runner threads, and the future is
+        settled (its callbacks run) once the next batch has started. What ``genrec serve --fronts`` does with the
+        requests the fronts send, so a request costs the engine no thread of its own."""
+        if self.policy != "busy":
+            raise ConfigError(f"micro-batch: submit_async needs the busy policy, not {self.policy!r}")
+        e = _Entry(key, item, fn, waits=False)
+        with self._lock:
+            if self._busy:
+                self._pending.append(e)
+                return e.fut
+            self._busy = True
+        self._run_elsewhere([e])
+        return e.fut
+
+    def _run_elsewhere(self, batch: list[_Entry]) -> None:
+        """Lead ``batch`` in a runner thread (two: one batch runs while the last one's answers are settled)."""
+        with self._lock:
+            if self._runner is None:
+                self._runner = ThreadPoolExecutor(2, thread_name_prefix="genrec-batch")
+            runner = self._runner
+        runner.submit(self._lead, batch)
+
     def _lead(self, batch: list[_Entry]) -> None:
-        """Run ``batch`` (this thread's own request is its first entry), then hand over (unless ``fn`` called
-        :meth:`handover`) or go idle."""
+        """Run ``batch`` (a waiting thread's own request is its first entry), then hand over (unless ``fn`` called
+        :meth:`handover`) or go idle, then settle its answers: the next batch starts before they go out."""
         handed = threading.Event()
         if self.on_wait is not None:
             now = time.perf_counter()
@@ -172,19 +210,23 @@ class MicroBatcher:
                 self._pass_on()
 
         self._local.handover = hand
+        got: list[tuple[bool, Any]] | None = None
         try:
-            _run_rows([(x.item, x.fut) for x in batch], batch[0].fn)
+            got = _rows([x.item for x in batch], batch[0].fn)
         finally:
             self._local.handover = None
-            for x in batch:
-                if not x.fut.done():  # the leader died of a BaseException: fail its batch, do not hang it
-                    x.fut.set_exception(RuntimeError("micro-batch: the batch's leader was interrupted"))
             with self._lock:
                 self.batches += 1
                 self.items += len(batch)
             hand()
+            if got is not None:
+                _settle([x.fut for x in batch], got)
+            for x in batch:
+                if not x.fut.done():  # the leader died of a BaseException: fail its batch, do not hang it
+                    x.fut.set_exception(RuntimeError("micro-batch: the batch's leader was interrupted"))
             for x in batch[1:]:
-                x.wake.set()
+                if x.wake is not None:
+                    x.wake.set()
 
     def _pass_on(self) -> None:
         """Make the oldest queued request's key's batch the next one and wake its leader, or go idle."""
@@ -199,8 +241,13 @@ class MicroBatcher:
                 nxt[0].batch = nxt
             else:
                 self._busy = False
-        if nxt is not None:
-            nxt[0].wake.set()  # the next leader first: the device gets its next batch at once
+        if nxt is None:
+            return
+        lead = nxt[0].wake
+        if lead is not None:
+            lead.set()  # the next leader first: the device gets its next batch at once
+        else:
+            self._run_elsewhere(nxt)  # no thread waits on its first request
 
     # ------------------------------------------------------------------ timed
     def _submit_timed(self, key: Hashable, item: Any, fn: Fn) -> Any:

@@ -8,8 +8,10 @@ the public socket:
 * a front answers ``POST /v1/recommend`` and ``POST /v1/rank`` itself as far as HTTP goes: the body limit, the
   one-pass parse and validation (the same request models, the same 422s), then the validated request travels to
   the engine over a local socket (:class:`FrontLink`), the answer comes back as the engine's dict and the front
-  serialises it through the same response model. In the engine each request runs :meth:`Service.recommend` /
-  :meth:`Service.rank` in a thread of :class:`EngineLink`'s pool, so requests from every front meet in the one
+  serialises it through the same response model. In the engine a micro-batched recommend request joins the one
+  micro-batcher from the link's reading thread, with no thread of its own (:meth:`Service.submit_nowait`), and its
+  answer goes back from the thread that ran its batch; any other runs :meth:`Service.recommend` /
+  :meth:`Service.rank` in a thread of :class:`EngineLink`'s pool. Requests from every front meet in the one
   micro-batcher and form the same batches as in one process: the answers are those of one process;
 * every other path (``/readyz``, ``/metrics``, ``/admin/reload``, the explorer, ``/docs``) is passed on as it came
   to the engine's own app, served on a Unix socket: there is one bundle, one hot swap and one SIGHUP handler;
@@ -71,14 +73,20 @@ def portable(e: BaseException) -> BaseException:
 
 
 # ---------------------------------------------------------------------------------------------------- engine side
+Take = Callable[[str, Any, Callable[[bool, Any], None]], bool]
+"""``take(op, req, done)``: True when it took the request without a thread and will call ``done(ok, value)`` once
+(:meth:`genrec.serve.service.Service.submit_nowait`); False: the link runs ``serve`` in a thread."""
+
+
 class EngineLink:
-    """The engine's end: accepts the fronts' connections on ``path``; each request runs ``serve(op, req)`` in a
-    thread of a pool of ``threads`` (so concurrent requests from every front reach the micro-batcher together);
-    a front's ``stats`` message goes to ``metrics``."""
+    """The engine's end: accepts the fronts' connections on ``path``; a request that ``take`` accepts joins the
+    micro-batcher from the reading thread and its answer goes back from the thread that ran its batch; any other
+    runs ``serve(op, req)`` in a thread of a pool of ``threads`` (so concurrent requests from every front reach the
+    micro-batcher together); a front's ``stats`` message goes to ``metrics``."""
 
     def __init__(self, serve: Callable[[str, Any], dict[str, Any]], metrics: Metrics, path: str, authkey: bytes,
-                 threads: int) -> None:
-        self.serve, self.metrics = serve, metrics
+                 threads: int, take: Take | None = None) -> None:
+        self.serve, self.metrics, self.take = serve, metrics, take
         self.listener = Listener(path, family="AF_UNIX", authkey=authkey)
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="genrec-link")
         self.connected = threading.Semaphore(0)  # released once per front that connected
@@ -118,13 +126,28 @@ class EngineLink:
                 if op == "stats":
                     self._stats(cid, payload)
                 elif op in OPS:
-                    self.pool.submit(self._run, conn, send_lock, rid, op, payload)
+                    if not self._taken(conn, send_lock, rid, op, payload):
+                        self.pool.submit(self._run, conn, send_lock, rid, op, payload)
                 else:
                     self._reply(conn, send_lock, (rid, False, RuntimeError(f"unknown operation {op!r}")))
         finally:
             self._stats(cid, {"requests": {}, "in_flight": 0.0})  # a front gone has nothing in flight
             with contextlib.suppress(OSError):
                 conn.close()
+
+    def _taken(self, conn: Connection, send_lock: threading.Lock, rid: int, op: str, req: Any) -> bool:
+        """Whether ``take`` took the request (its answer then goes back when its batch has run)."""
+        if self.take is None:
+            return False
+
+        def done(ok: bool, val: Any) -> None:
+            self._reply(conn, send_lock, (rid, True, val) if ok else (rid, False, portable(val)))
+
+        try:
+            return self.take(op, req, done)
+        except BaseException as e:  # noqa: BLE001 - a fault in taking it: the request's error, the link reads on
+            done(False, e)
+            return True
 
     def _run(self, conn: Connection, send_lock: threading.Lock, rid: int, op: str, req: Any) -> None:
         try:
@@ -183,7 +206,7 @@ class EngineServer(uvicorn.Server):
 
         # as many requests in the engine at once as one process lets run (the limiter's capacity)
         threads = int(svc.limiter.total_tokens)
-        self.link = EngineLink(svc.infer, svc.metrics, path, authkey, threads).start()
+        self.link = EngineLink(svc.infer, svc.metrics, path, authkey, threads, take=svc.submit_nowait).start()
         self.public = socket.create_server((self.host, self.port), family=socket.AF_INET6 if ":" in self.host
                                            else socket.AF_INET, backlog=2048)
         self.public.set_inheritable(True)

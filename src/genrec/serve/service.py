@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ from genrec.serve.workers import RankerClient, RankerUnavailable
 __all__ = ["Service", "freeze_heap", "thaw_and_freeze"]
 
 log = logging.getLogger("genrec.serve")
+
+
+@dataclasses.dataclass
+class _Call:
+    """A recommend request as the engine runs it (:meth:`Service._call`)."""
+
+    bundle: Any
+    engine: Engine
+    history: Any
+    ids: SourceItemIds | None
+    unknown: Unknown
+    kw: dict[str, Any]
+    key: tuple[Any, ...]
 
 
 def freeze_heap() -> None:
@@ -172,8 +186,10 @@ class Service:
                               "that: the tables were prepared again since it started; restart it")
         return eng.source_ids
 
-    def recommend(self, req: RecommendRequest) -> dict[str, Any]:
-        bundle = self.holder.current  # taken ONCE: the request finishes on this version
+    def _call(self, req: RecommendRequest) -> _Call:
+        """What a recommend request runs on: the bundle (taken ONCE: the request finishes on this version), its
+        history in the tables' ids, and the Engine's keyword arguments."""
+        bundle = self.holder.current
         eng = bundle.engine
         hist: Any = req.the_history()  # plain dicts (HistoryItem is a TypedDict), or HistoryColumns
         ids, unknown = self._source_ids(eng), Unknown()
@@ -183,13 +199,27 @@ class Service:
         kw: dict[str, Any] = dict(k=req.k, beam_width=req.beam_width, diversity_lambda=req.diversity_lambda,
                                   sources=req.sources, surface=req.surface, request_ts=req.request_ts, fusion=fusion,
                                   exclude_history=req.exclude_history)
+        key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank, req.surface,
+               req.request_ts, None if fusion is None else tuple(sorted(fusion.items())), req.exclude_history)
+        return _Call(bundle, eng, hist, ids, unknown, kw, key)
+
+    @staticmethod
+    def _finish(c: _Call, out: dict[str, Any], degraded: bool) -> dict[str, Any]:
+        """The answer: the served version, ``degraded``, and the source file's ids where the run remapped them."""
+        out.update(degraded=degraded, index_version=c.bundle.version)
+        if c.ids is None:
+            return out
+        if "explain" in out:
+            explain_ids_out(out["explain"], c.ids, c.unknown)
+        return c.ids.answer_out(out, c.unknown)
+
+    def recommend(self, req: RecommendRequest) -> dict[str, Any]:
+        c = self._call(req)
+        eng, hist, kw = c.engine, c.history, c.kw
         if req.explain:  # one history per call: never batched
             kw["explain"] = True
         remote = self.cfg.two_process and req.rank  # ranked in the ranking process
         if self.batcher is not None and not req.explain:
-            key = (id(eng), req.k, req.beam_width, req.diversity_lambda, tuple(req.sources), req.rank,
-                   req.surface, req.request_ts, None if fusion is None else tuple(sorted(fusion.items())),
-                   req.exclude_history)
             overlap = self.cfg.host_overlap
             parsed = dropped = None
             if overlap:  # parse here, before queueing: the batch runs only the model (ServeConfig.host_overlap)
@@ -199,7 +229,7 @@ class Service:
                 out, degraded = eng.cold_start(dropped or [], req.k), False
             else:
                 res, degraded = self.batcher.submit(
-                    key, parsed if overlap else hist,
+                    c.key, parsed if overlap else hist,
                     (lambda xs: self._batch_remote(eng, xs, parsed=overlap, **kw)) if remote else
                     (lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=overlap, rank=req.rank, **kw)]))
                 if overlap:
@@ -211,12 +241,38 @@ class Service:
         else:
             out, degraded = self._remote_or_degraded(
                 eng, lambda **r: eng.recommend(hist, **r, **kw), 1)  # type: ignore[arg-type]
-        out.update(degraded=degraded, index_version=bundle.version)
-        if ids is None:
-            return out
-        if "explain" in out:
-            explain_ids_out(out["explain"], ids, unknown)
-        return ids.answer_out(out, unknown)
+        return self._finish(c, out, degraded)
+
+    def submit_nowait(self, op: str, req: Any, done: Callable[[bool, Any], None]) -> bool:
+        """Take ``req`` without a thread of its own where it can be (a recommend request the busy micro-batcher runs
+        in one process, not explained, without --host-overlap): it joins the batcher
+        (:meth:`MicroBatcher.submit_async`) and ``done(True, answer)`` or ``done(False, error)`` is called once, from
+        the thread that ran its batch; True. Else False: run :meth:`infer` (in a thread). The answers are
+        :meth:`infer`'s, stage timings in /metrics included. What the engine of ``--fronts`` does with each request
+        a front sends (:class:`genrec.serve.fronts.EngineLink`)."""
+        b = self.batcher
+        if (op != "recommend" or b is None or b.policy != "busy" or req.explain or self.cfg.host_overlap
+                or (self.cfg.two_process and req.rank)):
+            return False
+        try:
+            c = self._call(req)
+        except Exception as e:  # noqa: BLE001 - the request's own error, answered as infer would
+            done(False, e)
+            return True
+        eng, rank, kw = c.engine, req.rank, c.kw
+
+        def settle(fut: Future) -> None:
+            try:
+                out = self._finish(c, fut.result(), False)
+                self.metrics.observe(op, out["timings_ms"])
+            except Exception as e:  # noqa: BLE001 - the batch's error for this request
+                done(False, e)
+                return
+            done(True, out)
+
+        b.submit_async(c.key, c.history, lambda xs: self._batch(eng, xs, parsed=False, rank=rank, **kw)) \
+            .add_done_callback(settle)
+        return True
 
     def infer(self, op: str, req: Any) -> dict[str, Any]:
         """``recommend`` or ``rank`` (``op``) for a validated request, its stage timings into /metrics: what an
