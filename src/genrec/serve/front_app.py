@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -17,13 +18,24 @@ from genrec.serve.fronts import EngineGone, FrontLink
 from genrec.serve.middleware import PROXIED, BodyLimit, Metrics, Track
 from genrec.serve.schemas import api_models
 
-__all__ = ["create_front_app"]
+__all__ = ["compact", "create_front_app"]
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "content-length"})
 """Headers that describe one connection, not the request or answer (RFC 9110 §7.6.1), and the length, which the
 message is sent with anew."""
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def compact(op: str, req: Any) -> Any:
+    """A recommend request whose ``history_columns`` ids are all integers, with those ids as one int64 array: it
+    travels to the engine and is parsed there at once (a list of 1,000 ints is unpickled and converted item by
+    item). The same request otherwise; explained requests (their answers echo the history) go as they came."""
+    hc = getattr(req, "history_columns", None)
+    if op != "recommend" or hc is None or req.explain or not all(type(i) is int for i in hc.item_id):
+        return req
+    ids = np.asarray(hc.item_id, dtype=np.int64)  # (the request model bounds an id to int64)
+    return req.model_copy(update={"history_columns": hc.model_copy(update={"item_id": ids})})
 
 
 def create_front_app(cfg: dict[str, Any], link: FrontLink, engine_uds: str, metrics: Metrics) -> Any:
@@ -38,7 +50,12 @@ def create_front_app(cfg: dict[str, Any], link: FrontLink, engine_uds: str, metr
     async def _gone(request: Request, exc: EngineGone) -> JSONResponse:
         return JSONResponse({"error": "unavailable", "message": str(exc), "fields": []}, status_code=503)
 
-    install_inference_routes(app, api_models(SourceIds.remapped(Path(cfg["workdir"]))), link.call)
+    remapped = SourceIds.remapped(Path(cfg["workdir"]))
+
+    async def ask(op: str, req: Any) -> Any:
+        return await link.call(op, req if remapped else compact(op, req))
+
+    install_inference_routes(app, api_models(remapped), ask)
 
     async def proxy(request: Request) -> Response:
         url = request.url.path + (f"?{request.url.query}" if request.url.query else "")
