@@ -54,6 +54,8 @@ def test_when_it_applies() -> None:
     assert retrieval_first_applies(feedback, 2) and retrieval_first_applies(on, 1)
     assert not retrieval_first_applies(feedback, 1)  # engagement only: no ranking to order
     assert not retrieval_first_applies(_cfg(), 3)  # off
+    with pytest.raises(ConfigError, match="joint_metric"):
+        _cfg("joint_metric=rank/hit@3")
     for why in (["variant=ranking-only"], ["objective.w_action=0"], ["variant=tiger"], ["init_from=/x"]):
         assert not retrieval_first_applies(_cfg("retrieval_first=feedback", *why), 3), why
         with pytest.raises(ConfigError, match="retrieval_first"):

@@ -171,6 +171,9 @@ class RunConfig:
         if cfg.retrieval_first not in RETRIEVAL_FIRST:
             raise ConfigError(f"config key 'retrieval_first': must be one of {', '.join(RETRIEVAL_FIRST)}, "
                               f"got {cfg.retrieval_first!r}")
+        if cfg.joint_metric and not cfg.joint_metric.startswith("valid/"):  # (said before a phase has trained)
+            raise ConfigError(f"config key 'joint_metric': a validation metric (valid/...), e.g. valid/rank/hit@3 or "
+                              f"valid/ann/ndcg@10, got {cfg.joint_metric!r}")
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
