@@ -22,13 +22,15 @@ runs), a finished one goes straight to the joint phase, an interrupted joint pha
 (as any warm start does). ``--no-resume`` sets WORKDIR's run aside and starts at the retrieval phase; ``--init-from``
 or ``init_from=`` names the start, so there is no retrieval phase. A run that trains no action loss (``w_action``
 0, ``variant=ranking-only``, ``tiger``, ``sasrec``) or no retrieval loss is one run whatever ``retrieval_first``
-says, except ``on``, which refuses it.
+says, except ``on``, which refuses it. Under torchrun both phases share one process group; rank 0 sets the
+retrieval phase aside, and the two processes' phases equal one process's (``tests/train/test_torchrun_train.py``).
+The joint phase picks its checkpoint by ``joint_metric`` where one is set (the preset's: its heads' validation
+Hit@3).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from genrec.errors import ConfigError
 from genrec.model.checkpoint_io import CheckpointError, load_config_dict
 from genrec.recipes.training import train_run
 from genrec.recipes.warmstart import train_warm
+from genrec.train.distributed import process_group
 from genrec.train.objective import logs_feedback
 from genrec.train.run import RunConfig, variant_overrides
 from genrec.workdir import WorkDir, atomic_write_json, read_json
@@ -112,23 +115,23 @@ def train(workdir: str | Path, cfg: RunConfig, *, resume: bool = True,
         return train_run(wd.root, cfg, resume=resume)
     if not two:
         return train_run(wd.root, cfg, resume=resume)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("retrieval_first: the two-phase run is not made under torchrun yet; set "
-                          "retrieval_first=off and run the phases as two commands (objective.w_action=0, then "
-                          "--init-from last)")
-    done = wd.checkpoints / DONE_FILE
-    if saved is not None and done.exists():
-        first = read_json(done)
-        print(f"[genrec.train] the retrieval phase finished at step {first.get('step')}: on to the joint phase",
-              file=sys.stderr)
-    else:
-        print("[genrec.train] retrieval_first: the retrieval phase (objective.w_action=0) first, then the joint model "
-              "from its last checkpoint", file=sys.stderr)
-        retrieval = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, w_action=0.0))
-        out = train_run(wd.root, retrieval, resume=resume, phase=RETRIEVAL_PHASE)
-        if out.get("interrupted"):
-            return {**out, "phase": RETRIEVAL_PHASE}
-        first = {k: out.get(k) for k in _SUMMARY}
-        atomic_write_json(done, first)
-    joint = train_warm(wd.root, _joint(cfg), "last")  # the retrieval phase's last checkpoint (the module docstring)
+    with process_group(cfg.train.device) as info:  # under torchrun: one process group for both phases
+        done = wd.checkpoints / DONE_FILE
+        if saved is not None and done.exists():
+            first = read_json(done)
+            if info.is_main:
+                print(f"[genrec.train] the retrieval phase finished at step {first.get('step')}: on to the joint "
+                      "phase", file=sys.stderr)
+        else:
+            if info.is_main:
+                print("[genrec.train] retrieval_first: the retrieval phase (objective.w_action=0) first, then the "
+                      "joint model from its last checkpoint", file=sys.stderr)
+            retrieval = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, w_action=0.0))
+            out = train_run(wd.root, retrieval, resume=resume, phase=RETRIEVAL_PHASE)
+            if out.get("interrupted"):
+                return {**out, "phase": RETRIEVAL_PHASE}
+            first = {k: out.get(k) for k in _SUMMARY}
+            if info.is_main:
+                atomic_write_json(done, first)
+        joint = train_warm(wd.root, _joint(cfg), "last")  # the retrieval phase's last checkpoint (module docstring)
     return {**joint, "retrieval_first": first}

@@ -188,7 +188,17 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
              "sid_version": sid_build.version if sid_build else None, "init_from": cfg.init_from or None,
              "features": str(wd.features), "model_config": mcfg.to_dict(), "run_config": cfg.to_dict()}
     config_extra = {"run": cfg.to_dict(), "model": mcfg.to_dict(), **({"phase": phase} if phase else {})}
-    trainer = Trainer(objective, factory, cfg.train, wd, eval_fn=eval_fn, extra=extra, config_extra=config_extra,
+    # a loss weighed 0 leaves its head without gradients: DDP must look for such parameters (it fails at the second
+    # step otherwise); the retrieval phase of retrieval_first (w_action 0) and ranking-only train so
+    idle = [n for n, w, head in (("action", obj_cfg.w_action, model.action_head), ("sid", obj_cfg.w_sid, model.sid_heads),
+                                  ("item", obj_cfg.w_item, model.user_head)) if w == 0 and head is not None]
+    train_cfg = cfg.train
+    if idle and dist_info.is_distributed and not train_cfg.find_unused_parameters:
+        train_cfg = dataclasses.replace(train_cfg, find_unused_parameters=True)
+        if dist_info.is_main:
+            print(f"[genrec.train] the {', '.join(idle)} loss weighs 0: DDP looks for parameters without gradients "
+                  "(train.find_unused_parameters)", file=sys.stderr)
+    trainer = Trainer(objective, factory, train_cfg, wd, eval_fn=eval_fn, extra=extra, config_extra=config_extra,
                       dist_info=dist_info)
     with engine if engine is not None else contextlib.nullcontext():
         result = trainer.fit(resume=resume)

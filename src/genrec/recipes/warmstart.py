@@ -25,6 +25,7 @@ from genrec.errors import ConfigError
 from genrec.infer.load import find_checkpoint
 from genrec.model.checkpoint_io import LATEST, list_checkpoints, resolve_checkpoint
 from genrec.recipes.training import train_run
+from genrec.train.distributed import barrier, broadcast_object, process_group
 from genrec.train.run import RunConfig
 from genrec.train.run_state import RUN_FILES, archive_previous_run
 from genrec.workdir import WorkDir, read_json
@@ -62,20 +63,26 @@ def train_warm(workdir: str | Path, cfg: RunConfig, init_from: str | Path) -> di
     if cfg.init_from:
         raise ConfigError(f"--init-from {init_from} and the config key init_from={cfg.init_from}: give one")
     wd = WorkDir(workdir)
-    ckpt = resolve_init_from(wd.root, init_from)
-    checkpoints = wd.checkpoints.resolve()
-    archived = archive_previous_run(wd)
-    if archived is not None:
-        print(f"[genrec.train] warm start: WORKDIR's previous run was moved to {archived}", file=sys.stderr)
-        if ckpt.is_relative_to(checkpoints):
-            ckpt = archived / "checkpoints" / ckpt.relative_to(checkpoints)
-    cfg = dataclasses.replace(cfg, init_from=str(ckpt))
-    try:
-        out = train_run(wd.root, cfg, resume=True)
-    except BaseException:
-        if archived is not None and not list_checkpoints(wd.checkpoints):
-            _put_back(wd, archived)
-            print(f"[genrec.train] the warm start failed before its first checkpoint: the previous run is back in "
-                  f"{wd.checkpoints}", file=sys.stderr)
-        raise
+    with process_group(cfg.train.device) as info:  # under torchrun: rank 0 sets the old run aside, all ranks train
+        ckpt = resolve_init_from(wd.root, init_from)
+        checkpoints = wd.checkpoints.resolve()
+        barrier(info)  # every rank has found the start before it moves
+        archived = archive_previous_run(wd) if info.is_main else None
+        if info.is_distributed:
+            moved = broadcast_object(None if archived is None else str(archived), info)
+            archived = None if moved is None else Path(moved)
+        if archived is not None:
+            if info.is_main:
+                print(f"[genrec.train] warm start: WORKDIR's previous run was moved to {archived}", file=sys.stderr)
+            if ckpt.is_relative_to(checkpoints):
+                ckpt = archived / "checkpoints" / ckpt.relative_to(checkpoints)
+        cfg = dataclasses.replace(cfg, init_from=str(ckpt))
+        try:
+            out = train_run(wd.root, cfg, resume=True)
+        except BaseException:
+            if archived is not None and info.is_main and not list_checkpoints(wd.checkpoints):
+                _put_back(wd, archived)
+                print(f"[genrec.train] the warm start failed before its first checkpoint: the previous run is back "
+                      f"in {wd.checkpoints}", file=sys.stderr)
+            raise
     return {**out, "init_from": str(ckpt), **({"previous_run": str(archived)} if archived is not None else {})}

@@ -9,11 +9,12 @@ gloo on CPU, NCCL on CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,19 @@ def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(device: str = "auto") -> Iterator[DistInfo]:
+    """torchrun's process group held across several runs in a row (a warm start's setting aside and its run; the two
+    phases of ``retrieval_first``): set up here unless one is up, and then torn down when the block ends without an
+    error (as :func:`genrec.recipes.training.train_run` does with its own). A plain process: a single-rank
+    DistInfo, nothing set up."""
+    own = not group_initialized()
+    info = init_distributed(device)
+    yield info
+    if own:
+        cleanup()
 
 
 def barrier(info: DistInfo) -> None:
