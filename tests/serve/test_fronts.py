@@ -28,10 +28,12 @@ from ._load import Load
 HISTS = [[1, 50, 172, 181, 258], [7, 9, 11], [300, 301, 302, 303, 304, 305, 306, 307], [12], [100, 98, 56, 22]]
 
 
-def helper(pid: int) -> bool:
-    """``pid`` is multiprocessing's resource tracker (a child of the engine beside its fronts)."""
+def is_front(pid: int) -> bool:
+    """``pid`` runs a front: a process multiprocessing spawned (``spawn_main``), not its resource tracker (also a
+    child of the engine) nor a child that has not yet exec'd (its command line is still the engine's: under load
+    the tracker was once taken for a front there, and killed)."""
     try:
-        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -163,12 +165,12 @@ def test_a_killed_front_is_replaced(run_dir: Path) -> None:
         t_end = time.time() + 60  # ready once one front answers; on a loaded machine the second may still start
         while True:
             first = children(proc.pid)
-            fronts = [p for p in first if alive(p) and not helper(p)]
+            fronts = [p for p in first if alive(p) and is_front(p)]
             if len(fronts) >= 2 or time.time() > t_end:
                 break
             time.sleep(0.2)
         assert len(fronts) >= 2, f"fronts: {fronts}"
-        victim = max(fronts)  # a front, not multiprocessing's resource tracker (also a child, its pid may be larger)
+        victim = max(fronts)
         os.kill(victim, signal.SIGKILL)
         with httpx.Client(base_url=url, timeout=60) as c:
             for _ in range(6):  # the other front answers meanwhile

@@ -212,10 +212,12 @@ class EngineServer(uvicorn.Server):
         self.public.set_inheritable(True)
         self.front_args.update(link=path, authkey=authkey, engine_uds=self.config.uds)
         self.procs = [self._spawn() for _ in range(self.n)]
+        # watched from the start: a front that dies before it connects (the first one already answers) is replaced,
+        # and its replacement connects in its place
+        threading.Thread(target=self._supervise, name="genrec-fronts", daemon=True).start()
         for _ in range(self.n):  # each front connects once its app is built
             if not self.link.connected.acquire(timeout=300):
                 raise RuntimeError(f"the {self.n} front processes did not all connect within 300 s")
-        threading.Thread(target=self._supervise, name="genrec-fronts", daemon=True).start()
         if self.say is not None:
             self.say(f"ready on {_url(self.host, self.public.getsockname()[1])}: {self.n} front processes "
                      f"(pids {', '.join(str(p.pid) for p in self.procs)}) answer HTTP, this process ({os.getpid()}) "
