@@ -24,8 +24,8 @@ or ``init_from=`` names the start, so there is no retrieval phase. A run that tr
 0, ``variant=ranking-only``, ``tiger``, ``sasrec``) or no retrieval loss is one run whatever ``retrieval_first``
 says, except ``on``, which refuses it. Under torchrun both phases share one process group; rank 0 sets the
 retrieval phase aside, and the two processes' phases equal one process's (``tests/train/test_torchrun_train.py``).
-The joint phase picks its checkpoint by ``joint_metric`` where one is set (the preset's: its heads' validation
-Hit@3).
+The joint phase picks its checkpoint by ``joint_metric`` where one is set (the preset's: its heads' mean validation
+AUC, ``valid/rank/auc``).
 """
 
 from __future__ import annotations
