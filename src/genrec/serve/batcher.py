@@ -34,6 +34,10 @@ fill, one forward at a time, where timed groups run side by side and contend; ``
 different keys, and a new group of the same key, can run side by side. Every request pays up to
 ``max_wait_ms`` even alone.
 
+A request may also join with no thread waiting for it (:meth:`MicroBatcher.submit_async`, busy policy: what the
+engine of ``--fronts`` does with a front's request): a batch whose first request came so is led by one of the
+batcher's two runner threads. Every batch settles its answers after handing over, so the next batch starts first.
+
 A batch may hand the leadership on before it ends (:meth:`MicroBatcher.handover`): in two-process mode a batch
 whose rows wait on the ranking process lets the next batch encode and retrieve meanwhile. (``--host-overlap``, off by
 default, keeps host work out of the batch instead: a request parses its history before it queues and formats its
