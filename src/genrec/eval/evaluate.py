@@ -43,7 +43,7 @@ from genrec.eval.baselines import Popularity
 from genrec.eval.dump import gapped_cases, write_recs
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
 from genrec.eval.ranking import SLATE_NEGATIVES, collect_slates, ranking_metrics
-from genrec.eval.retrieval import EvalSet, evaluate_retrieval, make_eval_set
+from genrec.eval.retrieval import EvalSet, eval_cases, evaluate_retrieval
 from genrec.infer.fusion import read_fusion_meta
 from genrec.infer.load import checkpoint_mark, trained_temperature
 from genrec.infer.recommender import Recommender
@@ -135,13 +135,10 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     kind = rec.split_kind
     spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
     records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
-    fv = {r.user_id: list(r.feedviews) for r in records}
-    by_user = {r.user_id: r for r in records}
-    es = make_eval_set(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)  # clears r.feedviews
-    kept = [by_user[ex.user_id] for ex in es.examples]
+    es, kept, feedviews = eval_cases(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)
     events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp"])
     tr = train_events(events, spec)
-    return EvalData(es, kept, [fv[r.user_id] for r in kept], kind,
+    return EvalData(es, kept, feedviews, kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64), store.tables_version,
                     TransitionTable.from_events_table(
                         history_events(events, spec, cfg.split), rec.catalog))  # type: ignore[arg-type]

@@ -160,21 +160,20 @@ def slate_probs(objective: torch.nn.Module, slates: Sequence[Slate], *, batch_si
     obj = cast("JointObjective | CatalogModel", objective)
     model = obj.model
     dev = next(model.parameters()).device
-    out: list[np.ndarray] = []
     was_training = model.training
     model.eval()  # (the final validation of a run calls it in training mode)
     try:
         vecs = obj.catalogue_vectors()  # [N, D]
         codes = obj.codes if model.config.uses_sids else None  # [N, L]: the codes the model reads
-        _score_chunks(model, vecs, codes, slates, batch_size, dev, out)
+        return _score_chunks(model, vecs, codes, slates, batch_size, dev)
     finally:
         model.train(was_training)
-    return out
 
 
 def _score_chunks(model: Any, vecs: torch.Tensor, codes: torch.Tensor | None, slates: Sequence[Slate],
-                  batch_size: int, dev: torch.device, out: list[np.ndarray]) -> None:
-    """:func:`slate_probs`' loop: each chunk's probabilities appended to ``out``."""
+                  batch_size: int, dev: torch.device) -> list[np.ndarray]:
+    """:func:`slate_probs`' loop: each slate's probabilities, chunk by chunk."""
+    out: list[np.ndarray] = []
     for lo in range(0, len(slates), batch_size):
         chunk = slates[lo:lo + batch_size]
         b, n, k = len(chunk), max(len(s.rows) for s in chunk), max(len(s.cand_rows) for s in chunk)
@@ -195,6 +194,7 @@ def _score_chunks(model: Any, vecs: torch.Tensor, codes: torch.Tensor | None, sl
                             torch.tensor([s.request_ts for s in chunk], dtype=torch.int64, device=dev))
         p = torch.sigmoid(logits.float()).cpu().numpy()
         out.extend(p[i, :len(s.cand_rows)] for i, s in enumerate(chunk))
+    return out
 
 
 def slate_scalars(objective: torch.nn.Module, slates: Sequence[Slate], actions: Sequence[str],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -61,6 +61,17 @@ def split_eval_set(es: EvalSet, n_tune: int, n_report: int = 0, seed: int = 0) -
     perm = np.random.default_rng(seed).permutation(n)
     rest = perm[n_tune:]
     return es.subset(perm[:n_tune]), es.subset(rest[:n_report] if n_report else rest)
+
+
+def eval_cases(records: Sequence[UserExample], catalog: ItemCatalog, *, max_cases: int = 0, seed: int = 0
+               ) -> tuple[EvalSet, list[UserExample], list[list[Any]]]:
+    """:func:`make_eval_set`, with each case's record and that record's feedviews (its held-out slates:
+    :func:`genrec.eval.ranking.collect_slates`), in the cases' order."""
+    feedviews = {r.user_id: list(r.feedviews) for r in records}  # (make_eval_set clears them)
+    by_user = {r.user_id: r for r in records}
+    es = make_eval_set(records, catalog, max_cases=max_cases, seed=seed)
+    kept = [by_user[ex.user_id] for ex in es.examples]
+    return es, kept, [feedviews[r.user_id] for r in kept]
 
 
 def make_eval_set(records: Sequence[UserExample], catalog: ItemCatalog, *, max_cases: int = 0,

@@ -28,12 +28,12 @@ from genrec.decode.rows import leaf_rows as sid_leaf_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.eval.ranking import SLATE_NEGATIVES, Slate, collect_slates, slate_scalars
-from genrec.eval.retrieval import evaluate_retrieval, make_eval_set
+from genrec.eval.retrieval import eval_cases, evaluate_retrieval
 from genrec.model.genrec_model import GenRecModel
 from genrec.sid.build import open_current
 from genrec.train.batches import NEIGHBOURS, BatchStream, materialise, neighbour_table
 from genrec.train.config import compile_kwargs, compile_mode_for_world
-from genrec.train.distributed import broadcast_object, cleanup, group_initialized, init_distributed, pick_device
+from genrec.train.distributed import DistInfo, broadcast_object, pick_device, process_group
 from genrec.train.objective import JointObjective
 from genrec.train.ray_engine import RayEngine
 from genrec.train.run import RunConfig, build_model_config, check_features_split, init_and_freeze, variant_overrides
@@ -53,8 +53,13 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
     and logs and runs the validation, whose metrics -- and so early stopping -- every rank shares. Every
     process returns the same summary; a process group this call set up is torn down before it returns."""
     pick_device(cfg.train.device)  # a missing CUDA device fails here, before the data is read
-    own_group = not group_initialized()
-    dist_info = init_distributed(cfg.train.device)
+    with process_group(cfg.train.device) as dist_info:
+        return _train(workdir, cfg, dist_info, resume=resume, phase=phase)
+
+
+def _train(workdir: str | Path, cfg: RunConfig, dist_info: DistInfo, *, resume: bool,
+           phase: str | None) -> dict[str, Any]:
+    """:func:`train_run`'s run, in its process group (``dist_info``)."""
     wd = WorkDir(workdir)
     store = open_store(wd.root)
     info = store.info()
@@ -110,16 +115,14 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
         print(f"[genrec.train] train.compile=true (mode {mode}): the first steps of each batch shape compile the "
               "training forward (tens of seconds; train.compile=false runs eager)", file=sys.stderr)
 
-    records = list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len))
-    feedviews = {r.user_id: list(r.feedviews) for r in records}  # (make_eval_set clears them)
-    valid = make_eval_set(records, catalog, max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
+    valid, kept, feedviews = eval_cases(
+        list(BucketJoinReader(store, split=split, role="valid", context_len=cfg.data.context_len)), catalog,
+        max_cases=cfg.data.valid_cases, seed=cfg.train.seed)
     # the validation cases' held-out slates, scored by the action heads where the run trains them (valid/rank/*)
     slates: list[Slate] = []
     if model.action_head is not None and obj_cfg.w_action > 0:
-        by_user = {r.user_id: r for r in records}
-        kept = [by_user[ex.user_id] for ex in valid.examples]
-        slates, _ = collect_slates(kept, [feedviews[r.user_id] for r in kept], catalog,
-                                   context_len=cfg.data.context_len, negatives=SLATE_NEGATIVES)  # as genrec eval
+        slates, _ = collect_slates(kept, feedviews, catalog, context_len=cfg.data.context_len,
+                                   negatives=SLATE_NEGATIVES)  # as genrec eval
     if len(valid) == 0:
         print("[genrec.train] warning: no validation cases (no user has a validation event in this split), so "
               "every valid/* metric below reads 0 and says nothing; early stopping and the BEST checkpoint follow "
@@ -207,8 +210,6 @@ def train_run(workdir: str | Path, cfg: RunConfig, *, resume: bool = True, phase
         with trainer.averaged():
             final = eval_fn(objective)  # the weights the last checkpoint serves
     final = broadcast_object(final, dist_info)
-    if own_group:
-        cleanup()  # every rank meets first: gloo aborts a process whose peer has already gone
     return {"step": result.step, "best_step": result.best_step, "valid": final,
             "train_examples": n_train, "valid_cases": len(valid),
             "last_loss": result.last_step,

@@ -108,10 +108,10 @@ def cleanup() -> None:
 
 @contextlib.contextmanager
 def process_group(device: str = "auto") -> Iterator[DistInfo]:
-    """torchrun's process group held across several runs in a row (a warm start's setting aside and its run; the two
-    phases of ``retrieval_first``): set up here unless one is up, and then torn down when the block ends without an
-    error (as :func:`genrec.recipes.training.train_run` does with its own). A plain process: a single-rank
-    DistInfo, nothing set up."""
+    """torchrun's process group for a block: set up here unless one is up, and then torn down when the block ends
+    without an error (every rank meets first). One run (:func:`genrec.recipes.training.train_run`) holds it, and so
+    can several in a row (a warm start's setting aside and its run; the two phases of ``retrieval_first``), which
+    then share it. A plain process: a single-rank DistInfo, nothing set up."""
     own = not group_initialized()
     info = init_distributed(device)
     yield info
