@@ -11,6 +11,8 @@
 # NAME synth: `genrec data synth` (SYNTH_ARGS, default --users 1000 --items 10000 --events 2000000) instead of a dataset.
 # LADDER_ARGS passes more options to every quality_ladder.py, e.g. LADDER_ARGS="--only pinger-50 pinger-200"; a fourth
 # field to one ladder only: "mlsmall:configs/ladder-context.json:train.max_minutes=5:--only,pinger-2000".
+# A NAME is a dataset name with any suffix, each its own run directory: seeds side by side, e.g.
+#   RUNS="ml100k-s1:configs/ladder-preset.json:train.seed=1:--yardstick-seed,1 ml100k-s2:…:train.seed=2:--yardstick-seed,2"
 source benchmarks/gpu_env.sh || exit 1
 exec > >(tee "$OUT/run.log") 2>&1
 one() {  # NAME LADDER [SET [ARGS]]: prepare the run directory, then the ladder; output in $OUT/NAME.log and NAME/ladder.json
@@ -18,12 +20,12 @@ one() {  # NAME LADDER [SET [ARGS]]: prepare the run directory, then the ladder;
   [ -n "${3:-}" ] && extra=(--set ${3//,/ })
   [ -n "${4:-}" ] && extra+=(${4//,/ })
   case $name in
-    beauty) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
-    ml100k) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
-    mlsmall) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
-    synth) p5=; cb="";;  # genrec data synth: long histories (median ~1,200 events), no P5 file: no plain SASRec
+    beauty*) p5=.gpudata/amazon-beauty-2014; prep="amazon-beauty-2014 $wd"; cb="--codebook-size 64";;
+    ml100k*) p5=.gpudata/p5-ml100k; prep="amazon-p5 $wd --source $p5"; cb="";;
+    mlsmall*) p5=.gpudata/p5-mlsmall; prep="amazon-p5 $wd --source $p5"; cb="";;
+    synth*) p5=; cb="";;  # genrec data synth: long histories (median ~1,200 events), no P5 file: no plain SASRec
   esac
-  { if [ $name = synth ]; then python3 -m genrec.cli data synth $wd ${SYNTH_ARGS:---users 1000 --items 10000 --events 2000000}
+  { if [[ $name = synth* ]]; then python3 -m genrec.cli data synth $wd ${SYNTH_ARGS:---users 1000 --items 10000 --events 2000000}
     else python3 -m genrec.cli data prepare $prep; fi && python3 -m genrec.cli features build $wd \
       && python3 -m genrec.cli sid build $wd ${SID_ARGS:---levels 3 $cb}; } > /tmp/$name.prep.log 2>&1 \
       || { tail -5 /tmp/$name.prep.log; return 1; }

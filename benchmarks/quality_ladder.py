@@ -129,8 +129,8 @@ def train_all(base: Path, root: Path, ladder: dict[str, Any], a: argparse.Namesp
         out = root / "yardstick.jsonl"
         out.unlink(missing_ok=True)
         yard = subprocess.Popen([sys.executable, __file__, "--yardstick-child", a.yardstick, str(root / YARD_RANKS),
-                                 a.p5, "--loss", "ce", "--out", str(out)],
-                                stdout=open(root / "yardstick.log", "wb"), stderr=subprocess.STDOUT, env=env)
+                                 a.p5, "--loss", "ce", "--out", str(out)], stdout=open(root / "yardstick.log", "wb"),
+                                stderr=subprocess.STDOUT, env=dict(env, YARDSTICK_SEED=str(a.yardstick_seed)))
     failed: set[str] = set()
     while todo or procs:
         i = 0
@@ -273,9 +273,16 @@ def yardstick_child(script: str, ranks_file: str, args: list[str]) -> None:
     """Run the plain SASRec script as it is (its ``main``, its arguments), recording the 0-based rank of every
     target its final evaluations count, so genrec's paths can be paired with it user by user: its module-level
     ``metrics`` is wrapped (the rank computed as it computes it, then its own function called), not replaced.
+    ``YARDSTICK_SEED`` (``--yardstick-seed``) shifts the seeds the script fixes, to measure its seed-to-seed spread.
     Its last three evaluations are the chosen checkpoint's validation, test and test-without-history, one row per
     line of ``sequential_data.txt``, in order; written as users (the line's first field), valid, test and
     test_excl (its ranks with the history's items left out, the figure a repeat-demoting L1 is to be read against)."""
+    if shift := int(os.environ.get("YARDSTICK_SEED", "0")):  # its fixed seeds, shifted (this process only)
+        import torch
+
+        torch_seed, np_seed = torch.manual_seed, np.random.seed
+        torch.manual_seed = lambda s: torch_seed(s + shift)  # type: ignore[assignment]
+        np.random.seed = lambda s=None: np_seed(None if s is None else s + shift)  # type: ignore[assignment]
     spec = importlib.util.spec_from_file_location("yardstick_sasrec", script)
     assert spec is not None and spec.loader is not None, script
     mod = importlib.util.module_from_spec(spec)
@@ -389,6 +396,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per training process")
     ap.add_argument("--p5", help="P5-form data directory: also train the plain SASRec yardstick on it, same call")
     ap.add_argument("--yardstick", default=str(Path(__file__).resolve().parents[2] / "shared/yardstick/sasrec.py"))
+    ap.add_argument("--yardstick-seed", type=int, default=0, help="shift the plain SASRec's fixed seeds by this")
     ap.add_argument("--sid-beam", type=int, default=100)
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--only", nargs="*", default=[], help="train only these rungs (score all that have checkpoints)")

@@ -162,3 +162,8 @@ def test_the_yardstick_child_records_the_ranks_its_figures_come_from(benchmark_s
         got = topk_metrics(z[split], (10,))
         assert got["recall@10"] == pytest.approx(res[key]["R@10"]) and got["ndcg@10"] == pytest.approx(res[key]["N@10"])
     assert ql.yardstick_ranks(tmp_path / "nothing") is None
+    # YARDSTICK_SEED shifts the script's fixed seeds: another seed, other ranks (the same seed gave these)
+    subprocess.run([sys.executable, ql.__file__, "--yardstick-child", str(script), str(tmp_path / "r1.npz"), str(p5),
+                    "--loss", "ce", "--epochs", "4", "--d", "8"], check=True, capture_output=True,
+                   env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "YARDSTICK_SEED": "1"})
+    assert not np.array_equal(np.load(tmp_path / "r1.npz")["valid"], z["valid"])
