@@ -226,6 +226,25 @@ def test_engine_batch_equals_one_at_a_time_gpu(run: Path) -> None:
     _check_engine(Engine.load(run, device="cuda"), 2e-3, 100)
 
 
+@pytest.mark.gpu
+def test_the_gpu_engine_searches_ann_on_the_device_with_faiss_answers(run: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the flat index's search runs on the GPU by default (infer.ann.device_search), answering as the
+    faiss search it replaces ($GENREC_ANN_SEARCH=faiss), ANN alone and through the funnel."""
+    from genrec.infer.ann import AnnIndex, DeviceFlatSearch
+
+    monkeypatch.delenv("GENREC_ANN_SEARCH", raising=False)
+    dev = Engine.load(run, device="cuda")
+    monkeypatch.setenv("GENREC_ANN_SEARCH", "faiss")
+    host = Engine.load(run, device="cuda")
+    assert isinstance(dev.rec.ann, DeviceFlatSearch) and isinstance(host.rec.ann, AnnIndex)
+    for kw in (dict(sources=["ann"], rank=False), dict(sources=["sid", "ann"], rank=True)):
+        hs = _requests(dev, 7, 8)
+        args: dict[str, Any] = dict(k=7, beam_width=12, diversity_lambda=0.0, **kw)
+        for a, b in zip(dev.recommend_many(hs, **args), host.recommend_many(hs, **args)):
+            _assert_same(a, b, 1e-4)
+
+
 def test_profiling_collects_the_stages_and_changes_nothing(run: Path) -> None:
     eng = Engine.load(run)
     hs = _requests(eng, 7, 4)

@@ -501,3 +501,24 @@ def test_a_checkpoint_copied_without_its_training_state_serves(rec: Recommender,
     np.testing.assert_allclose([r.score for r in got], [r.score for r in want], atol=1e-6)
     with pytest.raises(CheckpointError, match=r"state\.safetensors is missing.*resuming training"):
         load_checkpoint(served, light.model)
+
+
+def test_the_ann_stage_searched_on_the_device_gives_the_same_answers(rec: Recommender) -> None:
+    """The funnel with the ANN index's search on the model's device (as a GPU server runs it) answers as with faiss:
+    the same items, sources and scores, ANN-only and the whole funnel, one request and a batch."""
+    from genrec.infer.ann import DeviceFlatSearch
+
+    hists = [HIST, [3, 4], [int(i) for i in rec.catalog.item_ids[200:230]]]
+    assert rec.ann is not None and not isinstance(rec.ann, DeviceFlatSearch)  # CPU: faiss by default
+    calls = [dict(k=15, sources=("ann",), rank=False), dict(k=20, beam_width=12)]
+    want = [rec.recommend(hists, **kw) for kw in calls]
+    faiss_index = rec.ann
+    rec.ann = DeviceFlatSearch(faiss_index, rec.device)
+    try:
+        got = [rec.recommend(hists, **kw) for kw in calls]
+    finally:
+        rec.ann = faiss_index
+    for g_call, w_call in zip(got, want):
+        for g, w in zip(g_call, w_call):
+            assert [(r.item_id, r.sources) for r in g] == [(r.item_id, r.sources) for r in w]
+            np.testing.assert_allclose([r.score for r in g], [r.score for r in w], atol=1e-5)

@@ -6,6 +6,10 @@ exactly the retrieval representation with no second embedder pass. Inner product
 unit vectors (= cosine). ``kind``: ``flat`` (exact; default for catalogues up to ~1M),
 ``ivf`` (IVF-Flat, ``nlist``/``nprobe``) or ``hnsw`` (``m``/``ef_search``).
 Saved atomically as one folder: ``index.faiss`` + ``item_ids.npy`` + ``manifest.json``.
+
+:class:`DeviceFlatSearch` answers a flat index's searches on the model's GPU (one matmul and a top-k over the
+index's own vectors, kept there): no host round trip of the user vectors, no host threads. The faiss search is its
+twin (tests); :func:`device_search` chooses (``$GENREC_ANN_SEARCH``: auto | faiss | device).
 """
 
 from __future__ import annotations
@@ -13,8 +17,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import os
+from typing import Any
+
 import faiss
 import numpy as np
+import torch
 
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_dir, atomic_write_json, manifest, read_json
@@ -81,16 +89,15 @@ class AnnIndex:
             return np.zeros((0, self.dim), np.float32)
         return np.asarray(self.index.reconstruct_n(0, len(self)), dtype=np.float32)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k item ids [B, k] (-1 where fewer exist) and their scores [B, k]."""
-        q = np.ascontiguousarray(queries, dtype=np.float32)
-        scores, rows = self.index.search(q, k)
+        scores, rows = self.index.search(_host(queries), k)
         return self._ids(rows), scores
 
-    def search_and_reconstruct(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def search_and_reconstruct(self, queries: np.ndarray | torch.Tensor, k: int
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top-k ids [B, k], scores [B, k] and the stored vectors [B, k, D] in one call."""
-        q = np.ascontiguousarray(queries, dtype=np.float32)
-        scores, rows, vecs = self.index.search_and_reconstruct(q, k)
+        scores, rows, vecs = self.index.search_and_reconstruct(_host(queries), k)
         return self._ids(rows), scores, vecs
 
     def _ids(self, rows: np.ndarray) -> np.ndarray:
@@ -117,3 +124,64 @@ class AnnIndex:
             ivf.nprobe = cfg.nprobe
             ivf.make_direct_map()
         return cls(index, np.load(folder / "item_ids.npy"), cfg)
+
+
+def _host(queries: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(queries, torch.Tensor):
+        queries = queries.detach().float().cpu().numpy()
+    return np.ascontiguousarray(queries, dtype=np.float32)
+
+
+class DeviceFlatSearch:
+    """A flat :class:`AnnIndex`'s exact search on a torch device: its vectors copied there once, each search one
+    matmul and a top-k, answered as the index answers (ids, scores and stored vectors; past the index's end row -1,
+    the lowest float32 score and nan vectors, as faiss). Everything else (``save``, ``item_ids``, ``cfg``, ...) is the index's."""
+
+    def __init__(self, index: AnnIndex, device: str | torch.device) -> None:
+        if index.cfg.kind != "flat":
+            raise ConfigError(f"a device search answers a flat index exactly; this one is {index.cfg.kind!r}")
+        self.index = index
+        self.vecs = torch.from_numpy(index.vectors()).to(device)  # [N, D] float32
+        self.device = self.vecs.device
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.index, name)
+
+    def _top(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q = torch.as_tensor(queries).to(self.device, torch.float32)
+        got = min(k, len(self))
+        scores, at = torch.topk(q @ self.vecs.T, got, dim=1) if got else (
+            q.new_zeros((len(q), 0)), torch.zeros((len(q), 0), dtype=torch.long, device=self.device))
+        if got < k:  # as faiss answers past the index's end: row -1, the lowest float32 score (vectors nan)
+            scores = torch.cat([scores, scores.new_full((len(q), k - got), float(np.finfo(np.float32).min))], 1)
+            at = torch.cat([at, at.new_full((len(q), k - got), -1)], 1)
+        return scores, at
+
+    def search(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, at = self._top(queries, k)
+        return self.index._ids(at.cpu().numpy()), scores.cpu().numpy()
+
+    def search_and_reconstruct(self, queries: np.ndarray | torch.Tensor, k: int
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        scores, at = self._top(queries, k)
+        vecs = torch.where((at >= 0)[..., None], self.vecs[at.clamp(min=0)], float("nan"))
+        return self.index._ids(at.cpu().numpy()), scores.cpu().numpy(), vecs.cpu().numpy()
+
+
+ANN_SEARCHES = ("auto", "faiss", "device")
+
+
+def device_search(index: AnnIndex, device: str | torch.device, mode: str | None = None
+                  ) -> AnnIndex | DeviceFlatSearch:
+    """The index's searches where they run best: ``mode`` (else ``$GENREC_ANN_SEARCH``, else "auto"): "faiss" the
+    index itself, "device" the :class:`DeviceFlatSearch` on ``device`` (a flat index), "auto" that on a CUDA
+    device for a flat index, else faiss."""
+    m = (mode or os.environ.get("GENREC_ANN_SEARCH") or "auto").strip().lower()
+    if m not in ANN_SEARCHES:
+        raise ConfigError(f"the ANN search must be one of {', '.join(ANN_SEARCHES)} (GENREC_ANN_SEARCH), got {m!r}")
+    if m == "device" or (m == "auto" and torch.device(device).type == "cuda" and index.cfg.kind == "flat"):
+        return DeviceFlatSearch(index, device)
+    return index

@@ -163,7 +163,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
             assert rec.ann is not None and user is not None
             kk = min(n + extra, len(rec.ann))
             real = b if n_real is None else n_real
-            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user[:real].float().cpu().numpy(), kk)
+            ann_ids, ann_sc, ann_vecs = rec.ann.search_and_reconstruct(user[:real].float(), kk)
             if real < b:
                 ann_ids, ann_sc, ann_vecs = (np.concatenate([x, np.repeat(x[:1], b - real, 0)])
                                              for x in (ann_ids, ann_sc, ann_vecs))

@@ -54,7 +54,7 @@ from genrec.decode.prefix import PrefixLeaves
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError, DataError
 from genrec.infer import calls
-from genrec.infer.ann import AnnConfig, AnnIndex
+from genrec.infer.ann import AnnConfig, AnnIndex, DeviceFlatSearch, device_search
 from genrec.infer.buckets import HistoryBuffers, ShapeBuckets, resolve_buckets
 from genrec.infer.catalog_model import CatalogModel
 from genrec.infer.funnel import Scorer, run_funnel
@@ -87,7 +87,7 @@ class Recommender(SidStage):
     """A trained model with its catalogue, SID trie / index and ANN index, ready to serve."""
 
     def __init__(self, catalog_model: CatalogModel, catalog: ItemCatalog, *, actions: list[str],
-                 positive_actions: list[str], surfaces: list[str], ann: AnnIndex | None,
+                 positive_actions: list[str], surfaces: list[str], ann: AnnIndex | DeviceFlatSearch | None,
                  trie: TorchTrie | None = None, sid_index: Any = None, step: int = -1,
                  checkpoint: Path | None = None, run_config: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu") -> None:
@@ -97,7 +97,7 @@ class Recommender(SidStage):
         self.config: ModelConfig = self.model.config
         self.catalog = catalog
         self.actions, self.positive_actions, self.surfaces = list(actions), list(positive_actions), list(surfaces)
-        self.ann = ann
+        self.ann = ann  # the index, or its search on the GPU (from_checkpoint: infer.ann.device_search)
         self.trie = trie
         self.sid_index = sid_index
         self.step = step
@@ -168,8 +168,9 @@ class Recommender(SidStage):
         rec.fingerprint = fingerprint([wd.features / "manifest.json"], first=run.weights_digest)
         rec.precision = resolve_precision(precision)
         if rec.model.user_head is not None:
-            rec.ann = load_or_build_ann(wd, ckpt, ann_config or AnnConfig(), step=rec.step, fp=rec.fingerprint,
-                                        item_vecs=rec.item_vecs, catalog=rec.catalog)
+            rec.ann = device_search(load_or_build_ann(wd, ckpt, ann_config or AnnConfig(), step=rec.step,
+                                                      fp=rec.fingerprint, item_vecs=rec.item_vecs, catalog=rec.catalog),
+                                    rec.device)
         rec.workdir, rec.sid_version = wd.root, run.sid_version
         fpath = fusion_file(wd.root, ckpt, run.sid_version)
         stored = load_fusion_record(fpath, rec.actions, rec.served_sid_mode)
