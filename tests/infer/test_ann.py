@@ -67,7 +67,9 @@ def test_the_device_search_answers_as_the_faiss_flat_index(seed):
     q = _unit(rng, int(rng.integers(1, 33)), 16)
     for k in (1, 10, n, n + 7):
         want = idx.search_and_reconstruct(q, k)
-        got = dev.search_and_reconstruct(torch.from_numpy(q), k)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 server searches under autocast: still float32
+            got = dev.search_and_reconstruct(torch.from_numpy(q), k)
+        assert got[1].dtype == want[1].dtype == np.float32 and got[2].dtype == np.float32
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(np.isnan(got[2]), np.isnan(want[2]))

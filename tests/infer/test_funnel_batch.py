@@ -227,12 +227,15 @@ def test_engine_batch_equals_one_at_a_time_gpu(run: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_the_gpu_engine_searches_ann_on_the_device_with_faiss_answers(run: Path,
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_the_gpu_engine_searches_ann_on_the_device_with_faiss_answers(run: Path, precision: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the flat index's search runs on the GPU by default (infer.ann.device_search), answering as the
-    faiss search it replaces ($GENREC_ANN_SEARCH=faiss), ANN alone and through the funnel."""
+    faiss search it replaces ($GENREC_ANN_SEARCH=faiss), ANN alone and through the funnel, in either precision
+    (bf16: the model under autocast, the search still float32)."""
     from genrec.infer.ann import AnnIndex, DeviceFlatSearch
 
+    monkeypatch.setenv("GENREC_PRECISION", precision)
     monkeypatch.delenv("GENREC_ANN_SEARCH", raising=False)
     dev = Engine.load(run, device="cuda")
     monkeypatch.setenv("GENREC_ANN_SEARCH", "faiss")

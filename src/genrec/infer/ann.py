@@ -153,8 +153,9 @@ class DeviceFlatSearch:
     def _top(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = torch.as_tensor(queries).to(self.device, torch.float32)
         got = min(k, len(self))
-        scores, at = torch.topk(q @ self.vecs.T, got, dim=1) if got else (
-            q.new_zeros((len(q), 0)), torch.zeros((len(q), 0), dtype=torch.long, device=self.device))
+        with torch.autocast(self.device.type, enabled=False):  # float32 as faiss, under a bf16 server's autocast too
+            scores, at = torch.topk(q @ self.vecs.T, got, dim=1) if got else (
+                q.new_zeros((len(q), 0)), torch.zeros((len(q), 0), dtype=torch.long, device=self.device))
         if got < k:  # as faiss answers past the index's end: row -1, the lowest float32 score (vectors nan)
             scores = torch.cat([scores, scores.new_full((len(q), k - got), float(np.finfo(np.float32).min))], 1)
             at = torch.cat([at, at.new_full((len(q), k - got), -1)], 1)
