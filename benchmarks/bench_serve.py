@@ -113,6 +113,9 @@ def gil_profile_table(spy: subprocess.Popen, path: str, possible: float) -> dict
             per[next((name for name, key in GIL_STAGES if key in stack), "other")] += int(n)
     os.unlink(path)
     held = sum(per.values())
+    if held == 0:  # (on the lent GPU machine py-spy ran and recorded nothing: no table of zeros)
+        print("--gil-profile: py-spy recorded no sample (may it read the server's memory? ptrace)", flush=True)
+        return {}
     share = {k: v / possible for k, v in per.most_common()}
     share["free"] = max(0.0, 1.0 - held / possible)
     print("| GIL held by | share of the run |\n|---|---|")
