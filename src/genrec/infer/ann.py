@@ -14,10 +14,9 @@ twin (tests); :func:`device_search` chooses (``$GENREC_ANN_SEARCH``: auto | fais
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import os
 from typing import Any
 
 import faiss
@@ -135,7 +134,8 @@ def _host(queries: np.ndarray | torch.Tensor) -> np.ndarray:
 class DeviceFlatSearch:
     """A flat :class:`AnnIndex`'s exact search on a torch device: its vectors copied there once, each search one
     matmul and a top-k, answered as the index answers (ids, scores and stored vectors; past the index's end row -1,
-    the lowest float32 score and nan vectors, as faiss). Everything else (``save``, ``item_ids``, ``cfg``, ...) is the index's."""
+    the lowest float32 score and nan vectors, as faiss). Everything else (``save``, ``item_ids``, ``cfg``, ...) is
+    the index's."""
 
     def __init__(self, index: AnnIndex, device: str | torch.device) -> None:
         if index.cfg.kind != "flat":
