@@ -168,7 +168,9 @@ class DeviceFlatSearch:
     def search_and_reconstruct(self, queries: np.ndarray | torch.Tensor, k: int
                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         scores, at = self._top(queries, k)
-        vecs = torch.where((at >= 0)[..., None], self.vecs[at.clamp(min=0)], float("nan"))
+        vecs = self.vecs[at.clamp(min=0)]
+        if k > len(self):  # the padded columns' vectors are nan, as faiss gives them
+            vecs[:, len(self):] = float("nan")
         return self.index._ids(at.cpu().numpy()), scores.cpu().numpy(), vecs.cpu().numpy()
 
 
