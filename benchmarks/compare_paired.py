@@ -13,7 +13,8 @@ action heads alone (UniPinRec's L1: a = 1, w = v = 0). ``--across`` also compare
 runs (one run's SID path against another's ANN path: genrec against SASRec on the same users).
 ``sid-dense`` is the SID path with the item inside each code chosen by the dense head (`genrec.eval.retrieval`).
 ``ranking`` compares the action heads on the split's held-out feedview slates (AUC per action and Hit@3, as
-``genrec eval`` reports them; UniPinRec's ordering), resampling slates (:func:`genrec.eval.ranking.paired_slates`).
+``genrec eval`` reports them; UniPinRec's ordering), resampling slates (:func:`genrec.eval.ranking.paired_slates`),
+with ``counts`` beside the runs: the heads' floor from counts alone (:class:`genrec.eval.baselines.ActionPrior`).
 Choose on ``valid``; touch ``test`` once.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genrec.eval.evaluate import EvalConfig, l0l1_pass, load_eval_data
+from genrec.eval.evaluate import EvalConfig, action_prior, l0l1_pass, load_eval_data, prior_probs
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
 from genrec.eval.retrieval import evaluate_retrieval
@@ -54,6 +55,7 @@ def main() -> None:
     targets = None
     slates: list[Slate] | None = None
     slate_probs: dict[str, list[np.ndarray]] = {}
+    prior: list[np.ndarray] = []
     utilities: dict[str, np.ndarray] = {}
     actions: tuple[list[str], list[str]] | None = None
     for name, run in zip(names, a.runs):
@@ -83,6 +85,7 @@ def main() -> None:
                                      negatives=EvalConfig().slate_negatives)
             if slates is None:
                 slates, actions = mine, (rec.actions, rec.positive_actions)
+                prior = prior_probs(action_prior(rec, data), mine)  # the counts floor, a reference row
             elif not same_slates(slates, mine) or actions != (rec.actions, rec.positive_actions):
                 raise SystemExit(f"{run}: its {a.split} slates or actions differ from the first ranking run's")
             slate_probs[name] = score_slates(rec, mine)
@@ -99,7 +102,8 @@ def main() -> None:
         entries = {f"{n}/{p}": ranks[n][p] for n in names for p in a.paths.split(",") if p in ranks[n]}
         if len(entries) >= 2:
             report["across"] = section("runs and paths", entries, len(targets), a)
-    if len(slate_probs) >= 2 and slates is not None and actions is not None:
+    if slate_probs and slates is not None and actions is not None:
+        slate_probs["counts"], utilities["counts"] = prior, next(iter(utilities.values()))
         report["ranking"] = ranking_section(slate_probs, slates, actions, utilities, a)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "compare_paired.json").write_text(json.dumps(report, indent=1))

@@ -338,3 +338,7 @@ def test_ranking_metrics_run_on_impression_slates(tmp_path: Path) -> None:
     assert r["n_slates"] == 12 and r["n_items"] == 48 and r["n_sampled_negatives"] == 0  # 12 users x 4 shown
     assert all(0.0 <= v <= 1.0 for v in r["auc"].values()), r["auc"]  # both classes present for each action
     assert 0 < sum(r["positive_rate"].values()) < 1
+    prior = r["prior"]  # the counts floor on the same slates, and its row in the report
+    assert set(prior["auc"]) == set(r["auc"]) and all(0.0 <= v <= 1.0 for v in prior["auc"].values())
+    from genrec.eval.report import markdown
+    assert "| counts: the user's and the item's action shares |" in markdown({"ranking": r})

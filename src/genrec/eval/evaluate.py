@@ -39,10 +39,10 @@ from genrec.catalog import open_store
 from genrec.data.join import BucketJoinReader
 from genrec.data.splits import SplitSpec, history_events, train_events
 from genrec.errors import ConfigError
-from genrec.eval.baselines import Popularity
+from genrec.eval.baselines import ActionPrior, Popularity
 from genrec.eval.dump import gapped_cases, write_recs
 from genrec.eval.metrics import place_target, rank_in_list, topk_metrics
-from genrec.eval.ranking import SLATE_NEGATIVES, collect_slates, ranking_metrics
+from genrec.eval.ranking import SLATE_NEGATIVES, Slate, collect_slates, ranking_metrics, slate_metrics
 from genrec.eval.retrieval import EvalSet, eval_cases, evaluate_retrieval
 from genrec.infer.fusion import read_fusion_meta
 from genrec.infer.load import checkpoint_mark, trained_temperature
@@ -125,6 +125,7 @@ class EvalData:
     feedviews: list[list[Any]]
     split_kind: str
     train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    train_actions: np.ndarray = field(default_factory=lambda: np.zeros(0, object))  # each train event's action name
     tables_version: str = ""  # the tables' data version the cases were read from
     transitions: TransitionTable | None = None  # L1's transition term: the item pairs before the split's targets
 
@@ -136,10 +137,11 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
     records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
     es, kept, feedviews = eval_cases(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)
-    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp"])
+    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp", "action"])
     tr = train_events(events, spec)
     return EvalData(es, kept, feedviews, kind,
-                    np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64), store.tables_version,
+                    np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64),
+                    np.asarray(tr.column("action").to_pylist(), dtype=object), store.tables_version,
                     TransitionTable.from_events_table(
                         history_events(events, spec, cfg.split), rec.catalog))  # type: ignore[arg-type]
 
@@ -293,6 +295,7 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         ranking = ranking_metrics(rec, slates, utility=cfg.ranking_utility or rec.action_utility(),
                                   batch_size=cfg.batch_size)
         ranking["skipped_slates"] = skipped
+        ranking["prior"] = prior_metrics(rec, data, slates, ranking["utility"])
         timings["ranking"] = time.perf_counter() - t0
 
     sweeps = run_sweeps(rec, es, cfg, ks)
@@ -329,6 +332,25 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
         "timings_s": timings, "config": {k: v for k, v in asdict(cfg).items()},
         **({"dumped_recs": dumped} if dumped else {}),
     }
+
+
+def action_prior(rec: Recommender, data: EvalData) -> ActionPrior:
+    """The counts floor of the action heads (:class:`ActionPrior`) from the split's training events."""
+    idx = {a: i for i, a in enumerate(rec.actions)}
+    acts = np.array([idx.get(a, -1) for a in data.train_actions], dtype=np.int64)
+    return ActionPrior(len(rec.catalog), rec.catalog.rows(data.train_item_ids, strict=False), acts, len(rec.actions))
+
+
+def prior_probs(prior: ActionPrior, slates: Sequence[Slate]) -> list[np.ndarray]:
+    return [prior.probs(s.actions, s.cand_rows) for s in slates]
+
+
+def prior_metrics(rec: Recommender, data: EvalData, slates: Sequence[Slate], utility: dict[str, float]
+                  ) -> dict[str, Any]:
+    """The ranking metrics of the counts floor on the same slates (AUC per action, Hit@3 by the same utility)."""
+    m = slate_metrics(prior_probs(action_prior(rec, data), slates), slates, rec.actions, rec.positive_actions,
+                      np.array([utility[a] for a in rec.actions], dtype=np.float64))
+    return {"auc": m["auc"], "hit@3": m["hit@3"]}
 
 
 def _model_selection(rec: Recommender, cfg: EvalConfig, wd: WorkDir) -> str:

@@ -89,10 +89,15 @@ def markdown(report: dict[str, Any]) -> str:
                   + (f"; {size:.1f} candidates a slate" if isinstance(size, float) and not math.isnan(size) else "")
                   + "). AUC over the logged items; Hit ranks each whole slate by the utility"
                   + (f" {r['utility']}" if r.get("utility") else "") + ":", "",
-                  "| " + " | ".join([f"AUC {a}" for a in aucs] + [hk.capitalize(), f"{hk.capitalize()} by chance"])
-                  + " |", "|" + "---|" * (len(aucs) + 2),
-                  "| " + " | ".join([_fmt(v) for v in aucs.values()] + [_fmt(r.get(hk)), _fmt(r.get(f"{hk}_chance"))])
-                  + " |"]
+                  "| scorer | " + " | ".join([f"AUC {a}" for a in aucs] + [hk.capitalize(),
+                                                                         f"{hk.capitalize()} by chance"])
+                  + " |", "|---|" + "---|" * (len(aucs) + 2),
+                  "| the action heads | " + " | ".join([_fmt(v) for v in aucs.values()]
+                                                      + [_fmt(r.get(hk)), _fmt(r.get(f"{hk}_chance"))]) + " |"]
+        prior = r.get("prior")
+        if prior:
+            lines.append("| counts: the user's and the item's action shares | "
+                         + " | ".join([_fmt(prior["auc"].get(a)) for a in aucs] + [_fmt(prior.get(hk)), ""]) + " |")
     d = report.get("sid_diagnostics") or {}
     if d:
         lines += ["", "SID diagnostics:", ""] + [f"- {k}: {_fmt(v)}" for k, v in d.items()]
