@@ -18,6 +18,8 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--kv-pool-device must be auto, cpu or cuda" in r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path), "--batch-buckets", "8,4"])
     assert r.exit_code == 2 and "batch buckets: distinct positive integers in increasing order" in r.output
+    r = CliRunner().invoke(app, ["serve", str(tmp_path), "--micro-batch-linger-ms", "-1"])
+    assert r.exit_code == 2 and "--micro-batch-linger-ms must be >= 0" in r.output, r.output
     for bad in (["--fronts", "-1"], ["--fronts", "2", "--workers", "2"]):
         r = CliRunner().invoke(app, ["serve", str(tmp_path), *bad])
         assert r.exit_code == 2 and "--fronts must be >= 0 and goes with --workers 1" in r.output, r.output

@@ -53,6 +53,9 @@ def serve(
                    "batch runs form the next batch, no timer) or timed (a group's first request waits "
                    "--micro-batch-wait-ms for more)."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
+    micro_batch_linger_ms: float = typer.Option(
+        0.0, help="The busy policy: a batch smaller than the batch two before it (under a closed loop, its cohort's "
+                  "last) waits up to this long (ms) for more; 0 = off."),
     host_overlap: bool = typer.Option(
         False, help="Micro-batched requests parse their histories and format their answers in their own threads, "
                     "beside the batch running ahead (the batch runs only the model); off: the batch does all three "
@@ -92,6 +95,8 @@ def serve(
         raise typer.BadParameter(f"--fronts must be >= 0 and goes with --workers 1, got --fronts {fronts} "
                                  f"--workers {workers}")
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
+    if not micro_batch_linger_ms >= 0:
+        raise typer.BadParameter(f"--micro-batch-linger-ms must be >= 0, got {micro_batch_linger_ms}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
         if cuda_graphs not in ("off", "sid", "all"):
@@ -126,8 +131,8 @@ def serve(
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,
                       max_body_bytes=max_body_bytes, threads=threads, torch_threads=torch_threads,
                       pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
-                      micro_batch_wait_ms=micro_batch_wait_ms, kv_pool_device=kv_pool_device, host_overlap=host_overlap,
-                      admin_token=admin_token or None, announce=True)
+                      micro_batch_wait_ms=micro_batch_wait_ms, micro_batch_linger_ms=micro_batch_linger_ms,
+                      kv_pool_device=kv_pool_device, host_overlap=host_overlap, admin_token=admin_token or None, announce=True)
     run_server(cfg, host=host, port=port, workers=workers, access_log=access_log, fronts=fronts)
 
 

@@ -70,6 +70,8 @@ class ServeConfig:
     # of a group waits up to micro_batch_wait_ms for more (see genrec.serve.batcher)
     micro_batch_policy: str = DEFAULT_MICRO_BATCH_POLICY
     micro_batch_wait_ms: float = 2.0  # timed policy only
+    # busy policy: a batch smaller than the batch two before it (its cohort's last) waits up to this long for more
+    micro_batch_linger_ms: float = 0.0
     # micro-batched requests parse their histories before they queue and format their answers after, in their own
     # threads (the batch runs only the model); off: the batch does all three. It cost 10% at 64 clients on the
     # 2-core CPU box and 12% on an H100 (the moved work shares the engine's interpreter lock with the model's Python)

@@ -96,7 +96,8 @@ class Service:
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.metrics = Metrics()
         self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy,
-                                     on_wait=self.metrics.batch_wait_ms.observe) if cfg.micro_batch > 1 else None)
+                                     on_wait=self.metrics.batch_wait_ms.observe, linger_ms=cfg.micro_batch_linger_ms)
+                        if cfg.micro_batch > 1 else None)
         # with micro-batching, 2 x micro_batch request threads: a full batch runs while the next one forms (with
         # micro_batch threads the two shared them, and batches held half as many requests: 15.9 of 32 at 64 clients
         # on the CPU box)
