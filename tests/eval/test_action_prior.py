@@ -56,3 +56,18 @@ def test_it_reads_the_users_habit_and_the_items_reputation() -> None:
 def test_rows_and_actions_must_pair() -> None:
     with pytest.raises(ValueError, match="3 rows but 2 actions"):
         ActionPrior(4, np.array([0, 1, 2]), np.array([0, 1]), 2)
+
+
+def test_action_indices_equal_a_dict_lookup() -> None:
+    """The events' action names to the model's action indices, vectorised (genrec eval reads every train event)."""
+    import pyarrow as pa
+
+    from genrec.eval.evaluate import action_indices
+
+    rng = np.random.default_rng(0)
+    vocab = ["view", "like", "dislike", "share"]
+    actions = ["view", "like", "dislike"]  # "share": not the model's, -1
+    names = [vocab[i] for i in rng.integers(0, len(vocab), 300)]
+    chunks = pa.chunked_array([names[:100], names[100:100], names[100:]], type=pa.string())
+    want = [actions.index(n) if n in actions else -1 for n in names]
+    assert action_indices(chunks, actions).tolist() == want

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from genrec.catalog import open_store
@@ -125,7 +127,8 @@ class EvalData:
     feedviews: list[list[Any]]
     split_kind: str
     train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    train_actions: np.ndarray = field(default_factory=lambda: np.zeros(0, object))  # each train event's action name
+    # each train event's action, as its index in the model's actions (-1: an action the model does not know)
+    train_actions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     tables_version: str = ""  # the tables' data version the cases were read from
     transitions: TransitionTable | None = None  # L1's transition term: the item pairs before the split's targets
 
@@ -141,7 +144,7 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     tr = train_events(events, spec)
     return EvalData(es, kept, feedviews, kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64),
-                    np.asarray(tr.column("action").to_pylist(), dtype=object), store.tables_version,
+                    action_indices(tr.column("action"), rec.actions), store.tables_version,
                     TransitionTable.from_events_table(
                         history_events(events, spec, cfg.split), rec.catalog))  # type: ignore[arg-type]
 
@@ -334,11 +337,16 @@ def evaluate(workdir: str | Path, cfg: EvalConfig, *, rec: Recommender | None = 
     }
 
 
+def action_indices(names: pa.ChunkedArray | pa.Array, actions: Sequence[str]) -> np.ndarray:
+    """Each name's index in ``actions`` (-1 where absent), vectorised: no Python object per event."""
+    idx = pc.index_in(names, value_set=pa.array(list(actions), type=pa.string()))
+    return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def action_prior(rec: Recommender, data: EvalData) -> ActionPrior:
     """The counts floor of the action heads (:class:`ActionPrior`) from the split's training events."""
-    idx = {a: i for i, a in enumerate(rec.actions)}
-    acts = np.array([idx.get(a, -1) for a in data.train_actions], dtype=np.int64)
-    return ActionPrior(len(rec.catalog), rec.catalog.rows(data.train_item_ids, strict=False), acts, len(rec.actions))
+    return ActionPrior(len(rec.catalog), rec.catalog.rows(data.train_item_ids, strict=False), data.train_actions,
+                       len(rec.actions))
 
 
 def prior_probs(prior: ActionPrior, slates: Sequence[Slate]) -> list[np.ndarray]:
