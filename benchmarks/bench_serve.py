@@ -16,14 +16,15 @@ micro-batched forward), ``batch_busy`` (batched forwards' wall time, parse and f
 clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of the run a batch held the model: near
 1.0 the model's run is the limit; well below, what runs around it) and ``batch_wait_ms`` (a request's mean wait in
 the micro-batcher for its batch to start). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
-bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N
-(the server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][b<M>][l<ms>]`` (as shipped, with ``--fronts
+bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N (the
+server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][b<M>][l<ms>]`` (as shipped, with ``--fronts
 N``; ``overlap``: and ``--host-overlap``; ``b<M>``: and ``--micro-batch M``, e.g. ``fronts4b64`` with
-``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``, e.g. ``fronts4l2``). ``default`` is the server as shipped (micro-batch 32, busy);
-``one`` the same without micro-batching. ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS:
-"auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay; "off" to compare). One table row per (mode,
-clients); full numbers to $OUT/bench_serve.json when OUT is set. ``--warmup S``: S seconds of the same load,
-not counted, before each measured run (graphs of shapes the server's warm-up did not cover are captured there).
+``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``, e.g. ``fronts4l2``). ``default`` is
+the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching. ``--batch-buckets``: the
+servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
+"off" to compare). One table row per (mode, clients); full numbers to $OUT/bench_serve.json when OUT is set.
+``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
+warm-up did not cover are captured there).
 ``--gil-profile``: py-spy (``pip install py-spy``; it must be allowed to read the server's memory) samples which
 thread of the server's main process holds its interpreter lock during each measured run, and a table gives the
 share of the run per stage (:data:`GIL_STAGES`): what the model's own Python costs beside the request plumbing

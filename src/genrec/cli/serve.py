@@ -132,7 +132,8 @@ def serve(
                       max_body_bytes=max_body_bytes, threads=threads, torch_threads=torch_threads,
                       pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
                       micro_batch_wait_ms=micro_batch_wait_ms, micro_batch_linger_ms=micro_batch_linger_ms,
-                      kv_pool_device=kv_pool_device, host_overlap=host_overlap, admin_token=admin_token or None, announce=True)
+                      kv_pool_device=kv_pool_device, host_overlap=host_overlap, admin_token=admin_token or None,
+                      announce=True)
     run_server(cfg, host=host, port=port, workers=workers, access_log=access_log, fronts=fronts)
 
 
