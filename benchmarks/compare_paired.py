@@ -60,7 +60,8 @@ def main() -> None:
     actions: tuple[list[str], list[str]] | None = None
     for name, run in zip(names, a.runs):
         rec = Recommender.from_checkpoint(run, a.checkpoint)
-        data = load_eval_data(rec, run, EvalConfig(split=a.split, max_users=a.max_users))
+        data = load_eval_data(rec, run, EvalConfig(split=a.split, max_users=a.max_users,
+                                                   ranking="ranking" in a.paths.split(",")))
         es = data.es
         if targets is None:
             targets = np.asarray(es.target_rows)

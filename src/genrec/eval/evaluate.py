@@ -127,7 +127,8 @@ class EvalData:
     feedviews: list[list[Any]]
     split_kind: str
     train_item_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    # each train event's action, as its index in the model's actions (-1: an action the model does not know)
+    # each train event's action, as its index in the model's actions (-1: an action the model does not know); read
+    # only where the split's slates are scored (EvalConfig.ranking, a model with action heads)
     train_actions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     tables_version: str = ""  # the tables' data version the cases were read from
     transitions: TransitionTable | None = None  # L1's transition term: the item pairs before the split's targets
@@ -140,11 +141,13 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     spec = SplitSpec(kind=kind)  # type: ignore[arg-type]
     records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
     es, kept, feedviews = eval_cases(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)
-    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp", "action"])
+    scores_slates = cfg.ranking and rec.model.action_head is not None  # the counts floor reads the train actions
+    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp"] + ["action"] * scores_slates)
     tr = train_events(events, spec)
     return EvalData(es, kept, feedviews, kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64),
-                    action_indices(tr.column("action"), rec.actions), store.tables_version,
+                    action_indices(tr.column("action"), rec.actions) if scores_slates else np.zeros(0, np.int64),
+                    store.tables_version,
                     TransitionTable.from_events_table(
                         history_events(events, spec, cfg.split), rec.catalog))  # type: ignore[arg-type]
 

@@ -248,9 +248,11 @@ class MicroBatcher:
 
     def _gather(self, batch: list[_Entry]) -> None:
         """Linger (``linger_ms``): while ``batch`` is smaller than the batch two before it, take queued requests of
-        its key into it as they come, for up to ``linger_ms``; then note its size."""
+        its key into it as they come, for up to ``linger_ms``; then note its size. Nothing without a linger."""
+        if self.linger <= 0:
+            return
         with self._lock:
-            want = min(self.max_batch, self._recent[0]) if self.linger > 0 else 0
+            want = min(self.max_batch, self._recent[0])
             deadline = time.perf_counter() + self.linger
             while len(batch) < want:
                 key, rest = batch[0].key, deque[_Entry]()
