@@ -20,6 +20,8 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "batch buckets: distinct positive integers in increasing order" in r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path), "--micro-batch-linger-ms", "-1"])
     assert r.exit_code == 2 and "--micro-batch-linger-ms must be >= 0" in r.output, r.output
+    r = CliRunner().invoke(app, ["serve", str(tmp_path), "--two-process", "--pool-slots", "-1"])
+    assert r.exit_code == 2 and "--pool-slots must be >= 0" in r.output, r.output
     for bad in (["--fronts", "-1"], ["--fronts", "2", "--workers", "2"]):
         r = CliRunner().invoke(app, ["serve", str(tmp_path), *bad])
         assert r.exit_code == 2 and "--fronts must be >= 0 and goes with --workers 1" in r.output, r.output
@@ -41,3 +43,14 @@ def test_kv_pool_device_follows_the_server_device(tmp_path: Path) -> None:
         Service(ServeConfig(workdir=tmp_path, two_process=True, kv_pool_device="cuda"))
     with pytest.raises(ConfigError, match="'auto', 'cpu' or 'cuda'"):
         Service(ServeConfig(workdir=tmp_path, two_process=True, kv_pool_device="shm"))
+
+
+def test_the_kv_pool_holds_a_whole_micro_batch_by_default(tmp_path: Path) -> None:
+    """--pool-slots 0 (the default): max(16, --micro-batch) slots, so a micro-batch is ranked in one call; a number
+    given is kept."""
+    from genrec.serve.config import ServeConfig
+
+    assert ServeConfig(workdir=tmp_path).kv_slots == 32  # the default micro-batch
+    assert ServeConfig(workdir=tmp_path, micro_batch=64).kv_slots == 64
+    assert ServeConfig(workdir=tmp_path, micro_batch=1).kv_slots == 16
+    assert ServeConfig(workdir=tmp_path, micro_batch=64, pool_slots=8).kv_slots == 8

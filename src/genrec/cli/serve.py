@@ -40,8 +40,8 @@ def serve(
                    "1-4 clients: 75-106 QPS, against 41-83 with torch's own thread per core); on CUDA, torch's "
                    "default."),
     max_body_bytes: int = typer.Option(1 << 20, help="Request body size limit (413 above)."),
-    pool_slots: int = typer.Option(16, help="KV-pool slots (two-process mode): a micro-batch is ranked in calls of "
-                                           "half this many rows."),
+    pool_slots: int = typer.Option(0, help="KV-pool slots (two-process mode): a micro-batch is ranked in calls of "
+                                          "this many rows; 0: max(16, --micro-batch), one call a batch."),
     kv_pool_device: str = typer.Option(
         "auto", help="Two-process KV pool: auto (the server's device), cpu (shared memory) or cuda (CUDA IPC)."),
     device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or cuda:N."),
@@ -95,6 +95,8 @@ def serve(
         raise typer.BadParameter(f"--fronts must be >= 0 and goes with --workers 1, got --fronts {fronts} "
                                  f"--workers {workers}")
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
+    if pool_slots < 0:
+        raise typer.BadParameter(f"--pool-slots must be >= 0 (0: max(16, --micro-batch)), got {pool_slots}")
     if not micro_batch_linger_ms >= 0:
         raise typer.BadParameter(f"--micro-batch-linger-ms must be >= 0, got {micro_batch_linger_ms}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model

@@ -58,7 +58,9 @@ class ServeConfig:
     # torch.set_num_threads in the serving process (serve(), app_from_env), 0 = leave torch's; the CLI's
     # default is default_torch_threads(device, threads, workers)
     torch_threads: int = 0
-    pool_slots: int = 16
+    # two-process KV-pool slots; a micro-batch is ranked in calls of this many rows. 0: max(16, micro_batch), one
+    # ranking call a batch (with 16 slots a batch of 32 took two calls, one after the other)
+    pool_slots: int = 0
     # two-process K/V pool: "cpu" = shared memory, the ranking process ranks on the CPU; "cuda" = the
     # pool on the server's GPU, shared through CUDA IPC handles, ranked there; "auto" = the server's device
     kv_pool_device: str = "auto"
@@ -85,3 +87,8 @@ class ServeConfig:
     # serve() sets the URL it listens on here, for the lines of --workers > 1 (each worker says when it is ready)
     announce: bool = False
     url: str | None = None
+
+    @property
+    def kv_slots(self) -> int:
+        """The KV pool's slots: ``pool_slots``, or where that is 0, enough for a whole micro-batch (at least 16)."""
+        return self.pool_slots if self.pool_slots > 0 else max(16, self.micro_batch)

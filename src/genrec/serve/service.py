@@ -161,7 +161,7 @@ class Service:
 
     def _ensure_pool(self, eng: Engine) -> KVPool:
         # the ranking process ranks on the pool's device (see genrec.serve.workers.ranker_main)
-        spec = pool_spec_for(eng.cfg, self.cfg.pool_slots, eng.cfg.max_items,
+        spec = pool_spec_for(eng.cfg, self.cfg.kv_slots, eng.cfg.max_items,
                              device=str(eng.rec.device) if self.pool_on_gpu else "cpu")
         with self._pool_lock:
             if self.pool is not None and self.pool.spec == spec:
