@@ -17,9 +17,9 @@ clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of t
 1.0 the model's run is the limit; well below, what runs around it) and ``batch_wait_ms`` (a request's mean wait in
 the micro-batcher for its batch to start). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
 bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N (the
-server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][b<M>][l<ms>]`` (as shipped, with ``--fronts
-N``; ``overlap``: and ``--host-overlap``; ``b<M>``: and ``--micro-batch M``, e.g. ``fronts4b64`` with
-``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``, e.g. ``fronts4l2``) and ``two<S>``
+server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b<M>][l<ms>]`` (as shipped, with
+``--fronts N``; ``overlap``: and ``--host-overlap``; ``two``: and ``--two-process``; ``b<M>``: and ``--micro-batch
+M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``, e.g. ``fronts4l2``) and ``two<S>``
 (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked in two calls). ``default`` is
 the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching. ``--batch-buckets``: the
 servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
@@ -76,18 +76,19 @@ def mode(name: str) -> dict[str, Any]:
     """A mode's server settings (``rank``: what the requests ask for)."""
     if name in MODES:
         return dict(MODES[name])
-    f = re.fullmatch(r"fronts(\d+)(overlap)?(?:b(\d+))?(?:l([\d.]+))?", name)
-    if f is not None and int(f.group(1)) >= 1:  # as shipped, with N front processes for HTTP (b<M>: micro-batch M,
-        return dict(two_process=False, rank=True, fronts=int(f.group(1)), host_overlap=bool(f.group(2)),  # l<ms>:
-                    **({"micro_batch": int(f.group(3))} if f.group(3) else {}),  # linger, --micro-batch-linger-ms)
-                    **({"micro_batch_linger_ms": float(f.group(4))} if f.group(4) else {}))
+    f = re.fullmatch(r"fronts(\d+)(overlap)?(two)?(?:b(\d+))?(?:l([\d.]+))?", name)
+    if f is not None and int(f.group(1)) >= 1:  # as shipped, with N front processes for HTTP (two: two-process mode,
+        return dict(two_process=bool(f.group(3)), rank=True, fronts=int(f.group(1)),  # b<M>: micro-batch M,
+                    host_overlap=bool(f.group(2)),  # l<ms>: linger, --micro-batch-linger-ms)
+                    **({"micro_batch": int(f.group(4))} if f.group(4) else {}),
+                    **({"micro_batch_linger_ms": float(f.group(5))} if f.group(5) else {}))
     t = re.fullmatch(r"two(\d+)", name)
     if t is not None and int(t.group(1)) >= 1:  # two<S>: two-process mode with --pool-slots S
         return dict(MODES["two"], pool_slots=int(t.group(1)))
     m = re.fullmatch(r"batch(\d+)(busy|timed)?", name)
     if m is None or int(m.group(1)) < 2:
         raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)}, batch<N>[busy|timed], "
-                         "two<S> or fronts<N>[overlap][b<M>][l<ms>]")
+                         "two<S> or fronts<N>[overlap][two][b<M>][l<ms>]")
     return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
 
 

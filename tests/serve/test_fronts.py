@@ -260,18 +260,20 @@ def test_an_answer_that_does_not_pickle_is_an_error_not_a_hang(tmp_path: Path) -
         link.close()
 
 
-def test_requests_taken_without_a_thread_answer_as_infer(run_dir: Path) -> None:
+@pytest.mark.parametrize("two_process", [False, True])
+def test_requests_taken_without_a_thread_answer_as_infer(run_dir: Path, two_process: bool) -> None:
     """What the engine of ``--fronts`` does with a front's request (``Service.submit_nowait``): concurrent recommend
     requests join the micro-batcher from the caller's thread and are answered through ``done`` exactly as
-    ``Service.infer`` answers them, stage timings in /metrics included; explained requests, /v1/rank and bad
-    requests are not taken (a thread runs them), or come back as their error."""
+    ``Service.infer`` answers them, stage timings in /metrics included (in two-process mode ranked by the ranking
+    process, batch by batch, not degraded); explained requests, /v1/rank and bad requests are not taken (a thread
+    runs them), or come back as their error."""
     import threading
 
     from genrec.infer.cases import SourceIds
     from genrec.serve.schemas import api_models
     from genrec.serve.service import Service
 
-    svc = Service(ServeConfig(workdir=run_dir, threads=2))
+    svc = Service(ServeConfig(workdir=run_dir, threads=2, two_process=two_process, rank_timeout_s=10.0))
     svc.start()
     try:
         models = api_models(SourceIds.remapped(run_dir))
@@ -293,10 +295,13 @@ def test_requests_taken_without_a_thread_answer_as_infer(run_dir: Path) -> None:
                     all_in.set()
             return done
 
-        b0 = svc.batcher.batches
+        b0, calls0 = svc.batcher.batches, svc.ranker.rank_calls if two_process else 0
         assert all(svc.submit_nowait("recommend", r, done_for(i)) for i, r in enumerate(reqs))
         assert all_in.wait(60)
         assert svc.batcher.batches - b0 < len(reqs)  # they were batched
+        if two_process:  # ... and ranked there, a call per batch
+            assert 0 < svc.ranker.rank_calls - calls0 <= svc.batcher.batches - b0
+            assert not any(out["degraded"] for _, out in got.values())
         assert observed() - n0 == len(reqs)
         for i, w in enumerate(want):
             ok, out = got[i]

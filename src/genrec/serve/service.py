@@ -245,15 +245,14 @@ class Service:
         return self._finish(c, out, degraded)
 
     def submit_nowait(self, op: str, req: Any, done: Callable[[bool, Any], None]) -> bool:
-        """Take ``req`` without a thread of its own where it can be (a recommend request the busy micro-batcher runs
-        in one process, not explained, without --host-overlap): it joins the batcher
+        """Take ``req`` without a thread of its own where it can be (a recommend request the busy micro-batcher runs,
+        not explained, without --host-overlap; in two-process mode ranked there): it joins the batcher
         (:meth:`MicroBatcher.submit_async`) and ``done(True, answer)`` or ``done(False, error)`` is called once, from
         the thread that ran its batch; True. Else False: run :meth:`infer` (in a thread). The answers are
         :meth:`infer`'s, stage timings in /metrics included. What the engine of ``--fronts`` does with each request
         a front sends (:class:`genrec.serve.fronts.EngineLink`)."""
         b = self.batcher
-        if (op != "recommend" or b is None or b.policy != "busy" or req.explain or self.cfg.host_overlap
-                or (self.cfg.two_process and req.rank)):
+        if op != "recommend" or b is None or b.policy != "busy" or req.explain or self.cfg.host_overlap:
             return False
         try:
             c = self._call(req)
@@ -264,15 +263,17 @@ class Service:
 
         def settle(fut: Future) -> None:
             try:
-                out = self._finish(c, fut.result(), False)
+                out = self._finish(c, *fut.result())
                 self.metrics.observe(op, out["timings_ms"])
             except Exception as e:  # noqa: BLE001 - the batch's error for this request
                 done(False, e)
                 return
             done(True, out)
 
-        b.submit_async(c.key, c.history, lambda xs: self._batch(eng, xs, parsed=False, rank=rank, **kw)) \
-            .add_done_callback(settle)
+        # each request's (answer, degraded); two-process mode ranks the batch in the ranking process, as recommend()
+        fn = ((lambda xs: self._batch_remote(eng, xs, parsed=False, **kw)) if self.cfg.two_process and rank else
+              (lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=False, rank=rank, **kw)]))
+        b.submit_async(c.key, c.history, fn).add_done_callback(settle)
         return True
 
     def infer(self, op: str, req: Any) -> dict[str, Any]:
