@@ -394,7 +394,8 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine); ``micro_batch`` / ``micro_batch_policy``: likewise (None: the server's, 32 and busy); ``fronts``:
     ``--fronts``; ``precision``: ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
-    ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's default)."""
+    ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
+    default)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
 
     port = _free_port()

@@ -229,10 +229,8 @@ class Service:
             if overlap and parsed is None:
                 out, degraded = eng.cold_start(dropped or [], req.k), False
             else:
-                res, degraded = self.batcher.submit(
-                    c.key, parsed if overlap else hist,
-                    (lambda xs: self._batch_remote(eng, xs, parsed=overlap, **kw)) if remote else
-                    (lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=overlap, rank=req.rank, **kw)]))
+                res, degraded = self.batcher.submit(c.key, parsed if overlap else hist,
+                                                    self._batch_fn(eng, parsed=overlap, rank=req.rank, **kw))
                 if overlap:
                     with stage("format"):
                         res = eng.answer(res)
@@ -270,11 +268,16 @@ class Service:
                 return
             done(True, out)
 
-        # each request's (answer, degraded); two-process mode ranks the batch in the ranking process, as recommend()
-        fn = ((lambda xs: self._batch_remote(eng, xs, parsed=False, **kw)) if self.cfg.two_process and rank else
-              (lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=False, rank=rank, **kw)]))
-        b.submit_async(c.key, c.history, fn).add_done_callback(settle)
+        b.submit_async(c.key, c.history, self._batch_fn(eng, parsed=False, rank=rank, **kw)).add_done_callback(settle)
         return True
+
+    def _batch_fn(self, eng: Engine, *, parsed: bool, rank: bool,
+                  **kw: Any) -> Callable[[Sequence[Any]], Sequence[Any]]:
+        """What the micro-batcher runs for a batch of requests: each one's (answer, degraded); ranked requests in
+        two-process mode are ranked by the ranking process (:meth:`_batch_remote`)."""
+        if self.cfg.two_process and rank:
+            return lambda xs: self._batch_remote(eng, xs, parsed=parsed, **kw)
+        return lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=parsed, rank=rank, **kw)]
 
     def infer(self, op: str, req: Any) -> dict[str, Any]:
         """``recommend`` or ``rank`` (``op``) for a validated request, its stage timings into /metrics: what an
