@@ -157,35 +157,41 @@ def test_a_stopped_ranker_is_killed_and_restarted_after_timeouts_in_a_row() -> N
         c.stop()
 
 
-def test_concurrent_ranked_requests_share_one_forward_and_one_ranking_call(run_dir: Path) -> None:
-    """Micro-batching in two-process mode: requests that arrive together are encoded and retrieved as one batch
-    here and ranked as one batch there (one call with every row: half of 16 slots hold a batch of 4), and each
-    gets the answer it gets alone."""
+def concurrent_solo_answers(s: ServerThread, n: int) -> None:
+    """``n`` clients post ranked requests at once (HISTS in turn); each gets, not degraded, its solo answer."""
     import threading
 
+    want = {tuple(h): solo(s, h) for h in HISTS}
+    go, got, errors = threading.Barrier(n), {}, []
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            go.wait(30)
+            r = c.post("/v1/recommend", json=body(HISTS[i % len(HISTS)]))
+        if r.status_code != 200 or r.json()["degraded"]:
+            errors.append(r.text[:300])
+        got[i] = r.json()
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors[:2]
+    assert len(got) == n
+    for i, r in got.items():
+        assert_same(r, want[tuple(HISTS[i % len(HISTS)])])
+
+
+def test_concurrent_ranked_requests_share_one_forward_and_one_ranking_call(run_dir: Path) -> None:
+    """Micro-batching in two-process mode: requests that arrive together are encoded and retrieved as one batch
+    here and ranked as one batch there (one call with every row: 16 slots hold a batch of 4), and each gets the
+    answer it gets alone."""
     app = create_app(ServeConfig(workdir=run_dir, two_process=True, pool_slots=16, micro_batch=4,
                                  micro_batch_policy="timed", micro_batch_wait_ms=250, rank_timeout_s=5.0))
     with ServerThread(app) as s:
         s.service = app.service
-        want = {tuple(h): solo(s, h) for h in HISTS}
-        go, got, errors = threading.Barrier(8), {}, []
-
-        def client(i: int) -> None:
-            with httpx.Client(base_url=s.url, timeout=60) as c:
-                go.wait(30)
-                r = c.post("/v1/recommend", json=body(HISTS[i % len(HISTS)]))
-            if r.status_code != 200 or r.json()["degraded"]:
-                errors.append(r.text[:300])
-            got[i] = r.json()
-
-        ts = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        assert not errors, errors[:2]
-        for i, r in got.items():
-            assert_same(r, want[tuple(HISTS[i % len(HISTS)])])
+        concurrent_solo_answers(s, 8)
         b, ranker = app.service.batcher, app.service.ranker
         assert b.items > b.batches  # requests shared forwards
         assert ranker.rows_ranked > ranker.rank_calls  # ... and ranking calls
@@ -194,35 +200,14 @@ def test_concurrent_ranked_requests_share_one_forward_and_one_ranking_call(run_d
 def test_a_micro_batch_above_16_rows_is_ranked_in_one_call(run_dir: Path) -> None:
     """With the pool's default size (max(16, micro-batch) slots) a batch of 20 ranked requests takes one ranking
     call (16 slots took two, one after the other), and each request gets its solo answer."""
-    import threading
-
     app = create_app(ServeConfig(workdir=run_dir, two_process=True, micro_batch=20, micro_batch_policy="timed",
                                  micro_batch_wait_ms=2000, rank_timeout_s=5.0))
     with ServerThread(app) as s:
         s.service = app.service
         assert app.service.pool is not None and app.service.pool.spec.slots == 20
-        want = {tuple(h): solo(s, h) for h in HISTS}
         b, ranker = app.service.batcher, app.service.ranker
-        batches0, items0, calls0 = b.batches, b.items, ranker.rank_calls
-        go, got, errors = threading.Barrier(20), {}, []
-
-        def client(i: int) -> None:
-            with httpx.Client(base_url=s.url, timeout=60) as c:
-                go.wait(30)
-                r = c.post("/v1/recommend", json=body(HISTS[i % len(HISTS)]))
-            if r.status_code != 200 or r.json()["degraded"]:
-                errors.append(r.text[:300])
-            got[i] = r.json()
-
-        ts = [threading.Thread(target=client, args=(i,)) for i in range(20)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        assert not errors, errors[:2]
-        assert len(got) == 20
-        for i, r in got.items():
-            assert_same(r, want[tuple(HISTS[i % len(HISTS)])])
+        batches0, items0, calls0 = b.batches, b.items, ranker.rank_calls  # solo answers rank in this process
+        concurrent_solo_answers(s, 20)
         batches, items = b.batches - batches0, b.items - items0
         assert items == 20 and items > 16 * batches  # a batch held more rows than 16 slots
         assert ranker.rank_calls - calls0 == batches  # ... and took one ranking call
