@@ -23,7 +23,8 @@ M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: a
 e.g. ``fronts4l2``) and ``two<S>`` (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked
 in two calls). ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching. ``--batch-buckets``: the
 servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
-"off" to compare). One table row per (mode, clients); full numbers to $OUT/bench_serve.json when OUT is set.
+"off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to ready (load, warm-up, graph
+captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json when OUT is set.
 ``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
 warm-up did not cover are captured there).
 ``--gil-profile``: py-spy (``pip install py-spy``; it must be allowed to read the server's memory) samples which
@@ -46,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from genrec.serve.loadgen import as_sent, sample_histories, start_server
@@ -69,7 +71,7 @@ GIL_STAGES = [("model (run_many)", "run_parsed"), ("link: receive, unpickle", "E
               ("metrics", "Metrics."), ("thread pool", "concurrent/futures"), ("HTTP (uvicorn, fastapi)", "uvicorn")]
 """``--gil-profile``'s stages: a sample counts for the first whose text is in its stack (outermost frame first)."""
 KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
-        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms"]
+        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms", "start_s"]
 
 
 def mode(name: str) -> dict[str, Any]:
@@ -166,7 +168,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name, kw in modes.items():
         rank = kw.pop("rank")
+        t_start = time.perf_counter()  # the server's start to ready (its load, warm-up and graph captures)
         proc, url = start_server(a.workdir, device=a.device, precision=a.precision, **kw)
+        start_s = round(time.perf_counter() - t_start, 1)
+        print(f"[{name}] server ready in {start_s} s", flush=True)
         try:
             for c in clients:
                 body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
@@ -176,7 +181,7 @@ def main() -> None:
                 spy = gil_profile_start(proc.pid, a.duration) if a.gil_profile else None
                 res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
                             server_pid=proc.pid, columns=a.columns)
-                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary()}
+                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary(), "start_s": start_s}
                 rows.append(row)
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
                 if spy is not None:
