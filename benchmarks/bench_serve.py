@@ -21,8 +21,8 @@ server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b
 ``--fronts N``; ``overlap``: and ``--host-overlap``; ``two``: and ``--two-process``; ``b<M>``: and ``--micro-batch
 M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``,
 e.g. ``fronts4l2``) and ``two<S>`` (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked
-in two calls). ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching. ``--batch-buckets``: the
-servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
+in two calls). ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching.
+``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
 "off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to ready (load, warm-up, graph
 captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json when OUT is set.
 ``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
