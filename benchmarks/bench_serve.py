@@ -54,7 +54,9 @@ from genrec.serve.loadgen import as_sent, sample_histories, start_server
 from genrec.serve.loadtest import drive, split, stop_server
 
 MODES: dict[str, dict[str, Any]] = {
-    "default": dict(two_process=False, rank=True),  # `genrec serve` as shipped: micro-batch 32, busy policy
+    "default": dict(two_process=False, rank=True),  # `genrec serve` as shipped: micro-batch 32, busy policy (and on
+    # a GPU 4 front processes since 2026-12-07: genrec.serve.config.default_fronts)
+    "plain": dict(two_process=False, rank=True, fronts=0),  # one process, micro-batch 32, no fronts
     "one": dict(two_process=False, rank=True, micro_batch=1),  # one process, no micro-batching
     "two": dict(two_process=True, rank=True),  # the KV pool on the server's device (GPU: CUDA IPC)
     "twocpu": dict(two_process=True, rank=True, kv_pool_device="cpu"),  # the KV pool in CPU shared memory

@@ -94,13 +94,14 @@ def bench_serve(
                                                            "serve`'s, from the machine); not with --url."),
     procs: int = typer.Option(1, help="Client processes the --concurrency clients are spread over (a client "
                                       "process near 1.0 client_busy is the bottleneck: add processes)."),
-    fronts: int = typer.Option(0, help="The started server's --fronts (HTTP in N front processes); not with --url."),
+    fronts: Optional[int] = typer.Option(None, help="The started server's --fronts (HTTP in N front processes; default: "
+                                                    "`genrec serve`'s); not with --url."),
 ) -> None:
     """Load-test /v1/recommend on loopback: p50/p99 latency, QPS, errors, and the client's CPU use."""
     from genrec.serve.loadtest import bench_serve as run_bench
 
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
-    if url is not None and (threads is not None or torch_threads is not None or fronts):
+    if url is not None and (threads is not None or torch_threads is not None or fronts is not None):
         raise typer.BadParameter("--threads / --torch-threads / --fronts set up the server bench serve starts: not "
                                  "with --url")
     res = run_bench(workdir, url=url, duration=duration, concurrency=concurrency, max_requests=max_requests,

@@ -26,10 +26,12 @@ def serve(
     port: int = typer.Option(8000, help="TCP port to listen on."),
     workers: int = typer.Option(1, help="uvicorn worker processes (each loads its own bundle)."),
     two_process: bool = typer.Option(False, help="Ranking in a separate process over a shared KV pool."),
-    fronts: int = typer.Option(
-        0, help="N > 0: N front processes answer HTTP (read, validate, serialise) and pass each request to this "
-                "process, which runs the model and batches requests from every front together: more requests a "
-                "second where one process's HTTP handling is the limit (a GPU server). 0: one process does both."),
+    fronts: Optional[int] = typer.Option(
+        None, help="N > 0: N front processes answer HTTP (read, validate, serialise) and pass each request to this "
+                   "process, which runs the model and batches requests from every front together: more requests a "
+                   "second where one process's HTTP handling is the limit (a GPU server). 0: one process does both. "
+                   "Default: min(4, cores // 4) on a CUDA server in one process micro-batching under the busy "
+                   "policy, else 0."),
     threads: Optional[int] = typer.Option(
         None, help="Requests that run inference at once, per server process. Default from the machine: "
                    "min(4, cores) (one at a time stalled the 2-core CPU box under load; past 4 they queue on the "
@@ -91,7 +93,7 @@ def serve(
         raise typer.BadParameter(f"--torch-threads must be >= 1, got {torch_threads}")
     if kv_pool_device not in ("auto", "cpu", "cuda"):
         raise typer.BadParameter(f"--kv-pool-device must be auto, cpu or cuda, got {kv_pool_device!r}")
-    if fronts < 0 or (fronts > 0 and workers > 1):
+    if fronts is not None and (fronts < 0 or (fronts > 0 and workers > 1)):
         raise typer.BadParameter(f"--fronts must be >= 0 and goes with --workers 1, got --fronts {fronts} "
                                  f"--workers {workers}")
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
@@ -112,7 +114,7 @@ def serve(
         from genrec.infer.load import find_checkpoint, resolve_sid_mode
         # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
         from genrec.serve.config import (DEFAULT_MICRO_BATCH, DEFAULT_MICRO_BATCH_POLICY, ServeConfig,
-                                         default_threads, default_torch_threads)
+                                         default_fronts, default_threads, default_torch_threads)
 
         os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
         if batch_buckets is not None:
@@ -128,6 +130,9 @@ def serve(
     threads = default_threads(device) if threads is None else threads
     micro_batch = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
     micro_batch_policy = micro_batch_policy or DEFAULT_MICRO_BATCH_POLICY
+    if fronts is None:
+        fronts = default_fronts(device, workers=workers, two_process=two_process, micro_batch=micro_batch,
+                                micro_batch_policy=micro_batch_policy)
     if torch_threads is None:
         torch_threads = default_torch_threads(device, threads, workers)
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,

@@ -387,13 +387,13 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
                  micro_batch: int | None = None, ready_timeout: float = 180.0, device: str = "cpu",
                  micro_batch_policy: str | None = None,
                  micro_batch_wait_ms: float = 2.0, kv_pool_device: str = "auto",
-                 torch_threads: int | None = None, fronts: int = 0,
+                 torch_threads: int | None = None, fronts: int | None = None,
                  precision: str = "float32", host_overlap: bool = False,
                  micro_batch_linger_ms: float = 0.0, pool_slots: int = 0) -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine); ``micro_batch`` / ``micro_batch_policy``: likewise (None: the server's, 32 and busy); ``fronts``:
-    ``--fronts``; ``precision``: ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
+    ``--fronts`` (None: the server's default, :func:`genrec.serve.config.default_fronts`); ``precision``: ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
     ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
     default)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
@@ -404,7 +404,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
            *(["--torch-threads", str(torch_threads)] if torch_threads is not None else []),
            *(["--micro-batch", str(micro_batch)] if micro_batch is not None else []),
            *(["--micro-batch-policy", micro_batch_policy] if micro_batch_policy is not None else []),
-           "--micro-batch-wait-ms", str(micro_batch_wait_ms), *(["--fronts", str(fronts)] if fronts else []),
+           "--micro-batch-wait-ms", str(micro_batch_wait_ms), *(["--fronts", str(fronts)] if fronts is not None else []),
            "--precision", precision, *(["--host-overlap"] if host_overlap else []),
            *(["--micro-batch-linger-ms", str(micro_batch_linger_ms)] if micro_batch_linger_ms else []),
            *(["--pool-slots", str(pool_slots)] if pool_slots else []),

@@ -221,7 +221,7 @@ def bench_serve(workdir: str | Path, *, url: str | None = None, duration: float 
                 device: str = "cpu", exact_history: bool = False, client: str = "raw",
                 micro_batch_policy: str | None = None, micro_batch_wait_ms: float = 2.0,
                 kv_pool_device: str = "auto", threads: int | None = None,
-                torch_threads: int | None = None, procs: int = 1, fronts: int = 0) -> BenchResult:
+                torch_threads: int | None = None, procs: int = 1, fronts: int | None = None) -> BenchResult:
     """Start (or target) a local server, drive it (:func:`drive`; ``procs`` client processes), stop it; returns
     the result. ``threads`` / ``torch_threads`` / ``micro_batch`` / ``micro_batch_policy``: the started server's
     ``--threads`` / ``--torch-threads`` / ``--micro-batch`` / ``--micro-batch-policy`` (None: its defaults) and
