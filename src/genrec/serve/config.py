@@ -38,9 +38,9 @@ def default_fronts(device: str, *, workers: int = 1, two_process: bool = False, 
     ``min(4, cores // 4)`` (at least 1); else 0 (one process does HTTP and the model).
 
     Measured on an H200 (2026-12-07; MovieLens 100K gpu-base model, 1,000-item histories, beam 60, 64 clients): 1,188
-    requests a second with 4 fronts against 668 without; on a CPU server the model is the limit (the 2-core box: 760-772
-    against 600-624 with 2 fronts, but the box's 2 cores are what a front takes from other work), so fronts stay opt-in
-    there. Not by default beside ``--two-process`` (never measured on a GPU) or ``--workers`` (which fronts replace)."""
+    requests a second with 4 fronts against 668 without. On a CPU server they stay opt-in: measured only on the 2-core
+    box at 64 clients (2 fronts 760-772 against 600-624 QPS), not at one client nor on a larger machine. Not by default
+    beside ``--two-process`` (never run behind fronts on a GPU) or ``--workers`` (which fronts replace)."""
     if (not str(device).startswith("cuda") or workers > 1 or two_process or micro_batch <= 1
             or micro_batch_policy != "busy"):
         return 0
