@@ -22,10 +22,10 @@ server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b
 M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``,
 e.g. ``fronts4l2``) and ``two<S>`` (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked
 in two calls). ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching.
-``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32 when CUDA graphs replay;
-"off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to ready (load, warm-up, graph
-captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json when OUT is set.
-``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
+``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32
+when CUDA graphs replay; "off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to
+ready (load, warm-up, graph captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json
+when OUT is set. ``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
 warm-up did not cover are captured there).
 ``--gil-profile``: py-spy (``pip install py-spy``; it must be allowed to read the server's memory) samples which
 thread of the server's main process holds its interpreter lock during each measured run, and a table gives the
@@ -183,7 +183,8 @@ def main() -> None:
                 spy = gil_profile_start(proc.pid, a.duration) if a.gil_profile else None
                 res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
                             server_pid=proc.pid, columns=a.columns)
-                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary(), "start_s": start_s}
+                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary(),
+                       "start_s": start_s}
                 rows.append(row)
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
                 if spy is not None:

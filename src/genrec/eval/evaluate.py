@@ -142,7 +142,8 @@ def load_eval_data(rec: Recommender, workdir: str | Path, cfg: EvalConfig) -> Ev
     records = list(BucketJoinReader(store, split=spec, role=cfg.split, context_len=rec.context_len))  # type: ignore[arg-type]
     es, kept, feedviews = eval_cases(records, rec.catalog, max_cases=cfg.max_users, seed=cfg.seed)
     scores_slates = cfg.ranking and rec.model.action_head is not None  # the counts floor reads the train actions
-    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp"] + ["action"] * scores_slates)
+    events = store.read_events(columns=["user_id", "item_id", "seq", "timestamp",
+                                        *(["action"] if scores_slates else [])])
     tr = train_events(events, spec)
     return EvalData(es, kept, feedviews, kind,
                     np.asarray(tr.column("item_id").to_numpy(), dtype=np.int64),

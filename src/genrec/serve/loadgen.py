@@ -393,7 +393,8 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine); ``micro_batch`` / ``micro_batch_policy``: likewise (None: the server's, 32 and busy); ``fronts``:
-    ``--fronts`` (None: the server's default, :func:`genrec.serve.config.default_fronts`); ``precision``: ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
+    ``--fronts`` (None: the server's default, :func:`genrec.serve.config.default_fronts`); ``precision``:
+    ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
     ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
     default)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
@@ -404,7 +405,8 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
            *(["--torch-threads", str(torch_threads)] if torch_threads is not None else []),
            *(["--micro-batch", str(micro_batch)] if micro_batch is not None else []),
            *(["--micro-batch-policy", micro_batch_policy] if micro_batch_policy is not None else []),
-           "--micro-batch-wait-ms", str(micro_batch_wait_ms), *(["--fronts", str(fronts)] if fronts is not None else []),
+           "--micro-batch-wait-ms", str(micro_batch_wait_ms),
+           *(["--fronts", str(fronts)] if fronts is not None else []),
            "--precision", precision, *(["--host-overlap"] if host_overlap else []),
            *(["--micro-batch-linger-ms", str(micro_batch_linger_ms)] if micro_batch_linger_ms else []),
            *(["--pool-slots", str(pool_slots)] if pool_slots else []),

@@ -219,7 +219,7 @@ class Service:
         eng, hist, kw = c.engine, c.history, c.kw
         if req.explain:  # one history per call: never batched
             kw["explain"] = True
-        remote = self.cfg.two_process and req.rank  # ranked in the ranking process
+        remote = self._ranks_remotely(req.rank)
         if self.batcher is not None and not req.explain:
             overlap = self.cfg.host_overlap
             parsed = dropped = None
@@ -271,11 +271,15 @@ class Service:
         b.submit_async(c.key, c.history, self._batch_fn(eng, parsed=False, rank=rank, **kw)).add_done_callback(settle)
         return True
 
+    def _ranks_remotely(self, rank: bool) -> bool:
+        """Whether a request that asks for ``rank`` is ranked in the ranking process (two-process mode)."""
+        return self.cfg.two_process and rank
+
     def _batch_fn(self, eng: Engine, *, parsed: bool, rank: bool,
                   **kw: Any) -> Callable[[Sequence[Any]], Sequence[Any]]:
         """What the micro-batcher runs for a batch of requests: each one's (answer, degraded); ranked requests in
         two-process mode are ranked by the ranking process (:meth:`_batch_remote`)."""
-        if self.cfg.two_process and rank:
+        if self._ranks_remotely(rank):
             return lambda xs: self._batch_remote(eng, xs, parsed=parsed, **kw)
         return lambda xs: [(o, False) for o in self._batch(eng, xs, parsed=parsed, rank=rank, **kw)]
 
