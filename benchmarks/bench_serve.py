@@ -136,6 +136,17 @@ def gil_profile_table(spy: subprocess.Popen, path: str, possible: float) -> dict
     return share
 
 
+def save(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
+    """The rows so far to $OUT/bench_serve.json (written whole, then renamed), when OUT is set."""
+    if not os.environ.get("OUT"):
+        return
+    path = os.path.join(os.environ["OUT"], "bench_serve.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}, f,
+                  indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workdir")
@@ -189,12 +200,9 @@ def main() -> None:
                 print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
                 if spy is not None:
                     row["gil"] = gil_profile_table(*spy)
+                save(rows, a)  # after each row: a run cut by a device call's limit keeps what it measured
         finally:
             stop_server(proc)
-    out = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_serve.json"), "w") as f:
-            json.dump(out, f, indent=2)
     print("| mode | clients | procs | " + " | ".join(KEYS) + " |")
     print("|---|---|---|" + "|".join("---" for _ in KEYS) + "|")
     for r in rows:
