@@ -15,6 +15,8 @@ runs (one run's SID path against another's ANN path: genrec against SASRec on th
 ``ranking`` compares the action heads on the split's held-out feedview slates (AUC per action and Hit@3, as
 ``genrec eval`` reports them; UniPinRec's ordering), resampling slates (:func:`genrec.eval.ranking.paired_slates`),
 with ``counts`` beside the runs: the heads' floor from counts alone (:class:`genrec.eval.baselines.ActionPrior`).
+``--calibrate`` (with ``--split test``) adds a ``<run>+cal`` row per run: its heads' reading among the engaged items,
+calibrated on the validation slates with the counts beside them (:class:`genrec.eval.baselines.ClassCalibration`).
 Choose on ``valid``; touch ``test`` once.
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genrec.eval.baselines import ActionPrior, ClassCalibration
 from genrec.eval.evaluate import EvalConfig, action_prior, l0l1_pass, load_eval_data, prior_probs
 from genrec.eval.metrics import topk_metrics
 from genrec.eval.ranking import Slate, collect_slates, paired_slates, score_slates, slate_metrics
@@ -47,7 +50,11 @@ def main() -> None:
     ap.add_argument("--across", action="store_true",
                     help="also compare every run's every path against every other (run, path), e.g. SID vs ANN")
     ap.add_argument("--checkpoint", default=None, help="BEST, LATEST or none (BEST if marked, else LATEST)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="ranking: also each run's heads calibrated among the engaged on the validation slates")
     a = ap.parse_args()
+    if a.calibrate and a.split == "valid":
+        raise SystemExit("--calibrate fits on the validation slates: score it on another split (--split test)")
     if len(a.runs) < 2 and not a.across:
         raise SystemExit("give at least two run directories (or one with --across: its paths against each other)")
     names = [Path(r).name for r in a.runs]
@@ -91,6 +98,9 @@ def main() -> None:
                 raise SystemExit(f"{run}: its {a.split} slates or actions differ from the first ranking run's")
             slate_probs[name] = score_slates(rec, mine)
             utilities[name] = rec.utility_vector(rec.action_utility()).cpu().numpy()
+            if a.calibrate:
+                slate_probs[f"{name}+cal"] = calibrated(rec, run, a, slate_probs[name], mine, action_prior(rec, data))
+                utilities[f"{name}+cal"] = utilities[name]
         ranks[name] = ro
         print(f"{name}: step {rec.step}, {len(es)} cases, paths {sorted(ro)}", flush=True)
     assert targets is not None
@@ -108,6 +118,17 @@ def main() -> None:
         report["ranking"] = ranking_section(slate_probs, slates, actions, utilities, a)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "compare_paired.json").write_text(json.dumps(report, indent=1))
+
+
+def calibrated(rec: Recommender, run: str, a: argparse.Namespace, probs: list[np.ndarray], slates: list[Slate],
+               prior: ActionPrior) -> list[np.ndarray]:
+    """The run's heads on ``slates`` calibrated among the engaged (:class:`ClassCalibration`), fitted on the
+    run's validation slates."""
+    data = load_eval_data(rec, run, EvalConfig(split="valid", max_users=a.max_users, ranking=True))
+    valid, _ = collect_slates(data.records, data.feedviews, rec.catalog, context_len=rec.context_len,
+                              negatives=EvalConfig().slate_negatives)
+    cal = ClassCalibration.fit(score_slates(rec, valid), valid, action_prior(rec, data))
+    return cal.apply(probs, slates, prior)
 
 
 def section(title: str, entries: dict[str, np.ndarray], n_cases: int, a: argparse.Namespace) -> dict[str, object]:

@@ -4,13 +4,22 @@
   learned model must clear.
 * :class:`ActionPrior` -- the action heads' floor: a candidate's chance of each action from counts alone, the
   user's own habit (its history's actions) and the item's (its training events' actions).
+* :class:`ClassCalibration` -- the heads' reading of an action *among the engaged items*, calibrated on validation
+  slates with those counts beside them: what an action's AUC over the logged items asks, which the raw heads (each
+  folding in the chance of engaging at all) answer only in part.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from genrec.eval.metrics import rank_of_targets
+
+if TYPE_CHECKING:
+    from genrec.eval.ranking import Slate
 
 
 class Popularity:
@@ -57,10 +66,71 @@ class ActionPrior:
     def _shares(self, counts: np.ndarray) -> np.ndarray:
         return (counts + 1.0) / (counts.sum(-1, keepdims=True) + self.n_actions)
 
-    def probs(self, history_actions: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
-        """``[k, n_actions]`` for the candidates ``cand_rows`` of a user whose history logged ``history_actions``
-        (action ids; other values, e.g. the [MASK] class, are not counted)."""
+    def parts(self, history_actions: np.ndarray, cand_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The user's shares ``[n_actions]`` (its history's ``history_actions``: action ids; other values, e.g. the
+        [MASK] class, are not counted) and the candidates' (``cand_rows``) item shares ``[k, n_actions]``."""
         a = np.asarray(history_actions, np.int64)
         a = a[(a >= 0) & (a < self.n_actions)]
         user = self._shares(np.bincount(a, minlength=self.n_actions).astype(np.float64))
-        return 0.5 * (user[None, :] + self._shares(self.counts[np.asarray(cand_rows, np.int64)]))
+        return user, self._shares(self.counts[np.asarray(cand_rows, np.int64)])
+
+    def probs(self, history_actions: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
+        """``[k, n_actions]`` for the candidates ``cand_rows`` of a user whose history logged ``history_actions``:
+        the mean of the user's and the item's shares (:meth:`parts`)."""
+        user, item = self.parts(history_actions, cand_rows)
+        return 0.5 * (user[None, :] + item)
+
+
+class ClassCalibration:
+    """Each action's chance among the engaged items, from the heads and the counts: per action, a logistic
+    regression (L2, standardised inputs) on the candidates' head logits, the heads' shares ``p_c / sum p`` (log),
+    and the user's and the item's action shares of :class:`ActionPrior` (log), ``4 * n_actions`` inputs, fitted on
+    the LOGGED items of slates (:class:`genrec.eval.ranking.Slate`; the sampled negatives engaged with nothing) with
+    their actions as labels. Fit it on validation slates, apply it to test: the heads' AUC among the engaged, with
+    the user's habit and the item's reputation handed to it, against the counts floor alone."""
+
+    def __init__(self, weights: np.ndarray, bias: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
+        self.weights, self.bias, self.mean, self.scale = weights, bias, mean, scale  # [C, F], [C], [F], [F]
+
+    @staticmethod
+    def inputs(probs: np.ndarray, user: np.ndarray, item: np.ndarray) -> np.ndarray:
+        """``[k, 4C]``: logit p, log(p / sum p), log user share, log item share (``probs``: ``[k, C]`` sigmoids)."""
+        p = np.clip(np.asarray(probs, np.float64), 1e-6, 1 - 1e-6)
+        k = len(p)
+        return np.concatenate([np.log(p / (1 - p)), np.log(p / p.sum(1, keepdims=True)),
+                               np.log(np.broadcast_to(user, (k, len(user)))), np.log(item)], 1)
+
+    @classmethod
+    def fit(cls, probs: Sequence[np.ndarray], slates: Sequence["Slate"], prior: ActionPrior, *, l2: float = 1e-3,
+            steps: int = 50) -> "ClassCalibration":
+        """Newton steps on each action's mean log loss + ``l2 / 2 * |w|^2`` over the slates' logged items."""
+        if not any(s.logged.stop > 0 for s in slates):
+            raise ValueError("ClassCalibration.fit: the slates hold no logged items")
+        x = np.concatenate([cls.inputs(p[s.logged], *prior.parts(s.actions, s.cand_rows[s.logged]))
+                            for p, s in zip(probs, slates)])
+        bits = 1 << np.arange(prior.n_actions)
+        y = (np.concatenate([s.labels[s.logged] for s in slates])[:, None] & bits) > 0
+        mean, scale = x.mean(0), x.std(0) + 1e-9
+        z = np.concatenate([(x - mean) / scale, np.ones((len(x), 1))], 1)  # the last column: the bias
+        reg = np.full(z.shape[1], l2)
+        reg[-1] = 0.0
+        w = np.zeros((prior.n_actions, z.shape[1]))
+        for c in range(prior.n_actions):
+            for _ in range(steps):
+                q = 1.0 / (1.0 + np.exp(-(z @ w[c])))
+                grad = z.T @ (q - y[:, c]) / len(z) + reg * w[c]
+                hess = (z * (q * (1 - q))[:, None]).T @ z / len(z) + np.diag(reg + 1e-9)
+                step = np.linalg.solve(hess, grad)
+                w[c] -= step
+                if np.abs(step).max() < 1e-10:
+                    break
+        return cls(w[:, :-1], w[:, -1], mean, scale)
+
+    def apply(self, probs: Sequence[np.ndarray], slates: Sequence["Slate"], prior: ActionPrior) -> list[np.ndarray]:
+        """Per slate, ``[k, C]``: each candidate's calibrated chance of each action among the engaged (``prior``:
+        the counts of the slates' own split)."""
+        out = []
+        for p, s in zip(probs, slates):
+            z = (self.inputs(p, *prior.parts(s.actions, s.cand_rows)) - self.mean) / self.scale
+            out.append(1.0 / (1.0 + np.exp(-(z @ self.weights.T + self.bias))))
+        return out
