@@ -157,6 +157,38 @@ def test_a_stopped_ranker_is_killed_and_restarted_after_timeouts_in_a_row() -> N
         c.stop()
 
 
+class _ClosingPipe:
+    """A pipe end whose recv() fails as CPython's does when another thread closed it mid-call."""
+
+    def __init__(self, closed: bool) -> None:
+        self.closed = closed
+
+    def recv(self) -> None:
+        raise TypeError("'NoneType' object cannot be interpreted as an integer")
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_the_reader_ends_quietly_when_stop_closes_its_pipe_mid_recv(closed: bool) -> None:
+    """stop() closing the pipe while the reader thread is inside recv() (seen on a GPU run's teardown) ends the
+    reader like a closed pipe, failing the calls in flight; the same TypeError on an open pipe is a bug, raised."""
+    from concurrent.futures import Future
+
+    from genrec.serve.workers import RankerClient, RankerUnavailable
+
+    c = RankerClient()
+    pipe = _ClosingPipe(closed)
+    c._conn = pipe  # type: ignore[assignment]
+    fut: Future = Future()
+    c._pending[1] = fut
+    if not closed:
+        with pytest.raises(TypeError):
+            c._read_loop(pipe)  # type: ignore[arg-type]
+        return
+    c._read_loop(pipe)  # type: ignore[arg-type]
+    with pytest.raises(RankerUnavailable, match="pipe closed"):
+        fut.result(timeout=0)
+
+
 def concurrent_solo_answers(s: ServerThread, n: int) -> None:
     """``n`` clients post ranked requests at once (HISTS in turn); each gets, not degraded, its solo answer."""
     import threading

@@ -231,7 +231,11 @@ class RankerClient:
         while True:
             try:
                 msg = conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError) as e:
+                if isinstance(e, TypeError) and not conn.closed:
+                    raise
+                # TypeError: stop() closed the pipe between recv()'s closed check and its read (CPython reads a
+                # None handle then), the same end as a closed pipe
                 if conn is self._conn:  # an old pipe closing must not fail the restarted process's calls
                     self._fail_all("ranking process pipe closed")
                 return
