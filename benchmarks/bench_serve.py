@@ -14,9 +14,11 @@ per second together and ``server_cpu`` the server's (its process and children: t
 two-process mode, the front processes of ``--fronts``). From the server's /metrics: ``rows_per_batch`` (requests per
 micro-batched forward), ``batch_busy`` (batched forwards' wall time, parse and formatting included, per second of the
 clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of the run a batch held the model: near
-1.0 the model's run is the limit; well below, what runs around it) and ``batch_wait_ms`` (a request's mean wait in
-the micro-batcher for its batch to start). ``--client raw`` (default: one lean HTTP/1.1 keep-alive connection per client, request
-bytes encoded before the clock) or ``httpx``. Modes: the table below, and ``batch<N>[busy|timed]`` for any N (the
+1.0 the model's run is the limit; well below, what runs around it), ``batch_wait_ms`` (a request's mean wait in the
+micro-batcher for its batch to start) and ``graph_captures`` (CUDA graphs the server captured during the measured run:
+shapes met for the first time, each a stall of every batch behind it); ``max_ms`` the slowest request. ``--client raw``
+(default: one lean HTTP/1.1 keep-alive connection per client, request bytes encoded before the clock) or ``httpx``.
+Modes: the table below, and ``batch<N>[busy|timed]`` for any N (the
 server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b<M>][l<ms>]`` (as shipped, with
 ``--fronts N``; ``overlap``: and ``--host-overlap``; ``two``: and ``--two-process``; ``b<M>``: and ``--micro-batch
 M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``,
@@ -73,7 +75,8 @@ GIL_STAGES = [("model (run_many)", "run_parsed"), ("link: receive, unpickle", "E
               ("metrics", "Metrics."), ("thread pool", "concurrent/futures"), ("HTTP (uvicorn, fastapi)", "uvicorn")]
 """``--gil-profile``'s stages: a sample counts for the first whose text is in its stack (outermost frame first)."""
 KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
-        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms", "start_s"]
+        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms", "graph_captures", "max_ms",
+        "start_s"]
 
 
 def mode(name: str) -> dict[str, Any]:
@@ -171,6 +174,9 @@ def main() -> None:
     ap.add_argument("--gil-profile", action="store_true",
                     help="py-spy: the share of each measured run the server's interpreter lock is held, per stage")
     ap.add_argument("--batch-buckets", default=None, help="the servers' $GENREC_BATCH_BUCKETS (auto, off, 1,2,4,8)")
+    ap.add_argument("--warm-beams", default="auto",
+                    help="the servers' --warm-beams: auto (the --beam-width the clients ask, as an operator would "
+                         "set it), server (the server's default, 20) or widths, e.g. 20,60")
     a = ap.parse_args()
     clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
     procs = max(1, min(4, (os.cpu_count() or 1) // 4)) if a.procs == "auto" else int(a.procs)
@@ -178,11 +184,12 @@ def main() -> None:
     if a.batch_buckets is not None:
         os.environ["GENREC_BATCH_BUCKETS"] = a.batch_buckets  # the servers read it (start_server passes the env)
     hist = as_sent(a.workdir, sample_histories(a.workdir, 512, a.history_len, 0, exact=a.exact_history))
+    warm = {"auto": (a.beam_width,), "server": ()}.get(a.warm_beams) or tuple(int(w) for w in a.warm_beams.split(","))
     rows: list[dict[str, Any]] = []
     for name, kw in modes.items():
         rank = kw.pop("rank")
         t_start = time.perf_counter()  # the server's start to ready (its load, warm-up and graph captures)
-        proc, url = start_server(a.workdir, device=a.device, precision=a.precision, **kw)
+        proc, url = start_server(a.workdir, device=a.device, precision=a.precision, warm_beams=warm, **kw)
         start_s = round(time.perf_counter() - t_start, 1)
         print(f"[{name}] server ready in {start_s} s", flush=True)
         try:

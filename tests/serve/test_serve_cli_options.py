@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from genrec.cli import app
@@ -22,6 +23,11 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--micro-batch-linger-ms must be >= 0" in r.output, r.output
     r = CliRunner().invoke(app, ["serve", str(tmp_path), "--two-process", "--pool-slots", "-1"])
     assert r.exit_code == 2 and "--pool-slots must be >= 0" in r.output, r.output
+    for bad, say in ((["--warm-beams", "20,x"], "--warm-beams must be comma-separated beam widths"),
+                     (["--warm-beams", "0"], "--warm-beams: each width must be in 1..256"),
+                     (["--warm-beams", "20,300"], "--warm-beams: each width must be in 1..256")):
+        r = CliRunner().invoke(app, ["serve", str(tmp_path), *bad])
+        assert r.exit_code == 2 and say in r.output, r.output
     for bad in (["--fronts", "-1"], ["--fronts", "2", "--workers", "2"]):
         r = CliRunner().invoke(app, ["serve", str(tmp_path), *bad])
         assert r.exit_code == 2 and "--fronts must be >= 0 and goes with --workers 1" in r.output, r.output
@@ -29,8 +35,6 @@ def test_bad_serving_options_are_refused(tmp_path: Path) -> None:
 
 def test_kv_pool_device_follows_the_server_device(tmp_path: Path) -> None:
     """auto: shared memory on a CPU server; "cuda" on a CPU server is refused with a message."""
-    import pytest
-
     from genrec.errors import ConfigError
     from genrec.serve.config import ServeConfig
     from genrec.serve.service import Service
@@ -68,3 +72,48 @@ def test_front_processes_by_default_only_on_a_gpu_server_that_micro_batches() ->
     assert default_fronts("cuda", cpus=16, workers=2) == 0
     assert default_fronts("cuda", cpus=16, micro_batch=1) == 0
     assert default_fronts("cuda", cpus=16, micro_batch_policy="timed") == 0
+
+
+def test_the_server_warms_each_beam_width_it_is_told(tmp_path: Path, run_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm_beams``: Engine.load warms every bucket at each width once (20 by default, the requests' default);
+    a width outside a request's bounds is refused by the service."""
+    from genrec.errors import ConfigError
+    from genrec.infer.recommender import Recommender
+    from genrec.serve.config import ServeConfig
+    from genrec.serve.engine import Engine
+    from genrec.serve.service import Service
+
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    real = Recommender.warmup
+
+    def record(self: Recommender, **kw: object) -> list[int]:
+        seen.append((int(kw["beam_width"]), tuple(kw["batch_sizes"])))  # type: ignore[arg-type, call-overload]
+        return real(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Recommender, "warmup", record)
+    Engine.load(run_dir, max_batch=4)
+    Engine.load(run_dir, max_batch=4, warm_beams=(60, 20, 60))
+    assert [w for w, _ in seen] == [20, 60, 20] and len({b for _, b in seen}) == 1
+    assert ServeConfig(workdir=tmp_path).warm_beams == (20,)
+    for bad in ((), (0,), (20, 257)):
+        with pytest.raises(ConfigError, match="warm_beams must be SID beam widths in 1..256"):
+            Service(ServeConfig(workdir=tmp_path, warm_beams=bad))
+
+
+@pytest.mark.gpu
+def test_warmed_beam_widths_capture_nothing_under_load(run_dir: Path) -> None:
+    """On a GPU: after Engine.load warmed widths 20 and 60, requests at either width, at each warmed batch size,
+    replay the encoder's and the beams' graphs only; a width not warmed captures its beams on first use. (The
+    ranking step's graphs follow the candidates' count, which the histories decide, not the width.)"""
+    from genrec.serve.engine import Engine
+
+    rec = Engine.load(run_dir, device="cuda", max_batch=4, warm_beams=(20, 60)).rec
+    before = {s: rec.graph_captures[s] for s in ("encode", "sid")}
+    hist = [{"item_id": int(i)} for i in rec.catalog.item_ids[:40]]
+    for width in (20, 60):
+        for b in rec.buckets.up_to(4) if rec.buckets is not None else (1,):
+            rec.recommend([hist] * b, k=10, beam_width=width)  # k: the warm-up's (the prefix beams keep k * 3)
+    assert {s: rec.graph_captures[s] for s in before} == before, (before, rec.graph_captures)
+    rec.recommend([hist], k=10, beam_width=33)
+    assert rec.graph_captures["sid"] > before["sid"]

@@ -292,3 +292,27 @@ def test_a_body_that_is_not_utf8_names_the_body(client: httpx.Client) -> None:
     raw = b'{"history": [{"item_id": 1}], "surface": "' + bytes([0xFF, 0xFE]) + b'"}'
     r = client.post("/v1/recommend", content=raw, headers={"content-type": "application/json"})
     assert r.status_code in (400, 422) and r.json()["fields"] == ["body"], r.text
+
+
+def test_metrics_count_the_graphs_the_model_captured(run_dir: Path) -> None:
+    """/metrics shows the served model's graph captures per stage and the load generator reads their total:
+    a capture under load (a shape met for the first time) stalls every batch behind it. On a CPU the static-shape
+    path run eagerly counts its shapes as a GPU captures them."""
+    from genrec.serve.app import create_app
+    from genrec.serve.loadtest import batch_counts
+
+    with ServerThread(create_app(ServeConfig(workdir=run_dir, micro_batch=4))) as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        rec = s.app.service.holder.current.engine.rec
+        rec.use_graphs(use_graph=False)  # the static shapes, eagerly: each new shape counts as one capture
+        before = batch_counts(s.url)
+        assert before is not None and before["graph_captures"] == 0, before
+        for ids in ([1, 2, 3], list(range(1, 90))):  # two history buckets: new shapes in every stage
+            assert c.post("/v1/recommend", json={"history": hist(ids), "k": 5}).status_code == 200
+        want = rec.graph_captures
+        assert set(want) == {"encode", "sid", "rank"} and all(n >= 1 for n in want.values()), want
+        m = c.get("/metrics").text
+        for stage, n in want.items():
+            assert f'genrec_graph_captures{{stage="{stage}"}} {float(n)}' in m, (stage, n)
+        after = batch_counts(s.url)
+        assert after is not None and after["graph_captures"] == sum(want.values()), after

@@ -63,6 +63,11 @@ def serve(
                     "beside the batch running ahead (the batch runs only the model); off: the batch does all three "
                     "(on: 10% fewer requests a second on the 2-core CPU box, 12% on an H100)."),
     precision: str = typer.Option("float32", help="float32 or bf16 (autocast on CUDA; CPU stays float32)."),
+    warm_beams: str = typer.Option(
+        "20", help="SID beam widths (the requests' beam_width, comma-separated) whose CUDA graphs are captured "
+                   "before the server says it is ready, at every batch and history bucket (and k 10): a width met "
+                   "first under load captures its shapes then, each a stall of every batch behind it. Default 20, "
+                   "the requests' default."),
     sid_mode: str = typer.Option("auto", help=SID_MODE_HELP),
     cuda_graphs: Optional[str] = typer.Option(
         None, help="On CUDA: which stages replay CUDA graphs: all (default: encode, SID decode, ranking), sid, off."),
@@ -99,6 +104,10 @@ def serve(
     check_micro_batch(micro_batch_policy, micro_batch_wait_ms, micro_batch)
     if pool_slots < 0:
         raise typer.BadParameter(f"--pool-slots must be >= 0 (0: max(16, --micro-batch)), got {pool_slots}")
+    try:
+        beams = tuple(dict.fromkeys(int(w) for w in warm_beams.split(",")))
+    except ValueError:
+        raise typer.BadParameter(f"--warm-beams must be comma-separated beam widths, got {warm_beams!r}") from None
     if not micro_batch_linger_ms >= 0:
         raise typer.BadParameter(f"--micro-batch-linger-ms must be >= 0, got {micro_batch_linger_ms}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
@@ -115,6 +124,11 @@ def serve(
         # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
         from genrec.serve.config import (DEFAULT_MICRO_BATCH, DEFAULT_MICRO_BATCH_POLICY, ServeConfig,
                                          default_fronts, default_threads, default_torch_threads)
+        from genrec.serve.schemas import MAX_BEAM
+
+        if not all(1 <= w <= MAX_BEAM for w in beams):
+            raise typer.BadParameter(f"--warm-beams: each width must be in 1..{MAX_BEAM} (a request's beam_width), "
+                                     f"got {warm_beams}")
 
         os.environ["GENREC_SID_MODE"] = resolve_sid_mode(sid_mode)  # checked; read by every process, likewise
         if batch_buckets is not None:
@@ -140,6 +154,7 @@ def serve(
                       pool_slots=pool_slots, micro_batch=micro_batch, micro_batch_policy=micro_batch_policy,
                       micro_batch_wait_ms=micro_batch_wait_ms, micro_batch_linger_ms=micro_batch_linger_ms,
                       kv_pool_device=kv_pool_device, host_overlap=host_overlap, admin_token=admin_token or None,
+                      warm_beams=beams,
                       announce=True)
     run_server(cfg, host=host, port=port, workers=workers, access_log=access_log, fronts=fronts)
 

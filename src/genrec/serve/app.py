@@ -247,6 +247,9 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
     async def metrics() -> Response:
         if svc.pool is not None:
             svc.metrics.pool_occupancy.set(svc.pool.occupancy())
+        if svc.holder.ready:  # this process's graphs (two-process mode's ranking process keeps its own)
+            for stage, n in svc.holder.current.engine.rec.graph_captures.items():
+                svc.metrics.graph_captures.labels(stage=stage).set(n)
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/reload")

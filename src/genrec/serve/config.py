@@ -96,6 +96,10 @@ class ServeConfig:
     # 2-core CPU box and 12% on an H100 (the moved work shares the engine's interpreter lock with the model's Python)
     host_overlap: bool = False
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
+    # SID beam widths whose CUDA graphs (and the ranking shapes their unions give) are captured before serving, at
+    # every batch bucket and history bucket: the widths the clients ask for. A width met first under load captures
+    # its shapes then, each capture a stall of every batch queued behind it
+    warm_beams: tuple[int, ...] = (20,)
     # /admin/reload needs "Authorization: Bearer <admin_token>" when set (default: $GENREC_ADMIN_TOKEN); unset,
     # it is open to whoever reaches the port (loopback by default)
     admin_token: str | None = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_ADMIN_TOKEN") or None)

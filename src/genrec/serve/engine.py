@@ -132,12 +132,14 @@ class Engine:
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu", *,
-             max_batch: int = 1) -> "Engine":
+             max_batch: int = 1, warm_beams: Sequence[int] = (20,)) -> "Engine":
         """The engine of WORKDIR's checkpoint; on a GPU the CUDA graphs of the common shapes are captured before
         it serves (no-op on a CPU): batches of 1 and, with batch buckets, of each bucket up to ``max_batch``
-        (the server's micro-batch)."""
+        (the server's micro-batch), at each SID beam width of ``warm_beams``."""
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
-        rec.warmup(batch_sizes=rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,))
+        for width in dict.fromkeys(warm_beams):
+            rec.warmup(batch_sizes=rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,),
+                       beam_width=int(width))
         store = open_store(workdir)
         ev = store.read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)

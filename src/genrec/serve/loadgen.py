@@ -61,6 +61,7 @@ class BenchResult:
     batch_busy: float | None = None  # batches' wall time (parse, model, format; they overlap) per second
     device_busy: float | None = None  # the share of the run a batch held the model
     batch_wait_ms: float | None = None  # a request's mean wait for its batch to start
+    graph_captures: int | None = None  # CUDA graphs the server captured during the run (shapes met the first time)
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
@@ -77,6 +78,7 @@ class BenchResult:
                 "batch_busy": None if self.batch_busy is None else round(self.batch_busy, 2),
                 "device_busy": None if self.device_busy is None else round(self.device_busy, 2),
                 "batch_wait_ms": None if self.batch_wait_ms is None else round(self.batch_wait_ms, 2),
+                "graph_captures": self.graph_captures,
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
     def table(self) -> str:
@@ -389,14 +391,15 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
                  micro_batch_wait_ms: float = 2.0, kv_pool_device: str = "auto",
                  torch_threads: int | None = None, fronts: int | None = None,
                  precision: str = "float32", host_overlap: bool = False,
-                 micro_batch_linger_ms: float = 0.0, pool_slots: int = 0) -> tuple[subprocess.Popen, str]:
+                 micro_batch_linger_ms: float = 0.0, pool_slots: int = 0,
+                 warm_beams: Sequence[int] = ()) -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine); ``micro_batch`` / ``micro_batch_policy``: likewise (None: the server's, 32 and busy); ``fronts``:
     ``--fronts`` (None: the server's default, :func:`genrec.serve.config.default_fronts`); ``precision``:
     ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
     ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
-    default)."""
+    default); ``warm_beams``: ``--warm-beams`` (empty: the server's default)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
 
     port = _free_port()
@@ -410,6 +413,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
            "--precision", precision, *(["--host-overlap"] if host_overlap else []),
            *(["--micro-batch-linger-ms", str(micro_batch_linger_ms)] if micro_batch_linger_ms else []),
            *(["--pool-slots", str(pool_slots)] if pool_slots else []),
+           *(["--warm-beams", ",".join(str(int(w)) for w in warm_beams)] if warm_beams else []),
            "--device", device] + (["--two-process", "--kv-pool-device", kv_pool_device] if two_process else [])
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"

@@ -156,9 +156,11 @@ ms, the summed ms they held the model, the requests' summed wait for their batch
 
 
 def batch_counts(url: str) -> dict[str, float] | None:
-    """The server's :data:`BATCH_METRICS` from its ``/metrics`` (0 for one it lacks); None when it has none
-    (micro-batching off, not a genrec server)."""
+    """The server's :data:`BATCH_METRICS` from its ``/metrics`` (0 for one it lacks) and ``graph_captures``, its
+    CUDA graphs captured so far over every stage; None when it has no batch metrics (micro-batching off, not a
+    genrec server)."""
     want = dict.fromkeys(BATCH_METRICS, 0.0)
+    want["graph_captures"] = 0.0
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -167,7 +169,9 @@ def batch_counts(url: str) -> dict[str, float] | None:
     seen = False
     for line in text.splitlines():
         name, _, val = line.partition(" ")
-        if name in want:
+        if name.startswith("genrec_graph_captures{"):
+            want["graph_captures"] += float(val)
+        elif name in want:
             want[name], seen = float(val), True
     return want if seen else None
 
@@ -192,7 +196,7 @@ def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: in
             res.server_cpu_s = srv1 - srv0
     b1 = batch_counts(url) if b0 is not None else None
     if b0 is not None and b1 is not None:
-        d = {k: b1[k] - b0[k] for k in BATCH_METRICS}
+        d = {k: b1[k] - b0[k] for k in b1}
         res.batches, res.batch_rows = int(d["genrec_batch_rows_count"]), int(d["genrec_batch_rows_sum"])
         # over the clients' measured run (batches run only while they send; the span between the two reads also
         # held the client processes' start, and understated the share)
@@ -201,6 +205,7 @@ def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: in
         res.device_busy = d["genrec_device_latency_ms_sum"] / 1e3 / sec
         waits = d["genrec_batch_wait_ms_count"]
         res.batch_wait_ms = d["genrec_batch_wait_ms_sum"] / waits if waits else None
+        res.graph_captures = int(d["graph_captures"])  # during the run: each one stalled the batches behind it
     return res
 
 

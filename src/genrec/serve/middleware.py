@@ -165,6 +165,9 @@ class Metrics:
                                 registry=r)
         self.pool_occupancy = Gauge("genrec_kv_pool_occupancy", "KV-pool slots leased", registry=r)
         self.pool_slots = Gauge("genrec_kv_pool_slots", "KV-pool slots", registry=r)
+        self.graph_captures = Gauge("genrec_graph_captures", "CUDA graphs the served model has captured, per stage (a "
+                                    "rise under load: a shape met for the first time, a latency spike)", ["stage"],
+                                    registry=r)
         self.index_version = Gauge("genrec_index_version_info", "Served bundle version (value 1)", ["version"],
                                    registry=r)
         self.degraded = Counter("genrec_degraded_responses", "Retrieval-only answers (ranker down)", registry=r)

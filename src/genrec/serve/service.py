@@ -31,7 +31,7 @@ from genrec.serve.explain import explain_ids_out
 from genrec.serve.ids import SourceItemIds, Unknown
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
 from genrec.serve.middleware import Metrics
-from genrec.serve.schemas import RankRequest, RecommendRequest
+from genrec.serve.schemas import MAX_BEAM, RankRequest, RecommendRequest
 from genrec.serve.swap import BundleHolder
 from genrec.serve.workers import RankerClient, RankerUnavailable
 
@@ -88,10 +88,13 @@ class Service:
             raise ConfigError(f"threads must be >= 0 (0 = from the machine), got {cfg.threads}")
         if cfg.threads == 0:
             cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
+        if not cfg.warm_beams or any(not 1 <= int(w) <= MAX_BEAM for w in cfg.warm_beams):
+            raise ConfigError(f"warm_beams must be SID beam widths in 1..{MAX_BEAM}, got {list(cfg.warm_beams)}")
         self.cfg = cfg
         # the graphs of every micro-batch bucket are captured before a bundle serves (Engine.load)
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device,
-                                             loader=functools.partial(Engine.load, max_batch=cfg.micro_batch))
+                                             loader=functools.partial(Engine.load, max_batch=cfg.micro_batch,
+                                                                       warm_beams=tuple(cfg.warm_beams)))
         # the run's ids were remapped: requests and answers speak the source file's ids (genrec.serve.ids)
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.metrics = Metrics()
