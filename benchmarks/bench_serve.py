@@ -184,7 +184,8 @@ def main() -> None:
     if a.batch_buckets is not None:
         os.environ["GENREC_BATCH_BUCKETS"] = a.batch_buckets  # the servers read it (start_server passes the env)
     hist = as_sent(a.workdir, sample_histories(a.workdir, 512, a.history_len, 0, exact=a.exact_history))
-    warm = {"auto": (a.beam_width,), "server": ()}.get(a.warm_beams) or tuple(int(w) for w in a.warm_beams.split(","))
+    named: dict[str, tuple[int, ...]] = {"auto": (a.beam_width,), "server": ()}
+    warm = named[a.warm_beams] if a.warm_beams in named else tuple(int(w) for w in a.warm_beams.split(","))
     rows: list[dict[str, Any]] = []
     for name, kw in modes.items():
         rank = kw.pop("rank")

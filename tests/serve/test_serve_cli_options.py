@@ -74,6 +74,16 @@ def test_front_processes_by_default_only_on_a_gpu_server_that_micro_batches() ->
     assert default_fronts("cuda", cpus=16, micro_batch_policy="timed") == 0
 
 
+def test_a_gpu_server_with_fronts_lingers_3_ms_by_default() -> None:
+    """Without --micro-batch-linger-ms: 3 ms on a CUDA server with front processes under the busy policy (what was
+    measured: fronts4l3), 0 elsewhere."""
+    from genrec.serve.config import default_linger_ms
+
+    assert default_linger_ms("cuda", 4) == 3.0 and default_linger_ms("cuda:1", 1) == 3.0
+    assert default_linger_ms("cuda", 0) == 0.0 and default_linger_ms("cpu", 4) == 0.0
+    assert default_linger_ms("cuda", 4, "timed") == 0.0
+
+
 def test_the_server_warms_each_beam_width_it_is_told(tmp_path: Path, run_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``warm_beams``: Engine.load warms every bucket at each width once (20 by default, the requests' default);

@@ -55,9 +55,10 @@ def serve(
                    "batch runs form the next batch, no timer) or timed (a group's first request waits "
                    "--micro-batch-wait-ms for more)."),
     micro_batch_wait_ms: float = typer.Option(2.0, help="The timed policy's wait for followers (ms)."),
-    micro_batch_linger_ms: float = typer.Option(
-        0.0, help="The busy policy: a batch smaller than the batch two before it (under a closed loop, its cohort's "
-                  "last) waits up to this long (ms) for more; 0 = off."),
+    micro_batch_linger_ms: Optional[float] = typer.Option(
+        None, help="The busy policy: a batch smaller than the batch two before it (under a closed loop, its cohort's "
+                   "last) waits up to this long (ms) for more; 0 = off. Default: 3 on a CUDA server with front "
+                   "processes (more requests a second and a shorter p99 there), else 0."),
     host_overlap: bool = typer.Option(
         False, help="Micro-batched requests parse their histories and format their answers in their own threads, "
                     "beside the batch running ahead (the batch runs only the model); off: the batch does all three "
@@ -108,7 +109,7 @@ def serve(
         beams = tuple(dict.fromkeys(int(w) for w in warm_beams.split(",")))
     except ValueError:
         raise typer.BadParameter(f"--warm-beams must be comma-separated beam widths, got {warm_beams!r}") from None
-    if not micro_batch_linger_ms >= 0:
+    if micro_batch_linger_ms is not None and not micro_batch_linger_ms >= 0:
         raise typer.BadParameter(f"--micro-batch-linger-ms must be >= 0, got {micro_batch_linger_ms}")
     os.environ["GENREC_PRECISION"] = precision  # read by every process that loads a model
     if cuda_graphs is not None:
@@ -123,7 +124,8 @@ def serve(
         from genrec.infer.load import find_checkpoint, resolve_sid_mode
         # first: without the [serve] extra this is the one line that says `pip install 'genrec[serve]'`
         from genrec.serve.config import (DEFAULT_MICRO_BATCH, DEFAULT_MICRO_BATCH_POLICY, ServeConfig,
-                                         default_fronts, default_threads, default_torch_threads)
+                                         default_fronts, default_linger_ms, default_threads,
+                                         default_torch_threads)
         from genrec.serve.schemas import MAX_BEAM
 
         if not all(1 <= w <= MAX_BEAM for w in beams):
@@ -147,6 +149,8 @@ def serve(
     if fronts is None:
         fronts = default_fronts(device, workers=workers, two_process=two_process, micro_batch=micro_batch,
                                 micro_batch_policy=micro_batch_policy)
+    if micro_batch_linger_ms is None:
+        micro_batch_linger_ms = default_linger_ms(device, fronts, micro_batch_policy)
     if torch_threads is None:
         torch_threads = default_torch_threads(device, threads, workers)
     cfg = ServeConfig(workdir=workdir, checkpoint=checkpoint, device=device, two_process=two_process,

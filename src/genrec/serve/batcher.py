@@ -34,7 +34,8 @@ fill, one forward at a time, where timed groups run side by side and contend; ``
 different keys, and a new group of the same key, can run side by side. Every request pays up to
 ``max_wait_ms`` even alone.
 
-``busy`` with a linger (``linger_ms`` > 0, off by default): under a closed loop the clients fall into cohorts whose
+``busy`` with a linger (``linger_ms`` > 0; ``genrec serve`` sets 3 ms on a CUDA server with front processes, else
+off, :func:`genrec.serve.config.default_linger_ms`): under a closed loop the clients fall into cohorts whose
 batches alternate, and a request that reaches the batcher just after its cohort's batch started waits a whole batch
 more (at 64 clients on one H100: two cohorts of ~32, the p99 three batch periods where the p50 is two). A batch
 smaller than the batch two before it (its cohort's last) therefore waits up to ``linger_ms`` for more requests of its
