@@ -344,3 +344,21 @@ def test_a_front_sends_integer_columns_as_one_array(run_dir: Path) -> None:
     for same_req in (m.model_validate(body([1, 2])), m.model_validate({"history_columns": {"item_id": [1, 2]},
                                                                           "explain": True})):
         assert compact("recommend", same_req) is same_req
+
+
+def test_a_front_freezes_its_heap_unless_told_not_to() -> None:
+    """freeze_front_heap (what a front does once its app is built): its objects leave the cyclic GC's sight, as the
+    engine's bundle does; ``gc_freeze`` off leaves them."""
+    import gc
+
+    from genrec.serve.fronts import freeze_front_heap
+
+    was = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        assert freeze_front_heap({"gc_freeze": False}) is False and gc.get_freeze_count() == 0
+        assert freeze_front_heap({}) is True and gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+        if was:
+            gc.freeze()

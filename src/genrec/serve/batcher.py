@@ -217,6 +217,10 @@ class MicroBatcher:
         """Run ``batch`` (a waiting thread's own request is its first entry), then hand over (unless ``fn`` called
         :meth:`handover`) or go idle, then settle its answers: the next batch starts before they go out."""
         handed = threading.Event()
+        # its leader holds the list now: the first entry's reference to it (which hands leadership over) would make
+        # the whole batch -- entries, futures, histories, answers -- one reference cycle, left for the cyclic GC,
+        # whose collections of them stalled the engine ~25 ms at a time under load
+        batch[0].batch = None
         self._gather(batch)
         if self.on_wait is not None:
             now = time.perf_counter()
