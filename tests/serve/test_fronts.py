@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -362,3 +363,23 @@ def test_a_front_freezes_its_heap_unless_told_not_to() -> None:
         gc.unfreeze()
         if was:
             gc.freeze()
+
+
+def test_the_heap_is_frozen_again_once_after_the_first_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refreeze (the engine's answers and each front's requests tick it): one more freeze_heap at the ``after``-th
+    tick, from whichever of many threads gives it, never again, and never with ``gc_freeze`` off."""
+    import genrec.serve.service as service
+
+    calls: list[int] = []
+    monkeypatch.setattr(service, "freeze_heap", lambda: calls.append(1))
+    r = service.Refreeze(True, after=500)
+    ts = [threading.Thread(target=lambda: [r.tick() for _ in range(100)]) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert calls == [1]
+    off = service.Refreeze(False, after=1)
+    for _ in range(3):
+        off.tick()
+    assert calls == [1]

@@ -17,6 +17,7 @@ from genrec.serve.errors import install_error_handlers
 from genrec.serve.fronts import EngineGone, FrontLink
 from genrec.serve.middleware import PROXIED, BodyLimit, Metrics, Track
 from genrec.serve.schemas import api_models
+from genrec.serve.service import Refreeze
 
 __all__ = ["compact", "create_front_app"]
 
@@ -51,9 +52,12 @@ def create_front_app(cfg: dict[str, Any], link: FrontLink, engine_uds: str, metr
         return JSONResponse({"error": "unavailable", "message": str(exc), "fields": []}, status_code=503)
 
     remapped = SourceIds.remapped(Path(cfg["workdir"]))
+    refreeze = Refreeze(bool(cfg.get("gc_freeze", True)))  # this front's heap frozen again after its first requests
 
     async def ask(op: str, req: Any) -> Any:
-        return await link.call(op, req if remapped else compact(op, req))
+        out = await link.call(op, req if remapped else compact(op, req))
+        refreeze.tick()
+        return out
 
     install_inference_routes(app, api_models(remapped), ask)
 
