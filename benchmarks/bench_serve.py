@@ -16,7 +16,8 @@ micro-batched forward), ``batch_busy`` (batched forwards' wall time, parse and f
 clients' run: they overlap, so it may pass 1.0), ``device_busy`` (the share of the run a batch held the model: near
 1.0 the model's run is the limit; well below, what runs around it), ``batch_wait_ms`` (a request's mean wait in the
 micro-batcher for its batch to start) and ``graph_captures`` (CUDA graphs the server captured during the measured run:
-shapes met for the first time, each a stall of every batch behind it); ``max_ms`` the slowest request. ``--client raw``
+shapes met for the first time, each a stall of every batch behind it); ``gc_full`` / ``gc_full_ms`` the engine
+process's full GC collections during the run and their summed ms; ``max_ms`` the slowest request. ``--client raw``
 (default: one lean HTTP/1.1 keep-alive connection per client, request bytes encoded before the clock) or ``httpx``.
 Modes: the table below, and ``batch<N>[busy|timed]`` for any N (the
 server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b<M>][l<ms>]`` (as shipped, with
@@ -75,8 +76,8 @@ GIL_STAGES = [("model (run_many)", "run_parsed"), ("link: receive, unpickle", "E
               ("metrics", "Metrics."), ("thread pool", "concurrent/futures"), ("HTTP (uvicorn, fastapi)", "uvicorn")]
 """``--gil-profile``'s stages: a sample counts for the first whose text is in its stack (outermost frame first)."""
 KEYS = ["requests", "errors", "degraded", "qps", "p50_ms", "p90_ms", "p99_ms", "client_cpu_per_s", "client_busy",
-        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms", "graph_captures", "max_ms",
-        "start_s"]
+        "server_cpu_per_s", "rows_per_batch", "batch_busy", "device_busy", "batch_wait_ms", "graph_captures", "gc_full",
+        "gc_full_ms", "max_ms", "start_s"]
 
 
 def mode(name: str) -> dict[str, Any]:

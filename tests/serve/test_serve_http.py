@@ -316,3 +316,39 @@ def test_metrics_count_the_graphs_the_model_captured(run_dir: Path) -> None:
             assert f'genrec_graph_captures{{stage="{stage}"}} {float(n)}' in m, (stage, n)
         after = batch_counts(s.url)
         assert after is not None and after["graph_captures"] == sum(want.values()), after
+
+
+def test_metrics_time_the_processs_gc_collections(client: httpx.Client, server: ServerThread) -> None:
+    """/metrics shows this process's cyclic GC collections by generation (each one stalls every thread), timed
+    by a gc callback, and the load test reads the full ones; a stopped service's callback is gone."""
+    import gc
+
+    from prometheus_client import generate_latest
+
+    from genrec.serve.loadtest import batch_counts
+    from genrec.serve.middleware import GcPauses, Metrics
+
+    def full(text: str) -> tuple[float, float]:
+        got = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+               if line.startswith("genrec_gc_pause_ms_") and 'generation="2"' in line}
+        return got.get('genrec_gc_pause_ms_count{generation="2"}', 0.0), got.get(
+            'genrec_gc_pause_ms_sum{generation="2"}', 0.0)
+
+    n0, _ = full(client.get("/metrics").text)
+    for _ in range(3):
+        gc.collect()
+    n1, ms1 = full(client.get("/metrics").text)
+    assert n1 >= n0 + 3 and ms1 > 0, (n0, n1, ms1)
+    got = batch_counts(server.url)
+    assert got is not None and got["gc_full"] >= n1, got
+    p = GcPauses().install()
+    gc.collect()
+    m = Metrics()
+    p.drain(m.gc_pause_ms)
+    assert full(generate_latest(m.registry).decode())[0] >= 1  # timed while installed
+    p.remove()
+    for _ in range(3):
+        gc.collect()
+    m = Metrics()
+    p.drain(m.gc_pause_ms)
+    assert full(generate_latest(m.registry).decode()) == (0.0, 0.0)  # removed: nothing more timed

@@ -62,6 +62,8 @@ class BenchResult:
     device_busy: float | None = None  # the share of the run a batch held the model
     batch_wait_ms: float | None = None  # a request's mean wait for its batch to start
     graph_captures: int | None = None  # CUDA graphs the server captured during the run (shapes met the first time)
+    gc_full: int | None = None  # the server's (engine process's) full GC collections during the run, and their ms
+    gc_full_ms: float | None = None
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
@@ -78,7 +80,8 @@ class BenchResult:
                 "batch_busy": None if self.batch_busy is None else round(self.batch_busy, 2),
                 "device_busy": None if self.device_busy is None else round(self.device_busy, 2),
                 "batch_wait_ms": None if self.batch_wait_ms is None else round(self.batch_wait_ms, 2),
-                "graph_captures": self.graph_captures,
+                "graph_captures": self.graph_captures, "gc_full": self.gc_full,
+                "gc_full_ms": None if self.gc_full_ms is None else round(self.gc_full_ms, 1),
                 "statuses": {str(k): v for k, v in sorted(self.statuses.items())}}
 
     def table(self) -> str:

@@ -160,7 +160,7 @@ def batch_counts(url: str) -> dict[str, float] | None:
     CUDA graphs captured so far over every stage; None when it has no batch metrics (micro-batching off, not a
     genrec server)."""
     want = dict.fromkeys(BATCH_METRICS, 0.0)
-    want["graph_captures"] = 0.0
+    want["graph_captures"] = want["gc_full"] = want["gc_full_ms"] = 0.0  # the engine process's full collections
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -171,6 +171,8 @@ def batch_counts(url: str) -> dict[str, float] | None:
         name, _, val = line.partition(" ")
         if name.startswith("genrec_graph_captures{"):
             want["graph_captures"] += float(val)
+        elif name in ('genrec_gc_pause_ms_count{generation="2"}', 'genrec_gc_pause_ms_sum{generation="2"}'):
+            want["gc_full" if "_count" in name else "gc_full_ms"] = float(val)
         elif name in want:
             want[name], seen = float(val), True
     return want if seen else None
@@ -206,6 +208,7 @@ def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: in
         waits = d["genrec_batch_wait_ms_count"]
         res.batch_wait_ms = d["genrec_batch_wait_ms_sum"] / waits if waits else None
         res.graph_captures = int(d["graph_captures"])  # during the run: each one stalled the batches behind it
+        res.gc_full, res.gc_full_ms = int(d["gc_full"]), d["gc_full_ms"]  # the engine's full GC collections
     return res
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -184,6 +187,8 @@ class Metrics:
                                    buckets=buckets, registry=r)
         self.batch_wait_ms = Histogram("genrec_batch_wait_ms", "A request's wait for its micro-batch to start (ms)",
                                        buckets=buckets, registry=r)
+        self.gc_pause_ms = Histogram("genrec_gc_pause_ms", "This process's cyclic GC collections by generation (ms): "
+                                     "each stalls every thread of it", ["generation"], buckets=buckets, registry=r)
 
     def observe(self, endpoint: str, timings: dict[str, float]) -> None:
         """A request's stage timings (its answer's ``timings_ms``) into the stage histograms."""
@@ -194,3 +199,37 @@ class Metrics:
     def set_version(self, v: str) -> None:
         self.index_version.clear()
         self.index_version.labels(version=v).set(1)
+
+
+class GcPauses:
+    """This process's cyclic GC collections, timed through ``gc.callbacks``: each stalls every thread of the
+    process (a reference cycle per request, or an unfrozen heap, shows here as long full collections). The callback
+    only appends to a bounded deque -- no lock: a collection may start while a thread holds a metric's lock --
+    and :meth:`drain` moves what it timed into :attr:`Metrics.gc_pause_ms` when /metrics is read."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self._t0 = 0.0  # the running collection's start (collections do not nest)
+        self._done: deque[tuple[int, float]] = deque(maxlen=keep)  # (generation, ms); never drained: the newest kept
+
+    def _timed(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self._done.append((int(info["generation"]), (time.perf_counter() - self._t0) * 1e3))
+
+    def install(self) -> "GcPauses":
+        gc.callbacks.append(self._timed)
+        return self
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._timed)
+
+    def drain(self, hist: Histogram) -> None:
+        while True:
+            try:
+                generation, ms = self._done.popleft()
+            except IndexError:
+                return
+            hist.labels(generation=str(generation)).observe(ms)
+

@@ -31,7 +31,7 @@ from genrec.serve.engine import Engine, RankingFailed
 from genrec.serve.explain import explain_ids_out
 from genrec.serve.ids import SourceItemIds, Unknown
 from genrec.serve.kv_pool import KVPool, StaleSlotError, pool_spec_for
-from genrec.serve.middleware import Metrics
+from genrec.serve.middleware import GcPauses, Metrics
 from genrec.serve.schemas import MAX_BEAM, RankRequest, RecommendRequest
 from genrec.serve.swap import BundleHolder
 from genrec.serve.workers import RankerClient, RankerUnavailable
@@ -115,6 +115,7 @@ class Service:
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.refreeze = Refreeze(cfg.gc_freeze)  # the heap frozen again after the first answers
         self.metrics = Metrics()
+        self.gc_pauses = GcPauses().install()  # into /metrics' genrec_gc_pause_ms when it is read
         self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy,
                                      on_wait=self.metrics.batch_wait_ms.observe, linger_ms=cfg.micro_batch_linger_ms)
                         if cfg.micro_batch > 1 else None)
@@ -146,6 +147,7 @@ class Service:
             freeze_heap()
 
     def stop(self) -> None:
+        self.gc_pauses.remove()
         if self.cfg.gc_freeze:
             gc.unfreeze()  # hand the heap back to the cyclic GC (matters when the process outlives the app)
         if self.ranker is not None:
