@@ -352,3 +352,22 @@ def test_metrics_time_the_processs_gc_collections(client: httpx.Client, server: 
     m = Metrics()
     p.drain(m.gc_pause_ms)
     assert full(generate_latest(m.registry).decode()) == (0.0, 0.0)  # removed: nothing more timed
+
+
+def test_the_gc_timer_keeps_its_own_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GC timer a server installs never calls a replaced ``time.perf_counter``: a collection in any thread
+    would otherwise advance a clock that a test (the trainer's time-budget tests) or a library put there."""
+    import gc
+    import time
+
+    from genrec.serve.middleware import GcPauses
+
+    calls: list[int] = []
+    p = GcPauses().install()
+    try:
+        monkeypatch.setattr(time, "perf_counter", lambda: float(len(calls.append(1) or calls)))
+        gc.collect()
+    finally:
+        monkeypatch.undo()
+        p.remove()
+    assert not calls, f"the GC timer read the replaced clock {len(calls)} times"

@@ -201,21 +201,24 @@ class Metrics:
         self.index_version.labels(version=v).set(1)
 
 
+_clock = time.perf_counter  # bound once: a collection in any thread calls it, whatever replaces time.perf_counter
+
+
 class GcPauses:
     """This process's cyclic GC collections, timed through ``gc.callbacks``: each stalls every thread of the
     process (a reference cycle per request, or an unfrozen heap, shows here as long full collections). The callback
     only appends to a bounded deque -- no lock: a collection may start while a thread holds a metric's lock --
     and :meth:`drain` moves what it timed into :attr:`Metrics.gc_pause_ms` when /metrics is read."""
 
-    def __init__(self, keep: int = 100_000) -> None:
+    def __init__(self, keep: int = 10_000) -> None:
         self._t0 = 0.0  # the running collection's start (collections do not nest)
         self._done: deque[tuple[int, float]] = deque(maxlen=keep)  # (generation, ms); never drained: the newest kept
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0 = _clock()
         else:
-            self._done.append((int(info["generation"]), (time.perf_counter() - self._t0) * 1e3))
+            self._done.append((int(info["generation"]), (_clock() - self._t0) * 1e3))
 
     def install(self) -> "GcPauses":
         gc.callbacks.append(self._timed)
