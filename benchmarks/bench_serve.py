@@ -28,8 +28,8 @@ in two calls). ``default`` is the server as shipped (micro-batch 32, busy); ``on
 ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32
 when CUDA graphs replay; "off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to
 ready (load, warm-up, graph captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json
-when OUT is set. ``--warmup S``: S seconds of the same load, not counted, before each measured run (graphs of shapes the server's
-warm-up did not cover are captured there).
+when OUT is set (rewritten after each row). ``--warmup S``: S seconds of the same load, not counted, before each
+measured run (graphs of shapes the server's warm-up did not cover are captured there).
 ``--gil-profile``: py-spy (``pip install py-spy``; it must be allowed to read the server's memory) samples which
 thread of the server's main process holds its interpreter lock during each measured run, and a table gives the
 share of the run per stage (:data:`GIL_STAGES`): what the model's own Python costs beside the request plumbing

@@ -106,7 +106,7 @@ def serve(
     if pool_slots < 0:
         raise typer.BadParameter(f"--pool-slots must be >= 0 (0: max(16, --micro-batch)), got {pool_slots}")
     try:
-        beams = tuple(dict.fromkeys(int(w) for w in warm_beams.split(",")))
+        beams = tuple(int(w) for w in warm_beams.split(","))  # (Engine.load warms each width once)
     except ValueError:
         raise typer.BadParameter(f"--warm-beams must be comma-separated beam widths, got {warm_beams!r}") from None
     if micro_batch_linger_ms is not None and not micro_batch_linger_ms >= 0:

@@ -137,9 +137,9 @@ class Engine:
         it serves (no-op on a CPU): batches of 1 and, with batch buckets, of each bucket up to ``max_batch``
         (the server's micro-batch), at each SID beam width of ``warm_beams``."""
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
+        sizes = rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,)
         for width in dict.fromkeys(warm_beams):
-            rec.warmup(batch_sizes=rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,),
-                       beam_width=int(width))
+            rec.warmup(batch_sizes=sizes, beam_width=int(width))
         store = open_store(workdir)
         ev = store.read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
