@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,9 @@ def stage_profile(a: argparse.Namespace, hist: list[list[int]], prec: str) -> di
                     host.setdefault(s_, []).append(v)
                 for s_, v in prof.device().items():
                     dev.setdefault(s_, []).append(v)
+        if a.torch_profile and b > 1:  # the micro-batch's kernels: what the device spends a batch on
+            _torch_profile(a, f"{prec}_b{b}", lambda: eng.recommend_many([r.the_history() for r in reqs], **kw),
+                           a.torch_profile)
         out[b] = {s_: {"host_ms": float(np.median(v)), "device_ms": float(np.median(dev[s_])) if s_ in dev else None,
                        "host_ms_per_request": float(np.median(v)) / b} for s_, v in host.items()}
         print(f"== stages, {prec}, {a.device}, batch {b} ({a.n} batches, median ms; history {a.history_len}, "
@@ -83,6 +87,22 @@ def stage_profile(a: argparse.Namespace, hist: list[list[int]], prec: str) -> di
     return out
 
 
+def _torch_profile(a: argparse.Namespace, name: str, run: Callable[[], Any], reps: int = 1) -> None:
+    """torch.profiler over ``reps`` calls of ``run``: the top ops by host and device time, and the
+    timeline in $OUT/trace_NAME.json (chrome://tracing), to see the gaps between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            run()
+    if os.environ.get("OUT"):
+        prof.export_chrome_trace(os.path.join(os.environ["OUT"], f"trace_{name}.json"))
+    for key in ("self_cpu_time_total",) + (("self_cuda_time_total",) if a.device == "cuda" else ()):
+        print(f"== profile {name}, by {key}")
+        print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workdir")
@@ -94,7 +114,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--precisions", default="float32,bf16")
     ap.add_argument("--torch-profile", type=int, default=0,
-                    help="then profile N more requests per precision with torch.profiler (top ops)")
+                    help="then profile N more requests per precision with torch.profiler (top ops; the timeline in "
+                         "$OUT/trace_PREC.json)")
     ap.add_argument("--profile", action="store_true", help="then the serving path's stages per batch size")
     ap.add_argument("--batch-sizes", default="1,8,32", help="--profile: requests per batch")
     ap.add_argument("--sync", action="store_true", help="--profile: synchronise the device at every stage boundary")
@@ -116,15 +137,11 @@ def main() -> None:
         out["rows"][prec] = row
         print(f"{prec:8s} " + "  ".join(f"{s} {v:.2f}" for s, v in row.items()) + "  (ms, median)", flush=True)
         if a.torch_profile:
-            from torch.profiler import ProfilerActivity, profile
-
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
-            with profile(activities=acts) as prof:
+            def one_by_one() -> None:
                 for h in hist[a.n + a.warmup:]:
                     rec.recommend([{"item_id": x} for x in h], k=a.k, beam_width=a.beam_width, rank=True)
-            for key in ("self_cpu_time_total",) + (("self_cuda_time_total",) if a.device == "cuda" else ()):
-                print(f"== profile {prec}, {a.torch_profile} requests, by {key}")
-                print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
+
+            _torch_profile(a, prec, one_by_one)
         del rec
         if a.profile:
             out.setdefault("stages", {})[prec] = stage_profile(a, hist, prec)

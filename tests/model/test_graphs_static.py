@@ -10,6 +10,7 @@ import importlib.util
 import os
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -61,6 +62,11 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             plan = got_cache.plans["hist_len"]
             assert plan is not None
             assert torch.equal(plan, model._shared_plan(got_cache)) and torch.equal(plan, model._shared_plan(want_cache))
+            # and the ranking's candidate plan, read later without computing it again (no launches, no sync)
+            want_ok = bool(model.backbone.candidate_plan_lazy(want_cache)[1])
+            assert want_ok and got_cache.plans["cand_ok"] is want_ok
+            with mock.patch.object(model.backbone, "candidate_plan_lazy", side_effect=AssertionError("planned again")):
+                assert model.candidate_plan_ok(got_cache) is want_ok
             # the padded cache serves every later stage as the plain one does
             prefix = torch.stack([torch.randint(0, k, (3, 4), generator=g) for k in cfg.sid_codebook_sizes[:2]], -1).to(dev)
             torch.testing.assert_close(model.sid_logits_next(got_cache, prefix), model.sid_logits_next(want_cache, prefix),

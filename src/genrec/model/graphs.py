@@ -190,9 +190,11 @@ class GraphedEncoder:
 
             def run() -> Any:
                 cache, user, last_h = self.model.encode_history(sbatch)
-                # the beams' shared-prefix plan, computed with the cache (sync-free) and replayed with it
+                # the beams' shared-prefix plan and the ranking's candidate plan, computed with the cache
+                # (sync-free) and replayed with it: an eager plan is ~100 small launches and a sync per batch
                 plan = self.model.shared_plan_lazy(cache) if self.model.shared_beam_decode else None
-                return cache, user, last_h, plan
+                cplan = self.model.backbone.candidate_plan_lazy(cache) if self.model.action_head is not None else None
+                return cache, user, last_h, plan, cplan
 
             return _Static(run, self.use_graph), static
 
@@ -203,13 +205,18 @@ class GraphedEncoder:
                     static[k][:, :n].copy_(v)
                 else:
                     static[k].copy_(v)
-            cache, user, last_h, plan = prog.run()
+            cache, user, last_h, plan, cplan = prog.run()
             clone = lambda t: None if t is None else t.clone()  # noqa: E731
             res = KVCache([t.clone() for t in cache.k], [t.clone() for t in cache.v],
                           TokenMeta(cache.meta.pos.clone(), cache.meta.kind.clone(), cache.meta.tok.clone()),
                           clone(cache.lengths), clone(cache.last_hidden), cache.layout, clone(cache.last_ts))
-            if plan is not None:  # memoised as beam_context would compute it (one sync, no launches)
-                res.plans["hist_len"] = plan[0].clone() if bool(plan[1]) else None
+            # memoised as beam_context and candidate_plan_ok would compute them: one sync for both, no launches
+            oks = [bool(x) for x in torch.stack([p[1] for p in (plan, cplan) if p is not None]).tolist()] \
+                if plan is not None or cplan is not None else []
+            if plan is not None:
+                res.plans["hist_len"] = plan[0].clone() if oks[0] else None
+            if cplan is not None:
+                res.plans["cand_ok"] = oks[-1]
             return res, clone(user), last_h.clone()
 
 
