@@ -63,8 +63,10 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             assert plan is not None
             assert torch.equal(plan, model._shared_plan(got_cache)) and torch.equal(plan, model._shared_plan(want_cache))
             # and the ranking's candidate plan, read later without computing it again (no launches, no sync)
-            want_ok = bool(model.backbone.candidate_plan_lazy(want_cache)[1])
+            want_hist, want_ok = model.backbone.candidate_plan_lazy(want_cache)
+            want_ok = bool(want_ok)
             assert want_ok and got_cache.plans["cand_ok"] is want_ok
+            assert torch.equal(got_cache.plans["cand_hist_len"], want_hist)
             with mock.patch.object(model.backbone, "candidate_plan_lazy", side_effect=AssertionError("planned again")):
                 assert model.candidate_plan_ok(got_cache) is want_ok
             # the padded cache serves every later stage as the plain one does

@@ -64,3 +64,41 @@ def test_plan_refuses_beams_with_different_metadata() -> None:
     pos2[1, 0] += 1  # one beam at another position: not a shared prefix
     assert model.backbone.shared_prefix_plan(TokenMeta(pos2, meta.kind, meta.tok), cache, W) is None
     assert model.backbone.shared_prefix_plan(meta, cache, W + 1) is None  # rows do not split into W
+
+
+def _every_depth_plan(model, cache):  # type: ignore[no-untyped-def]
+    """The slow twin of ``GenRecModel.shared_plan_lazy``: plan every beam depth 1..L-1 and require them all,
+    with one hist_len."""
+    plans = [model.backbone.shared_prefix_plan_lazy(model._beam_meta(cache, 1, d), cache, 1)
+             for d in range(1, model.config.sid_levels)]
+    first = plans[0][0]
+    return first, bool(torch.stack([ok & (h == first).all() for h, ok in plans]).all())
+
+
+@pytest.mark.parametrize("layout", ["pinger", "tiger"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_deepest_plan_decides_every_depth(layout: str, seed: int) -> None:
+    """The beams' plan is computed for the deepest depth alone (its masks hold every shallower depth's): on fresh
+    random caches, and on caches whose metadata is scrambled so that some plans fail, it decides as planning
+    every depth does, with the same hist_len."""
+    g = torch.Generator().manual_seed(300 + seed)
+    model = eqv.make_model(seed, layout=layout, sid_levels=4, sid_codebook_sizes=[7, 6, 5, 4])
+    n = int(torch.randint(2, 9, (1,), generator=g))
+    lengths = torch.randint(1, n + 1, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g).tolist()
+    with torch.no_grad():
+        cache, _, _ = model.encode_history(eqv.make_batch(model.config, lengths, n, 0, seed))
+    verdicts = set()
+    for scramble in range(32):
+        if scramble:  # random kinds (padding, dense, SID levels, candidates) and positions in the cached metadata
+            m = cache.meta
+            kind = torch.randint(-2, 5, m.kind.shape, generator=g)
+            pos = torch.randint(0, n + 2, m.pos.shape, generator=g)
+            cache.meta = TokenMeta(pos, kind, m.tok)
+            cache.plans = {}
+        want_h, want_ok = _every_depth_plan(model, cache)
+        got = model.shared_plan_lazy(cache)
+        assert got is not None and bool(got[1]) is want_ok
+        if want_ok:
+            assert torch.equal(got[0], want_h)
+        verdicts.add(want_ok)
+    assert verdicts == {True, False}  # both verdicts met: the comparison could fail either way

@@ -358,16 +358,16 @@ class GenRecModel(nn.Module):
         encoder computes it with the cache and memoises it, see :meth:`beam_context`)."""
         if self.sid_heads is None or cache.meta is None or cache.lengths is None:
             return None
-        plans = [self.backbone.shared_prefix_plan_lazy(self._beam_meta(cache, 1, d), cache, 1)  # 1 beam stands for all W
-                 for d in range(1, self.config.sid_levels)]
-        dev = cache.meta.pos.device
-        if not plans:  # one SID level: no beam token ever attends
+        depth = self.config.sid_levels - 1
+        if depth == 0:  # one SID level: no beam token ever attends
+            dev = cache.meta.pos.device
             return torch.zeros(cache.batch_size, dtype=torch.int64, device=dev), torch.ones((), dtype=torch.bool, device=dev)
-        if any(p is None for p in plans):
-            return None
-        first = plans[0][0]  # type: ignore[index]
-        ok = torch.stack([p[1] & (p[0] == first).all() for p in plans]).all()  # type: ignore[index]
-        return first, ok
+        # The deepest depth's plan alone (1 beam stands for all W): depth d's tokens are the first d of depth L-1's
+        # (same metadata), and the predicate is elementwise, so depth d's masks are the top rows (and the top-left
+        # block) of depth L-1's, and its hist_len is read from the same first row: the deepest plan holding implies
+        # every shallower one with the same hist_len (a third of the launches at four levels; tests/model check it
+        # against planning every depth)
+        return self.backbone.shared_prefix_plan_lazy(self._beam_meta(cache, 1, depth), cache, 1)
 
     def sid_logits_ctx(self, ctx: BeamContext, prefix_codes: torch.Tensor) -> torch.Tensor:
         """Beam step over a :class:`BeamContext`: prefix_codes ``[B, W, d]`` -> logits ``[B, W, K_{d+1}]``,
@@ -397,7 +397,10 @@ class GenRecModel(nn.Module):
         contents, memoised on the cache."""
         ok = cache.plans.get("cand_ok")
         if ok is None:
-            ok = cache.plans["cand_ok"] = bool((plan or self.backbone.candidate_plan_lazy(cache))[1])
+            plan = plan or self.backbone.candidate_plan_lazy(cache)
+            ok = cache.plans["cand_ok"] = bool(plan[1])
+            if ok:  # the plan's hist_len too, so the ranking (graphed or not) need not plan again
+                cache.plans["cand_hist_len"] = plan[0]
         return bool(ok)
 
     def rank_by_cascade(self, cache: KVCache) -> bool:
@@ -416,6 +419,8 @@ class GenRecModel(nn.Module):
         ok = cache.plans.get("cand_ok")
         if ok is False or (ok is None and not checks_on()):
             return None
+        if ok and cache.plans.get("cand_hist_len") is not None:  # memoised with the decision
+            return cache.plans["cand_hist_len"]
         plan = self.backbone.candidate_plan_lazy(cache)
         return plan[0] if self.candidate_plan_ok(cache, plan) else None  # undecided: one sync here, memoised
 

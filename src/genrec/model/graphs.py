@@ -217,6 +217,8 @@ class GraphedEncoder:
                 res.plans["hist_len"] = plan[0].clone() if oks[0] else None
             if cplan is not None:
                 res.plans["cand_ok"] = oks[-1]
+                if oks[-1]:
+                    res.plans["cand_hist_len"] = cplan[0].clone()
             return res, clone(user), last_h.clone()
 
 
@@ -267,6 +269,8 @@ class GraphedRanker:
                         torch.zeros_like(lengths), None, cache.layout,
                         None if cache.last_ts is None else torch.zeros_like(cache.last_ts))
             s.plans["cand_ok"] = cascade
+            if cascade:  # the decision's hist_len, copied in per call: the graph does not plan
+                s.plans["cand_hist_len"] = torch.zeros_like(lengths)
             vecs = torch.zeros(b, mb, cand_vecs.shape[2], dtype=cand_vecs.dtype, device=dev)
             codes = None if cand_sid_codes is None else torch.zeros(
                 b, mb, cand_sid_codes.shape[2], dtype=cand_sid_codes.dtype, device=dev)
@@ -287,6 +291,10 @@ class GraphedRanker:
             sm.kind[:, n:].fill_(PAD)  # bucket padding: invisible keys
             sm.tok[:, n:].copy_(torch.arange(n, nb, device=sm.tok.device))
             s.lengths.copy_(cache.lengths)  # type: ignore[union-attr]
+            if cascade:  # memoised by rank_by_cascade unless a caller set cand_ok alone
+                hist_len = cache.plans.get("cand_hist_len")
+                s.plans["cand_hist_len"].copy_(self.model.backbone.candidate_plan_lazy(cache)[0]
+                                               if hist_len is None else hist_len)
             if s.last_ts is not None and cache.last_ts is not None:
                 s.last_ts.copy_(cache.last_ts)
             vecs[:, :m].copy_(cand_vecs)
