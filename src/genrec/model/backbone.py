@@ -177,15 +177,16 @@ class Backbone(nn.Module):
         if cache.meta is None or meta.shape[0] != cache.batch_size * w:
             return None
         q = TokenMeta(meta.pos[::w], meta.kind[::w], meta.tok[::w])  # [B, t]: one beam per request
-        same = torch.stack([(a.view(-1, w, a.shape[1]) == a[::w, None]).all()
-                            for a in (meta.pos, meta.kind, meta.tok)]).all()
         vis_h = reference_mask(q, cache.meta, cache.layout)  # [B, t, n]
         vis_s = reference_mask(q, q, cache.layout)  # [B, t, t]
         n, t = vis_h.shape[2], vis_s.shape[1]
         hist_len = vis_h[:, 0].sum(-1)  # [B]
         prefix = torch.arange(n, device=vis_h.device)[None, None, :] < hist_len[:, None, None]  # [B, 1, n]
         causal = torch.ones(t, t, dtype=torch.bool, device=vis_s.device).tril()
-        ok = same & (vis_h == prefix).all() & (vis_s == causal).all()
+        ok = (vis_h == prefix).all() & (vis_s == causal).all()
+        if w > 1:  # and every beam of a request holds its first beam's metadata (w == 1: nothing to compare)
+            ok = ok & torch.stack([(a.view(-1, w, a.shape[1]) == a[::w, None]).all()
+                                   for a in (meta.pos, meta.kind, meta.tok)]).all()
         return hist_len, ok
 
     def candidate_plan_lazy(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
