@@ -17,6 +17,10 @@ does). Per stage: the median host milliseconds per batch, the device millisecond
 at the stage's ends (GPU only) and host milliseconds per request. ``--sync``: synchronise the device at
 every stage boundary (host time = the stage's whole latency); without it host time is what the host
 spent, including any wait for the device a stage makes itself.
+
+``--torch-profile N``: torch.profiler over N more requests one at a time per precision (with ``--profile``, also over N
+micro-batches of each batch size above 1): the top ops by host and device time, and each timeline in
+$OUT/trace_NAME.json.
 """
 
 from __future__ import annotations
