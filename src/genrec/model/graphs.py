@@ -193,7 +193,8 @@ class GraphedEncoder:
                 # the beams' shared-prefix plan and the ranking's candidate plan, computed with the cache
                 # (sync-free) and replayed with it: an eager plan is ~100 small launches and a sync per batch
                 plan = self.model.shared_plan_lazy(cache) if self.model.shared_beam_decode else None
-                cplan = self.model.backbone.candidate_plan_lazy(cache) if self.model.action_head is not None else None
+                cplan = (self.model.backbone.candidate_plan_lazy(cache) if self.model.action_head is not None
+                         and cache.meta is not None and cache.lengths is not None else None)
                 return cache, user, last_h, plan, cplan
 
             return _Static(run, self.use_graph), static
