@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 import torch
 
+import genrec.model.genrec_model as gm
 from genrec.model.graphs import GraphedEncoder, GraphedRanker, bucket_length
 
 _spec = importlib.util.spec_from_file_location("eqv", Path(__file__).with_name("test_model_equivalence.py"))
@@ -78,8 +79,13 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             torch.testing.assert_close(model.rank(got_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)
             torch.testing.assert_close(rnk(want_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)  # eager cache
             torch.testing.assert_close(rnk(got_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)  # bucketed cache
+            # by cascade attention (forced on the CPU): the encoder's memo fed into the ranker, no planning again
+            with mock.patch.object(gm, "gpu_fast_path", lambda impl, device: True), \
+                    mock.patch.object(model.backbone, "candidate_plan_lazy", side_effect=AssertionError("planned again")):
+                torch.testing.assert_close(rnk(got_cache, vecs, codes, surf), want, atol=2e-5, rtol=0)
     assert enc.captures == 2  # one bucket (32 slots) for the first three histories, one of 100
-    assert rnk.captures == 3  # candidate buckets 16 and 4 with cache bucket 32; 8 with cache bucket 128
+    assert rnk.captures == (3 if dev == "cuda" else 6)  # candidate buckets 16 and 4 with cache bucket 32; 8 with
+    # cache bucket 128 (on the CPU each again with cascade attention forced on)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
