@@ -212,8 +212,8 @@ class GraphedEncoder:
                           TokenMeta(cache.meta.pos.clone(), cache.meta.kind.clone(), cache.meta.tok.clone()),
                           clone(cache.lengths), clone(cache.last_hidden), cache.layout, clone(cache.last_ts))
             # memoised as beam_context and candidate_plan_ok would compute them: one sync for both, no launches
-            oks = [bool(x) for x in torch.stack([p[1] for p in (plan, cplan) if p is not None]).tolist()] \
-                if plan is not None or cplan is not None else []
+            planned = [p for p in (plan, cplan) if p is not None]
+            oks = [bool(x) for x in torch.stack([p[1] for p in planned]).tolist()] if planned else []
             if plan is not None:
                 res.plans["hist_len"] = plan[0].clone() if oks[0] else None
             if cplan is not None:
@@ -292,10 +292,10 @@ class GraphedRanker:
             sm.kind[:, n:].fill_(PAD)  # bucket padding: invisible keys
             sm.tok[:, n:].copy_(torch.arange(n, nb, device=sm.tok.device))
             s.lengths.copy_(cache.lengths)  # type: ignore[union-attr]
-            if cascade:  # memoised by rank_by_cascade unless a caller set cand_ok alone
-                hist_len = cache.plans.get("cand_hist_len")
-                s.plans["cand_hist_len"].copy_(self.model.backbone.candidate_plan_lazy(cache)[0]
-                                               if hist_len is None else hist_len)
+            if cascade:  # the memo rank_by_cascade left (planned here only where a caller set cand_ok alone)
+                hist_len = self.model._candidate_plan(cache)
+                assert hist_len is not None  # cascade: the fast path is on and the plan holds
+                s.plans["cand_hist_len"].copy_(hist_len)
             if s.last_ts is not None and cache.last_ts is not None:
                 s.last_ts.copy_(cache.last_ts)
             vecs[:, :m].copy_(cand_vecs)
