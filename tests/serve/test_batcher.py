@@ -334,14 +334,16 @@ def test_bad_policy_is_refused() -> None:
     assert r.exit_code == 2 and "--micro-batch must be >= 1" in r.output
 
 
-@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap"])
+@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap", "pipeline"])
 def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
     # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
     # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
     # None: the server as configured by default (it batches); "overlap": that with host_overlap (each request
-    # parses and formats in its own thread, the batch runs only the model; a cold history never queues).
+    # parses and formats in its own thread, the batch runs only the model; a cold history never queues);
+    # "pipeline": the next batch forms once this one holds the model (ServeConfig.pipeline).
     cfg = (ServeConfig(workdir=run_dir) if policy is None else
            ServeConfig(workdir=run_dir, host_overlap=True) if policy == "overlap" else
+           ServeConfig(workdir=run_dir, pipeline=True) if policy == "pipeline" else
            ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
     app = create_app(cfg)
     assert app.service.batcher.policy == (policy if policy in ("busy", "timed") else "busy")
@@ -430,8 +432,10 @@ def test_the_batch_runs_only_the_model(run_dir: Path) -> None:
         return run(*a, **k)
 
     eng._run = spy  # type: ignore[method-assign]
-    got = [eng.answer(r) for r in eng.run_many(parsed, on_device=times.append, **kw)]
-    assert held == [True] and len(times) == 1 and times[0] > 0
+    locked: list[bool] = []  # on_lock (ServeConfig.pipeline's handover) is called once, with the model held
+    got = [eng.answer(r) for r in eng.run_many(parsed, on_device=times.append,
+                                               on_lock=lambda: locked.append(eng._model.locked()), **kw)]
+    assert held == [True] and len(times) == 1 and times[0] > 0 and locked == [True]
     want = eng.recommend_many(hists, **kw)
     for g, w in zip(got, want, strict=True):  # (the timings are the calls' own)
         assert g.pop("timings_ms").keys() == w.pop("timings_ms").keys() and g == w
@@ -577,3 +581,61 @@ def test_busy_batches_leave_no_reference_cycle(waiting: bool) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
     assert not cyclic, f"{len(cyclic)} batch entries were left in reference cycles"
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_pipeline_parses_the_next_batch_while_one_holds_the_model(run_dir: Path, pipeline: bool) -> None:
+    """``ServeConfig.pipeline``: a batch hands the batcher on once it holds the model, so a request that comes while
+    it runs is parsed then (its batch waits for the model); without it the request waits for the batch to end. Both
+    answers are those of the model either way."""
+    app = create_app(ServeConfig(workdir=run_dir, pipeline=pipeline))
+    with ServerThread(app) as s:
+        eng = app.service.holder.current.engine
+        run, read = eng._run, eng.read
+        in_model, release, parsed_meanwhile = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_run(*a: Any, **k: Any) -> Any:
+            if not in_model.is_set():  # the first batch holds the model until released
+                in_model.set()
+                release.wait(30)
+            return run(*a, **k)
+
+        def spy_read(h: Any) -> Any:
+            if in_model.is_set() and not release.is_set():
+                parsed_meanwhile.set()
+            return read(h)
+
+        eng._run, eng.read = slow_run, spy_read  # type: ignore[method-assign]
+        codes: list[int] = []
+
+        def client(h: list[int]) -> None:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                codes.append(c.post("/v1/recommend", json={"history": [{"item_id": x} for x in h], "k": 5,
+                                                           "beam_width": 10}).status_code)
+
+        first = threading.Thread(target=client, args=([1, 50, 172],))
+        first.start()
+        assert in_model.wait(30)
+        second = threading.Thread(target=client, args=([7, 9, 11],))
+        second.start()
+        assert parsed_meanwhile.wait(1.5 if pipeline else 1.0) is pipeline
+        release.set()
+        first.join(60)
+        second.join(60)
+        assert codes == [200, 200]
+
+
+def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
+    """``ServeConfig.switch_interval_ms`` ($GENREC_SWITCH_INTERVAL_MS) is the engine process's thread switch interval
+    once it serves; <= 0 is refused."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        app = create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0.5))
+        with ServerThread(app):
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(ConfigError, match="switch_interval_ms"):
+        create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0))

@@ -180,9 +180,10 @@ class MicroBatcher:
         return e.fut.result()
 
     def handover(self) -> None:
-        """Called by a busy-policy batch's ``fn`` in its leader's thread once the batch no longer needs the device
-        to itself (two-process mode: its rows are in the KV pool and wait on the ranking process): the next batch
-        starts now, beside this one's wait. A no-op anywhere else, and after the first call."""
+        """Called by a busy-policy batch's ``fn`` in its leader's thread once the next batch may start beside it
+        (two-process mode: its rows are in the KV pool and wait on the ranking process; ``ServeConfig.pipeline``: it
+        holds the model, so the next batch forms and parses meanwhile): the next batch starts now. A no-op anywhere
+        else, and after the first call."""
         hand = getattr(self._local, "handover", None)
         if hand is not None:
             self._local.handover = None
@@ -206,10 +207,11 @@ class MicroBatcher:
         return e.fut
 
     def _run_elsewhere(self, batch: list[_Entry]) -> None:
-        """Lead ``batch`` in a runner thread (two: one batch runs while the last one's answers are settled)."""
+        """Lead ``batch`` in a runner thread (three: one batch runs while the last one's answers are settled and,
+        where a batch hands over early (:meth:`handover`), the next one forms)."""
         with self._lock:
             if self._runner is None:
-                self._runner = ThreadPoolExecutor(2, thread_name_prefix="genrec-batch")
+                self._runner = ThreadPoolExecutor(3, thread_name_prefix="genrec-batch")
             runner = self._runner
         runner.submit(self._lead, batch)
 

@@ -107,6 +107,15 @@ class ServeConfig:
     # threads (the batch runs only the model); off: the batch does all three. It cost 10% at 64 clients on the
     # 2-core CPU box and 12% on an H100 (the moved work shares the engine's interpreter lock with the model's Python)
     host_overlap: bool = False
+    # busy policy, one process: a batch hands the batcher on once it holds the model, so the next batch forms and
+    # parses while this one runs and formats its answers while the next one runs ($GENREC_PIPELINE=1; off: hand on
+    # when the batch ends)
+    pipeline: bool = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_PIPELINE", "") == "1")
+    # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: Python's
+    # 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that holds it
+    switch_interval_ms: float | None = dataclasses.field(
+        default_factory=lambda: float(os.environ["GENREC_SWITCH_INTERVAL_MS"])
+        if os.environ.get("GENREC_SWITCH_INTERVAL_MS") else None)
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # SID beam widths whose CUDA graphs (and the ranking shapes their unions give) are captured before serving, at
     # every batch bucket and history bucket: the widths the clients ask for. A width met first under load captures

@@ -276,7 +276,8 @@ class Engine:
                        diversity_lambda: float, sources: Sequence[str], rank: bool, surface: Any = None,
                        request_ts: int | None = None, fusion: Mapping[str, float | None] | None = None,
                        exclude_history: bool = False, remote_rank: RemoteRank | None = None,
-                       on_device: Callable[[float], None] | None = None) -> list[dict[str, Any]]:
+                       on_device: Callable[[float], None] | None = None,
+                       on_lock: Callable[[], None] | None = None) -> list[dict[str, Any]]:
         """Micro-batched :meth:`recommend`: each history parsed (:meth:`read`), the known ones through ONE
         :meth:`run_many` (``on_device``: its time holding the model), each answer formatted (:meth:`answer`). A
         server with ``host_overlap`` does the three apart: a request parses and formats in its own thread, its batch
@@ -295,7 +296,8 @@ class Engine:
         if warm:
             res = self.run_many(parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda, sources=sources,
                                 rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                                exclude_history=exclude_history, remote_rank=remote_rank, on_device=on_device)
+                                exclude_history=exclude_history, remote_rank=remote_rank, on_device=on_device,
+                                on_lock=on_lock)
             with stage("format"):
                 for i, r in zip(warm, res):
                     outs[i] = self.answer(r)
@@ -304,15 +306,17 @@ class Engine:
     def run_many(self, parsed: list[dict[str, Any]], *, k: int, beam_width: int, diversity_lambda: float,
                  sources: Sequence[str], rank: bool, surface: Any = None, request_ts: int | None = None,
                  fusion: Mapping[str, float | None] | None = None, exclude_history: bool = False,
-                 remote_rank: RemoteRank | None = None,
-                 on_device: Callable[[float], None] | None = None) -> list[RecommendationList]:
+                 remote_rank: RemoteRank | None = None, on_device: Callable[[float], None] | None = None,
+                 on_lock: Callable[[], None] | None = None) -> list[RecommendationList]:
         """ONE padded prefill / beam search / ANN / ranking for parsed histories (:meth:`read`; in static shapes on
         a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the batch, in
         two-process mode). Ranked here, it holds the engine's model lock: one batch runs at a time, whatever
-        thread calls; ``on_device`` gets its wall time (ms) under the lock."""
+        thread calls; ``on_device`` gets its wall time (ms) under the lock; ``on_lock`` is called once it is held."""
         scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
         with self._model if remote_rank is None else contextlib.nullcontext():
             t0 = time.perf_counter()
+            if on_lock is not None:
+                on_lock()
             res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                             sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
                             exclude_history=exclude_history, scorer=scorer)

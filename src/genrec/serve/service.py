@@ -10,6 +10,7 @@ import gc
 import itertools
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -102,6 +103,8 @@ class Service:
         self.pool_on_gpu = cfg.kv_pool_device == "cuda" or (cfg.kv_pool_device == "auto" and on_gpu)
         if cfg.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0 = from the machine), got {cfg.threads}")
+        if cfg.switch_interval_ms is not None and not cfg.switch_interval_ms > 0:
+            raise ConfigError(f"switch_interval_ms ($GENREC_SWITCH_INTERVAL_MS) must be > 0, got {cfg.switch_interval_ms}")
         if cfg.threads == 0:
             cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
         if not cfg.warm_beams or any(not 1 <= int(w) <= MAX_BEAM for w in cfg.warm_beams):
@@ -143,6 +146,8 @@ class Service:
             self._warm_ranker(b.engine)
             self.ranker.after_restart = lambda: self._warm_ranker(self.holder.current.engine)
             self.holder.before_swap = self._warm_ranker
+        if self.cfg.switch_interval_ms is not None:
+            sys.setswitchinterval(self.cfg.switch_interval_ms / 1e3)
         if self.cfg.gc_freeze:
             freeze_heap()
 
@@ -323,6 +328,8 @@ class Service:
         answers (``Engine.recommend_many``: parse, run, format)."""
         t0 = time.perf_counter()
         run = eng.run_many if parsed else eng.recommend_many
+        if self.cfg.pipeline and self.batcher is not None and kw.get("remote_rank") is None:
+            kw["on_lock"] = self.batcher.handover  # the next batch forms while this one holds the model
         out = run(list(items), on_device=self.metrics.device_ms.observe, **kw)
         self.metrics.batch_ms.observe((time.perf_counter() - t0) * 1e3)
         self.metrics.batch_rows.observe(len(items))
