@@ -334,14 +334,16 @@ def test_bad_policy_is_refused() -> None:
     assert r.exit_code == 2 and "--micro-batch must be >= 1" in r.output
 
 
-@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap", "pipeline"])
+@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap", "pipeline", "lanes"])
 def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
     # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
     # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
     # None: the server as configured by default (it batches); "overlap": that with host_overlap (each request
     # parses and formats in its own thread, the batch runs only the model; a cold history never queues);
-    # "pipeline": the next batch forms once this one holds the model (ServeConfig.pipeline).
+    # "pipeline": the next batch forms once this one holds the model (ServeConfig.pipeline); "lanes": and two batches
+    # may run the model at once, each in its own lane (ServeConfig.lanes).
     cfg = (ServeConfig(workdir=run_dir) if policy is None else
+           ServeConfig(workdir=run_dir, lanes=2) if policy == "lanes" else
            ServeConfig(workdir=run_dir, host_overlap=True) if policy == "overlap" else
            ServeConfig(workdir=run_dir, pipeline=True) if policy == "pipeline" else
            ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
@@ -639,3 +641,5 @@ def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
         sys.setswitchinterval(before)
     with pytest.raises(ConfigError, match="switch_interval_ms"):
         create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0))
+    with pytest.raises(ConfigError, match="lanes"):
+        create_app(ServeConfig(workdir=run_dir, lanes=0))

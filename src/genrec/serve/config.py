@@ -111,6 +111,10 @@ class ServeConfig:
     # parses while this one runs and formats its answers while the next one runs ($GENREC_PIPELINE=1; off: hand on
     # when the batch ends)
     pipeline: bool = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_PIPELINE", "") == "1")
+    # lanes of the model (Recommender.lane: CUDA graphs and host buffers of their own, on a GPU a stream each): this
+    # many micro-batches may run the model at once, one's host work beside another's device work; > 1 hands the
+    # batcher on as ``pipeline`` does ($GENREC_LANES; 1: one batch at a time)
+    lanes: int = dataclasses.field(default_factory=lambda: int(os.environ.get("GENREC_LANES") or 1))
     # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: Python's
     # 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that holds it
     switch_interval_ms: float | None = dataclasses.field(
