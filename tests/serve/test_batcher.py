@@ -643,3 +643,20 @@ def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
         create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0))
     with pytest.raises(ConfigError, match="lanes"):
         create_app(ServeConfig(workdir=run_dir, lanes=0))
+
+
+def test_serve_switches_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """$GENREC_PIPELINE / $GENREC_LANES / $GENREC_SWITCH_INTERVAL_MS set the ServeConfig fields (unset: the defaults,
+    behaviour unchanged); a value that is not a number is a ConfigError naming the variable."""
+    for v in ("GENREC_PIPELINE", "GENREC_LANES", "GENREC_SWITCH_INTERVAL_MS"):
+        monkeypatch.delenv(v, raising=False)
+    cfg = ServeConfig(workdir=tmp_path)
+    assert (cfg.pipeline, cfg.lanes, cfg.switch_interval_ms) == (False, 1, None)
+    monkeypatch.setenv("GENREC_PIPELINE", "1")
+    monkeypatch.setenv("GENREC_LANES", "2")
+    monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "0.5")
+    cfg = ServeConfig(workdir=tmp_path)
+    assert (cfg.pipeline, cfg.lanes, cfg.switch_interval_ms) == (True, 2, 0.5)
+    monkeypatch.setenv("GENREC_LANES", "two")
+    with pytest.raises(ConfigError, match=r"\$GENREC_LANES must be an integer, got 'two'"):
+        ServeConfig(workdir=tmp_path)

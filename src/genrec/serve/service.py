@@ -106,7 +106,8 @@ class Service:
         if cfg.lanes < 1:
             raise ConfigError(f"lanes ($GENREC_LANES) must be >= 1, got {cfg.lanes}")
         if cfg.switch_interval_ms is not None and not cfg.switch_interval_ms > 0:
-            raise ConfigError(f"switch_interval_ms ($GENREC_SWITCH_INTERVAL_MS) must be > 0, got {cfg.switch_interval_ms}")
+            raise ConfigError(f"switch_interval_ms ($GENREC_SWITCH_INTERVAL_MS) must be > 0, "
+                              f"got {cfg.switch_interval_ms}")
         if cfg.threads == 0:
             cfg = dataclasses.replace(cfg, threads=default_threads(cfg.device))
         if not cfg.warm_beams or any(not 1 <= int(w) <= MAX_BEAM for w in cfg.warm_beams):
