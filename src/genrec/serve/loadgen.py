@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,14 +395,16 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
                  torch_threads: int | None = None, fronts: int | None = None,
                  precision: str = "float32", host_overlap: bool = False,
                  micro_batch_linger_ms: float = 0.0, pool_slots: int = 0,
-                 warm_beams: Sequence[int] = ()) -> tuple[subprocess.Popen, str]:
+                 warm_beams: Sequence[int] = (), env: Mapping[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, str]:
     """A child ``genrec serve`` on a free loopback port; returns (process, url) once /readyz answers 200.
     ``threads`` / ``torch_threads``: ``--threads`` / ``--torch-threads`` (None: the server's defaults, from
     the machine); ``micro_batch`` / ``micro_batch_policy``: likewise (None: the server's, 32 and busy); ``fronts``:
     ``--fronts`` (None: the server's default, :func:`genrec.serve.config.default_fronts`); ``precision``:
     ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
     ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
-    default); ``warm_beams``: ``--warm-beams`` (empty: the server's default)."""
+    default); ``warm_beams``: ``--warm-beams`` (empty: the server's default); ``env``: variables set for the server
+    on top of this process's (e.g. ``GENREC_LANES``)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
 
     port = _free_port()
@@ -418,7 +420,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
            *(["--pool-slots", str(pool_slots)] if pool_slots else []),
            *(["--warm-beams", ",".join(str(int(w)) for w in warm_beams)] if warm_beams else []),
            "--device", device] + (["--two-process", "--kv-pool-device", kv_pool_device] if two_process else [])
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     t_end = time.time() + ready_timeout
     while time.time() < t_end:
