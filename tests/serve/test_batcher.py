@@ -660,3 +660,39 @@ def test_serve_switches_from_the_environment(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("GENREC_LANES", "two")
     with pytest.raises(ConfigError, match=r"\$GENREC_LANES must be an integer, got 'two'"):
         ServeConfig(workdir=tmp_path)
+
+
+@pytest.mark.parametrize(("queued", "hands"), [(1, False), (2, True)])
+def test_ready_only_handover_waits_for_the_next_cohort(queued: int, hands: bool) -> None:
+    """``handover(ready_only=True)`` (the pipeline's and the lanes' hand-over) starts the next batch only once the
+    requests queued make a batch as large as the one two before (its cohort's last, 2 here); with fewer the next
+    batch waits for this one to end, so early hand-overs do not cut batches short."""
+    b = MicroBatcher(8, policy="busy")
+    b._recent = (0, 2)  # the batch before this one held 2 requests: the next batch's cohort's last
+    running, ready, others_ran = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first(xs: Sequence[Any]) -> Sequence[Any]:
+        running.set()
+        assert ready.wait(10)
+        b.handover(ready_only=True)
+        seen.append(others_ran.wait(1.0))  # did the next batch start beside this one?
+        return xs
+
+    def other(xs: Sequence[Any]) -> Sequence[Any]:
+        others_ran.set()
+        return xs
+
+    ts = [threading.Thread(target=b.submit, args=("k", 0, first))]
+    ts[0].start()
+    assert running.wait(10)
+    ts += [threading.Thread(target=b.submit, args=("k", i + 1, other)) for i in range(queued)]
+    for t in ts[1:]:
+        t.start()
+    deadline = time.time() + 10
+    while len(b._pending) < queued and time.time() < deadline:
+        time.sleep(0.01)
+    ready.set()
+    for t in ts:
+        t.join(20)
+    assert seen == [hands] and others_ran.is_set() and b.batches == 2

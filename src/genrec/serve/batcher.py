@@ -180,12 +180,20 @@ class MicroBatcher:
         self._lead(batch)
         return e.fut.result()
 
-    def handover(self) -> None:
+    def handover(self, ready_only: bool = False) -> None:
         """Called by a busy-policy batch's ``fn`` in its leader's thread once the next batch may start beside it
         (two-process mode: its rows are in the KV pool and wait on the ranking process; ``ServeConfig.pipeline``: it
         holds the model, so the next batch forms and parses meanwhile): the next batch starts now. A no-op anywhere
-        else, and after the first call."""
+        else, and after the first call. ``ready_only``: only if the requests queued of the oldest key already make a
+        batch as large as the one two before this one (the next batch's cohort's last): else the batch hands over
+        when it ends, as without the call, and the next batch is not cut short."""
         hand = getattr(self._local, "handover", None)
+        if hand is not None and ready_only:
+            with self._lock:
+                want = min(self.max_batch, self._recent[0])
+                key = self._pending[0].key if self._pending else None
+                if sum(1 for x in self._pending if x.key == key) < want:
+                    return
         if hand is not None:
             self._local.handover = None
             hand()
@@ -256,8 +264,10 @@ class MicroBatcher:
 
     def _gather(self, batch: list[_Entry]) -> None:
         """Linger (``linger_ms``): while ``batch`` is smaller than the batch two before it, take queued requests of
-        its key into it as they come, for up to ``linger_ms``; then note its size. Nothing without a linger."""
+        its key into it as they come, for up to ``linger_ms``; then note its size (without a linger: only that)."""
         if self.linger <= 0:
+            with self._lock:
+                self._recent = (self._recent[1], len(batch))
             return
         with self._lock:
             want = min(self.max_batch, self._recent[0])

@@ -334,7 +334,8 @@ class Service:
         t0 = time.perf_counter()
         run = eng.run_many if parsed else eng.recommend_many
         if (self.cfg.pipeline or self.cfg.lanes > 1) and self.batcher is not None and kw.get("remote_rank") is None:
-            kw["on_lock"] = self.batcher.handover  # the next batch forms (and takes a free lane) while this one runs
+            # the next batch forms (and takes a free lane) while this one runs, if its cohort is queued already
+            kw["on_lock"] = functools.partial(self.batcher.handover, ready_only=True)
         out = run(list(items), on_device=self.metrics.device_ms.observe, **kw)
         self.metrics.batch_ms.observe((time.perf_counter() - t0) * 1e3)
         self.metrics.batch_rows.observe(len(items))
