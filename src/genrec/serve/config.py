@@ -120,9 +120,9 @@ class ServeConfig:
     # threads (the batch runs only the model); off: the batch does all three. It cost 10% at 64 clients on the
     # 2-core CPU box and 12% on an H100 (the moved work shares the engine's interpreter lock with the model's Python)
     host_overlap: bool = False
-    # busy policy, one process: a batch hands the batcher on once it holds the model, so the next batch forms and
-    # parses while this one runs and formats its answers while the next one runs ($GENREC_PIPELINE=1; off: hand on
-    # when the batch ends)
+    # busy policy, one process: a batch hands the batcher on once it holds the model (if the next batch's cohort is
+    # queued already), so the next batch forms and parses while this one runs and this one formats its answers while
+    # the next one runs ($GENREC_PIPELINE=1; off: hand on when the batch ends)
     pipeline: bool = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_PIPELINE", "") == "1")
     # lanes of the model (Recommender.lane: CUDA graphs and host buffers of their own, on a GPU a stream each): this
     # many micro-batches may run the model at once, one's host work beside another's device work; > 1 hands the
