@@ -25,7 +25,8 @@ server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b
 M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``,
 e.g. ``fronts4l2``), ``two<S>`` (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked
 in two calls) and ``[lanes<N>][pipeline][sw<ms>]`` (as shipped, with ``$GENREC_LANES=N``, ``$GENREC_PIPELINE=1``,
-``$GENREC_SWITCH_INTERVAL_MS``: e.g. ``lanes2``, ``pipelinesw0.5``; :class:`genrec.serve.config.ServeConfig`). ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching.
+``$GENREC_SWITCH_INTERVAL_MS``: e.g. ``lanes2``, ``pipelinesw0.5``; :class:`genrec.serve.config.ServeConfig`).
+``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching.
 ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32
 when CUDA graphs replay; "off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to
 ready (load, warm-up, graph captures: what a device call's budget must hold); full numbers to $OUT/bench_serve.json

@@ -190,9 +190,8 @@ class MicroBatcher:
         hand = getattr(self._local, "handover", None)
         if hand is not None and ready_only:
             with self._lock:
-                want = min(self.max_batch, self._recent[0])
                 key = self._pending[0].key if self._pending else None
-                if sum(1 for x in self._pending if x.key == key) < want:
+                if sum(1 for x in self._pending if x.key == key) < self._cohort():
                     return
         if hand is not None:
             self._local.handover = None
@@ -265,12 +264,8 @@ class MicroBatcher:
     def _gather(self, batch: list[_Entry]) -> None:
         """Linger (``linger_ms``): while ``batch`` is smaller than the batch two before it, take queued requests of
         its key into it as they come, for up to ``linger_ms``; then note its size (without a linger: only that)."""
-        if self.linger <= 0:
-            with self._lock:
-                self._recent = (self._recent[1], len(batch))
-            return
         with self._lock:
-            want = min(self.max_batch, self._recent[0])
+            want = self._cohort() if self.linger > 0 else 0
             deadline = time.perf_counter() + self.linger
             while len(batch) < want:
                 key, rest = batch[0].key, deque[_Entry]()
@@ -282,6 +277,12 @@ class MicroBatcher:
                     break
                 self._arrived.wait(left)
             self._recent = (self._recent[1], len(batch))
+
+    def _cohort(self) -> int:
+        """The older of the last two batches noted, at most ``max_batch``: the size a batch's cohort had last time
+        (for a batch gathering: two before it; for the next one, while one runs: the one before that). What a
+        lingering batch waits for and a ready-only hand-over needs queued. Under ``_lock``."""
+        return min(self.max_batch, self._recent[0])
 
     def _pass_on(self) -> None:
         """Make the oldest queued request's key's batch the next one and wake its leader, or go idle."""

@@ -127,6 +127,10 @@ class Service:
                                      on_wait=self.metrics.batch_wait_ms.observe, linger_ms=cfg.micro_batch_linger_ms,
                                      runners=cfg.lanes + 2)
                         if cfg.micro_batch > 1 else None)
+        # pipeline / lanes: the next batch forms (and takes a free lane) once one holds the model, if its cohort is
+        # queued already (Engine.run_many's on_lock)
+        self._early_handover = (functools.partial(self.batcher.handover, ready_only=True)
+                                if self.batcher is not None and (cfg.pipeline or cfg.lanes > 1) else None)
         # with micro-batching, 2 x micro_batch request threads: a full batch runs while the next one forms (with
         # micro_batch threads the two shared them, and batches held half as many requests: 15.9 of 32 at 64 clients
         # on the CPU box)
@@ -333,9 +337,8 @@ class Service:
         answers (``Engine.recommend_many``: parse, run, format)."""
         t0 = time.perf_counter()
         run = eng.run_many if parsed else eng.recommend_many
-        if (self.cfg.pipeline or self.cfg.lanes > 1) and self.batcher is not None and kw.get("remote_rank") is None:
-            # the next batch forms (and takes a free lane) while this one runs, if its cohort is queued already
-            kw["on_lock"] = functools.partial(self.batcher.handover, ready_only=True)
+        if self._early_handover is not None and kw.get("remote_rank") is None:
+            kw["on_lock"] = self._early_handover
         out = run(list(items), on_device=self.metrics.device_ms.observe, **kw)
         self.metrics.batch_ms.observe((time.perf_counter() - t0) * 1e3)
         self.metrics.batch_rows.observe(len(items))
