@@ -188,14 +188,14 @@ def main() -> None:
     a = ap.parse_args()
     clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
     procs = max(1, min(4, (os.cpu_count() or 1) // 4)) if a.procs == "auto" else int(a.procs)
-    modes = {m: mode(m) for m in a.modes.split(",")}
+    modes = [(m, mode(m)) for m in a.modes.split(",")]  # a list: a mode named twice runs twice (a repeat)
     if a.batch_buckets is not None:
         os.environ["GENREC_BATCH_BUCKETS"] = a.batch_buckets  # the servers read it (start_server passes the env)
     hist = as_sent(a.workdir, sample_histories(a.workdir, 512, a.history_len, 0, exact=a.exact_history))
     named: dict[str, tuple[int, ...]] = {"auto": (a.beam_width,), "server": ()}
     warm = named[a.warm_beams] if a.warm_beams in named else tuple(int(w) for w in a.warm_beams.split(","))
     rows: list[dict[str, Any]] = []
-    for name, kw in modes.items():
+    for name, kw in modes:
         rank = kw.pop("rank")
         t_start = time.perf_counter()  # the server's start to ready (its load, warm-up and graph captures)
         proc, url = start_server(a.workdir, device=a.device, precision=a.precision, warm_beams=warm, **kw)
