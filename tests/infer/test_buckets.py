@@ -181,33 +181,6 @@ def test_warmup_runs_each_batch_bucket(run: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.gpu
-def test_lanes_answer_as_one_lane_on_the_gpu(run: Path) -> None:
-    """Two lanes on a GPU (graphs captured per lane, a stream each), batches from four threads at once: every answer
-    equals the one-lane engine's for the same batch; the second lane captured its own graphs at load."""
-    one = Engine.load(run, device="cuda", max_batch=4)
-    two = Engine.load(run, device="cuda", max_batch=4, lanes=2)
-    assert two.graph_captures["encode"] == 2 * one.graph_captures["encode"] > 0
-    args: dict[str, Any] = dict(k=6, beam_width=10, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
-    batches = [_requests(one, 120 + i, 1 + i % 4) for i in range(8)]
-    want = [one.recommend_many(hs, **args) for hs in batches]
-    got: list[Any] = [None] * len(batches)
-
-    def work(j: int) -> None:
-        for i in range(j, len(batches), 4):
-            got[i] = two.recommend_many(batches[i], **args)
-
-    ts = [threading.Thread(target=work, args=(j,)) for j in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    for w, g in zip(want, got, strict=True):
-        assert g is not None and len(g) == len(w)
-        for a, b in zip(w, g):
-            _assert_same(a, b, 1e-3)
-
-
-@pytest.mark.gpu
 def test_bucketed_graphs_capture_once_per_bucket_gpu(run: Path) -> None:
     eng = Engine.load(run, device="cuda")
     rec = eng.rec
@@ -222,62 +195,3 @@ def test_bucketed_graphs_capture_once_per_bucket_gpu(run: Path) -> None:
     assert rec.graph_captures == caps and caps["encode"] == 4  # buckets 1, 2, 4, 8 (the warmup's: 1)
 
 
-def test_lanes_run_batches_at_once_and_answer_alike(run: Path) -> None:
-    """``Recommender.lane``: a copy with static-shape graphs and host buffers of its own over the same model. An
-    engine with two lanes runs two batches at once (two threads, each in ``_run`` until the other is too: a barrier
-    that one lane would break), each on its own lane, and both answer as one lane alone does."""
-    base = _static(Engine.load(run), ShapeBuckets((1, 2, 4), min_slots=4))
-    rec = base.rec
-    other = rec.lane()
-    assert other.model is rec.model and other._buffers is not rec._buffers
-    for a, b in ((other._graphed_encode, rec._graphed_encode), (other._graphed_rank, rec._graphed_rank)):
-        assert a is not None and b is not None and a is not b and a.use_graph is b.use_graph is False
-    assert other._beam_graph is rec._beam_graph is False and other._graphed is None
-    args: dict[str, Any] = dict(k=6, beam_width=10, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
-    batches = [_requests(base, 90 + i, 3) for i in range(2)]
-    want = [base.recommend_many(hs, **args) for hs in batches]
-
-    def engine(lanes: list[Any]) -> tuple[Engine, list[Any]]:
-        eng = Engine(rec, base.pop_rank, lanes=lanes)
-        used: list[Any] = []
-        run_ = eng._run
-        met = threading.Barrier(2, timeout=3)
-
-        def spy(r: Any, *a: Any, **k: Any) -> Any:
-            used.append(r)
-            met.wait()  # both batches are in the model at once, or the barrier breaks
-            return run_(r, *a, **k)
-
-        eng._run = spy  # type: ignore[method-assign]
-        return eng, used
-
-    eng, used = engine([other])
-    got: list[Any] = [None, None]
-    ts = [threading.Thread(target=lambda i=i: got.__setitem__(i, eng.recommend_many(batches[i], **args)))
-          for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert {id(r) for r in used} == {id(rec), id(other)}  # one batch on each lane
-    for w, g in zip(want, got, strict=True):
-        assert g is not None and len(g) == len(w)
-        for a, b in zip(w, g):
-            _assert_same(a, b, 1e-5)
-    one, _ = engine([])  # one lane: the second batch waits for the first, so the barrier breaks
-    errors: list[BaseException] = []
-
-    def call(i: int) -> None:
-        try:
-            one.recommend_many(batches[i], **args)
-        except threading.BrokenBarrierError as e:
-            errors.append(e)
-
-    ts = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert errors  # (then the second ran alone, after the first)
-    with pytest.raises(ConfigError, match="lanes"):
-        Engine.load(run, lanes=0)

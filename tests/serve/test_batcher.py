@@ -334,16 +334,14 @@ def test_bad_policy_is_refused() -> None:
     assert r.exit_code == 2 and "--micro-batch must be >= 1" in r.output
 
 
-@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap", "pipeline", "lanes"])
+@pytest.mark.parametrize("policy", ["busy", "timed", None, "overlap", "pipeline"])
 def test_batched_http_equals_solo(run_dir: Path, policy: str | None) -> None:
     # The timed leader waits long enough that a slow 2-core runner still gathers followers (at 20 ms
     # CI once saw 12 requests in 12 batches); the barrier releases every client's request at once.
     # None: the server as configured by default (it batches); "overlap": that with host_overlap (each request
     # parses and formats in its own thread, the batch runs only the model; a cold history never queues);
-    # "pipeline": the next batch forms once this one holds the model (ServeConfig.pipeline); "lanes": and two batches
-    # may run the model at once, each in its own lane (ServeConfig.lanes).
+    # "pipeline": the next batch forms once this one holds the model (ServeConfig.pipeline).
     cfg = (ServeConfig(workdir=run_dir) if policy is None else
-           ServeConfig(workdir=run_dir, lanes=2) if policy == "lanes" else
            ServeConfig(workdir=run_dir, host_overlap=True) if policy == "overlap" else
            ServeConfig(workdir=run_dir, pipeline=True) if policy == "pipeline" else
            ServeConfig(workdir=run_dir, micro_batch=4, micro_batch_wait_ms=250, micro_batch_policy=policy))
@@ -641,30 +639,27 @@ def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
         sys.setswitchinterval(before)
     with pytest.raises(ConfigError, match="switch_interval_ms"):
         create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0))
-    with pytest.raises(ConfigError, match="lanes"):
-        create_app(ServeConfig(workdir=run_dir, lanes=0))
 
 
 def test_serve_switches_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """$GENREC_PIPELINE / $GENREC_LANES / $GENREC_SWITCH_INTERVAL_MS set the ServeConfig fields (unset: the defaults,
+    """$GENREC_PIPELINE / $GENREC_SWITCH_INTERVAL_MS set the ServeConfig fields (unset: the defaults,
     behaviour unchanged); a value that is not a number is a ConfigError naming the variable."""
-    for v in ("GENREC_PIPELINE", "GENREC_LANES", "GENREC_SWITCH_INTERVAL_MS"):
+    for v in ("GENREC_PIPELINE", "GENREC_SWITCH_INTERVAL_MS"):
         monkeypatch.delenv(v, raising=False)
     cfg = ServeConfig(workdir=tmp_path)
-    assert (cfg.pipeline, cfg.lanes, cfg.switch_interval_ms) == (False, 1, None)
+    assert (cfg.pipeline, cfg.switch_interval_ms) == (False, None)
     monkeypatch.setenv("GENREC_PIPELINE", "1")
-    monkeypatch.setenv("GENREC_LANES", "2")
     monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "0.5")
     cfg = ServeConfig(workdir=tmp_path)
-    assert (cfg.pipeline, cfg.lanes, cfg.switch_interval_ms) == (True, 2, 0.5)
-    monkeypatch.setenv("GENREC_LANES", "two")
-    with pytest.raises(ConfigError, match=r"\$GENREC_LANES must be an integer, got 'two'"):
+    assert (cfg.pipeline, cfg.switch_interval_ms) == (True, 0.5)
+    monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "half")
+    with pytest.raises(ConfigError, match=r"\$GENREC_SWITCH_INTERVAL_MS must be a number, got 'half'"):
         ServeConfig(workdir=tmp_path)
 
 
 @pytest.mark.parametrize(("queued", "hands"), [(1, False), (2, True)])
 def test_ready_only_handover_waits_for_the_next_cohort(queued: int, hands: bool) -> None:
-    """``handover(ready_only=True)`` (the pipeline's and the lanes' hand-over) starts the next batch only once the
+    """``handover(ready_only=True)`` (the pipeline's hand-over) starts the next batch only once the
     requests queued make a batch as large as the one two before (its cohort's last, 2 here); with fewer the next
     batch waits for this one to end, so early hand-overs do not cut batches short."""
     b = MicroBatcher(8, policy="busy")

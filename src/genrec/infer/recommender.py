@@ -39,7 +39,6 @@ The jobs live beside this module: loading a run (:mod:`genrec.infer.load`), read
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -269,22 +268,6 @@ class Recommender(SidStage):
             8, cells), use_graph=use_graph) if "encode" in stages else None
         self._graphed_rank = GraphedRanker(m, max_graphs=4 * cells, use_graph=use_graph) if "rank" in stages else None
         self._beam_graph, self._beam_graphs, self._graphed = (use_graph if "sid" in stages else None), 2 * cells, None
-
-    def lane(self) -> "Recommender":
-        """Another lane over the same model, tables, index and settings: a shallow copy with graphs and host
-        buffers of its own (``use_graphs`` as this one's), so two threads may run a batch each at once -- on a GPU each
-        on its own stream, one batch's host work beside the other's device work (``genrec serve``'s
-        ``ServeConfig.lanes``). Nothing it changes is shared with this one."""
-        other = copy.copy(self)
-        other._buffers = HistoryBuffers(self.device)
-        stages = [s for s, g in (("encode", self._graphed_encode), ("rank", self._graphed_rank)) if g is not None]
-        if self._beam_graph is not None:
-            stages.append("sid")
-        if stages:
-            use = self._beam_graph if self._beam_graph is not None else next(
-                g.use_graph for g in (self._graphed_encode, self._graphed_rank) if g is not None)
-            other.use_graphs(use_graph=bool(use), stages=stages)
-        return other
 
     @property
     def graph_captures(self) -> dict[str, int]:

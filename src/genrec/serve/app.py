@@ -249,7 +249,7 @@ def create_app(cfg: ServeConfig, holder: BundleHolder | None = None) -> FastAPI:
             svc.metrics.pool_occupancy.set(svc.pool.occupancy())
         svc.gc_pauses.drain(svc.metrics.gc_pause_ms)  # this process's (the fronts' and the ranking process's are theirs)
         if svc.holder.ready:  # this process's graphs (two-process mode's ranking process keeps its own)
-            for stage, n in svc.holder.current.engine.graph_captures.items():
+            for stage, n in svc.holder.current.engine.rec.graph_captures.items():
                 svc.metrics.graph_captures.labels(stage=stage).set(n)
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

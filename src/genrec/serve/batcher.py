@@ -128,7 +128,7 @@ class MicroBatcher:
     ``batches`` / ``items`` count the calls made and the requests they served."""
 
     def __init__(self, max_batch: int = 8, max_wait_ms: float = 2.0, policy: str = DEFAULT_MICRO_BATCH_POLICY,
-                 on_wait: Callable[[float], None] | None = None, linger_ms: float = 0.0, runners: int = 3) -> None:
+                 on_wait: Callable[[float], None] | None = None, linger_ms: float = 0.0) -> None:
         if max_batch < 1 or max_wait_ms < 0 or not linger_ms >= 0:
             raise ConfigError(f"micro-batch: max_batch >= 1, max_wait_ms >= 0 and linger_ms >= 0, got {max_batch}, "
                               f"{max_wait_ms}, {linger_ms}")
@@ -152,7 +152,6 @@ class MicroBatcher:
         self._recent = (0, 0)  # the sizes of the last two batches (the older one: the next batch's cohort's last)
         self._local = threading.local()  # the running batch's handover, in its leader's thread
         self._runner: ThreadPoolExecutor | None = None  # leads the batches of submit_async (made on first use)
-        self._runners = max(2, runners)  # its threads
 
     def submit(self, key: Hashable, item: Any, fn: Fn) -> Any:
         """``fn([item])[0]``, possibly computed in one call together with other requests of ``key``."""
@@ -215,11 +214,11 @@ class MicroBatcher:
         return e.fut
 
     def _run_elsewhere(self, batch: list[_Entry]) -> None:
-        """Lead ``batch`` in a runner thread (``runners``, at least two: one batch runs while the last one's answers
-        are settled, and where batches hand over early (:meth:`handover`) more run or form beside it)."""
+        """Lead ``batch`` in a runner thread (three: one batch runs while the last one's answers are settled and,
+        where a batch hands over early (:meth:`handover`), the next one forms)."""
         with self._lock:
             if self._runner is None:
-                self._runner = ThreadPoolExecutor(self._runners, thread_name_prefix="genrec-batch")
+                self._runner = ThreadPoolExecutor(3, thread_name_prefix="genrec-batch")
             runner = self._runner
         runner.submit(self._lead, batch)
 

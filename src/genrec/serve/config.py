@@ -78,15 +78,15 @@ def default_torch_threads(device: str = "cpu", threads: int | None = None, worke
     return max(1, max(1, os.cpu_count() or 1) // (t * max(1, workers)))
 
 
-def _env_number(name: str, kind: type[int] | type[float]) -> float | None:
-    """``$name`` as a number of ``kind`` (None when unset or empty); anything else a :class:`ConfigError` naming it."""
+def _env_number(name: str) -> float | None:
+    """``$name`` as a number (None when unset or empty); anything else a :class:`ConfigError` naming it."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
-        return kind(raw)
+        return float(raw)
     except ValueError:
-        raise ConfigError(f"${name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+        raise ConfigError(f"${name} must be a number, got {raw!r}") from None
 
 
 @dataclass
@@ -124,14 +124,10 @@ class ServeConfig:
     # queued already), so the next batch forms and parses while this one runs and this one formats its answers while
     # the next one runs ($GENREC_PIPELINE=1; off: hand on when the batch ends)
     pipeline: bool = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_PIPELINE", "") == "1")
-    # lanes of the model (Recommender.lane: CUDA graphs and host buffers of their own, on a GPU a stream each): this
-    # many micro-batches may run the model at once, one's host work beside another's device work; > 1 hands the
-    # batcher on as ``pipeline`` does ($GENREC_LANES; 1: one batch at a time)
-    lanes: int = dataclasses.field(default_factory=lambda: int(_env_number("GENREC_LANES", int) or 1))
     # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: Python's
     # 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that holds it
     switch_interval_ms: float | None = dataclasses.field(
-        default_factory=lambda: _env_number("GENREC_SWITCH_INTERVAL_MS", float))
+        default_factory=lambda: _env_number("GENREC_SWITCH_INTERVAL_MS"))
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # SID beam widths whose CUDA graphs (and the ranking shapes their unions give) are captured before serving, at
     # every batch bucket and history bucket: the widths the clients ask for. A width met first under load captures

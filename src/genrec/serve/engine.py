@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,8 +112,7 @@ class Engine:
     """A loaded Recommender + popularity fallback; ``version`` = checkpoint (name @ fingerprint) + SID version."""
 
     def __init__(self, rec: Any, pop_rank: np.ndarray, source_ids: SourceItemIds | None = None, *,
-                 tables_version: str | None = None, trained_on: Mapping[str, Any] | None = None,
-                 lanes: Sequence[Any] = ()) -> None:
+                 tables_version: str | None = None, trained_on: Mapping[str, Any] | None = None) -> None:
         self.rec = rec
         # the tables read at load (popularity, titles) and what the checkpoint was trained on (its extra.json)
         self.tables_version = tables_version
@@ -130,30 +128,18 @@ class Engine:
         self.sid_version: str | None = rec.sid_version
         self.context_len = int(rec.context_len)
         self._leaf_t: torch.Tensor | None = None  # rec.leaf_rows on the trie's device (explained requests)
-        self._model = threading.Lock()  # one micro-batch runs the model at a time per lane (run_many): lane 0's
-        # the lanes (rec, then rec.lane() copies: graphs and buffers of their own), each with its lock and, on a GPU,
-        # its stream; a batch takes a free one
-        self._lanes: list[tuple[Any, threading.Lock, torch.cuda.Stream | None]] = [(rec, self._model, None)] + [
-            (r, threading.Lock(), torch.cuda.Stream(r.device) if r.device.type == "cuda" else None) for r in lanes]
-        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(len(self._lanes)):
-            self._free.put(i)
+        self._model = threading.Lock()  # one micro-batch runs the model at a time (run_many)
 
     @classmethod
     def load(cls, workdir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu", *,
-             max_batch: int = 1, warm_beams: Sequence[int] = (20,), lanes: int = 1) -> "Engine":
+             max_batch: int = 1, warm_beams: Sequence[int] = (20,)) -> "Engine":
         """The engine of WORKDIR's checkpoint; on a GPU the CUDA graphs of the common shapes are captured before
         it serves (no-op on a CPU): batches of 1 and, with batch buckets, of each bucket up to ``max_batch``
-        (the server's micro-batch), at each SID beam width of ``warm_beams``, in each of ``lanes`` lanes
-        (:meth:`Recommender.lane`: that many batches may run the model at once)."""
-        if lanes < 1:
-            raise ConfigError(f"lanes must be >= 1, got {lanes}")
+        (the server's micro-batch), at each SID beam width of ``warm_beams``."""
         rec = Recommender.from_checkpoint(workdir, checkpoint, device=device)
-        more = [rec.lane() for _ in range(lanes - 1)]
         sizes = rec.buckets.up_to(max_batch) if rec.buckets is not None else (1,)
-        for r in (rec, *more):
-            for width in dict.fromkeys(warm_beams):
-                r.warmup(batch_sizes=sizes, beam_width=int(width))
+        for width in dict.fromkeys(warm_beams):
+            rec.warmup(batch_sizes=sizes, beam_width=int(width))
         store = open_store(workdir)
         ev = store.read_events(columns=["item_id"]).column("item_id").to_numpy()
         rows = rec.catalog.rows(ev, strict=False)
@@ -166,16 +152,7 @@ class Engine:
         trained_on = {"tables": extra.get("tables"), "sid": extra.get("sid_version"),
                       "init_from": extra.get("init_from")}
         return cls(rec, rank, SourceItemIds.of(workdir, rec.catalog.item_ids), tables_version=store.tables_version,
-                   trained_on=trained_on, lanes=more)
-
-    @property
-    def graph_captures(self) -> dict[str, int]:
-        """Shapes captured so far per graphed stage, over every lane (:attr:`Recommender.graph_captures`)."""
-        out: dict[str, int] = {}
-        for rec, _, _ in self._lanes:
-            for name, n in rec.graph_captures.items():
-                out[name] = out.get(name, 0) + n
-        return out
+                   trained_on=trained_on)
 
     @property
     def version(self) -> str:
@@ -333,28 +310,18 @@ class Engine:
                  on_lock: Callable[[], None] | None = None) -> list[RecommendationList]:
         """ONE padded prefill / beam search / ANN / ranking for parsed histories (:meth:`read`; in static shapes on
         a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the batch, in
-        two-process mode). Ranked here, it holds a lane of the engine (its model lock: one batch at a time per lane,
-        whatever thread calls; on a GPU the lane's stream); ``on_device`` gets its wall time (ms) under the lock;
-        ``on_lock`` is called once it is held."""
+        two-process mode). Ranked here, it holds the engine's model lock: one batch runs at a time, whatever
+        thread calls; ``on_device`` gets its wall time (ms) under the lock; ``on_lock`` is called once it is held."""
         scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
-        # a free lane (blocks while every lane runs a batch); two-process mode takes none (its own hand-over)
-        lane = self._free.get() if remote_rank is None else None
-        pick: tuple[Any, Any, Any] = self._lanes[lane] if lane is not None else (self.rec, contextlib.nullcontext(),
-                                                                                    None)
-        rec, lock, stream = pick
-        try:
-            with lock, torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                t0 = time.perf_counter()
-                if on_lock is not None:
-                    on_lock()
-                res = self._run(rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                                sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                                exclude_history=exclude_history, scorer=scorer)
-                if on_device is not None:
-                    on_device((time.perf_counter() - t0) * 1e3)
-        finally:
-            if lane is not None:
-                self._free.put(lane)
+        with self._model if remote_rank is None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            if on_lock is not None:
+                on_lock()
+            res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                            sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
+                            exclude_history=exclude_history, scorer=scorer)
+            if on_device is not None:
+                on_device((time.perf_counter() - t0) * 1e3)
         return res
 
     @staticmethod

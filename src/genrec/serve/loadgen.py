@@ -404,7 +404,7 @@ def start_server(workdir: str | Path, *, two_process: bool = False, threads: int
     ``--precision`` (float32 or bf16); ``host_overlap``: ``--host-overlap``;
     ``micro_batch_linger_ms``: ``--micro-batch-linger-ms``; ``pool_slots``: ``--pool-slots`` (0: the server's
     default); ``warm_beams``: ``--warm-beams`` (empty: the server's default); ``env``: variables set for the server
-    on top of this process's (e.g. ``GENREC_LANES``)."""
+    on top of this process's (e.g. ``GENREC_PIPELINE``)."""
     import httpx  # the serve extra's HTTP client, loaded only when a server is started
 
     port = _free_port()

@@ -103,8 +103,6 @@ class Service:
         self.pool_on_gpu = cfg.kv_pool_device == "cuda" or (cfg.kv_pool_device == "auto" and on_gpu)
         if cfg.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0 = from the machine), got {cfg.threads}")
-        if cfg.lanes < 1:
-            raise ConfigError(f"lanes ($GENREC_LANES) must be >= 1, got {cfg.lanes}")
         if cfg.switch_interval_ms is not None and not cfg.switch_interval_ms > 0:
             raise ConfigError(f"switch_interval_ms ($GENREC_SWITCH_INTERVAL_MS) must be > 0, "
                               f"got {cfg.switch_interval_ms}")
@@ -116,21 +114,19 @@ class Service:
         # the graphs of every micro-batch bucket are captured before a bundle serves (Engine.load)
         self.holder = holder or BundleHolder(cfg.workdir, cfg.checkpoint, cfg.device,
                                              loader=functools.partial(Engine.load, max_batch=cfg.micro_batch,
-                                                                       warm_beams=tuple(cfg.warm_beams),
-                                                                       lanes=cfg.lanes))
+                                                                       warm_beams=tuple(cfg.warm_beams)))
         # the run's ids were remapped: requests and answers speak the source file's ids (genrec.serve.ids)
         self.source_ids = SourceIds.remapped(cfg.workdir)
         self.refreeze = Refreeze(cfg.gc_freeze)  # the heap frozen again after the first answers
         self.metrics = Metrics()
         self.gc_pauses = GcPauses().install()  # into /metrics' genrec_gc_pause_ms when it is read
         self.batcher = (MicroBatcher(cfg.micro_batch, cfg.micro_batch_wait_ms, cfg.micro_batch_policy,
-                                     on_wait=self.metrics.batch_wait_ms.observe, linger_ms=cfg.micro_batch_linger_ms,
-                                     runners=cfg.lanes + 2)
+                                     on_wait=self.metrics.batch_wait_ms.observe, linger_ms=cfg.micro_batch_linger_ms)
                         if cfg.micro_batch > 1 else None)
-        # pipeline / lanes: the next batch forms (and takes a free lane) once one holds the model, if its cohort is
-        # queued already (Engine.run_many's on_lock)
+        # pipeline: the next batch forms once one holds the model, if its cohort is queued already (Engine.run_many's
+        # on_lock)
         self._early_handover = (functools.partial(self.batcher.handover, ready_only=True)
-                                if self.batcher is not None and (cfg.pipeline or cfg.lanes > 1) else None)
+                                if self.batcher is not None and cfg.pipeline else None)
         # with micro-batching, 2 x micro_batch request threads: a full batch runs while the next one forms (with
         # micro_batch threads the two shared them, and batches held half as many requests: 15.9 of 32 at 64 clients
         # on the CPU box)
