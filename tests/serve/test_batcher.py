@@ -626,15 +626,18 @@ def test_pipeline_parses_the_next_batch_while_one_holds_the_model(run_dir: Path,
 
 
 def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
-    """``ServeConfig.switch_interval_ms`` ($GENREC_SWITCH_INTERVAL_MS) is the engine process's thread switch interval
-    once it serves; <= 0 is refused."""
+    """``ServeConfig.switch_interval_ms`` ($GENREC_SWITCH_INTERVAL_MS; 0.5 ms unless told) is the engine process's
+    thread switch interval once it serves; <= 0 is refused."""
     import sys
 
     before = sys.getswitchinterval()
     try:
-        app = create_app(ServeConfig(workdir=run_dir, switch_interval_ms=0.5))
-        with ServerThread(app):
-            assert sys.getswitchinterval() == pytest.approx(0.0005)
+        for ms in (2.0, None):
+            sys.setswitchinterval(0.005)
+            app = create_app(ServeConfig(workdir=run_dir) if ms is None else ServeConfig(workdir=run_dir,
+                                                                                        switch_interval_ms=ms))
+            with ServerThread(app):
+                assert sys.getswitchinterval() == pytest.approx((ms or 0.5) / 1e3)
     finally:
         sys.setswitchinterval(before)
     with pytest.raises(ConfigError, match="switch_interval_ms"):
@@ -642,16 +645,16 @@ def test_switch_interval_is_set_in_the_engine(run_dir: Path) -> None:
 
 
 def test_serve_switches_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """$GENREC_PIPELINE / $GENREC_SWITCH_INTERVAL_MS set the ServeConfig fields (unset: the defaults,
-    behaviour unchanged); a value that is not a number is a ConfigError naming the variable."""
+    """$GENREC_PIPELINE / $GENREC_SWITCH_INTERVAL_MS set the ServeConfig fields (unset: the defaults, the pipeline
+    off and 0.5 ms); a value that is not a number is a ConfigError naming the variable."""
     for v in ("GENREC_PIPELINE", "GENREC_SWITCH_INTERVAL_MS"):
         monkeypatch.delenv(v, raising=False)
     cfg = ServeConfig(workdir=tmp_path)
-    assert (cfg.pipeline, cfg.switch_interval_ms) == (False, None)
+    assert (cfg.pipeline, cfg.switch_interval_ms) == (False, 0.5)
     monkeypatch.setenv("GENREC_PIPELINE", "1")
-    monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "0.5")
+    monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "5")
     cfg = ServeConfig(workdir=tmp_path)
-    assert (cfg.pipeline, cfg.switch_interval_ms) == (True, 0.5)
+    assert (cfg.pipeline, cfg.switch_interval_ms) == (True, 5.0)
     monkeypatch.setenv("GENREC_SWITCH_INTERVAL_MS", "half")
     with pytest.raises(ConfigError, match=r"\$GENREC_SWITCH_INTERVAL_MS must be a number, got 'half'"):
         ServeConfig(workdir=tmp_path)

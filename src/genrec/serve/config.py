@@ -78,6 +78,15 @@ def default_torch_threads(device: str = "cpu", threads: int | None = None, worke
     return max(1, max(1, os.cpu_count() or 1) // (t * max(1, workers)))
 
 
+DEFAULT_SWITCH_INTERVAL_MS = 0.5
+
+
+def _switch_interval_ms() -> float:
+    """``$GENREC_SWITCH_INTERVAL_MS``, else :data:`DEFAULT_SWITCH_INTERVAL_MS`."""
+    v = _env_number("GENREC_SWITCH_INTERVAL_MS")
+    return DEFAULT_SWITCH_INTERVAL_MS if v is None else v
+
+
 def _env_number(name: str) -> float | None:
     """``$name`` as a number (None when unset or empty); anything else a :class:`ConfigError` naming it."""
     raw = os.environ.get(name, "").strip()
@@ -124,10 +133,10 @@ class ServeConfig:
     # queued already), so the next batch forms and parses while this one runs and this one formats its answers while
     # the next one runs ($GENREC_PIPELINE=1; off: hand on when the batch ends)
     pipeline: bool = dataclasses.field(default_factory=lambda: os.environ.get("GENREC_PIPELINE", "") == "1")
-    # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: Python's
-    # 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that holds it
-    switch_interval_ms: float | None = dataclasses.field(
-        default_factory=lambda: _env_number("GENREC_SWITCH_INTERVAL_MS"))
+    # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: leave
+    # Python's 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that
+    # holds it. 0.5 ms gave 1.07-1.13x the QPS of Python's 5 ms at 64 clients on an H100 (two calls), level on a CPU
+    switch_interval_ms: float | None = dataclasses.field(default_factory=lambda: _switch_interval_ms())
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # SID beam widths whose CUDA graphs (and the ranking shapes their unions give) are captured before serving, at
     # every batch bucket and history bucket: the widths the clients ask for. A width met first under load captures
