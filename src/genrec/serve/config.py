@@ -136,7 +136,7 @@ class ServeConfig:
     # the interpreter's thread switch interval in the engine process, ms ($GENREC_SWITCH_INTERVAL_MS; None: leave
     # Python's 5 ms): how long a thread that wants the lock (a batch back from waiting on the GPU) waits for one that
     # holds it. 0.5 ms gave 1.07-1.13x the QPS of Python's 5 ms at 64 clients on an H100 (two calls), level on a CPU
-    switch_interval_ms: float | None = dataclasses.field(default_factory=lambda: _switch_interval_ms())
+    switch_interval_ms: float | None = dataclasses.field(default_factory=_switch_interval_ms)
     gc_freeze: bool = True  # move the loaded bundle out of the GC's sight (see freeze_heap)
     # SID beam widths whose CUDA graphs (and the ranking shapes their unions give) are captured before serving, at
     # every batch bucket and history bucket: the widths the clients ask for. A width met first under load captures
