@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import platform
@@ -56,7 +57,7 @@ import time
 from typing import Any
 
 from genrec.serve.loadgen import as_sent, sample_histories, start_server
-from genrec.serve.loadtest import drive, split, stop_server
+from genrec.serve.loadtest import ClientProcs, drive, split, stop_server
 
 MODES: dict[str, dict[str, Any]] = {
     "default": dict(two_process=False, rank=True),  # `genrec serve` as shipped: micro-batch 32, busy policy (and on
@@ -196,34 +197,44 @@ def main() -> None:
     named: dict[str, tuple[int, ...]] = {"auto": (a.beam_width,), "server": ()}
     warm = named[a.warm_beams] if a.warm_beams in named else tuple(int(w) for w in a.warm_beams.split(","))
     rows: list[dict[str, Any]] = []
-    for name, kw in modes:
-        rank = kw.pop("rank")
-        t_start = time.perf_counter()  # the server's start to ready (its load, warm-up and graph captures)
-        proc, url = start_server(a.workdir, device=a.device, precision=a.precision, warm_beams=warm, **kw)
-        start_s = round(time.perf_counter() - t_start, 1)
-        print(f"[{name}] server ready in {start_s} s", flush=True)
-        try:
-            for c in clients:
-                body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
-                if a.warmup > 0:
-                    drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body,
-                          columns=a.columns)
-                spy = gil_profile_start(proc.pid, a.duration) if a.gil_profile else None
-                res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
-                            server_pid=proc.pid, columns=a.columns)
-                row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary(),
-                       "start_s": start_s}
-                rows.append(row)
-                print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
-                if spy is not None:
-                    row["gil"] = gil_profile_table(*spy)
-                save(rows, a)  # after each row: a run cut by a device call's limit keeps what it measured
-        finally:
-            stop_server(proc)
+    stack = contextlib.ExitStack()  # the client processes, spawned once for every mode and client count
+    n_procs = len(split(max(clients), procs))
+    pool = stack.enter_context(ClientProcs(n_procs)) if n_procs > 1 else None
+    with stack:
+        for name, kw in modes:
+            run_mode(a, name, kw, hist, warm, clients, procs, pool, rows)
     print("| mode | clients | procs | " + " | ".join(KEYS) + " |")
     print("|---|---|---|" + "|".join("---" for _ in KEYS) + "|")
     for r in rows:
         print(f"| {r['mode']} | {r['clients']} | {r['procs']} | " + " | ".join(str(r[k]) for k in KEYS) + " |")
+
+
+def run_mode(a: argparse.Namespace, name: str, kw: dict[str, Any], hist: Any, warm: tuple[int, ...],
+             clients: list[int], procs: int, pool: ClientProcs | None, rows: list[dict[str, Any]]) -> None:
+    """One mode's server, loaded at each client count (a row each, saved as it comes)."""
+    rank = kw.pop("rank")
+    t_start = time.perf_counter()  # the server's start to ready (its load, warm-up and graph captures)
+    proc, url = start_server(a.workdir, device=a.device, precision=a.precision, warm_beams=warm, **kw)
+    start_s = round(time.perf_counter() - t_start, 1)
+    print(f"[{name}] server ready in {start_s} s", flush=True)
+    try:
+        for c in clients:
+            body = {"k": a.k, "beam_width": a.beam_width, "rank": rank}
+            if a.warmup > 0:
+                drive(url, hist, concurrency=c, procs=procs, duration=a.warmup, client=a.client, body=body,
+                      columns=a.columns, pool=pool)
+            spy = gil_profile_start(proc.pid, a.duration) if a.gil_profile else None
+            res = drive(url, hist, concurrency=c, procs=procs, duration=a.duration, client=a.client, body=body,
+                        server_pid=proc.pid, columns=a.columns, pool=pool)
+            row = {"mode": name, "clients": c, "procs": len(split(c, procs)), **res.summary(),
+                   "start_s": start_s}
+            rows.append(row)
+            print(f"[{name}, {c} clients, {row['procs']} client processes]\n{res.table()}\n", flush=True)
+            if spy is not None:
+                row["gil"] = gil_profile_table(*spy)
+            save(rows, a)  # after each row: a run cut by a device call's limit keeps what it measured
+    finally:
+        stop_server(proc)
 
 
 if __name__ == "__main__":

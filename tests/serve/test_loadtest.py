@@ -16,7 +16,7 @@ import pytest
 from genrec.errors import ConfigError
 from genrec.serve.config import ServeConfig
 from genrec.serve.loadgen import run_load
-from genrec.serve.loadtest import drive, proc_tree_cpu_s, run_load_procs, split
+from genrec.serve.loadtest import ClientProcs, drive, proc_tree_cpu_s, run_load_procs, split
 from genrec.serve.schemas import INT64
 
 from ._server import ServerThread, serving
@@ -48,6 +48,25 @@ def test_processes_count_every_request_once_as_one_process_does(server: ServerTh
     s = many.summary()
     assert s["procs"] == 2 and s["client_cpu_per_s"] > 0 and "client_busy" in many.table()
     assert one.client_cpu_s > 0 and one.procs == 1 and one.server_cpu_s is None
+
+
+def test_client_processes_serve_run_after_run_as_fresh_ones_do(server: ServerThread) -> None:
+    """:class:`ClientProcs` keeps its processes from run to run (bench_serve's warm-up, run and modes): each run counts
+    as a run on freshly spawned processes does, including one with fewer clients than processes (the idle one only
+    takes its place at the start) and one after a run that failed in a process."""
+    fresh = run_load_procs(server.url, MIX, procs=2, concurrency=3, max_requests=12, duration=60, body=BODY)
+    with ClientProcs(2) as cp:
+        pids = [p.pid for p in cp._ps]
+        for _ in range(2):
+            res = cp.run(server.url, MIX, concurrency=3, max_requests=12, duration=60, body=BODY)
+            assert (res.requests, res.statuses, res.procs) == (fresh.requests, fresh.statuses, 2)
+        one = drive(server.url, MIX[:1], concurrency=2, procs=2, max_requests=4, body=BODY, pool=cp)
+        assert one.statuses == {200: 4} and one.procs == 2
+        with pytest.raises(RuntimeError, match="load process"):  # a body the processes cannot encode (a set)
+            cp.run(server.url, MIX, concurrency=2, max_requests=4, duration=60, body={"k": {1, 2}})
+        res = cp.run(server.url, MIX, concurrency=3, max_requests=12, duration=60, body=BODY)
+        assert res.statuses == fresh.statuses and [p.pid for p in cp._ps] == pids and all(p.is_alive() for p in cp._ps)
+    assert not any(p.is_alive() for p in cp._ps)
 
 
 def test_drive_runs_one_process_for_one_client(server: ServerThread) -> None:

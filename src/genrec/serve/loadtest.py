@@ -16,6 +16,7 @@ elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -31,7 +32,8 @@ from genrec.errors import ConfigError
 from genrec.serve.loadgen import CLIENTS, BenchResult, as_sent, check_loopback, run_client, run_load, \
     sample_histories, start_server
 
-__all__ = ["batch_counts", "bench_serve", "drive", "proc_tree_cpu_s", "run_load_procs", "split", "stop_server"]
+__all__ = ["ClientProcs", "batch_counts", "bench_serve", "drive", "proc_tree_cpu_s", "run_load_procs", "split",
+           "stop_server"]
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -80,13 +82,107 @@ def _child(idx: int, url: str, histories: Sequence[Sequence[int | str]], conns: 
         out.put((idx, f"{type(e).__name__}: {e}"))
 
 
-def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs: int, concurrency: int,
-                   duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
-                   timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
-                   server_pid: int | None = None, columns: bool = False) -> BenchResult:
-    """``concurrency`` closed-loop clients (:func:`genrec.serve.loadgen.run_load`) spread over ``procs``
-    processes (:func:`split`; process ``i`` sends histories ``i, i + procs, ...``), started together; the
-    merged result, with the client processes' CPU (and the server's, given ``server_pid``)."""
+def _worker(idx: int, jobs: Any, barrier: Any, out: Any) -> None:
+    """A process of :class:`ClientProcs`: runs each job it is given (:func:`_child`; none of the clients: only the
+    start barrier) until None."""
+    while (job := jobs.get()) is not None:
+        if job["conns"] == 0:  # not in this run: it only takes its place at the start
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=300)
+            out.put((idx, None))
+            continue
+        _child(idx, job["url"], job["histories"], job["conns"], job["duration"], job["max_requests"], job["body"],
+               job["timeout"], job["client"], job["path"], barrier, out, job["columns"])
+
+
+class ClientProcs:
+    """``procs`` client processes, spawned once and reused by every :meth:`run` (a spawn imports genrec and torch:
+    seconds a process, paid twice a benchmark cell -- warm-up, run -- when each run spawned its own)."""
+
+    def __init__(self, procs: int) -> None:
+        if procs < 1:
+            raise ConfigError(f"procs must be positive, got {procs}")
+        ctx = mp.get_context("spawn")  # a fresh interpreter each: nothing of the parent's threads or CUDA state
+        self.procs = procs
+        self._barrier = ctx.Barrier(procs + 1)
+        self._out = ctx.Queue()
+        self._jobs = [ctx.Queue() for _ in range(procs)]
+        self._ps = [ctx.Process(target=_worker, args=(i, self._jobs[i], self._barrier, self._out), daemon=True)
+                    for i in range(procs)]
+        for p in self._ps:
+            p.start()
+
+    def __enter__(self) -> ClientProcs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the processes (each after its current job)."""
+        for q in self._jobs:
+            q.put(None)
+        for p in self._ps:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+
+    def run(self, url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, duration: float = 60.0,
+            max_requests: int = 1_000_000, body: dict[str, Any] | None = None, timeout: float = 30.0,
+            client: str = "raw", path: str = "/v1/recommend", server_pid: int | None = None,
+            columns: bool = False) -> BenchResult:
+        """:func:`run_load_procs` on these processes (``concurrency`` spread over at most :attr:`procs`)."""
+        _check(url, self.procs, concurrency, duration, max_requests, client, histories)
+        conns = split(concurrency, self.procs)
+        n = len(conns)
+        share = [list(histories[i::n]) or list(histories) for i in range(n)]
+        per = [max(1, max_requests // n + (i < max_requests % n)) for i in range(n)]
+        for i, q in enumerate(self._jobs):
+            q.put({"url": url, "histories": share[i] if i < n else [], "conns": conns[i] if i < n else 0,
+                   "duration": duration, "max_requests": per[i] if i < n else 0, "body": body, "timeout": timeout,
+                   "client": client, "path": path, "columns": columns})
+        got: dict[int, Any] = {}
+        try:
+            self._barrier.wait(timeout=300)  # every process has its job and has encoded its requests
+        except threading.BrokenBarrierError:
+            pass  # a process failed before the start: its error is on the queue
+        srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+        t0 = time.perf_counter()
+        t_end = time.monotonic() + duration + timeout + 120
+        while len(got) < self.procs:
+            try:
+                i, r = self._out.get(timeout=max(1.0, t_end - time.monotonic()))
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self._ps) if i not in got and not p.is_alive()]
+                raise RuntimeError(f"load processes {dead or sorted(set(range(self.procs)) - set(got))} gave no "
+                                   "result") from None
+            got[i] = r
+        wall = time.perf_counter() - t0
+        srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
+        if self._barrier.broken:
+            self._barrier.reset()  # for the next run
+        bad = {i: r for i, r in got.items() if isinstance(r, str)}
+        if bad:
+            raise RuntimeError("load process(es) failed: " + "; ".join(f"#{i}: {r}" for i, r in sorted(bad.items())))
+        res = BenchResult(0, 0, 0.0, client=client, client_loop=got[0]["client_loop"], procs=n)
+        for i in range(n):
+            r = got[i]
+            res.requests += r["requests"]
+            res.errors += r["errors"]
+            res.degraded += r["degraded"]
+            res.latencies_ms += r["latencies_ms"]
+            for st, c in r["statuses"].items():
+                res.statuses[st] = res.statuses.get(st, 0) + c
+        res.seconds = max(got[i]["seconds"] for i in range(n))
+        res.client_cpu_s = sum(got[i]["cpu_s"] for i in range(n))
+        res.client_busy = max(got[i]["cpu_s"] / max(got[i]["seconds"], 1e-9) for i in range(n))
+        if srv0 is not None and srv1 is not None:  # over the wall time the processes ran, scaled to theirs
+            res.server_cpu_s = (srv1 - srv0) * res.seconds / max(wall, 1e-9)
+        return res
+
+
+def _check(url: str, procs: int, concurrency: int, duration: float, max_requests: int, client: str,
+           histories: Sequence[Sequence[int | str]]) -> None:
     check_loopback(url)
     if procs < 1 or concurrency < 1 or duration <= 0 or max_requests < 1:
         raise ConfigError("procs, concurrency, duration and max_requests must be positive")
@@ -94,59 +190,20 @@ def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs:
         raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     if not histories:
         raise ConfigError("run_load_procs: no histories to send")
-    conns = split(concurrency, procs)
-    n = len(conns)
-    ctx = mp.get_context("spawn")  # a fresh interpreter each: nothing of the parent's threads or CUDA state
-    barrier = ctx.Barrier(n + 1)
-    out = ctx.Queue()
-    share = [list(histories[i::n]) or list(histories) for i in range(n)]
-    per = [max(1, max_requests // n + (i < max_requests % n)) for i in range(n)]
-    ps = [ctx.Process(target=_child, args=(i, url, share[i], c, duration, per[i], body, timeout, client, path,
-                                           barrier, out, columns), daemon=True) for i, c in enumerate(conns)]
-    for p in ps:
-        p.start()
-    got: dict[int, Any] = {}
-    try:
-        try:
-            barrier.wait(timeout=300)  # every process has started and encoded its requests
-        except threading.BrokenBarrierError:
-            pass  # a child failed before the start: its error is on the queue
-        srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
-        t0 = time.perf_counter()
-        t_end = time.monotonic() + duration + timeout + 120
-        while len(got) < n:
-            try:
-                i, r = out.get(timeout=max(1.0, t_end - time.monotonic()))
-            except queue.Empty:
-                dead = [i for i, p in enumerate(ps) if i not in got and not p.is_alive()]
-                raise RuntimeError(f"load processes {dead or sorted(set(range(n)) - set(got))} gave no result") \
-                    from None
-            got[i] = r
-        wall = time.perf_counter() - t0
-        srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
-    finally:
-        for p in ps:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-    bad = {i: r for i, r in got.items() if isinstance(r, str)}
-    if bad:
-        raise RuntimeError("load process(es) failed: " + "; ".join(f"#{i}: {r}" for i, r in sorted(bad.items())))
-    res = BenchResult(0, 0, 0.0, client=client, client_loop=got[0]["client_loop"], procs=n)
-    for i in range(n):
-        r = got[i]
-        res.requests += r["requests"]
-        res.errors += r["errors"]
-        res.degraded += r["degraded"]
-        res.latencies_ms += r["latencies_ms"]
-        for s, c in r["statuses"].items():
-            res.statuses[s] = res.statuses.get(s, 0) + c
-    res.seconds = max(got[i]["seconds"] for i in range(n))
-    res.client_cpu_s = sum(got[i]["cpu_s"] for i in range(n))
-    res.client_busy = max(got[i]["cpu_s"] / max(got[i]["seconds"], 1e-9) for i in range(n))
-    if srv0 is not None and srv1 is not None:  # over the wall time the processes ran, scaled to theirs
-        res.server_cpu_s = (srv1 - srv0) * res.seconds / max(wall, 1e-9)
-    return res
+
+
+def run_load_procs(url: str, histories: Sequence[Sequence[int | str]], *, procs: int, concurrency: int,
+                   duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
+                   timeout: float = 30.0, client: str = "raw", path: str = "/v1/recommend",
+                   server_pid: int | None = None, columns: bool = False) -> BenchResult:
+    """``concurrency`` closed-loop clients (:func:`genrec.serve.loadgen.run_load`) spread over ``procs``
+    processes (:func:`split`; process ``i`` sends histories ``i, i + procs, ...``), started together; the
+    merged result, with the client processes' CPU (and the server's, given ``server_pid``). The processes are
+    spawned for this run (:class:`ClientProcs` keeps them for several)."""
+    _check(url, procs, concurrency, duration, max_requests, client, histories)
+    with ClientProcs(len(split(concurrency, procs))) as cp:
+        return cp.run(url, histories, concurrency=concurrency, duration=duration, max_requests=max_requests,
+                      body=body, timeout=timeout, client=client, path=path, server_pid=server_pid, columns=columns)
 
 
 BATCH_METRICS = ("genrec_batch_rows_count", "genrec_batch_rows_sum", "genrec_batch_latency_ms_sum",
@@ -180,12 +237,17 @@ def batch_counts(url: str) -> dict[str, float] | None:
 
 def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: int, procs: int = 1,
           duration: float = 60.0, max_requests: int = 1_000_000, body: dict[str, Any] | None = None,
-          client: str = "raw", server_pid: int | None = None, columns: bool = False) -> BenchResult:
+          client: str = "raw", server_pid: int | None = None, columns: bool = False,
+          pool: ClientProcs | None = None) -> BenchResult:
     """``concurrency`` closed-loop clients against ``url``: in this process (``procs`` 1) or spread over
-    ``procs`` processes (:func:`run_load_procs`); the server's CPU too, given ``server_pid``, and its micro-batches
-    (:func:`batch_counts`). ``columns``: the histories go as ``history_columns``."""
+    ``procs`` processes (:func:`run_load_procs`; ``pool``: over its processes instead, kept from run to run); the
+    server's CPU too, given ``server_pid``, and its micro-batches (:func:`batch_counts`). ``columns``: the
+    histories go as ``history_columns``."""
     b0 = batch_counts(url)
-    if procs > 1 and concurrency > 1:
+    if pool is not None and pool.procs > 1 and concurrency > 1:
+        res = pool.run(url, histories, concurrency=concurrency, duration=duration, max_requests=max_requests,
+                       body=body, client=client, server_pid=server_pid, columns=columns)
+    elif pool is None and procs > 1 and concurrency > 1:
         res = run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
                              max_requests=max_requests, body=body, client=client, server_pid=server_pid,
                              columns=columns)
