@@ -68,18 +68,18 @@ def proc_tree_cpu_s(pid: int) -> float | None:
 
 def _child(idx: int, url: str, histories: Sequence[Sequence[int | str]], conns: int, duration: float,
            max_requests: int, body: dict[str, Any] | None, timeout: float, client: str, path: str,
-           barrier: Any, out: Any, columns: bool = False) -> None:
-    """One client process: its closed loops from the barrier on; puts (idx, summary | error text) on ``out``."""
+           barrier: Any, out: Any, columns: bool = False, run: int = 0) -> None:
+    """One client process: its closed loops from the barrier on; puts (run, idx, summary | error text) on ``out``."""
     try:  # request bytes encoded, it waits for the others at the barrier, then starts its clock
         res = run_client(run_load(url, histories, duration=duration, concurrency=conns, max_requests=max_requests,
                                   body=body, timeout=timeout, client=client, path=path,
                                   ready=lambda: barrier.wait(timeout=300), columns=columns))
-        out.put((idx, {"requests": res.requests, "errors": res.errors, "seconds": res.seconds,
+        out.put((run, idx, {"requests": res.requests, "errors": res.errors, "seconds": res.seconds,
                        "latencies_ms": res.latencies_ms, "statuses": res.statuses, "degraded": res.degraded,
                        "client_loop": res.client_loop, "cpu_s": res.client_cpu_s}))
     except BaseException as e:  # noqa: BLE001 - the parent reports it, naming this process
         barrier.abort()
-        out.put((idx, f"{type(e).__name__}: {e}"))
+        out.put((run, idx, f"{type(e).__name__}: {e}"))
 
 
 def _worker(idx: int, jobs: Any, barrier: Any, out: Any) -> None:
@@ -89,10 +89,10 @@ def _worker(idx: int, jobs: Any, barrier: Any, out: Any) -> None:
         if job["conns"] == 0:  # not in this run: it only takes its place at the start
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=300)
-            out.put((idx, None))
+            out.put((job["run"], idx, None))
             continue
         _child(idx, job["url"], job["histories"], job["conns"], job["duration"], job["max_requests"], job["body"],
-               job["timeout"], job["client"], job["path"], barrier, out, job["columns"])
+               job["timeout"], job["client"], job["path"], barrier, out, job["columns"], job["run"])
 
 
 class ClientProcs:
@@ -104,6 +104,8 @@ class ClientProcs:
             raise ConfigError(f"procs must be positive, got {procs}")
         ctx = mp.get_context("spawn")  # a fresh interpreter each: nothing of the parent's threads or CUDA state
         self.procs = procs
+        self._run = 0  # each run's number, on its jobs and their results
+        self._stuck = False  # a run ended without every process's result: its processes may still be in it
         self._barrier = ctx.Barrier(procs + 1)
         self._out = ctx.Queue()
         self._jobs = [ctx.Queue() for _ in range(procs)]
@@ -133,6 +135,9 @@ class ClientProcs:
             columns: bool = False) -> BenchResult:
         """:func:`run_load_procs` on these processes (``concurrency`` spread over at most :attr:`procs`)."""
         _check(url, self.procs, concurrency, duration, max_requests, client, histories)
+        if self._stuck:
+            raise RuntimeError("these client processes did not finish an earlier run; start new ones")
+        self._run += 1
         conns = split(concurrency, self.procs)
         n = len(conns)
         share = [list(histories[i::n]) or list(histories) for i in range(n)]
@@ -140,7 +145,7 @@ class ClientProcs:
         for i, q in enumerate(self._jobs):
             q.put({"url": url, "histories": share[i] if i < n else [], "conns": conns[i] if i < n else 0,
                    "duration": duration, "max_requests": per[i] if i < n else 0, "body": body, "timeout": timeout,
-                   "client": client, "path": path, "columns": columns})
+                   "client": client, "path": path, "columns": columns, "run": self._run})
         got: dict[int, Any] = {}
         try:
             self._barrier.wait(timeout=300)  # every process has its job and has encoded its requests
@@ -151,12 +156,14 @@ class ClientProcs:
         t_end = time.monotonic() + duration + timeout + 120
         while len(got) < self.procs:
             try:
-                i, r = self._out.get(timeout=max(1.0, t_end - time.monotonic()))
+                run, i, r = self._out.get(timeout=max(1.0, t_end - time.monotonic()))
             except queue.Empty:
+                self._stuck = True
                 dead = [i for i, p in enumerate(self._ps) if i not in got and not p.is_alive()]
                 raise RuntimeError(f"load processes {dead or sorted(set(range(self.procs)) - set(got))} gave no "
                                    "result") from None
-            got[i] = r
+            if run == self._run:
+                got[i] = r
         wall = time.perf_counter() - t0
         srv1 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
         if self._barrier.broken:
