@@ -296,3 +296,27 @@ def test_in_history_equals_a_set_lookup(seed: int) -> None:
     assert got.dtype == np.float32 and got.shape == rows.shape
     want = [[float(r >= 0 and int(r) in set(h.tolist())) for r in row] for row, h in zip(rows, hist)]
     np.testing.assert_array_equal(got, np.asarray(want, np.float32).reshape(rows.shape))
+
+
+def test_the_answers_lists_are_built_after_the_model_lock(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Engine.run_many`` holds the model lock for the model's part only: the answers' lists (host work) are built
+    once it is let go, so the next batch can take the model meanwhile; what they hold is unchanged."""
+    import genrec.infer.calls as calls
+
+    eng = Engine.load(run)
+    args: dict[str, Any] = dict(k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    hists = _requests(eng, 31, 3)
+    want = eng.recommend_many(hists, **args)
+    held: list[bool] = []
+    build = calls.recommendation_lists
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        held.append(eng._model.locked())
+        return build(*a, **kw)
+
+    monkeypatch.setattr(calls, "recommendation_lists", spy)
+    got = eng.recommend_many(hists, **args)
+    assert held == [False]
+    for w, g in zip(want, got, strict=True):
+        assert [x["item_id"] for x in w["items"]] == [x["item_id"] for x in g["items"]]
+        assert [x["score"] for x in w["items"]] == [x["score"] for x in g["items"]]

@@ -9,7 +9,7 @@ only the real rows' answers are built (the copies' are dropped before any per-re
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from genrec.infer.results import RankedList, Recommendation, RecommendationList,
 if TYPE_CHECKING:  # these run over a Recommender; recommender.py imports this module
     from genrec.infer.recommender import Recommender
 
-__all__ = ["pad_rows", "rank_items", "run_parsed"]
+__all__ = ["pad_rows", "rank_items", "run_parsed", "start_parsed"]
 
 
 def pad_rows(rec: Recommender, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -34,26 +34,34 @@ def pad_rows(rec: Recommender, part: Sequence[dict[str, Any]]) -> list[dict[str,
     return list(part) + [part[0]] * (size - n)
 
 
-def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 10, beam_width: int = 20,
-               diversity_lambda: float = 0.0, sources: Sequence[str] | None = None, rank: bool | None = None,
-               overretrieve: int = 3, utility: Mapping[str, float] | None = None, exclude_history: bool = False,
-               surface: str | int | None = None, request_ts: int | None = None,
-               retrieval_weight: float | None = None, sid_weight: float | None = None,
-               action_weight: float | None = None, scorer: Scorer | None = None,
-               t_wall: float | None = None, transition_weight: float | None = None,
-               history_weight: float | None = None) -> list[RecommendationList]:
+def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], **kw: Any) -> list[RecommendationList]:
     """:meth:`Recommender.recommend <genrec.infer.recommender.Recommender.recommend>` (its arguments) for
-    histories already parsed (``rec.parse_history``; the service parses each request once), one list each.
-    With ``rec.buckets`` the batch runs in chunks of at most the largest bucket, each padded to its bucket
-    with copies of its first row (:mod:`genrec.infer.buckets`; the copies' answers are dropped). ``scorer``:
-    the ranking stage in place of ``rec.score_candidates`` (the service's remote ranker; no copy of ``rec``).
+    histories already parsed (``rec.parse_history``; the service parses each request once), one list each:
+    :func:`start_parsed` and its answers at once."""
+    return start_parsed(rec, parsed, **kw)()
+
+
+def start_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 10, beam_width: int = 20,
+                 diversity_lambda: float = 0.0, sources: Sequence[str] | None = None, rank: bool | None = None,
+                 overretrieve: int = 3, utility: Mapping[str, float] | None = None, exclude_history: bool = False,
+                 surface: str | int | None = None, request_ts: int | None = None,
+                 retrieval_weight: float | None = None, sid_weight: float | None = None,
+                 action_weight: float | None = None, scorer: Scorer | None = None,
+                 t_wall: float | None = None, transition_weight: float | None = None,
+                 history_weight: float | None = None) -> Callable[[], list[RecommendationList]]:
+    """The model's part of :func:`run_parsed` now (encode, beams, ANN, union, ranking, top-k), and a call that
+    builds the answers' lists from it (host work only, no device or model state: the service builds them after
+    it lets go of the model). With ``rec.buckets`` the batch runs in chunks of at most the largest bucket, each
+    padded to its bucket with copies of its first row (:mod:`genrec.infer.buckets`; the copies' answers are
+    dropped). ``scorer``: the ranking stage in place of ``rec.score_candidates`` (the service's remote ranker; no
+    copy of ``rec``).
     ``t_wall``: when the call started (``perf_counter``; default now), for the ``wall`` and ``parse`` timings."""
     t_wall = time.perf_counter() if t_wall is None else t_wall
     b = len(parsed)
     if b == 0:
         raise DataError("empty batch of histories", field="history")
     s = None if surface is None else vocab_index(surface, rec.surfaces, "surface", "surface")
-    outs: list[RecommendationList] = []
+    done: list[tuple[Any, Sequence[dict[str, Any]], float]] = []  # each chunk's top-k, its requests, its parse ms
     for lo, hi in rec.buckets.chunks(b) if rec.buckets is not None else [(0, b)]:
         part = parsed[lo:hi]
         rows = pad_rows(rec, part)
@@ -76,19 +84,25 @@ def run_parsed(rec: Recommender, parsed: Sequence[dict[str, Any]], *, k: int = 1
                             sid_weight=sid_weight, action_weight=action_weight, n_real=len(part), scorer=scorer,
                             last_rows=last_rows(rows), transition_weight=transition_weight, history_rows=hist,
                             history_weight=history_weight)
-        t0 = time.perf_counter()
-        with stage("results"):
-            res = res.head(len(part))
-            sids = None  # the catalogue's SIDs of every result row (the real codes, not the ones the model reads)
-            if rec.codes is not None and rec.catalog.codes is not None:
-                sids = rec.catalog.codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()  # [B, K, L]
-            got = recommendation_lists(res, part, rec.catalog, sids, rec.actions)
-        # outside the pipeline's "total": parsing + batching, building the results, the whole call
-        extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
-        for o in got:
-            o.timings_ms.update(extra)
-        outs.extend(got)
-    return outs
+        done.append((res.head(len(part)), part, t_parse))
+    codes = rec.catalog.codes if rec.codes is not None else None  # the catalogue's SIDs (on the host)
+
+    def answers() -> list[RecommendationList]:
+        outs: list[RecommendationList] = []
+        for res, part, t_parse in done:
+            t0 = time.perf_counter()
+            with stage("results"):
+                # the SIDs of every result row [B, K, L] (the real codes, not the ones the model reads)
+                sids = None if codes is None else codes[torch.from_numpy(np.maximum(res.rows, 0))].cpu().numpy()
+                got = recommendation_lists(res, part, rec.catalog, sids, rec.actions)
+            # outside the pipeline's "total": parsing + batching, building the results, the whole call
+            extra = {"parse": t_parse, "respond": _ms(t0), "wall": _ms(t_wall)}
+            for o in got:
+                o.timings_ms.update(extra)
+            outs.extend(got)
+        return outs
+
+    return answers
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 
 from genrec.catalog import open_store
 from genrec.errors import ConfigError, DataError, GenrecError
-from genrec.infer.calls import run_parsed
+from genrec.infer.calls import start_parsed
 from genrec.infer.funnel import Scorer
 from genrec.infer.history import HistoryColumns
 from genrec.infer.profile import stage
@@ -224,7 +224,7 @@ class Engine:
             rec = traced(rec, trace, self._leaf_rows())
         res = self._run(rec, [parsed], k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
                         sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                        exclude_history=exclude_history, scorer=scorer)[0]
+                        exclude_history=exclude_history, scorer=scorer)()[0]
         with stage("format"):
             out = self.answer(res)
         if trace is not None:
@@ -257,11 +257,12 @@ class Engine:
 
     @staticmethod
     def _run(rec: Any, parsed: list[dict[str, Any]], *, fusion: Mapping[str, float | None] | None,
-             sources: Sequence[str], **kw: Any) -> list[RecommendationList]:
-        """Parsed histories through ``rec`` (:func:`genrec.infer.calls.run_parsed`); input errors -> 422."""
+             sources: Sequence[str], **kw: Any) -> Callable[[], list[RecommendationList]]:
+        """Parsed histories through ``rec``'s model now, their answers' lists when the result is called
+        (:func:`genrec.infer.calls.start_parsed`); input errors -> 422."""
         try:
             fw: dict[str, Any] = _fusion_kw(fusion)
-            return run_parsed(rec, parsed, sources=list(sources), **kw, **fw)
+            return start_parsed(rec, parsed, sources=list(sources), **kw, **fw)
         except (DataError, ConfigError) as e:
             raise _input_error(e) from e
 
@@ -311,18 +312,19 @@ class Engine:
         """ONE padded prefill / beam search / ANN / ranking for parsed histories (:meth:`read`; in static shapes on
         a GPU: :mod:`genrec.infer.buckets`; the ranking through ``remote_rank``, one call for the batch, in
         two-process mode). Ranked here, it holds the engine's model lock: one batch runs at a time, whatever
-        thread calls; ``on_device`` gets its wall time (ms) under the lock; ``on_lock`` is called once it is held."""
+        thread calls; the answers' lists are built after the lock is let go (host work: the next batch runs
+        meanwhile). ``on_device`` gets its wall time (ms) under the lock; ``on_lock`` is called once it is held."""
         scorer = self._remote_scorer(remote_rank) if remote_rank is not None and rank else None
         with self._model if remote_rank is None else contextlib.nullcontext():
             t0 = time.perf_counter()
             if on_lock is not None:
                 on_lock()
-            res = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
-                            sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
-                            exclude_history=exclude_history, scorer=scorer)
+            answers = self._run(self.rec, parsed, k=k, beam_width=beam_width, diversity_lambda=diversity_lambda,
+                                sources=sources, rank=rank, surface=surface, request_ts=request_ts, fusion=fusion,
+                                exclude_history=exclude_history, scorer=scorer)
             if on_device is not None:
                 on_device((time.perf_counter() - t0) * 1e3)
-        return res
+        return answers()
 
     @staticmethod
     def answer(res: Any) -> dict[str, Any]:
