@@ -197,10 +197,8 @@ def main() -> None:
     named: dict[str, tuple[int, ...]] = {"auto": (a.beam_width,), "server": ()}
     warm = named[a.warm_beams] if a.warm_beams in named else tuple(int(w) for w in a.warm_beams.split(","))
     rows: list[dict[str, Any]] = []
-    stack = contextlib.ExitStack()  # the client processes, spawned once for every mode and client count
-    n_procs = len(split(max(clients), procs))
-    pool = stack.enter_context(ClientProcs(n_procs)) if n_procs > 1 else None
-    with stack:
+    n_procs = len(split(max(clients), procs))  # the client processes, spawned once for every mode and client count
+    with ClientProcs(n_procs) if n_procs > 1 else contextlib.nullcontext() as pool:
         for name, kw in modes:
             run_mode(a, name, kw, hist, warm, clients, procs, pool, rows)
     print("| mode | clients | procs | " + " | ".join(KEYS) + " |")

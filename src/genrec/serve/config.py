@@ -82,20 +82,15 @@ DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
 
 def _switch_interval_ms() -> float:
-    """``$GENREC_SWITCH_INTERVAL_MS``, else :data:`DEFAULT_SWITCH_INTERVAL_MS`."""
-    v = _env_number("GENREC_SWITCH_INTERVAL_MS")
-    return DEFAULT_SWITCH_INTERVAL_MS if v is None else v
-
-
-def _env_number(name: str) -> float | None:
-    """``$name`` as a number (None when unset or empty); anything else a :class:`ConfigError` naming it."""
-    raw = os.environ.get(name, "").strip()
+    """``$GENREC_SWITCH_INTERVAL_MS``, else :data:`DEFAULT_SWITCH_INTERVAL_MS`; not a number: a :class:`ConfigError`
+    naming the variable."""
+    raw = os.environ.get("GENREC_SWITCH_INTERVAL_MS", "").strip()
     if not raw:
-        return None
+        return DEFAULT_SWITCH_INTERVAL_MS
     try:
         return float(raw)
     except ValueError:
-        raise ConfigError(f"${name} must be a number, got {raw!r}") from None
+        raise ConfigError(f"$GENREC_SWITCH_INTERVAL_MS must be a number, got {raw!r}") from None
 
 
 @dataclass

@@ -251,13 +251,10 @@ def drive(url: str, histories: Sequence[Sequence[int | str]], *, concurrency: in
     server's CPU too, given ``server_pid``, and its micro-batches (:func:`batch_counts`). ``columns``: the
     histories go as ``history_columns``."""
     b0 = batch_counts(url)
-    if pool is not None and pool.procs > 1 and concurrency > 1:
-        res = pool.run(url, histories, concurrency=concurrency, duration=duration, max_requests=max_requests,
-                       body=body, client=client, server_pid=server_pid, columns=columns)
-    elif pool is None and procs > 1 and concurrency > 1:
-        res = run_load_procs(url, histories, procs=procs, concurrency=concurrency, duration=duration,
-                             max_requests=max_requests, body=body, client=client, server_pid=server_pid,
-                             columns=columns)
+    if (pool.procs if pool is not None else procs) > 1 and concurrency > 1:
+        kw: dict[str, Any] = dict(concurrency=concurrency, duration=duration, max_requests=max_requests, body=body,
+                                  client=client, server_pid=server_pid, columns=columns)
+        res = pool.run(url, histories, **kw) if pool is not None else run_load_procs(url, histories, procs=procs, **kw)
     else:
         srv0 = proc_tree_cpu_s(server_pid) if server_pid is not None else None
         res = run_client(run_load(url, histories, duration=duration, concurrency=concurrency,
