@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
@@ -25,6 +25,9 @@ import torch
 
 from genrec.errors import ConfigError, DataError
 from genrec.workdir import atomic_dir, atomic_write_json, manifest, read_json
+
+if TYPE_CHECKING:
+    from genrec.catalog import ItemCatalog
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class DeviceFlatSearch:
         self.index = index
         self.vecs = torch.from_numpy(index.vectors()).to(device)  # [N, D] float32
         self.device = self.vecs.device
+        self._rows_of: tuple[ItemCatalog, torch.Tensor] | None = None  # position_rows's table, per catalogue
 
     def __len__(self) -> int:
         return len(self.index)
@@ -167,11 +171,25 @@ class DeviceFlatSearch:
 
     def search_and_reconstruct(self, queries: np.ndarray | torch.Tensor, k: int
                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        scores, at, vecs = self.search_t(queries, k)
+        return self.index._ids(at.cpu().numpy()), scores.cpu().numpy(), vecs.cpu().numpy()
+
+    def search_t(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`search_and_reconstruct` left on the device: (scores [Q, k], index positions int64 [Q, k] (-1 past
+        the index's end), the vectors [Q, k, D] (nan there)); :meth:`position_rows` maps positions to rows."""
         scores, at = self._top(queries, k)
         vecs = self.vecs[at.clamp(min=0)]
         if k > len(self):  # the padded columns' vectors are nan, as faiss gives them
             vecs[:, len(self):] = float("nan")
-        return self.index._ids(at.cpu().numpy()), scores.cpu().numpy(), vecs.cpu().numpy()
+        return scores, at, vecs
+
+    def position_rows(self, catalog: ItemCatalog) -> torch.Tensor:
+        """int64 [N] on the device: the catalogue row of each index position (-1: an item the catalogue lacks),
+        made once per catalogue."""
+        if self._rows_of is None or self._rows_of[0] is not catalog:
+            rows = catalog.rows(self.index._ids(np.arange(len(self), dtype=np.int64)), strict=False)
+            self._rows_of = (catalog, torch.as_tensor(rows, dtype=torch.int64, device=self.device))
+        return self._rows_of[1]
 
 
 ANN_SEARCHES = ("auto", "faiss", "device")

@@ -23,6 +23,7 @@ import torch
 from genrec.decode.beam import BeamResult
 from genrec.decode.rows import compact, first_seen
 from genrec.errors import ConfigError
+from genrec.infer.device_funnel import l1_score, run_on_device, serves
 from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.infer.transitions import TransitionTable
@@ -300,24 +301,6 @@ def rank(rec: Recommender, cache: KVCache, user: torch.Tensor | None, cands: Can
         return score, p.cpu().numpy(), l1_parts
 
 
-def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None, trans: torch.Tensor | None = None,
-             hist: torch.Tensor | None = None, *, action_weight: float, retrieval_weight: float, sid_weight: float,
-             transition_weight: float = 0.0, history_weight: float = 0.0) -> torch.Tensor:
-    """The fused L1 score, written once for :func:`rank` and :func:`rank_given`: ``a * utility + w * dot + v *
-    sid_lp + t * trans + h * hist`` (a term whose weight is 0 is left out; ``sid_lp`` / ``trans`` / ``hist`` None:
-    no such term)."""
-    fused = action_weight * util
-    if retrieval_weight > 0:
-        fused = fused + retrieval_weight * dot
-    if sid_lp is not None and sid_weight > 0:
-        fused = fused + sid_weight * sid_lp
-    if trans is not None and transition_weight > 0:
-        fused = fused + transition_weight * trans
-    if hist is not None and history_weight != 0:
-        fused = fused + history_weight * hist
-    return fused
-
-
 def _request_keys(per_request: Sequence[np.ndarray], stride: int) -> np.ndarray:
     """int64 keys ``request * stride + row`` of every row in ``0 .. stride - 1`` of each request's list: one
     ``np.isin`` against ``b * stride + rows`` then asks "is this row in its request's list" for a whole batch."""
@@ -441,8 +424,19 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
     # the transition source runs where its term ranks (or parts are kept: choosing t, its rows are marked)
     t_src = trans if do_rank and (fw.transition_weight > 0 or keep_parts) else None
-    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real,
-                   reach=do_rank and (fw.sid_weight > 0 or keep_parts), trans=t_src)  # the reach: L1's SID term
+    reach = do_rank and (fw.sid_weight > 0 or keep_parts)  # the coarse-prefix SID stage's reach: L1's SID term
+    if serves(rec, srcs, exclude_rows=exclude_rows, transitions=t_src, keep_parts=keep_parts,
+              history_weight=fw.history_weight, do_rank=do_rank):  # the lists stay on the device: one copy back
+        out = run_on_device(rec, cache, user, srcs, b=b, n=n, k=k, beam_width=beam_width,
+                            diversity_lambda=diversity_lambda, t=t,
+                            reach=sid_reach_limit(rec, beam_width) if reach and "sid" in srcs else None,
+                            do_rank=do_rank, fw=fw, u=u, request_surface=request_surface, request_ts=request_ts,
+                            scorer=scorer)
+        t["total"] = sum(t.values())
+        out.timings_ms = t
+        return out
+    got = retrieve(rec, cache, user, srcs, b, n, extra, beam_width, diversity_lambda, t, n_real, reach=reach,
+                   trans=t_src)
     with stage("union", t):
         cands = union(got, b, n, exclude_rows)
     probs = l1_parts = None

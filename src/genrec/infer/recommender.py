@@ -124,6 +124,7 @@ class Recommender(SidStage):
         # `genrec sid assign` added since training have none and are reached through their prefix
         self.known_leaves: np.ndarray | None = None
         self.sid_mode = "auto"  # the SID stage's retrieval (infer.load.resolve_sid_mode; from_checkpoint sets it)
+        self.device_funnel: str | None = None  # auto / on / off (None: $GENREC_DEVICE_FUNNEL): infer.device_funnel
         self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
@@ -313,15 +314,18 @@ class Recommender(SidStage):
         return cache, user
 
     def score_candidates(self, cache: KVCache, rows: torch.Tensor, vecs: torch.Tensor | None = None,
-                         surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None) -> torch.Tensor:
+                         surface: torch.Tensor | None = None, request_ts: torch.Tensor | None = None, *,
+                         trusted: bool = False) -> torch.Tensor:
         """L1: action logits [B, M, C] of candidate rows [B, M] (pad rows may hold any valid row)
-        as a decode step over the cached history. ``vecs`` [B, M, item_dim] default: the item table."""
+        as a decode step over the cached history. ``vecs`` [B, M, item_dim] default: the item table.
+        ``trusted``: the rows and surfaces come from the catalogue and the parsed requests (the device funnel):
+        their bounds are not checked (the check is a device->host sync)."""
         cand_vecs = self.item_vecs[rows] if vecs is None else vecs
         if surface is None:
             surface = torch.zeros(rows.shape[0], dtype=torch.int64, device=rows.device)
         if request_ts is None and self.config.time_buckets > 0:
             request_ts = cache.last_ts
-        if surface.numel() or rows.numel():  # one device->host copy for the four bounds
+        if not trusted and (surface.numel() or rows.numel()):  # one device->host copy for the four bounds
             z = torch.zeros((), dtype=torch.int64, device=rows.device)
             lo_s, hi_s, lo_r, hi_r = torch.stack([
                 surface.min().long() if surface.numel() else z, surface.max().long() if surface.numel() else z,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from genrec.decode.beam import BeamResult, beam_search
 from genrec.decode.graphs import GraphedBeamSearch
 from genrec.decode.prefix import Order, PrefixLeaves, dense_leaf, pad_codebooks, prefix_search
-from genrec.decode.rows import beam_rows
+from genrec.decode.rows import beam_leaf_rows, beam_rows
 from genrec.decode.trie_torch import TorchTrie
 from genrec.errors import ConfigError
 from genrec.infer.load import trained_temperature
@@ -95,13 +95,36 @@ class SidStage:
         (:meth:`beam_rows`); "prefix" / "merged" / "dense": the coarse-prefix retrieval (:mod:`genrec.decode.prefix`:
         beams over levels 1..L-1, each item's log P(SID), the new-code rule's score, or with "dense" its prefix's
         log-prob plus its dense leaf score from ``user`` [B, D], this encoding's user vectors)."""
-        mode = self.served_sid_mode
-        if mode == "full":
+        if self.served_sid_mode == "full":
             with stage("sid.beams"):
                 beams = self.decode_sids(cache, beam_width, diversity_lambda)
             with stage("sid.rows"):
                 rows, lp = self.beam_rows(beams, limit)
             return beams, rows, lp
+        res = self._prefix_result(cache, beam_width, diversity_lambda, limit, user)
+        packed = torch.cat([res.rows.double(), res.scores.double()], 1).cpu().numpy()  # one device->host copy
+        rows = packed[:, :limit].astype(np.int64)
+        lp = np.where(rows >= 0, packed[:, limit:], np.nan).astype(np.float32)
+        return res.beams, rows, lp
+
+    def retrieve_sids_t(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
+                        user: torch.Tensor | None = None) -> tuple[BeamResult, torch.Tensor, torch.Tensor]:
+        """:meth:`retrieve_sids` left on the device, no device->host copy: (beams, rows int64 [B, X] (-1 pad),
+        float32 [B, X] log-probs (nan pad)). "full": X = the beam width, each beam's row in beam order, NOT
+        deduplicated (the union keeps a row's first beam, as :meth:`beam_rows` does); else X = ``limit``."""
+        if self.served_sid_mode == "full":
+            with stage("sid.beams"):
+                beams = self.decode_sids(cache, beam_width, diversity_lambda)
+            rows = beam_leaf_rows(beams, self.trie, self._leaf_tensor())  # type: ignore[arg-type]
+            return beams, rows, torch.where(rows >= 0, beams.scores.float(), float("nan"))
+        res = self._prefix_result(cache, beam_width, diversity_lambda, limit, user)
+        rows = res.rows[:, :limit].long()
+        return res.beams, rows, torch.where(rows >= 0, res.scores[:, :limit].float(), float("nan"))
+
+    def _prefix_result(self, cache: KVCache, beam_width: int, diversity_lambda: float, limit: int,
+                       user: torch.Tensor | None) -> Any:
+        """The coarse-prefix retrieval's result on the device (``PrefixResult``: rows, scores, beams)."""
+        mode = self.served_sid_mode
         if self.trie is None or self.leaf_rows is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
         self._leaves = PrefixLeaves.reuse(self._leaves, self.leaf_rows, self.known_leaves, self.trie.device)
@@ -113,26 +136,25 @@ class SidStage:
         graphed = self._beam_graphs_for(ctx)
         if graphed is not None and ctx is not None and graphed.supports_prefix(ctx):  # one replay: beams, leaves, order
             with stage("sid.graph"):
-                res = graphed.prefix(ctx, self._leaves[2], beam_width, limit, order=order,
-                                     diversity_lambda=diversity_lambda, user=dense_user, item_vecs=self.item_vecs,
-                                     temperature=trained_temperature(self.run_config))
-        else:
-            leaf = (None if dense_user is None else
-                    dense_leaf(dense_user, self.item_vecs, trained_temperature(self.run_config)))
-            res = prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
-                                limit, order=order, diversity_lambda=diversity_lambda, device=self.device,
-                                leaf_logits=leaf)
-        packed = torch.cat([res.rows.double(), res.scores.double()], 1).cpu().numpy()  # one device->host copy
-        rows = packed[:, :limit].astype(np.int64)
-        lp = np.where(rows >= 0, packed[:, limit:], np.nan).astype(np.float32)
-        return res.beams, rows, lp
+                return graphed.prefix(ctx, self._leaves[2], beam_width, limit, order=order,
+                                      diversity_lambda=diversity_lambda, user=dense_user, item_vecs=self.item_vecs,
+                                      temperature=trained_temperature(self.run_config))
+        leaf = (None if dense_user is None else
+                dense_leaf(dense_user, self.item_vecs, trained_temperature(self.run_config)))
+        return prefix_search(self._sid_step(cache, ctx), self.trie, self._leaves[2], cache.batch_size, beam_width,
+                             limit, order=order, diversity_lambda=diversity_lambda, device=self.device,
+                             leaf_logits=leaf)
 
-    def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Valid beams -> catalogue rows through the SID trie's leaves, beam order, deduplicated, at most
-        ``limit`` per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
+    def _leaf_tensor(self) -> torch.Tensor:
+        """:attr:`leaf_rows` on the trie's device (made once per leaf table)."""
         if self.trie is None or self.leaf_rows is None:
             raise ConfigError(f"layout {self.config.layout!r} has no SID stage")
         if self._leaf_t is None or self._leaf_t.device != self.trie.device or self._leaf_src is not self.leaf_rows:
             self._leaf_t = torch.as_tensor(np.asarray(self.leaf_rows, dtype=np.int64), device=self.trie.device)
             self._leaf_src = self.leaf_rows
-        return beam_rows(beams, self.trie, self._leaf_t, limit)
+        return self._leaf_t
+
+    def beam_rows(self, beams: BeamResult, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Valid beams -> catalogue rows through the SID trie's leaves, beam order, deduplicated, at most
+        ``limit`` per row: (rows int64 [B, limit] (-1 pad), beam log-prob of each [B, limit])."""
+        return beam_rows(beams, self.trie, self._leaf_tensor(), limit)  # type: ignore[arg-type]

@@ -1,0 +1,201 @@
+"""The funnel on the device (:mod:`genrec.infer.device_funnel`) against the host path it replaces
+(:mod:`genrec.infer.funnel`), the rule: each step on fresh random lists, and whole batches through the real engine
+(CPU here; the GPU with the ``gpu`` mark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import genrec.infer.funnel as funnel
+from genrec.decode.rows import first_seen
+from genrec.errors import ConfigError
+from genrec.infer.ann import DeviceFlatSearch
+from genrec.infer.device_funnel import (
+    TCandidates, first_seen_t, merged_order_t, sid_lp_t, top_k_t, union_t, unpack, wanted)
+from genrec.infer.funnel import Retrieved, _sid_lp_matrix, merged_order, top_k, union
+from genrec.serve.engine import Engine
+from tests.tiny_run import build_run
+
+
+def _lists(rng: np.random.Generator, b: int, n_items: int) -> Retrieved:
+    """Random L0 lists as the stages give them: SID rows distinct then -1 (or, as full-code beams, with repeats),
+    ANN rows with -1 anywhere and repeats."""
+    ws, wa = int(rng.integers(0, 12)), int(rng.integers(0, 12))
+    sid_rows = np.full((b, ws), -1, np.int64)
+    for i in range(b):
+        m = int(rng.integers(0, min(ws, n_items) + 1))
+        sid_rows[i, :m] = rng.choice(n_items, m, replace=False)
+    if rng.random() < 0.3:  # beams of one item (undeduplicated full-code beams)
+        sid_rows = np.where(sid_rows >= 0, sid_rows % max(1, n_items // 2), -1)
+    ann_rows = rng.integers(-1, n_items, (b, wa))
+    ann_rows[rng.random((b, wa)) < 0.2] = -1
+    sid_lp = np.where(sid_rows >= 0, -rng.random((b, ws)) * 5, np.nan).astype(np.float32)
+    ann_score = rng.normal(size=(b, wa)).astype(np.float32)
+    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None)
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _union_pair(seed: int) -> tuple[Any, TCandidates, np.random.Generator, Retrieved]:
+    rng = np.random.default_rng(seed)
+    b, n_items = int(rng.integers(1, 6)), int(rng.integers(3, 25))
+    got = _lists(rng, b, n_items)
+    n = int(rng.integers(1, 8))
+    return union(got, b, n, None), union_t(_t(got.sid_rows), _t(got.sid_lp), _t(got.ann_rows), _t(got.ann_score),
+                                           n), rng, got
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_union_on_the_device_equals_the_host_union(seed: int) -> None:
+    host, dev, _, got = _union_pair(seed)
+    m = host.width
+    assert dev.rows.shape[1] >= m  # static: the most the lists give
+    assert not dev.valid[:, m:].any()
+    np.testing.assert_array_equal(dev.valid[:, :m].numpy(), host.valid)
+    for f in ("rows", "src", "ann_at", "merged", "sid_lp", "ann_score"):  # the valid entries
+        np.testing.assert_array_equal(np.where(host.valid, getattr(dev, f)[:, :m].numpy(), 0),
+                                      np.where(host.valid, getattr(host, f), 0), err_msg=f)
+    np.testing.assert_array_equal(sid_lp_t(dev)[:, :m].numpy(), _sid_lp_matrix(host))
+    srcs = [s for s, w in (("sid", got.sid_rows.shape[1]), ("ann", got.ann_rows.shape[1])) if w] or ["sid"]
+    np.testing.assert_array_equal(merged_order_t(dev, srcs)[:, :m].numpy(), merged_order(host, srcs))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_sid_term_over_a_reach_equals_the_host_rule(seed: int) -> None:
+    host, dev, rng, _ = _union_pair(seed)
+    b, r = host.rows.shape[0], int(rng.integers(0, 15))
+    reach_rows = np.full((b, r), -1, np.int64)
+    for i in range(b):
+        k = int(rng.integers(0, min(r, 25) + 1))
+        reach_rows[i, :k] = rng.choice(25, k, replace=False)
+    reach_lp = np.where(reach_rows >= 0, -rng.random((b, r)) * 4, np.nan).astype(np.float32)
+    want = _sid_lp_matrix(host, (reach_rows, reach_lp))
+    np.testing.assert_array_equal(sid_lp_t(dev, (_t(reach_rows), _t(reach_lp)))[:, :host.width].numpy(), want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_top_k_on_the_device_equals_the_host_top_k(seed: int) -> None:
+    host, dev, rng, _ = _union_pair(seed)
+    m, big = host.width, dev.rows.shape[1]
+    score = np.round(rng.normal(size=(host.rows.shape[0], big)), 1).astype(np.float32)  # ties
+    score[rng.random(score.shape) < 0.1] = -np.inf
+    probs = rng.random((*score.shape, 3)).astype(np.float32)
+    k = int(rng.integers(1, 10))
+    want = top_k(host, score[:, :m], probs[:, :m], k, None)
+    got = unpack(top_k_t(dev, _t(score), _t(probs), k).numpy(), 3, None)
+    kk = want.rows.shape[1]
+    assert (got.rows[:, kk:] == -1).all()  # a wider union pads further
+    np.testing.assert_array_equal(got.rows[:, :kk], want.rows)
+    for f in ("scores", "src", "sid_lp", "ann_score", "probs"):
+        np.testing.assert_array_equal(getattr(got, f)[:, :kk], getattr(want, f), err_msg=f)
+    assert got.rows.dtype == np.int64 and got.src.dtype == np.int8
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_first_seen_on_the_device_equals_the_host_rule(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-2, 6, (int(rng.integers(1, 5)), int(rng.integers(0, 15))))
+    np.testing.assert_array_equal(first_seen_t(_t(a)).numpy(), first_seen(a))
+
+
+# ---------------------------------------------------------------- the real engine: device path == host path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    return build_run(tmp_path_factory.mktemp("device-funnel"), data_root, seed=3)
+
+
+def _requests(eng: Engine, seed: int, b: int) -> list[list[dict[str, Any]]]:
+    rng = np.random.default_rng(seed)
+    ids = eng.rec.catalog.item_ids
+    return [[{"item_id": int(x)} for x in rng.choice(ids, int(rng.integers(1, 2 * eng.context_len)))]
+            for _ in range(b)]
+
+
+CASES: list[dict[str, Any]] = [
+    dict(sources=["sid", "ann"], rank=True), dict(sources=["sid", "ann"], rank=False),
+    dict(sources=["sid"], rank=True), dict(sources=["ann"], rank=True), dict(sources=["sid"], rank=False),
+    dict(sources=["sid", "ann"], rank=True, fusion={"retrieval_weight": 0.5, "sid_weight": 0.3})]
+
+
+def _compare(on: Engine, off: Engine, calls: list[int], atol: float, seed0: int) -> None:
+    for c, kw in enumerate(CASES):
+        hs = _requests(on, seed0 + c, 6)
+        args: dict[str, Any] = dict(k=7, beam_width=12, diversity_lambda=0.0, **kw)
+        before = len(calls)
+        got, want = on.recommend_many(hs, **args), off.recommend_many(hs, **args)
+        assert len(calls) == before + 1, kw  # the device path ran, once for the batch
+        for g, w in zip(got, want, strict=True):
+            assert [x["item_id"] for x in g["items"]] == [x["item_id"] for x in w["items"]], kw
+            np.testing.assert_allclose([x["score"] for x in g["items"]], [x["score"] for x in w["items"]],
+                                       rtol=0, atol=atol)
+            assert [x["sources"] for x in g["items"]] == [x["sources"] for x in w["items"]]
+            assert [x["sid"] for x in g["items"]] == [x["sid"] for x in w["items"]]
+            if kw["rank"]:
+                np.testing.assert_allclose([list(x["action_probs"].values()) for x in g["items"]],
+                                           [list(x["action_probs"].values()) for x in w["items"]], rtol=0, atol=atol)
+
+
+def _engines(run: Path, device: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Engine, Engine, list[int]]:
+    monkeypatch.setenv("GENREC_SID_MODE", mode)
+    on, off = Engine.load(run, device=device), Engine.load(run, device=device)
+    for e in (on, off):  # the flat index searched by torch on both sides (on a CPU too), its vectors not the
+        if not isinstance(e.rec.ann, DeviceFlatSearch):  # item table's: the ANN candidates are ranked with the
+            e.rec.ann = DeviceFlatSearch(e.rec.ann, device)  # index's
+        e.rec.ann.vecs = e.rec.ann.vecs * torch.linspace(0.5, 1.5, e.rec.ann.vecs.shape[1], device=device)
+    on.rec.device_funnel, off.rec.device_funnel = "on", "off"
+    calls: list[int] = []
+    real = funnel.run_on_device
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(funnel, "run_on_device", spy)
+    return on, off, calls
+
+
+@pytest.mark.parametrize("mode", ["full", "dense", "prefix"])
+def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kind of request the device path serves, in each SID retrieval mode (full-code beams, undeduplicated
+    there; the coarse-prefix ones, with the SID term over their reach): the host path's answers."""
+    on, off, calls = _engines(run, "cpu", mode, monkeypatch)
+    assert on.rec.served_sid_mode == mode
+    _compare(on, off, calls, 1e-5, 0)
+    # what it does not serve goes to the host path: excluded history
+    hs = _requests(on, 99, 3)
+    args: dict[str, Any] = dict(k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    n = len(calls)
+    got, want = on.recommend_many(hs, exclude_history=True, **args), off.recommend_many(hs, exclude_history=True, **args)
+    assert len(calls) == n
+    assert [[x["item_id"] for x in g["items"]] for g in got] == [[x["item_id"] for x in w["items"]] for w in want]
+
+
+def test_the_device_funnel_setting(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = Engine.load(run)
+    monkeypatch.delenv("GENREC_DEVICE_FUNNEL", raising=False)
+    assert not wanted(eng.rec)  # auto: a CUDA device only
+    monkeypatch.setenv("GENREC_DEVICE_FUNNEL", "on")
+    assert wanted(eng.rec)
+    eng.rec.device_funnel = "off"  # the recommender's own setting first
+    assert not wanted(eng.rec)
+    eng.rec.device_funnel = "sometimes"
+    with pytest.raises(ConfigError, match="GENREC_DEVICE_FUNNEL"):
+        wanted(eng.rec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_the_engine_answers_the_same_on_the_device_path_on_the_gpu(run: Path, precision: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENREC_PRECISION", precision)
+    on, off, calls = _engines(run, "cuda", "dense", monkeypatch)
+    _compare(on, off, calls, 2e-3 if precision == "bf16" else 1e-4, 50)
