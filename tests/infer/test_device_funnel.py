@@ -16,7 +16,9 @@ from genrec.decode.rows import first_seen
 from genrec.errors import ConfigError
 from genrec.infer.ann import DeviceFlatSearch
 from genrec.infer.device_funnel import (
-    TCandidates, first_seen_t, merged_order_t, sid_lp_t, top_k_t, union_t, unpack, wanted)
+    DeviceTransitions, TCandidates, first_seen_t, merged_order_t, padded_rows, sid_lp_t, top_k_t, union_t, unpack,
+    wanted)
+from genrec.infer.transitions import TransitionTable
 from genrec.infer.funnel import Retrieved, _sid_lp_matrix, merged_order, top_k, union
 from genrec.serve.engine import Engine
 from tests.tiny_run import build_run
@@ -36,7 +38,14 @@ def _lists(rng: np.random.Generator, b: int, n_items: int) -> Retrieved:
     ann_rows[rng.random((b, wa)) < 0.2] = -1
     sid_lp = np.where(sid_rows >= 0, -rng.random((b, ws)) * 5, np.nan).astype(np.float32)
     ann_score = rng.normal(size=(b, wa)).astype(np.float32)
-    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None)
+    trans_rows = None
+    if rng.random() < 0.5:  # the last item's successors: distinct rows, then -1 pad
+        wt = int(rng.integers(0, 10))
+        trans_rows = np.full((b, wt), -1, np.int64)
+        for i in range(b):
+            m = int(rng.integers(0, min(wt, n_items) + 1))
+            trans_rows[i, :m] = rng.choice(n_items, m, replace=False)
+    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None, trans_rows=trans_rows)
 
 
 def _t(x: np.ndarray) -> torch.Tensor:
@@ -44,12 +53,20 @@ def _t(x: np.ndarray) -> torch.Tensor:
 
 
 def _union_pair(seed: int) -> tuple[Any, TCandidates, np.random.Generator, Retrieved]:
+    """The host union and the device one of the same random lists (with excluded rows, a transition source or
+    neither)."""
     rng = np.random.default_rng(seed)
     b, n_items = int(rng.integers(1, 6)), int(rng.integers(3, 25))
     got = _lists(rng, b, n_items)
+    excl = None
+    if rng.random() < 0.5:
+        excl = [rng.choice(n_items, int(rng.integers(0, min(6, n_items))), replace=False).astype(np.int64)
+                for _ in range(b)]
     n = int(rng.integers(1, 8))
-    return union(got, b, n, None), union_t(_t(got.sid_rows), _t(got.sid_lp), _t(got.ann_rows), _t(got.ann_score),
-                                           n), rng, got
+    dev = union_t(_t(got.sid_rows), _t(got.sid_lp), _t(got.ann_rows), _t(got.ann_score), n,
+                  None if excl is None else padded_rows(excl, torch.device("cpu")),
+                  None if got.trans_rows is None else _t(got.trans_rows))
+    return union(got, b, n, excl), dev, rng, got
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -105,6 +122,20 @@ def test_first_seen_on_the_device_equals_the_host_rule(seed: int) -> None:
     np.testing.assert_array_equal(first_seen_t(_t(a)).numpy(), first_seen(a))
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_transition_table_on_the_device_answers_as_on_the_host(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_items = int(rng.integers(1, 30))
+    seqs = [rng.integers(-1, n_items, int(rng.integers(0, 12))) for _ in range(int(rng.integers(0, 20)))]
+    table = TransitionTable.from_sequences(seqs, n_items)
+    dt = DeviceTransitions.of(table, torch.device("cpu"))
+    last = rng.integers(-1, n_items + 1, int(rng.integers(1, 6)))
+    rows = rng.integers(-1, n_items + 1, (len(last), int(rng.integers(0, 9))))
+    np.testing.assert_allclose(dt.log_prob(_t(last), _t(rows)).numpy(), table.log_prob(last, rows), rtol=1e-6)
+    n = int(rng.integers(0, 8))
+    np.testing.assert_array_equal(dt.successors(_t(last), n).numpy(), table.successors(last, n))
+
+
 # ---------------------------------------------------------------- the real engine: device path == host path
 
 
@@ -123,7 +154,12 @@ def _requests(eng: Engine, seed: int, b: int) -> list[list[dict[str, Any]]]:
 CASES: list[dict[str, Any]] = [
     dict(sources=["sid", "ann"], rank=True), dict(sources=["sid", "ann"], rank=False),
     dict(sources=["sid"], rank=True), dict(sources=["ann"], rank=True), dict(sources=["sid"], rank=False),
-    dict(sources=["sid", "ann"], rank=True, fusion={"retrieval_weight": 0.5, "sid_weight": 0.3})]
+    dict(sources=["sid", "ann"], rank=True, fusion={"retrieval_weight": 0.5, "sid_weight": 0.3}),
+    dict(sources=["sid", "ann"], rank=True, exclude_history=True),
+    dict(sources=["sid"], rank=False, exclude_history=True),
+    dict(sources=["sid", "ann"], rank=True, exclude_history=True,
+         fusion={"transition_weight": 0.7, "history_weight": -1.0, "sid_weight": 0.2}),
+    dict(sources=["sid", "ann"], rank=True, fusion={"transition_weight": 0.7, "history_weight": 0.5})]
 
 
 def _compare(on: Engine, off: Engine, calls: list[int], atol: float, seed0: int) -> None:
@@ -147,11 +183,15 @@ def _compare(on: Engine, off: Engine, calls: list[int], atol: float, seed0: int)
 def _engines(run: Path, device: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Engine, Engine, list[int]]:
     monkeypatch.setenv("GENREC_SID_MODE", mode)
     on, off = Engine.load(run, device=device), Engine.load(run, device=device)
+    rng = np.random.default_rng(0)  # a transition table (the tiny run has none): for the L1 transition term
+    n = len(on.rec.catalog)
+    table = TransitionTable.from_sequences([rng.integers(0, n, 30) % max(1, n // 3) for _ in range(200)], n)
     for e in (on, off):  # the flat index searched by torch on both sides (on a CPU too), its vectors not the
         if not isinstance(e.rec.ann, DeviceFlatSearch):  # item table's: the ANN candidates are ranked with the
             e.rec.ann = DeviceFlatSearch(e.rec.ann, device)  # index's
         e.rec.ann.vecs = e.rec.ann.vecs * torch.linspace(0.5, 1.5, e.rec.ann.vecs.shape[1], device=device)
     on.rec.device_funnel, off.rec.device_funnel = "on", "off"
+    on.rec.transitions = off.rec.transitions = table
     calls: list[int] = []
     real = funnel.run_on_device
 
@@ -166,17 +206,17 @@ def _engines(run: Path, device: str, mode: str, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("mode", ["full", "dense", "prefix"])
 def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every kind of request the device path serves, in each SID retrieval mode (full-code beams, undeduplicated
-    there; the coarse-prefix ones, with the SID term over their reach): the host path's answers."""
+    there; the coarse-prefix ones, with the SID term over their reach), excluded history, the transition source
+    and term and the history term included: the host path's answers."""
     on, off, calls = _engines(run, "cpu", mode, monkeypatch)
     assert on.rec.served_sid_mode == mode
     _compare(on, off, calls, 1e-5, 0)
-    # what it does not serve goes to the host path: excluded history
-    hs = _requests(on, 99, 3)
-    args: dict[str, Any] = dict(k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    # what it does not serve goes to the host path: the score parts of the offline fusion tuning
+    rec, hs = on.rec, _requests(on, 99, 3)
+    mb, _ = rec.history_batch([rec.parse_history(h) for h in hs])
     n = len(calls)
-    got, want = on.recommend_many(hs, exclude_history=True, **args), off.recommend_many(hs, exclude_history=True, **args)
-    assert len(calls) == n
-    assert [[x["item_id"] for x in g["items"]] for g in got] == [[x["item_id"] for x in w["items"]] for w in want]
+    got = rec.run_batch(mb, k=5, beam_width=8, keep_parts=True)
+    assert len(calls) == n and got.l1_parts is not None
 
 
 def test_the_device_funnel_setting(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:

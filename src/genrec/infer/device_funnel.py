@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from genrec.errors import ConfigError
+from genrec.infer.ann import DeviceFlatSearch
 from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.model.kv_cache import KVCache
@@ -31,9 +32,10 @@ from genrec.model.kv_cache import KVCache
 if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py imports the funnel
     from genrec.infer.fusion import FusionWeights
     from genrec.infer.recommender import Recommender
+    from genrec.infer.transitions import TransitionTable
 
-__all__ = ["DEVICE_FUNNEL", "TCandidates", "first_seen_t", "l1_score", "run_on_device", "serves", "sid_lp_t",
-           "top_k_t", "union_t"]
+__all__ = ["DEVICE_FUNNEL", "DeviceTransitions", "TCandidates", "append_transitions", "first_seen_t", "l1_score",
+           "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t", "union_t"]
 
 DEVICE_FUNNEL = ("auto", "on", "off")
 
@@ -66,15 +68,66 @@ def wanted(rec: Recommender) -> bool:
     return m == "on" or (m == "auto" and rec.device.type == "cuda")
 
 
-def serves(rec: Recommender, srcs: Sequence[str], *, exclude_rows: Any, transitions: Any, keep_parts: bool,
-           history_weight: float, do_rank: bool) -> bool:
-    """Whether this call runs on the device (:func:`wanted`, and a request this path serves: nothing excluded,
-    no transition source, no score parts, no history term, the ANN searched on the device or not at all)."""
-    if not wanted(rec) or exclude_rows is not None or transitions is not None or keep_parts:
-        return False
-    if do_rank and history_weight != 0:
-        return False
-    return "ann" not in srcs or hasattr(rec.ann, "search_t")
+def serves(rec: Recommender, srcs: Sequence[str], *, keep_parts: bool) -> bool:
+    """Whether this call runs on the device (:func:`wanted`, and a request this path serves: every online one --
+    excluded history, the transition source and term, the history term included -- but the score parts of the
+    offline fusion tuning, with the ANN searched on the device or not at all)."""
+    return wanted(rec) and not keep_parts and ("ann" not in srcs or isinstance(rec.ann, DeviceFlatSearch))
+
+
+def padded_rows(per_request: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
+    """int64 [B, H] on ``device``: each request's rows, -1 pad (H >= 1). Copied before the encode: a copy from
+    pageable host memory waits for the device's queue, so none is made once the batch's work is queued."""
+    h = max(1, max((len(x) for x in per_request), default=0))
+    out = np.full((len(per_request), h), -1, np.int64)
+    for i, x in enumerate(per_request):
+        out[i, :len(x)] = x
+    return torch.from_numpy(out).to(device)
+
+
+@dataclass
+class DeviceTransitions:
+    """A :class:`genrec.infer.transitions.TransitionTable` on the device (the twin of its ``log_prob`` and
+    ``successors``): sorted pair keys, counts, out-degrees, and each source's destinations by count."""
+
+    keys: torch.Tensor
+    counts: torch.Tensor
+    out_degree: torch.Tensor
+    ptr: torch.Tensor
+    dst: torch.Tensor
+    n_items: int
+
+    @classmethod
+    def of(cls, table: TransitionTable, device: torch.device) -> DeviceTransitions:
+        ptr, dst = table._by_count
+        keys, counts, deg, ptr_t, dst_t = (torch.as_tensor(np.asarray(x, np.int64), device=device)
+                                           for x in (table.keys, table.counts, table.out_degree, ptr, dst))
+        return cls(keys, counts, deg, ptr_t, dst_t, table.n_items)
+
+    def log_prob(self, last: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """float32 [B, M]: ``log P(rows[b, j] | last[b])`` (add-one smoothed); 0 where either is missing."""
+        n = self.n_items
+        ok = (rows >= 0) & (rows < n) & ((last >= 0) & (last < n))[:, None]
+        src = last.clamp(0, max(n - 1, 0))
+        key = src[:, None] * n + rows.clamp(0, max(n - 1, 0))
+        if len(self.keys):
+            i = torch.searchsorted(self.keys, key).clamp(max=len(self.keys) - 1)
+            c = torch.where(self.keys[i] == key, self.counts[i], 0)
+        else:
+            c = torch.zeros_like(key)
+        lp = torch.log((c.double() + 1.0) / (self.out_degree[src][:, None].double() + n))
+        return torch.where(ok, lp, 0.0).float()
+
+    def successors(self, last: torch.Tensor, n: int) -> torch.Tensor:
+        """int64 [B, n]: each ``last[b]``'s (up to) ``n`` most frequent successors, most first, -1 past them."""
+        if n <= 0 or not len(self.keys):
+            return torch.full((len(last), max(n, 0)), -1, dtype=torch.int64, device=last.device)
+        ok = (last >= 0) & (last < self.n_items)
+        at = last.clamp(0, self.n_items - 1)
+        start = torch.where(ok, self.ptr[at], 0)
+        count = torch.where(ok, self.ptr[at + 1] - start, 0)
+        j = torch.arange(n, device=last.device)[None, :]
+        return torch.where(j < count[:, None], self.dst[(start[:, None] + j).clamp(max=len(self.dst) - 1)], -1)
 
 
 def first_seen_t(a: torch.Tensor) -> torch.Tensor:
@@ -116,18 +169,27 @@ class TCandidates:
     merged: torch.Tensor
 
 
+def _kept(rows: torch.Tensor, n: int, exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` distinct rows (>= 0) of each list not in its request's ``exclude`` [B, E] (-1 pad), and
+    each entry's place among the kept (the host union's ``kept``)."""
+    keep = first_seen_t(rows)
+    if exclude is not None:
+        keep = keep & ~_match(rows, exclude, exclude >= 0)[0]
+    return _first_n(keep, n)
+
+
 def union_t(sid_rows: torch.Tensor, sid_lp: torch.Tensor, ann_rows: torch.Tensor, ann_score: torch.Tensor,
-            n: int) -> TCandidates:
-    """The union of :func:`genrec.infer.funnel.union` (no exclusion, no transition source) on the device: the
-    first ``n`` distinct rows of each list (rows < 0 skipped), the SID ones in beam order, then the ANN ones the
-    SID list lacks in ANN order; a row both found carries both scores. Entries not placed are scattered to a
-    column past the end, then cut."""
+            n: int, exclude: torch.Tensor | None = None, trans_rows: torch.Tensor | None = None) -> TCandidates:
+    """The union of :func:`genrec.infer.funnel.union` on the device: the first ``n`` distinct rows of each list
+    (rows < 0 and a request's ``exclude`` rows [B, E] skipped), the SID ones in beam order, then the ANN ones the
+    SID list lacks in ANN order; a row both found carries both scores; then the transition source's ``trans_rows``
+    (:func:`append_transitions`). Entries not placed are scattered to a column past the end, then cut."""
     b, s = sid_rows.shape
     a = ann_rows.shape[1]
     dev = sid_rows.device
     m = max(1, min(s, n) + min(a, n))
-    ks, ps = _first_n(first_seen_t(sid_rows), n)
-    ka, pa = _first_n(first_seen_t(ann_rows), n)
+    ks, ps = _kept(sid_rows, n, exclude)
+    ka, pa = _kept(ann_rows, n, exclude)
     n_s = ks.sum(1)
     found, at_s = _match(ann_rows, sid_rows, ks)
     hit = ka & found  # a kept ANN row among the kept SID rows
@@ -153,7 +215,40 @@ def union_t(sid_rows: torch.Tensor, sid_lp: torch.Tensor, ann_rows: torch.Tensor
     valid = torch.arange(m, device=dev)[None, :] < counts[:, None]
     order = torch.argsort(first[:, :m], dim=1, stable=True)
     merged = torch.where(valid, torch.argsort(order, dim=1, stable=True), 0)
-    return TCandidates(rows[:, :m], valid, src[:, :m], lp[:, :m], sc[:, :m], ann_at[:, :m], merged)
+    c = TCandidates(rows[:, :m], valid, src[:, :m], lp[:, :m], sc[:, :m], ann_at[:, :m], merged)
+    return c if trans_rows is None or not trans_rows.shape[1] else append_transitions(c, trans_rows, n, exclude)
+
+
+def _grown(x: torch.Tensor, w: int, fill: float | int) -> torch.Tensor:
+    """``x`` [B, M] widened to [B, w] with ``fill``."""
+    out = torch.full((x.shape[0], w), fill, dtype=x.dtype, device=x.device)
+    out[:, :x.shape[1]] = x
+    return out
+
+
+def append_transitions(c: TCandidates, trans_rows: torch.Tensor, n: int, exclude: torch.Tensor | None
+                       ) -> TCandidates:
+    """The union with the transition source's first ``n`` kept rows (the twin of funnel's ``_append_transitions``):
+    a row already there gains bit 4, a new one goes after the request's other rows, in successor order, with no
+    SID or ANN score, its merged place its column."""
+    b, m = c.rows.shape
+    kt, _ = _kept(trans_rows, n, exclude)
+    found, at = _match(trans_rows, c.rows, c.valid)
+    old, new = kt & found, kt & ~found
+    w = m + min(trans_rows.shape[1], n)
+    mark = torch.zeros(b, w + 1, dtype=torch.bool, device=c.rows.device).scatter_(1, torch.where(old, at, w), True)
+    counts = c.valid.sum(1)
+    col = torch.where(new, counts[:, None] + new.long().cumsum(1) - 1, w)
+    rows, src = _grown(c.rows, w + 1, 0), _grown(c.src, w + 1, 0)
+    src = torch.where(mark, src | 4, src)
+    merged = _grown(c.merged, w + 1, 0)
+    rows.scatter_(1, col, trans_rows.long())
+    src.scatter_(1, col, torch.full_like(col, 4, dtype=torch.int8))
+    merged.scatter_(1, col, col)
+    counts = counts + new.sum(1)
+    valid = torch.arange(w, device=c.rows.device)[None, :] < counts[:, None]
+    return TCandidates(rows[:, :w], valid, src[:, :w], _grown(c.sid_lp, w, float("nan")),
+                       _grown(c.ann_score, w, float("nan")), _grown(c.ann_at, w, -1), merged[:, :w])
 
 
 def _row_floor_t(scores: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
@@ -221,14 +316,54 @@ def merged_order_t(c: TCandidates, srcs: Sequence[str]) -> torch.Tensor:
     return torch.where(c.valid, score, 0.0)
 
 
+def device_inputs(rec: Recommender, *, exclude_rows: Sequence[np.ndarray] | None,
+                  history_rows: Sequence[np.ndarray] | None, trans: tuple[TransitionTable, np.ndarray] | None
+                  ) -> DeviceInputs:
+    """A batch's :class:`DeviceInputs` on ``rec``'s device, made before its encode (the table copied once per
+    table: ``rec.device_tables``)."""
+    dev = rec.device
+    ex = None if exclude_rows is None else padded_rows(exclude_rows, dev)
+    hist = ex if history_rows is exclude_rows else None if history_rows is None else padded_rows(history_rows, dev)
+    if trans is None:
+        return DeviceInputs(ex, hist)
+    table, last = trans
+    got = rec.device_tables.get(id(table))
+    if got is None or got[0] is not table:
+        got = rec.device_tables[id(table)] = (table, DeviceTransitions.of(table, dev))
+    return DeviceInputs(ex, hist, got[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev))
+
+
+def sid_width(beam_width: int, extra: int, srcs: Sequence[str]) -> int:
+    """The SID stage's beam width for a call excluding up to ``extra`` rows a request: where the beams are the
+    only candidates, an excluded item empties at most one beam (one SID each), so ``beam_width + extra`` beams keep
+    >= ``beam_width`` live ones -- a power of two, so graphed beam searches capture a few widths, not one per
+    history length; else ``beam_width``."""
+    if extra and "ann" not in srcs:
+        return 1 << (beam_width + extra - 1).bit_length()
+    return beam_width
+
+
+@dataclass
+class DeviceInputs:
+    """What a batch's device funnel reads beside the encoding, copied before the encode (:func:`padded_rows`):
+    each request's excluded rows and history rows [B, H] (-1 pad; None: not asked), the transition table and each
+    request's last row [B] (None: no transition source or term)."""
+
+    exclude: torch.Tensor | None = None
+    history: torch.Tensor | None = None
+    transitions: DeviceTransitions | None = None
+    last: torch.Tensor | None = None
+
+
 def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], *, b: int,
-                  n: int, k: int, beam_width: int, diversity_lambda: float, t: dict[str, float], reach: int | None,
-                  do_rank: bool, fw: FusionWeights, u: torch.Tensor, request_surface: torch.Tensor | None,
-                  request_ts: torch.Tensor | None, scorer: Callable[..., torch.Tensor] | None) -> BatchResult:
+                  n: int, extra: int, k: int, beam_width: int, diversity_lambda: float, t: dict[str, float],
+                  reach: int | None, do_rank: bool, fw: FusionWeights, u: torch.Tensor, inputs: DeviceInputs,
+                  request_surface: torch.Tensor | None, request_ts: torch.Tensor | None,
+                  scorer: Callable[..., torch.Tensor] | None) -> BatchResult:
     """L0 -> union -> L1 -> top k for one encoded batch, on the device, one copy back (see the module's
-    docstring; :func:`genrec.infer.funnel.run_funnel` calls it where :func:`serves`). ``reach``: the most rows a
-    coarse-prefix SID stage reaches (``funnel.sid_reach_limit``), whose whole reach is then L1's SID term; None:
-    no reach kept."""
+    docstring; :func:`genrec.infer.funnel.run_funnel` calls it where :func:`serves`): each list over-retrieves
+    by ``extra`` (the most rows a request excludes). ``reach``: the most rows a coarse-prefix SID stage reaches
+    (``funnel.sid_reach_limit``), whose whole reach is then L1's SID term; None: no reach kept."""
     dev = rec.device
     beams, reach_t = None, None
     sid_rows = torch.full((b, 0), -1, dtype=torch.int64, device=dev)
@@ -236,11 +371,12 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
     if "sid" in srcs:
         with stage("sid", t):
             whole = reach is not None and rec.served_sid_mode != "full"
-            lim = max(n, reach) if whole and reach is not None else n
-            beams, sid_rows, sid_lp = rec.retrieve_sids_t(cache, beam_width, diversity_lambda, lim, user)
+            lim = max(n + extra, reach) if whole and reach is not None else n + extra
+            beams, sid_rows, sid_lp = rec.retrieve_sids_t(cache, sid_width(beam_width, extra, srcs), diversity_lambda,
+                                                          lim, user)
             if whole:
                 reach_t = (sid_rows, sid_lp)
-                sid_rows, sid_lp = sid_rows[:, :n], sid_lp[:, :n]
+                sid_rows, sid_lp = sid_rows[:, :n + extra], sid_lp[:, :n + extra]
     ann_rows = torch.full((b, 0), -1, dtype=torch.int64, device=dev)
     ann_score = torch.zeros((b, 0), dtype=torch.float32, device=dev)
     ann_vecs = None
@@ -248,11 +384,16 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
         with stage("ann", t):
             if rec.ann is None or user is None:
                 raise ConfigError("the ANN stage needs an index and a user vector")
-            ann_score, at, ann_vecs = rec.ann.search_t(user.float(), min(n, len(rec.ann)))  # type: ignore[union-attr]
-            table = rec.ann.position_rows(rec.catalog)  # type: ignore[union-attr]
+            ann = rec.ann
+            assert isinstance(ann, DeviceFlatSearch)  # serves(): a device-side search
+            ann_score, at, ann_vecs = ann.search_t(user.float(), min(n + extra, len(ann)))
+            table = ann.position_rows(rec.catalog)
             ann_rows = torch.where(at >= 0, table[at.clamp(min=0)], -1)
+    trans, last = inputs.transitions, inputs.last
+    t_src = trans is not None and last is not None and do_rank and fw.transition_weight > 0
     with stage("union", t):
-        c = union_t(sid_rows, sid_lp, ann_rows, ann_score, n)
+        tr = trans.successors(last, n + extra) if t_src and trans is not None and last is not None else None
+        c = union_t(sid_rows, sid_lp, ann_rows, ann_score, n, inputs.exclude, tr)
     probs = None
     if do_rank:
         with stage("rank", t):
@@ -268,9 +409,17 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
             dot = torch.zeros_like(util)
             if fw.retrieval_weight > 0 and user is not None:
                 dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
+            live = torch.where(c.valid, c.rows, -1)
             lp_m = sid_lp_t(c, reach_t) if fw.sid_weight > 0 else None
-            score = l1_score(util, dot, lp_m, action_weight=fw.action_weight, retrieval_weight=fw.retrieval_weight,
-                             sid_weight=fw.sid_weight)
+            trans_m = trans.log_prob(last, live) if t_src and trans is not None and last is not None else None
+            hist_m = None
+            if fw.history_weight != 0:
+                if inputs.history is None:
+                    raise ConfigError("history_weight != 0: the histories' rows were not given")
+                hist_m = _match(live, inputs.history, inputs.history >= 0)[0].float()
+            score = l1_score(util, dot, lp_m, trans_m, hist_m, action_weight=fw.action_weight,
+                             retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
+                             transition_weight=fw.transition_weight, history_weight=fw.history_weight)
     else:
         score = merged_order_t(c, srcs)
     with stage("topk", t):

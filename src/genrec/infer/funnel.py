@@ -23,7 +23,7 @@ import torch
 from genrec.decode.beam import BeamResult
 from genrec.decode.rows import compact, first_seen
 from genrec.errors import ConfigError
-from genrec.infer.device_funnel import l1_score, run_on_device, serves
+from genrec.infer.device_funnel import device_inputs, l1_score, run_on_device, serves, sid_width
 from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.infer.transitions import TransitionTable
@@ -144,12 +144,7 @@ def retrieve(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: 
     sid_lp = np.zeros((b, 0), np.float32)
     if "sid" in srcs:
         with stage("sid", t):
-            width = beam_width
-            if extra and "ann" not in srcs:
-                # the beams are the only candidates: an excluded item empties at most one beam (one SID
-                # each), so beam_width + extra beams keep >= beam_width live ones; a power of two, so
-                # graphed beam searches capture a few widths, not one per history length
-                width = 1 << (beam_width + extra - 1).bit_length()
+            width = sid_width(beam_width, extra, srcs)
             whole = reach and rec.served_sid_mode != "full"  # a coarse-prefix stage's whole reach: L1's SID term
             lim = max(n + extra, sid_reach_limit(rec, width)) if whole else n + extra
             beams, sid_rows, sid_lp = rec.retrieve_sids(cache, width, diversity_lambda, lim, user)
@@ -416,22 +411,26 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     trans = transition_input(rec, transitions, last_rows, fw.transition_weight if do_rank else 0.0)
     u = rec.utility_vector(utility)
     t: dict[str, float] = {}
+    # the transition source runs where its term ranks (or parts are kept: choosing t, its rows are marked)
+    t_src = trans if do_rank and (fw.transition_weight > 0 or keep_parts) else None
+    on_dev = serves(rec, srcs, keep_parts=keep_parts)  # the lists stay on the device: one copy back
+    if on_dev:  # what the device funnel reads beside the encoding, copied before it
+        d_in = device_inputs(rec, exclude_rows=exclude_rows, history_rows=history_rows if do_rank and
+                             fw.history_weight != 0 else None, trans=t_src)
     with stage("encode", t):
         cache, user = rec.encode(mb)
     b = mb.actions.shape[0]
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)
-    # the transition source runs where its term ranks (or parts are kept: choosing t, its rows are marked)
-    t_src = trans if do_rank and (fw.transition_weight > 0 or keep_parts) else None
     reach = do_rank and (fw.sid_weight > 0 or keep_parts)  # the coarse-prefix SID stage's reach: L1's SID term
-    if serves(rec, srcs, exclude_rows=exclude_rows, transitions=t_src, keep_parts=keep_parts,
-              history_weight=fw.history_weight, do_rank=do_rank):  # the lists stay on the device: one copy back
-        out = run_on_device(rec, cache, user, srcs, b=b, n=n, k=k, beam_width=beam_width,
+    if on_dev:
+        width = sid_width(beam_width, extra, srcs)
+        out = run_on_device(rec, cache, user, srcs, b=b, n=n, extra=extra, k=k, beam_width=beam_width,
                             diversity_lambda=diversity_lambda, t=t,
-                            reach=sid_reach_limit(rec, beam_width) if reach and "sid" in srcs else None,
-                            do_rank=do_rank, fw=fw, u=u, request_surface=request_surface, request_ts=request_ts,
-                            scorer=scorer)
+                            reach=sid_reach_limit(rec, width) if reach and "sid" in srcs else None,
+                            do_rank=do_rank, fw=fw, u=u, inputs=d_in, request_surface=request_surface,
+                            request_ts=request_ts, scorer=scorer)
         t["total"] = sum(t.values())
         out.timings_ms = t
         return out
