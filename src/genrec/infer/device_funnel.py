@@ -363,7 +363,9 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
     """L0 -> union -> L1 -> top k for one encoded batch, on the device, one copy back (see the module's
     docstring; :func:`genrec.infer.funnel.run_funnel` calls it where :func:`serves`): each list over-retrieves
     by ``extra`` (the most rows a request excludes). ``reach``: the most rows a coarse-prefix SID stage reaches
-    (``funnel.sid_reach_limit``), whose whole reach is then L1's SID term; None: no reach kept."""
+    (``funnel.sid_reach_limit``), whose whole reach is then L1's SID term; None: no reach kept. The stages'
+    timings into ``t`` are the host's: work is queued, not waited for, so the device's time lands in "topk" (the
+    one copy back)."""
     dev = rec.device
     beams, reach_t = None, None
     sid_rows = torch.full((b, 0), -1, dtype=torch.int64, device=dev)
