@@ -239,3 +239,70 @@ def test_the_engine_answers_the_same_on_the_device_path_on_the_gpu(run: Path, pr
     monkeypatch.setenv("GENREC_PRECISION", precision)
     on, off, calls = _engines(run, "cuda", "dense", monkeypatch)
     _compare(on, off, calls, 2e-3 if precision == "bf16" else 1e-4, 50)
+
+
+def test_the_device_path_reads_nothing_back_but_its_answers(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the encode, the device funnel's own steps (union, ranking's inputs, fusion, top k) never read a tensor
+    back to the host -- no ``item``, ``tolist``, truth value or copy -- but the one copy of the answers: on a GPU each
+    would be a sync. The model's stages (the SID search, the ranking decode) are checked by the GPU test below."""
+    import inspect
+
+    on, _, calls = _engines(run, "cpu", "dense", monkeypatch)
+    reads: list[str] = []
+    inside = [False]
+    skip = {"retrieve_sids_t", "score_candidates", "search_t", "position_rows"}  # the stages' own code
+
+    def spying(name: str) -> Any:
+        real = getattr(torch.Tensor, name)
+
+        def f(self: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            if inside[0] and not {fr.function for fr in inspect.stack()[1:12]} & skip:
+                reads.append(f"{name} at {inspect.stack()[1].function}")
+            return real(self, *a, **kw)
+        return f
+
+    for name in ("item", "tolist", "__bool__", "cpu", "numpy", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, spying(name))
+    real_run = funnel.run_on_device
+
+    def watched(*a: Any, **kw: Any) -> Any:
+        inside[0] = True
+        try:
+            return real_run(*a, **kw)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(funnel, "run_on_device", watched)
+    hs = _requests(on, 5, 4)
+    for kw in CASES:
+        reads.clear()
+        on.recommend_many(hs, k=5, beam_width=8, diversity_lambda=0.0, **kw)
+        assert reads == ["cpu at run_on_device", "numpy at run_on_device"], (kw, reads)
+
+
+@pytest.mark.gpu
+def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, with graphs: from the end of the encode to the answers the device funnel synchronises with the
+    GPU once (the answers' copy; ``torch.cuda.set_sync_debug_mode`` warns on every synchronising call)."""
+    import warnings
+
+    on, _, calls = _engines(run, "cuda", "dense", monkeypatch)
+    hs = _requests(on, 6, 4)
+    args: dict[str, Any] = dict(k=7, beam_width=12, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    on.recommend_many(hs, **args)  # graphs captured
+    real_run = funnel.run_on_device
+    seen: list[str] = []
+
+    def watched(*a: Any, **kw: Any) -> Any:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return real_run(*a, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                seen.extend(f"{x.filename}:{x.lineno}" for x in w if "synchroniz" in str(x.message))
+
+    monkeypatch.setattr(funnel, "run_on_device", watched)
+    on.recommend_many(hs, **args)
+    assert len(seen) == 1, seen
