@@ -21,31 +21,8 @@ from genrec.infer.device_funnel import (
 from genrec.infer.transitions import TransitionTable
 from genrec.infer.funnel import Retrieved, _sid_lp_matrix, merged_order, top_k, union
 from genrec.serve.engine import Engine
+from tests.infer.test_funnel_batch import _random_retrieved
 from tests.tiny_run import build_run
-
-
-def _lists(rng: np.random.Generator, b: int, n_items: int) -> Retrieved:
-    """Random L0 lists as the stages give them: SID rows distinct then -1 (or, as full-code beams, with repeats),
-    ANN rows with -1 anywhere and repeats."""
-    ws, wa = int(rng.integers(0, 12)), int(rng.integers(0, 12))
-    sid_rows = np.full((b, ws), -1, np.int64)
-    for i in range(b):
-        m = int(rng.integers(0, min(ws, n_items) + 1))
-        sid_rows[i, :m] = rng.choice(n_items, m, replace=False)
-    if rng.random() < 0.3:  # beams of one item (undeduplicated full-code beams)
-        sid_rows = np.where(sid_rows >= 0, sid_rows % max(1, n_items // 2), -1)
-    ann_rows = rng.integers(-1, n_items, (b, wa))
-    ann_rows[rng.random((b, wa)) < 0.2] = -1
-    sid_lp = np.where(sid_rows >= 0, -rng.random((b, ws)) * 5, np.nan).astype(np.float32)
-    ann_score = rng.normal(size=(b, wa)).astype(np.float32)
-    trans_rows = None
-    if rng.random() < 0.5:  # the last item's successors: distinct rows, then -1 pad
-        wt = int(rng.integers(0, 10))
-        trans_rows = np.full((b, wt), -1, np.int64)
-        for i in range(b):
-            m = int(rng.integers(0, min(wt, n_items) + 1))
-            trans_rows[i, :m] = rng.choice(n_items, m, replace=False)
-    return Retrieved(None, sid_rows, sid_lp, ann_rows, ann_score, None, trans_rows=trans_rows)
 
 
 def _t(x: np.ndarray) -> torch.Tensor:
@@ -57,11 +34,10 @@ def _union_pair(seed: int) -> tuple[Any, TCandidates, np.random.Generator, Retri
     neither)."""
     rng = np.random.default_rng(seed)
     b, n_items = int(rng.integers(1, 6)), int(rng.integers(3, 25))
-    got = _lists(rng, b, n_items)
-    excl = None
-    if rng.random() < 0.5:
-        excl = [rng.choice(n_items, int(rng.integers(0, min(6, n_items))), replace=False).astype(np.int64)
-                for _ in range(b)]
+    got, excl = _random_retrieved(rng, b, n_items)  # the host union's own random lists
+    if rng.random() < 0.3:  # beams of one item (full-code beams, undeduplicated on the device path)
+        got.sid_rows = np.where(got.sid_rows >= 0, got.sid_rows % max(1, n_items // 2), -1)
+        got.sid_lp = np.where(got.sid_rows >= 0, got.sid_lp, np.nan).astype(np.float32)
     n = int(rng.integers(1, 8))
     dev = union_t(_t(got.sid_rows), _t(got.sid_lp), _t(got.ann_rows), _t(got.ann_score), n,
                   None if excl is None else padded_rows(excl, torch.device("cpu")),
