@@ -8,9 +8,10 @@ Same answers as the host path, which stays the rule each function here is the tw
 :func:`union_t`, ``_sid_lp_matrix`` -> :func:`sid_lp_t`, ``top_k`` -> :func:`top_k_t`; tests/infer/
 test_device_funnel.py compares them on random lists and whole batches). The candidates' width is static, the most
 the lists can give (``min(S, n) + min(A, n)``) rather than the batch's largest union: padding columns are invalid,
-and a candidate's ranking score does not depend on the others. It serves the request the service gets
-(:func:`serves`: no excluded history, no transition or history term, no score parts, a device-side ANN search or
-none); the host path serves the rest. ``$GENREC_DEVICE_FUNNEL`` (auto: on a CUDA device; on; off) chooses.
+and a candidate's ranking score does not depend on the others. It serves every online request (:func:`serves`:
+excluded history, the transition source and term, the history term; a device-side ANN search or none); the host path
+serves the score parts of the offline fusion tuning and a faiss search. ``$GENREC_DEVICE_FUNNEL`` (auto: on a CUDA
+device; on; off) chooses.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py
     from genrec.infer.transitions import TransitionTable
 
 __all__ = ["DEVICE_FUNNEL", "DeviceTransitions", "TCandidates", "append_transitions", "first_seen_t", "l1_score",
-           "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t", "union_t"]
+           "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t", "union_t",
+           "wanted"]
 
 DEVICE_FUNNEL = ("auto", "on", "off")
 
@@ -132,7 +134,8 @@ class DeviceTransitions:
 
 def first_seen_t(a: torch.Tensor) -> torch.Tensor:
     """bool [B, W]: ``a[i, j] >= 0`` and no earlier ``a[i, j'] == a[i, j]`` (j' < j): the twin of
-    :func:`genrec.decode.rows.first_seen`, by all pairs of a row (W is a list's length: tens)."""
+    :func:`genrec.decode.rows.first_seen`, by all pairs of a row (W is a list's length: tens; with excluded history
+    tens plus the longest history's length, W² booleans a request)."""
     w = a.shape[1]
     earlier = torch.ones(w, w, dtype=torch.bool, device=a.device).tril(-1)  # [j, j']: j' < j
     return (a >= 0) & ~((a[:, :, None] == a[:, None, :]) & earlier).any(2)
