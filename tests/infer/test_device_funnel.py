@@ -198,6 +198,8 @@ def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, mo
 def test_the_device_funnel_setting(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eng = Engine.load(run)
     monkeypatch.delenv("GENREC_DEVICE_FUNNEL", raising=False)
+    assert not wanted(eng.rec)  # off by default
+    monkeypatch.setenv("GENREC_DEVICE_FUNNEL", "auto")
     assert not wanted(eng.rec)  # auto: a CUDA device only
     monkeypatch.setenv("GENREC_DEVICE_FUNNEL", "on")
     assert wanted(eng.rec)

@@ -10,8 +10,8 @@ test_device_funnel.py compares them on random lists and whole batches). The cand
 the lists can give (``min(S, n) + min(A, n)``) rather than the batch's largest union: padding columns are invalid,
 and a candidate's ranking score does not depend on the others. It serves every online request (:func:`serves`:
 excluded history, the transition source and term, the history term; a device-side ANN search or none); the host path
-serves the score parts of the offline fusion tuning and a faiss search. ``$GENREC_DEVICE_FUNNEL`` (auto: on a CUDA
-device; on; off) chooses.
+serves the score parts of the offline fusion tuning and a faiss search. ``$GENREC_DEVICE_FUNNEL`` chooses: off (the
+default until it is measured on a GPU), auto (on a CUDA device) or on.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None,
 
 def wanted(rec: Recommender) -> bool:
     """Whether ``rec`` runs the funnel on its device where it can: ``rec.device_funnel`` (else
-    ``$GENREC_DEVICE_FUNNEL``, else "auto": on a CUDA device)."""
-    raw = rec.device_funnel or os.environ.get("GENREC_DEVICE_FUNNEL") or "auto"
+    ``$GENREC_DEVICE_FUNNEL``, else "off"; "auto": on a CUDA device)."""
+    raw = rec.device_funnel or os.environ.get("GENREC_DEVICE_FUNNEL") or "off"
     m = str(raw).strip().lower()
     if m not in DEVICE_FUNNEL:
         raise ConfigError(f"the device funnel must be one of {', '.join(DEVICE_FUNNEL)} (GENREC_DEVICE_FUNNEL), "
