@@ -323,17 +323,16 @@ def device_inputs(rec: Recommender, *, exclude_rows: Sequence[np.ndarray] | None
                   history_rows: Sequence[np.ndarray] | None, trans: tuple[TransitionTable, np.ndarray] | None
                   ) -> DeviceInputs:
     """A batch's :class:`DeviceInputs` on ``rec``'s device, made before its encode (the table copied once per
-    table: ``rec.device_tables``)."""
+    table: ``rec.device_table`` keeps the last one)."""
     dev = rec.device
     ex = None if exclude_rows is None else padded_rows(exclude_rows, dev)
     hist = ex if history_rows is exclude_rows else None if history_rows is None else padded_rows(history_rows, dev)
     if trans is None:
         return DeviceInputs(ex, hist)
     table, last = trans
-    got = rec.device_tables.get(id(table))
-    if got is None or got[0] is not table:
-        got = rec.device_tables[id(table)] = (table, DeviceTransitions.of(table, dev))
-    return DeviceInputs(ex, hist, got[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev))
+    if rec.device_table is None or rec.device_table[0] is not table:
+        rec.device_table = (table, DeviceTransitions.of(table, dev))
+    return DeviceInputs(ex, hist, rec.device_table[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev))
 
 
 def sid_width(beam_width: int, extra: int, srcs: Sequence[str]) -> int:
@@ -394,10 +393,11 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
             ann_score, at, ann_vecs = ann.search_t(user.float(), min(n + extra, len(ann)))
             table = ann.position_rows(rec.catalog)
             ann_rows = torch.where(at >= 0, table[at.clamp(min=0)], -1)
-    trans, last = inputs.transitions, inputs.last
-    t_src = trans is not None and last is not None and do_rank and fw.transition_weight > 0
+    # the transition source and term, where the term ranks
+    trans = inputs.transitions if do_rank and fw.transition_weight > 0 else None
+    last = inputs.last if trans is not None else None
     with stage("union", t):
-        tr = trans.successors(last, n + extra) if t_src and trans is not None and last is not None else None
+        tr = trans.successors(last, n + extra) if trans is not None and last is not None else None
         c = union_t(sid_rows, sid_lp, ann_rows, ann_score, n, inputs.exclude, tr)
     probs = None
     if do_rank:
@@ -416,7 +416,7 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
                 dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
             live = torch.where(c.valid, c.rows, -1)
             lp_m = sid_lp_t(c, reach_t) if fw.sid_weight > 0 else None
-            trans_m = trans.log_prob(last, live) if t_src and trans is not None and last is not None else None
+            trans_m = trans.log_prob(last, live) if trans is not None and last is not None else None
             hist_m = None
             if fw.history_weight != 0:
                 if inputs.history is None:

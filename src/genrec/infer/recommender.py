@@ -125,7 +125,7 @@ class Recommender(SidStage):
         self.known_leaves: np.ndarray | None = None
         self.sid_mode = "auto"  # the SID stage's retrieval (infer.load.resolve_sid_mode; from_checkpoint sets it)
         self.device_funnel: str | None = None  # off / auto / on (None: $GENREC_DEVICE_FUNNEL): infer.device_funnel
-        self.device_tables: dict[int, tuple[Any, Any]] = {}  # id(table) -> (table, its device copy): device_funnel
+        self.device_table: tuple[Any, Any] | None = None  # the last transition table, its device copy: device_funnel
         self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
