@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_decode_trie_torch import make_trie, random_table
 
 from genrec.decode import beam_search, fallback_items, select_diverse
-from genrec.decode.beam import select_diverse_reference
+from genrec.decode.beam import check_nan_flags, deferred_nan_checks, select_diverse_reference
 from genrec.errors import ConfigError
 
 LogpFn = Callable[[int, tuple[int, ...]], np.ndarray]
@@ -330,6 +330,15 @@ def test_bad_arguments_raise() -> None:
     # flagged per level, checked once at the end: the message names the level that went NaN
     with pytest.raises(ConfigError, match="level 2: step_fn returned NaN"):
         beam_search(lambda p: torch.full((p.shape[0], p.shape[1], 3), math.nan if p.shape[2] == 1 else -1.0), 1, 2, ks, 4)
+    # deferred: the search returns, its flags wait for the caller's own copy back, which raises the same error
+    nan_at_2 = lambda p: torch.full((p.shape[0], p.shape[1], 3), math.nan if p.shape[2] == 1 else -1.0)  # noqa: E731
+    with deferred_nan_checks() as pending:
+        beam_search(nan_at_2, 1, 2, ks, 4)
+        beam_search(step, 1, 2, ks, 4)
+    assert [f.tolist() for f in pending] == [[False, True], [False, False]]
+    check_nan_flags(pending[1])
+    with pytest.raises(ConfigError, match="level 2: step_fn returned NaN"):
+        check_nan_flags(pending[0])
     trie = make_trie(np.array([[0, 1]]), [3, 4])
     with pytest.raises(ConfigError, match="trie codebook_sizes"):
         beam_search(step, 1, 2, ks, 4, trie=trie)

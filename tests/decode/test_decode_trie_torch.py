@@ -66,6 +66,10 @@ def test_valid_mask_and_advance_match_set_reference(spec: tuple[int, int, int], 
     codes = random_table(rng, n_levels, ks, n)
     prefixes = {tuple(int(x) for x in row[:d]) for row in codes for d in range(n_levels + 1)}
     trie = make_trie(codes, ks, dense_max_entries=0 if force_csr else 10**9)
+    # node counts (the leaves' a host int, also for a cut trie) against the prefixes themselves
+    assert [trie.n_nodes(d) for d in range(n_levels + 1)] == [len(prefix_nodes(codes, d)) for d in range(n_levels + 1)]
+    for d in range(1, n_levels + 1):
+        assert trie.cut(d).n_nodes(d) == len(prefix_nodes(codes, d))
     for d in range(n_levels):
         nodes_ref = prefix_nodes(codes, d)
         nodes_next = {p: i for i, p in enumerate(prefix_nodes(codes, d + 1))}

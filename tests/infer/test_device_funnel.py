@@ -195,6 +195,24 @@ def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, mo
     assert len(calls) == n and got.l1_parts is not None
 
 
+@pytest.mark.parametrize("mode", ["full", "dense"])
+def test_nan_sid_log_probs_fail_the_device_path_as_the_host_one(run: Path, mode: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device path reads the SID searches' NaN flags back with its answers (no sync of their own): a NaN
+    level fails the batch with the host path's error, which names the level."""
+    on, off, calls = _engines(run, "cpu", mode, monkeypatch)
+    hs = _requests(on, 7, 3)
+    for e in (on, off):
+        with torch.no_grad():
+            e.rec.model.sid_heads.heads[1].bias.fill_(float("nan"))
+    errors = []
+    for e in (on, off):
+        with pytest.raises(Exception, match="level 2: step_fn returned NaN") as got:
+            e.recommend_many(hs, k=5, beam_width=8, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+        errors.append((type(got.value), str(got.value)))
+    assert errors[0] == errors[1] and calls
+
+
 def test_the_device_funnel_setting(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eng = Engine.load(run)
     monkeypatch.delenv("GENREC_DEVICE_FUNNEL", raising=False)
@@ -261,7 +279,9 @@ def test_the_device_path_reads_nothing_back_but_its_answers(run: Path, monkeypat
 @pytest.mark.gpu
 def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, with graphs: from the end of the encode to the answers the device funnel synchronises with the
-    GPU once (the answers' copy; ``torch.cuda.set_sync_debug_mode`` warns on every synchronising call)."""
+    GPU once (the answers' copy; ``torch.cuda.set_sync_debug_mode`` warns on every synchronising call; a failure
+    lists each with the frames that led to it)."""
+    import traceback
     import warnings
 
     on, _, calls = _engines(run, "cuda", "dense", monkeypatch)
@@ -271,15 +291,20 @@ def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.Mo
     real_run = funnel.run_on_device
     seen: list[str] = []
 
+    def show(message: Any, *_: Any, **__: Any) -> None:  # each sync with the innermost frames that led to it
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
+            seen.append(" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[::-1][:6]))
+
     def watched(*a: Any, **kw: Any) -> Any:
-        with warnings.catch_warnings(record=True) as w:
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = show
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 return real_run(*a, **kw)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-                seen.extend(f"{x.filename}:{x.lineno}" for x in w if "synchroniz" in str(x.message))
 
     monkeypatch.setattr(funnel, "run_on_device", watched)
     on.recommend_many(hs, **args)

@@ -43,9 +43,11 @@ or all candidates −inf) have score −inf, codes −1 and ``valid = False``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -331,14 +333,40 @@ def run_levels(
     return state
 
 
+_DEFERRED: ContextVar[list[torch.Tensor] | None] = ContextVar("genrec_deferred_nan_checks", default=None)
+
+
+@contextmanager
+def deferred_nan_checks() -> Iterator[list[torch.Tensor]]:
+    """Inside the block :func:`raise_on_nan` reads nothing back: each search's NaN flags ([levels] bool, on the
+    device) are appended to the list yielded, for the caller to copy back with its own results and check with
+    :func:`check_nan_flags` (one host sync for the whole batch, not one per search)."""
+    pending: list[torch.Tensor] = []
+    token = _DEFERRED.set(pending)
+    try:
+        yield pending
+    finally:
+        _DEFERRED.reset(token)
+
+
+def check_nan_flags(bad: Iterable[Any]) -> None:
+    """ConfigError naming the first level whose flag is set (flags on the host, one per level)."""
+    flags = [bool(x) for x in bad]
+    if any(flags):
+        raise ConfigError(f"level {flags.index(True) + 1}: step_fn returned NaN log-probs")
+
+
 def raise_on_nan(state: BeamState | list[torch.Tensor]) -> None:
-    """ConfigError naming the first level whose step_fn returned NaN log-probs (one host sync)."""
+    """ConfigError naming the first level whose step_fn returned NaN log-probs (one host sync; none inside
+    :func:`deferred_nan_checks`, which keeps the flags for its caller)."""
     flags = state.nan if isinstance(state, BeamState) else state
     if not flags:
         return
-    bad = torch.stack(flags).cpu()  # [levels]
-    if bool(bad.any()):
-        raise ConfigError(f"level {int(bad.to(torch.int8).argmax()) + 1}: step_fn returned NaN log-probs")
+    pending = _DEFERRED.get()
+    if pending is not None:
+        pending.append(torch.stack(flags))
+        return
+    check_nan_flags(torch.stack(flags).cpu())  # [levels]
 
 
 def finalize(state: BeamState, beam_width: int, *, trie: TorchTrie | None = None) -> BeamResult:

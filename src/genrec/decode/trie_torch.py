@@ -82,10 +82,11 @@ class TorchTrie:
     """Prefix trie of legal SIDs on a torch device. Build with :meth:`from_sid_trie` (a run's SIDs)
     or :meth:`from_arrays`."""
 
-    def __init__(self, levels: list[_Level], codebook_sizes: list[int], device: torch.device) -> None:
+    def __init__(self, levels: list[_Level], codebook_sizes: list[int], device: torch.device, n_leaves: int) -> None:
         self._levels = levels
         self.codebook_sizes = list(codebook_sizes)
         self.device = device
+        self.n_leaves = n_leaves  # a host int: counting the leaves never reads the device
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -152,7 +153,7 @@ class TorchTrie:
                 )
             )
             n_d = n_next
-        return cls(levels, list(int(k) for k in codebook_sizes), dev)
+        return cls(levels, list(int(k) for k in codebook_sizes), dev, n_d)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -162,14 +163,14 @@ class TorchTrie:
     def n_nodes(self, depth: int) -> int:
         """Number of nodes at ``depth`` (0 = root, L = leaves)."""
         if depth == self.n_levels:
-            return int(self._levels[-1].offsets[-1].item())
+            return self.n_leaves
         return self._level(depth).n_nodes
 
     def cut(self, depth: int) -> TorchTrie:
         """The trie of the prefixes of ``depth`` levels (this trie's first ``depth`` levels, the same tensors)."""
         if not 1 <= depth <= self.n_levels:
             raise ConfigError(f"depth must be in 1..{self.n_levels}, got {depth}")
-        return TorchTrie(self._levels[:depth], self.codebook_sizes[:depth], self.device)
+        return TorchTrie(self._levels[:depth], self.codebook_sizes[:depth], self.device, self.n_nodes(depth))
 
     def last_level(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The leaves under each depth-(L-1) node: (offsets int64 [n_{L-1} + 1], final code of each leaf

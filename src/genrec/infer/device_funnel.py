@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from genrec.decode.beam import check_nan_flags, deferred_nan_checks
 from genrec.errors import ConfigError
 from genrec.infer.ann import DeviceFlatSearch
 from genrec.infer.profile import stage
@@ -372,8 +373,9 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
     beams, reach_t = None, None
     sid_rows = torch.full((b, 0), -1, dtype=torch.int64, device=dev)
     sid_lp = torch.zeros((b, 0), dtype=torch.float32, device=dev)
+    nan: list[torch.Tensor] = []  # the SID searches' NaN flags, read back with the answers
     if "sid" in srcs:
-        with stage("sid", t):
+        with stage("sid", t), deferred_nan_checks() as nan:
             whole = reach is not None and rec.served_sid_mode != "full"
             lim = max(n + extra, reach) if whole and reach is not None else n + extra
             beams, sid_rows, sid_lp = rec.retrieve_sids_t(cache, sid_width(beam_width, extra, srcs), diversity_lambda,
@@ -428,5 +430,10 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
     else:
         score = merged_order_t(c, srcs)
     with stage("topk", t):
-        packed = top_k_t(c, score, probs, k).cpu().numpy()  # the batch's one device->host copy
-    return unpack(packed, None if probs is None else probs.shape[-1], beams)
+        packed = top_k_t(c, score, probs, k)
+        # the batch's one device->host copy: the answers and, after them, the SID searches' NaN flags
+        flat = torch.cat([packed.flatten(), *(f.to(packed.dtype) for f in nan)]).cpu().numpy()
+    ends = np.cumsum([packed.numel()] + [f.numel() for f in nan])
+    for lo, hi in zip(ends[:-1], ends[1:]):
+        check_nan_flags(flat[lo:hi] != 0)
+    return unpack(flat[:ends[0]].reshape(packed.shape), None if probs is None else probs.shape[-1], beams)
