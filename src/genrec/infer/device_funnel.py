@@ -10,8 +10,8 @@ test_device_funnel.py compares them on random lists and whole batches). The cand
 the lists can give (``min(S, n) + min(A, n)``) rather than the batch's largest union: padding columns are invalid,
 and a candidate's ranking score does not depend on the others. It serves every online request (:func:`serves`:
 excluded history, the transition source and term, the history term; a device-side ANN search or none); the host path
-serves the score parts of the offline fusion tuning and a faiss search. ``$GENREC_DEVICE_FUNNEL`` chooses: off (the
-default until it is measured on a GPU), auto (on a CUDA device) or on.
+serves the score parts of the offline fusion tuning and a faiss search. ``$GENREC_DEVICE_FUNNEL`` chooses: auto (the
+default: a CUDA device and batches of :data:`AUTO_MIN_ROWS` rows or more), on or off.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py
     from genrec.infer.recommender import Recommender
     from genrec.infer.transitions import TransitionTable
 
-__all__ = ["DEVICE_FUNNEL", "DeviceTransitions", "TCandidates", "append_transitions", "first_seen_t", "l1_score",
-           "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t", "union_t",
-           "wanted"]
+__all__ = ["AUTO_MIN_ROWS", "DEVICE_FUNNEL", "DeviceTransitions", "TCandidates", "append_transitions", "first_seen_t",
+           "l1_score", "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t",
+           "union_t", "wanted"]
 
 DEVICE_FUNNEL = ("auto", "on", "off")
 
@@ -60,22 +60,29 @@ def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None,
     return fused
 
 
-def wanted(rec: Recommender) -> bool:
-    """Whether ``rec`` runs the funnel on its device where it can: ``rec.device_funnel`` (else
-    ``$GENREC_DEVICE_FUNNEL``, else "off"; "auto": on a CUDA device)."""
-    raw = rec.device_funnel or os.environ.get("GENREC_DEVICE_FUNNEL") or "off"
+AUTO_MIN_ROWS = 8
+""""auto" runs batches of at least this many rows on the device. Two H100s (2026-12-07, docs/log/2026-12-07-device-
+funnel.md): batches of 32 (64 clients) 1.01-1.07x the QPS on the device with a lower p99, a batch of one (one client)
+0.3-1.0 ms slower there; sizes between were not measured."""
+
+
+def wanted(rec: Recommender, rows: int | None = None) -> bool:
+    """Whether ``rec`` runs the funnel on its device for a batch of ``rows`` rows where it can: ``rec.device_funnel``
+    (else ``$GENREC_DEVICE_FUNNEL``, else "auto": a CUDA device and at least :data:`AUTO_MIN_ROWS` rows; None:
+    any batch)."""
+    raw = rec.device_funnel or os.environ.get("GENREC_DEVICE_FUNNEL") or "auto"
     m = str(raw).strip().lower()
     if m not in DEVICE_FUNNEL:
         raise ConfigError(f"the device funnel must be one of {', '.join(DEVICE_FUNNEL)} (GENREC_DEVICE_FUNNEL), "
                           f"got {raw!r}")
-    return m == "on" or (m == "auto" and rec.device.type == "cuda")
+    return m == "on" or (m == "auto" and rec.device.type == "cuda" and (rows is None or rows >= AUTO_MIN_ROWS))
 
 
-def serves(rec: Recommender, srcs: Sequence[str], *, keep_parts: bool) -> bool:
-    """Whether this call runs on the device (:func:`wanted`, and a request this path serves: every online one --
-    excluded history, the transition source and term, the history term included -- but the score parts of the
-    offline fusion tuning, with the ANN searched on the device or not at all)."""
-    return wanted(rec) and not keep_parts and ("ann" not in srcs or isinstance(rec.ann, DeviceFlatSearch))
+def serves(rec: Recommender, srcs: Sequence[str], *, keep_parts: bool, rows: int | None = None) -> bool:
+    """Whether this call (a batch of ``rows`` rows) runs on the device (:func:`wanted`, and a request this path
+    serves: every online one -- excluded history, the transition source and term, the history term included -- but
+    the score parts of the offline fusion tuning, with the ANN searched on the device or not at all)."""
+    return wanted(rec, rows) and not keep_parts and ("ann" not in srcs or isinstance(rec.ann, DeviceFlatSearch))
 
 
 def padded_rows(per_request: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
