@@ -195,6 +195,45 @@ def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, mo
     assert len(calls) == n and got.l1_parts is not None
 
 
+@pytest.mark.parametrize("holds", [True, False])
+def test_speculated_plans_answer_as_decided_ones(run: Path, holds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device path takes the encoder graph's plans as holding and reads their verdict with its answers (the
+    graphs' static-shape path, run eagerly here): where they hold, the host path's answers and nothing redone;
+    where they do not (forced), the batch is redone with the plans decided -- the same answers -- and the recommender
+    speculates no more."""
+    from genrec.model.backbone import Backbone
+
+    on, off, calls = _engines(run, "cpu", "dense", monkeypatch)
+    for e in (on, off):
+        e.rec.use_graphs(use_graph=False)
+    if not holds:  # every plan's verdict False: beams and candidates then copy the cache (the same function)
+        real_plan = Backbone.shared_prefix_plan_lazy
+
+        def never(self: Backbone, *a: Any, **kw: Any) -> Any:
+            plan = real_plan(self, *a, **kw)
+            return None if plan is None else (plan[0], plan[1] & False)
+
+        monkeypatch.setattr(Backbone, "shared_prefix_plan_lazy", never)
+    assumed: list[bool] = []
+    spied = funnel.run_on_device
+
+    def spy(rec: Any, cache: Any, *a: Any, **kw: Any) -> Any:
+        assumed.append("assumed" in cache.plans)
+        return spied(rec, cache, *a, **kw)
+
+    monkeypatch.setattr(funnel, "run_on_device", spy)
+    hs = _requests(on, 11, 5)
+    args: dict[str, Any] = dict(k=7, beam_width=12, diversity_lambda=0.0, sources=["sid", "ann"], rank=True)
+    got, want = on.recommend_many(hs, **args), off.recommend_many(hs, **args)
+    assert [[x["item_id"] for x in g["items"]] for g in got] == [[x["item_id"] for x in w["items"]] for w in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose([x["score"] for x in g["items"]], [x["score"] for x in w["items"]], atol=1e-5)
+    assert assumed == ([True] if holds else [True, False])  # a miss: redone once, the plans decided
+    assert on.rec.speculate_plans is holds
+    on.recommend_many(hs, **args)
+    assert assumed[-1] is holds  # after a miss: no more speculation
+
+
 @pytest.mark.parametrize("mode", ["full", "dense"])
 def test_nan_sid_log_probs_fail_the_device_path_as_the_host_one(run: Path, mode: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,12 +327,16 @@ def test_the_device_path_reads_nothing_back_but_its_answers(run: Path, monkeypat
 
 
 @pytest.mark.gpu
-def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("where", ["funnel", "encode"])
+def test_the_device_path_syncs_once_on_the_gpu(run: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, with graphs: from the end of the encode to the answers the device funnel synchronises with the
-    GPU once (the answers' copy; ``torch.cuda.set_sync_debug_mode`` warns on every synchronising call; a failure
-    lists each with the frames that led to it)."""
+    GPU once (the answers' copy, which brings the encoder's plan verdict too); from the encode's start, once more
+    (its bounds check of the lengths, before the graph). ``torch.cuda.set_sync_debug_mode`` warns on every
+    synchronising call; a failure lists each with the frames that led to it."""
     import traceback
     import warnings
+
+    import genrec.infer.recommender as recommender
 
     on, _, calls = _engines(run, "cuda", "dense", monkeypatch)
     hs = _requests(on, 6, 4)
@@ -301,7 +344,8 @@ def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.Mo
     for _ in range(2):
         on.recommend_many(hs, **args)  # graphs captured (a capture begins with a device synchronize)
     captured = dict(on.rec.graph_captures)
-    real_run = funnel.run_on_device
+    mod, name = (funnel, "run_on_device") if where == "funnel" else (recommender, "run_funnel")
+    real_run = getattr(mod, name)
     seen: list[str] = []
 
     def show(message: Any, *_: Any, **__: Any) -> None:  # each sync with the innermost frames that led to it
@@ -319,8 +363,10 @@ def test_the_device_path_syncs_once_on_the_gpu(run: Path, monkeypatch: pytest.Mo
             finally:
                 torch.cuda.set_sync_debug_mode("default")
 
-    monkeypatch.setattr(funnel, "run_on_device", watched)
+    monkeypatch.setattr(mod, name, watched)
     on.recommend_many(hs, **args)
     assert captured == on.rec.graph_captures  # no capture in the watched call
-    if len(seen) != 1:
-        pytest.fail(f"{len(seen)} syncs (1 expected), innermost frame first:\n" + "\n".join(seen))
+    assert on.rec.speculate_plans  # the plans held
+    want = 1 if where == "funnel" else 2
+    if len(seen) != want:
+        pytest.fail(f"{len(seen)} syncs ({want} expected), innermost frame first:\n" + "\n".join(seen))

@@ -70,6 +70,10 @@ def _check(dev: str, use_graph: bool, seed: int) -> None:
             assert torch.equal(got_cache.plans["cand_hist_len"], want_hist)
             with mock.patch.object(model.backbone, "candidate_plan_lazy", side_effect=AssertionError("planned again")):
                 assert model.candidate_plan_ok(got_cache) is want_ok
+            # speculated: the same plans, taken as holding, the verdict left on the device (True here)
+            spec = enc(batch, speculate=True)[0].plans
+            assert "assumed" not in got_cache.plans and bool(spec["assumed"]) and spec["cand_ok"] is True
+            assert torch.equal(spec["hist_len"], plan) and torch.equal(spec["cand_hist_len"], want_hist)
             # the padded cache serves every later stage as the plain one does
             prefix = torch.stack([torch.randint(0, k, (3, 4), generator=g) for k in cfg.sid_codebook_sizes[:2]], -1).to(dev)
             torch.testing.assert_close(model.sid_logits_next(got_cache, prefix), model.sid_logits_next(want_cache, prefix),

@@ -36,9 +36,9 @@ if TYPE_CHECKING:  # the funnel runs over a Recommender's stages; recommender.py
     from genrec.infer.recommender import Recommender
     from genrec.infer.transitions import TransitionTable
 
-__all__ = ["AUTO_MIN_ROWS", "DEVICE_FUNNEL", "DeviceTransitions", "TCandidates", "append_transitions", "first_seen_t",
-           "l1_score", "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t", "sid_width", "top_k_t",
-           "union_t", "wanted"]
+__all__ = ["AUTO_MIN_ROWS", "DEVICE_FUNNEL", "DeviceTransitions", "PlanMiss", "TCandidates", "append_transitions",
+           "first_seen_t", "l1_score", "device_inputs", "padded_rows", "run_on_device", "serves", "sid_lp_t",
+           "sid_width", "top_k_t", "union_t", "wanted"]
 
 DEVICE_FUNNEL = ("auto", "on", "off")
 
@@ -343,6 +343,12 @@ def device_inputs(rec: Recommender, *, exclude_rows: Sequence[np.ndarray] | None
     return DeviceInputs(ex, hist, rec.device_table[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev))
 
 
+class PlanMiss(Exception):
+    """The encoder graph's plans, taken as holding (``cache.plans["assumed"]``), did not: the batch's answers were
+    computed by cascade attention where it is not the same function. :func:`genrec.infer.funnel.run_funnel` redoes
+    the batch with the plans decided (one sync) and stops speculating for the recommender."""
+
+
 def sid_width(beam_width: int, extra: int, srcs: Sequence[str]) -> int:
     """The SID stage's beam width for a call excluding up to ``extra`` rows a request: where the beams are the
     only candidates, an excluded item empties at most one beam (one SID each), so ``beam_width + extra`` beams keep
@@ -436,11 +442,19 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
                              transition_weight=fw.transition_weight, history_weight=fw.history_weight)
     else:
         score = merged_order_t(c, srcs)
+    assumed = cache.plans.get("assumed")  # the encoder graph's plan verdict, not yet read (speculation)
+    checks = ([assumed.reshape(1)] if assumed is not None else []) + nan
     with stage("topk", t):
         packed = top_k_t(c, score, probs, k)
-        # the batch's one device->host copy: the answers and, after them, the SID searches' NaN flags
-        flat = torch.cat([packed.flatten(), *(f.to(packed.dtype) for f in nan)]).cpu().numpy()
-    ends = np.cumsum([packed.numel()] + [f.numel() for f in nan])
-    for lo, hi in zip(ends[:-1], ends[1:]):
-        check_nan_flags(flat[lo:hi] != 0)
-    return unpack(flat[:ends[0]].reshape(packed.shape), None if probs is None else probs.shape[-1], beams)
+        # the batch's one device->host copy: the answers and, after them, the plan verdict and the SID searches'
+        # NaN flags
+        flat = torch.cat([packed.flatten(), *(f.to(packed.dtype) for f in checks)]).cpu().numpy()
+    flags, i = flat[packed.numel():] != 0, 0
+    if assumed is not None:
+        if not flags[0]:
+            raise PlanMiss("the encoder's plans did not hold for this batch")
+        i = 1
+    for f in nan:
+        check_nan_flags(flags[i:i + f.numel()])
+        i += f.numel()
+    return unpack(flat[:packed.numel()].reshape(packed.shape), None if probs is None else probs.shape[-1], beams)

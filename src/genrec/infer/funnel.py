@@ -13,6 +13,7 @@ or the :data:`Scorer` a call hands in: the service's remote ranker), so every ca
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ import torch
 from genrec.decode.beam import BeamResult
 from genrec.decode.rows import compact, first_seen
 from genrec.errors import ConfigError
-from genrec.infer.device_funnel import device_inputs, l1_score, run_on_device, serves, sid_width
+from genrec.infer.device_funnel import PlanMiss, device_inputs, l1_score, run_on_device, serves, sid_width
 from genrec.infer.profile import stage
 from genrec.infer.results import BatchResult
 from genrec.infer.transitions import TransitionTable
@@ -417,8 +418,8 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     if on_dev:  # what the device funnel reads beside the encoding, copied before it
         d_in = device_inputs(rec, exclude_rows=exclude_rows, history_rows=history_rows if do_rank and
                              fw.history_weight != 0 else None, trans=t_src)
-    with stage("encode", t):
-        cache, user = rec.encode(mb)
+    with stage("encode", t):  # the device path reads the encoder's plan verdicts with its answers
+        cache, user = rec.encode(mb, speculate=on_dev)
     b = mb.actions.shape[0]
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
@@ -426,11 +427,18 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     reach = do_rank and (fw.sid_weight > 0 or keep_parts)  # the coarse-prefix SID stage's reach: L1's SID term
     if on_dev:
         width = sid_width(beam_width, extra, srcs)
-        out = run_on_device(rec, cache, user, srcs, b=b, n=n, extra=extra, k=k, beam_width=beam_width,
-                            diversity_lambda=diversity_lambda, t=t,
-                            reach=sid_reach_limit(rec, width) if reach and "sid" in srcs else None,
-                            do_rank=do_rank, fw=fw, u=u, inputs=d_in, request_surface=request_surface,
-                            request_ts=request_ts, scorer=scorer)
+        on_device = functools.partial(
+            run_on_device, rec, cache, user, srcs, b=b, n=n, extra=extra, k=k, beam_width=beam_width,
+            diversity_lambda=diversity_lambda, t=t, reach=sid_reach_limit(rec, width) if reach and "sid" in srcs
+            else None, do_rank=do_rank, fw=fw, u=u, inputs=d_in, request_surface=request_surface,
+            request_ts=request_ts, scorer=scorer)
+        try:
+            out = on_device()
+        except PlanMiss:  # the plans taken as holding did not: decided now (one sync), and from now on
+            rec.speculate_plans = False
+            for key in ("assumed", "hist_len", "cand_ok", "cand_hist_len"):
+                cache.plans.pop(key, None)
+            out = on_device()
         t["total"] = sum(t.values())
         out.timings_ms = t
         return out

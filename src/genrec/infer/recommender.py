@@ -126,6 +126,9 @@ class Recommender(SidStage):
         self.sid_mode = "auto"  # the SID stage's retrieval (infer.load.resolve_sid_mode; from_checkpoint sets it)
         self.device_funnel: str | None = None  # off / auto / on (None: $GENREC_DEVICE_FUNNEL): infer.device_funnel
         self.device_table: tuple[Any, Any] | None = None  # the last transition table, its device copy: device_funnel
+        # the device funnel takes the encoder graph's plans as holding and checks them with its answers; False once
+        # they did not (then every batch waits for the verdict, as the host path does): infer.device_funnel
+        self.speculate_plans = True
         self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
@@ -300,16 +303,18 @@ class Recommender(SidStage):
             raise ConfigError(f"rank: layout {self.config.layout!r} has no action heads (use rank=False)")
         return srcs, bool(rank)
 
-    def encode(self, mb: ModelBatch) -> tuple[KVCache, torch.Tensor | None]:
+    def encode(self, mb: ModelBatch, *, speculate: bool = False) -> tuple[KVCache, torch.Tensor | None]:
         """The one history prefill: (KV cache, user vector [B, item_dim] or None). Replayed from a
         CUDA graph in "all" graph mode (the batch is padded to a bucket of item slots: the cache
-        then ends with PAD tokens, which no later stage sees)."""
+        then ends with PAD tokens, which no later stage sees). ``speculate`` (and :attr:`speculate_plans`): the
+        graph's plan verdicts are not waited for (:class:`~genrec.model.graphs.GraphedEncoder`); the caller reads
+        ``cache.plans["assumed"]`` where it is set."""
         enc = self._graphed_encode
         if enc is not None and enc.supports(mb):
             lo, hi = (int(x) for x in torch.stack([mb.lengths.min(), mb.lengths.max()]).tolist())
             if lo < 1 or hi > mb.n_items:  # the graph skips the model's checks: the one that matters here
                 raise ValueError(f"encode: lengths must lie in [1, {mb.n_items}], got min {lo}, max {hi}")
-            cache, user, _ = enc(mb)
+            cache, user, _ = enc(mb, speculate=speculate and self.speculate_plans)
         else:
             cache, user, _ = self.model.encode_history(mb)
         return cache, user

@@ -167,7 +167,13 @@ class GraphedEncoder:
                     and batch.n_items <= cfg.max_items)
 
     @torch.no_grad()
-    def __call__(self, batch: ModelBatch) -> tuple[KVCache, torch.Tensor | None, torch.Tensor]:
+    def __call__(self, batch: ModelBatch, *, speculate: bool = False) -> tuple[KVCache, torch.Tensor | None,
+                                                                              torch.Tensor]:
+        """(cache, user vector, last hidden) of ``batch``, the cache's plans memoised. Their verdicts (does cascade
+        attention compute the same function?) are read back here, one sync that waits for the whole graph; with
+        ``speculate`` they are not: the plans are taken as holding and the verdict is left on the device as
+        ``cache.plans["assumed"]`` (bool ``[]``), for the caller to read with its answers and to redo the batch
+        without speculation where it is False (:func:`genrec.infer.device_funnel.run_on_device`)."""
         if not self.supports(batch):
             raise ValueError("GraphedEncoder: needs a CUDA batch without candidates, in eval mode, of at "
                              "most max_items item slots")
@@ -213,7 +219,11 @@ class GraphedEncoder:
                           clone(cache.lengths), clone(cache.last_hidden), cache.layout, clone(cache.last_ts))
             # memoised as beam_context and candidate_plan_ok would compute them: one sync for both, no launches
             planned = [p for p in (plan, cplan) if p is not None]
-            oks = [bool(x) for x in torch.stack([p[1] for p in planned]).tolist()] if planned else []
+            if speculate and planned:  # taken as holding; the verdict stays on the device for the caller
+                res.plans["assumed"] = torch.stack([p[1] for p in planned]).all()
+                oks = [True] * len(planned)
+            else:
+                oks = [bool(x) for x in torch.stack([p[1] for p in planned]).tolist()] if planned else []
             if plan is not None:
                 res.plans["hist_len"] = plan[0].clone() if oks[0] else None
             if cplan is not None:
