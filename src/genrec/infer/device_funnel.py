@@ -61,9 +61,9 @@ def l1_score(util: torch.Tensor, dot: torch.Tensor, sid_lp: torch.Tensor | None,
 
 
 AUTO_MIN_ROWS = 8
-""""auto" runs batches of at least this many rows on the device. Two H100s (2026-12-07, docs/log/2026-12-07-device-
-funnel.md): batches of 32 (64 clients) 1.01-1.07x the QPS on the device with a lower p99, a batch of one (one client)
-0.3-1.0 ms slower there; sizes between were not measured."""
+""""auto" runs batches of at least this many rows on the device. On two H100s (docs/log/2026-12-07-device-funnel-
+h100.md) batches of 32 (64 clients) gave 1.01-1.07x the QPS there with a lower p99, a batch of one (one client) was
+0.3-1.0 ms slower; sizes between were not measured."""
 
 
 def wanted(rec: Recommender, rows: int | None = None) -> bool:
