@@ -24,10 +24,10 @@ server's ``--micro-batch N``; timed unless told) and ``fronts<N>[overlap][two][b
 ``--fronts N``; ``overlap``: and ``--host-overlap``; ``two``: and ``--two-process``; ``b<M>``: and ``--micro-batch
 M``, e.g. ``fronts4b64`` with ``--batch-buckets 1,2,4,8,16,32,64``; ``l<ms>``: and ``--micro-batch-linger-ms``,
 e.g. ``fronts4l2``), ``two<S>`` (two-process mode with ``--pool-slots S``, e.g. ``two16``: a batch of 32 ranked
-in two calls) and ``[pipeline][hostfunnel][sw<ms>][tt<N>]`` (as shipped, with ``$GENREC_PIPELINE=1``,
-``$GENREC_DEVICE_FUNNEL=off`` (the funnel's lists copied to the host, as before 2026-12-07),
-``$GENREC_SWITCH_INTERVAL_MS``, ``--torch-threads N``: e.g. ``pipeline``, ``hostfunnel``, ``sw5`` (Python's switch
-interval), ``tt2``).
+in two calls) and ``[pipeline][hostfunnel|devicefunnel][sw<ms>][tt<N>]`` (as shipped, with ``$GENREC_PIPELINE=1``,
+``$GENREC_DEVICE_FUNNEL=off`` (the funnel's lists copied to the host, as before 2026-12-07) or ``=on`` (every batch
+on the device, one row too), ``$GENREC_SWITCH_INTERVAL_MS``, ``--torch-threads N``: e.g. ``pipeline``, ``hostfunnel``,
+``sw5`` (Python's switch interval), ``tt2``).
 ``default`` is the server as shipped (micro-batch 32, busy); ``one`` the same without micro-batching.
 ``--batch-buckets``: the servers' static batch shapes ($GENREC_BATCH_BUCKETS: "auto" pads batches to 1, 2, 4, ... 32
 when CUDA graphs replay; "off" to compare). One table row per (mode, clients), ``start_s`` the mode's server start to
@@ -98,17 +98,20 @@ def mode(name: str) -> dict[str, Any]:
     t = re.fullmatch(r"two(\d+)", name)
     if t is not None and int(t.group(1)) >= 1:  # two<S>: two-process mode with --pool-slots S
         return dict(MODES["two"], pool_slots=int(t.group(1)))
-    e = re.fullmatch(r"(pipeline)?(hostfunnel)?(?:sw([\d.]+))?(?:tt(\d+))?", name)
-    if e is not None and any(e.groups()):  # as shipped, with the serve switches of the environment: pipeline
-        env = {"GENREC_PIPELINE": e.group(1) and "1",  # ($GENREC_PIPELINE), hostfunnel ($GENREC_DEVICE_FUNNEL=off),
-               "GENREC_DEVICE_FUNNEL": e.group(2) and "off",  # sw<ms> ($GENREC_SWITCH_INTERVAL_MS),
-               "GENREC_SWITCH_INTERVAL_MS": e.group(3)}  # e.g. pipelinesw0.5; tt<N>: --torch-threads N
+    e = re.fullmatch(r"(pipeline)?(hostfunnel|devicefunnel)?(?:sw([\d.]+))?(?:tt(\d+))?", name)
+    if e is not None and any(e.groups()):  # as shipped, with the serve switches of the environment:
+        # pipeline ($GENREC_PIPELINE), host/devicefunnel ($GENREC_DEVICE_FUNNEL off / on), sw<ms>
+        # ($GENREC_SWITCH_INTERVAL_MS; e.g. pipelinesw0.5), tt<N> (--torch-threads N)
+        env = {"GENREC_PIPELINE": e.group(1) and "1",
+               "GENREC_DEVICE_FUNNEL": e.group(2) and ("off" if e.group(2) == "hostfunnel" else "on"),
+               "GENREC_SWITCH_INTERVAL_MS": e.group(3)}
         return dict(MODES["default"], env={k: v for k, v in env.items() if v},
                     **({"torch_threads": int(e.group(4))} if e.group(4) else {}))
     m = re.fullmatch(r"batch(\d+)(busy|timed)?", name)
     if m is None or int(m.group(1)) < 2:
         raise SystemExit(f"--modes: unknown mode {name!r}; choose from {sorted(MODES)}, batch<N>[busy|timed], "
-                         "two<S>, fronts<N>[overlap][two][b<M>][l<ms>] or [pipeline][hostfunnel][sw<ms>][tt<N>]")
+                         "two<S>, fronts<N>[overlap][two][b<M>][l<ms>] or "
+                         "[pipeline][hostfunnel|devicefunnel][sw<ms>][tt<N>]")
     return dict(two_process=False, rank=True, micro_batch=int(m.group(1)), micro_batch_policy=m.group(2) or "timed")
 
 
