@@ -49,7 +49,6 @@ import collections
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -58,6 +57,7 @@ import tempfile
 import time
 from typing import Any
 
+from genrec.bench.timing import machine
 from genrec.serve.loadgen import as_sent, sample_histories, start_server
 from genrec.serve.loadtest import ClientProcs, drive, split, stop_server
 
@@ -161,8 +161,7 @@ def save(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
         return
     path = os.path.join(os.environ["OUT"], "bench_serve.json")
     with open(path + ".tmp", "w") as f:
-        json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(a), "results": rows}, f,
-                  indent=2)
+        json.dump({**machine(), "args": vars(a), "results": rows}, f, indent=2)
     os.replace(path + ".tmp", path)
 
 
@@ -197,6 +196,7 @@ def main() -> None:
     clients = [int(x) for x in (a.clients or str(a.concurrency)).split(",")]
     procs = max(1, min(4, (os.cpu_count() or 1) // 4)) if a.procs == "auto" else int(a.procs)
     modes = [(m, mode(m)) for m in a.modes.split(",")]  # a list: a mode named twice runs twice (a repeat)
+    print("machine:", ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
     if a.batch_buckets is not None:
         os.environ["GENREC_BATCH_BUCKETS"] = a.batch_buckets  # the servers read it (start_server passes the env)
     hist = as_sent(a.workdir, sample_histories(a.workdir, 512, a.history_len, 0, exact=a.exact_history))

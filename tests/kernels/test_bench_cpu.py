@@ -76,3 +76,15 @@ def test_cli_bench_kernels_without_gpu() -> None:
     r = CliRunner().invoke(app, ["bench", "kernels", "--quick"])
     assert r.exit_code == 0, r.output
     assert "no CUDA GPU" in r.output
+
+
+def test_the_machine_a_figure_came_from() -> None:
+    from genrec.bench.timing import machine
+
+    m = machine()
+    assert m["cpus"] == os.cpu_count() and m["machine"]
+    assert m["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    if Path("/proc/cpuinfo").exists():  # the model name /proc/cpuinfo gives, not the platform's generic one
+        want = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name"))
+        assert m["cpu_model"] == want

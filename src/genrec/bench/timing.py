@@ -1,9 +1,12 @@
-"""Timing and checking helpers shared by the benchmarks (:mod:`genrec.bench.kernels`, :mod:`genrec.bench.decode`):
-the median of a call's time (CUDA events on a GPU, the wall clock on the CPU), a CUDA graph of repeated calls,
-a call under ``trusted_inputs``, and the relative error of a fast path against its reference."""
+"""Timing and checking helpers shared by the benchmarks (:mod:`genrec.bench.kernels`, :mod:`genrec.bench.decode`,
+``benchmarks/bench_serve.py``): the median of a call's time (CUDA events on a GPU, the wall clock on the CPU), a CUDA
+graph of repeated calls, a call under ``trusted_inputs``, the relative error of a fast path against its reference,
+and the machine a figure came from (:func:`machine`: two H100 hosts served the same code 1.25x apart)."""
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -12,7 +15,20 @@ import torch
 
 from genrec.validation import trusted_inputs
 
-__all__ = ["capture", "median_ms", "rel_err", "trusted"]
+__all__ = ["capture", "machine", "median_ms", "rel_err", "trusted"]
+
+
+def machine() -> dict[str, Any]:
+    """The platform, the CPU's model name and count, and the GPU's name (None without one) -- for a results file:
+    a host-bound figure depends on the host's CPU as much as on the GPU."""
+    cpu = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"machine": platform.platform(), "cpu_model": cpu, "cpus": os.cpu_count(), "gpu": gpu}
 
 
 def median_ms(fn: Callable[[], Any], warmup: int, iters: int, device: str) -> float:
