@@ -1,7 +1,7 @@
 """Timing and checking helpers shared by the benchmarks (:mod:`genrec.bench.kernels`, :mod:`genrec.bench.decode`,
 ``benchmarks/bench_serve.py``): the median of a call's time (CUDA events on a GPU, the wall clock on the CPU), a CUDA
 graph of repeated calls, a call under ``trusted_inputs``, the relative error of a fast path against its reference,
-and the machine a figure came from (:func:`machine`: two H100 hosts served the same code 1.25x apart)."""
+and the machine a figure came from (:func:`machine`)."""
 
 from __future__ import annotations
 
