@@ -340,7 +340,7 @@ def device_inputs(rec: Recommender, *, exclude_rows: Sequence[np.ndarray] | None
     table, last = trans
     if rec.device_table is None or rec.device_table[0] is not table:
         rec.device_table = (table, DeviceTransitions.of(table, dev))
-    return DeviceInputs(ex, hist, rec.device_table[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev))
+    return DeviceInputs(ex, hist, (rec.device_table[1], torch.from_numpy(np.asarray(last, np.int64)).to(dev)))
 
 
 class PlanMiss(Exception):
@@ -362,13 +362,12 @@ def sid_width(beam_width: int, extra: int, srcs: Sequence[str]) -> int:
 @dataclass
 class DeviceInputs:
     """What a batch's device funnel reads beside the encoding, copied before the encode (:func:`padded_rows`):
-    each request's excluded rows and history rows [B, H] (-1 pad; None: not asked), the transition table and each
-    request's last row [B] (None: no transition source or term)."""
+    each request's excluded rows and history rows [B, H] (-1 pad; None: not asked -- the history only where its term
+    ranks), the transition table with each request's last row [B] (None: no transition source or term)."""
 
     exclude: torch.Tensor | None = None
     history: torch.Tensor | None = None
-    transitions: DeviceTransitions | None = None
-    last: torch.Tensor | None = None
+    transitions: tuple[DeviceTransitions, torch.Tensor] | None = None
 
 
 def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, srcs: Sequence[str], *, b: int,
@@ -408,11 +407,9 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
             ann_score, at, ann_vecs = ann.search_t(user.float(), min(n + extra, len(ann)))
             table = ann.position_rows(rec.catalog)
             ann_rows = torch.where(at >= 0, table[at.clamp(min=0)], -1)
-    # the transition source and term, where the term ranks
-    trans = inputs.transitions if do_rank and fw.transition_weight > 0 else None
-    last = inputs.last if trans is not None else None
+    trans = inputs.transitions  # the transition source and term (given where the term ranks)
     with stage("union", t):
-        tr = trans.successors(last, n + extra) if trans is not None and last is not None else None
+        tr = None if trans is None else trans[0].successors(trans[1], n + extra)
         c = union_t(sid_rows, sid_lp, ann_rows, ann_score, n, inputs.exclude, tr)
     probs = None
     if do_rank:
@@ -431,12 +428,8 @@ def run_on_device(rec: Recommender, cache: KVCache, user: torch.Tensor | None, s
                 dot = (user.float()[:, None, :] * vecs.float()).sum(-1)
             live = torch.where(c.valid, c.rows, -1)
             lp_m = sid_lp_t(c, reach_t) if fw.sid_weight > 0 else None
-            trans_m = trans.log_prob(last, live) if trans is not None and last is not None else None
-            hist_m = None
-            if fw.history_weight != 0:
-                if inputs.history is None:
-                    raise ConfigError("history_weight != 0: the histories' rows were not given")
-                hist_m = _match(live, inputs.history, inputs.history >= 0)[0].float()
+            trans_m = None if trans is None else trans[0].log_prob(trans[1], live)
+            hist_m = None if inputs.history is None else _match(live, inputs.history, inputs.history >= 0)[0].float()
             score = l1_score(util, dot, lp_m, trans_m, hist_m, action_weight=fw.action_weight,
                              retrieval_weight=fw.retrieval_weight, sid_weight=fw.sid_weight,
                              transition_weight=fw.transition_weight, history_weight=fw.history_weight)

@@ -436,8 +436,7 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
             out = on_device()
         except PlanMiss:  # the plans taken as holding did not: decided now (one sync), and from now on
             rec.speculate_plans = False
-            for key in ("assumed", "hist_len", "cand_ok", "cand_hist_len"):
-                cache.plans.pop(key, None)
+            cache.plans.clear()  # every memo made under the assumption
             out = on_device()
         t["total"] = sum(t.values())
         out.timings_ms = t
