@@ -146,6 +146,22 @@ def test_exclude_history_and_utility(rec: Recommender) -> None:
         rec.recommend(HIST, utility={"purchase": 1.0})
 
 
+def test_utility_vectors_are_kept_per_utility(rec: Recommender) -> None:
+    """One tensor per distinct utility (a request does not copy it to the device again), each with its weights
+    in the actions' order, whatever order the utility names them in."""
+    a, b = rec.actions[0], rec.actions[-1]
+    first = rec.utility_vector({a: 2.0, b: 0.5})
+    assert rec.utility_vector({b: 0.5, a: 2.0}) is first
+    want = [2.0 if x == a else 0.5 if x == b else 0.0 for x in rec.actions]
+    assert first.tolist() == want
+    other = rec.utility_vector({a: 3.0})
+    assert other is not first and other.tolist() == [3.0 if x == a else 0.0 for x in rec.actions]
+    assert rec.utility_vector(None).tolist() == [rec.default_utility().get(x, 0.0) for x in rec.actions]
+    for i in range(70):  # at most 64 kept: the memo starts again, answers unchanged
+        assert rec.utility_vector({a: float(i)})[rec.actions.index(a)] == float(i)
+    assert len(rec._utility_vectors) <= 64
+
+
 def test_exclude_history_drops_the_whole_history_not_only_the_context(rec: Recommender) -> None:
     """Issue 38: MovieLens user 1 rated 272 movies, the model reads the newest 12: "unseen only" (library
     and `genrec recommend --user 1 --exclude-history`) returns k items none of which the user rated, on

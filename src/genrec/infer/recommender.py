@@ -129,6 +129,7 @@ class Recommender(SidStage):
         # the device funnel takes the encoder graph's plans as holding and checks them with its answers; False once
         # they did not (then every batch waits for the verdict, as the host path does): infer.device_funnel
         self.speculate_plans = True
+        self._utility_vectors: dict[tuple[Any, ...], torch.Tensor] = {}  # utility_vector's, by device and weights
         self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
@@ -227,11 +228,19 @@ class Recommender(SidStage):
         return action_utility(self.actions, self.positive_actions)
 
     def utility_vector(self, utility: Mapping[str, float] | None) -> torch.Tensor:
+        """The utility's weight per action ``[C]`` on the model's device (read-only: one tensor per distinct utility
+        is kept, so that a request does not wait on a host->device copy; at most 64, then they start again)."""
         u = self.default_utility() if utility is None else dict(utility)
         unknown = sorted(set(u) - set(self.actions))
         if unknown:
             raise ConfigError(f"utility: unknown action(s) {unknown}; the actions are {self.actions}")
-        return torch.tensor([float(u.get(a, 0.0)) for a in self.actions], dtype=torch.float32, device=self.device)
+        key = (str(self.device), *(float(u.get(a, 0.0)) for a in self.actions))
+        memo = self._utility_vectors
+        if key not in memo:
+            if len(memo) >= 64:
+                memo.clear()
+            memo[key] = torch.tensor(key[1:], dtype=torch.float32, device=self.device)
+        return memo[key]
 
     vocab_index = staticmethod(vocab_index)  # action / surface name or index -> index (DataError naming ``where``)
 
