@@ -61,14 +61,14 @@ def test_the_kv_pool_holds_a_whole_micro_batch_by_default(tmp_path: Path) -> Non
 
 
 def test_front_processes_by_default_only_on_a_gpu_server_that_micro_batches() -> None:
-    """Without --fronts: min(4, cores // 4) fronts (at least 1) on a CUDA server in one busy micro-batching process;
-    none on a CPU, beside --two-process or --workers, without micro-batching or under the timed policy."""
+    """Without --fronts: min(4, cores // 4) fronts (at least 1) on a CUDA server whose engine micro-batches under the
+    busy policy (ranking in its own process or not); none on a CPU, beside --workers, without micro-batching or under
+    the timed policy."""
     from genrec.serve.config import default_fronts
 
     assert default_fronts("cuda", cpus=16) == 4 and default_fronts("cuda:1", cpus=64) == 4
     assert default_fronts("cuda", cpus=8) == 2 and default_fronts("cuda", cpus=2) == 1
     assert default_fronts("cpu", cpus=64) == 0
-    assert default_fronts("cuda", cpus=16, two_process=True) == 0
     assert default_fronts("cuda", cpus=16, workers=2) == 0
     assert default_fronts("cuda", cpus=16, micro_batch=1) == 0
     assert default_fronts("cuda", cpus=16, micro_batch_policy="timed") == 0

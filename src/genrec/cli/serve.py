@@ -147,7 +147,7 @@ def serve(
     micro_batch = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
     micro_batch_policy = micro_batch_policy or DEFAULT_MICRO_BATCH_POLICY
     if fronts is None:
-        fronts = default_fronts(device, workers=workers, two_process=two_process, micro_batch=micro_batch,
+        fronts = default_fronts(device, workers=workers, micro_batch=micro_batch,
                                 micro_batch_policy=micro_batch_policy)
     if micro_batch_linger_ms is None:
         micro_batch_linger_ms = default_linger_ms(device, fronts, micro_batch_policy)

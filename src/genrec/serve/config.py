@@ -33,17 +33,18 @@ def default_threads(device: str = "cpu") -> int:
     return min(4, max(1, os.cpu_count() or 1))
 
 
-def default_fronts(device: str, *, workers: int = 1, two_process: bool = False, micro_batch: int = DEFAULT_MICRO_BATCH,
+def default_fronts(device: str, *, workers: int = 1, micro_batch: int = DEFAULT_MICRO_BATCH,
                    micro_batch_policy: str = DEFAULT_MICRO_BATCH_POLICY, cpus: int | None = None) -> int:
-    """``genrec serve``'s front processes when ``--fronts`` is not given: on a CUDA server in one process that
-    micro-batches under the busy policy (``--workers 1``, no ``--two-process``: the configuration measured),
-    ``min(4, cores // 4)`` (at least 1); else 0 (one process does HTTP and the model).
+    """``genrec serve``'s front processes when ``--fronts`` is not given: on a CUDA server whose engine micro-batches
+    under the busy policy (``--workers 1``, ranking here or, with ``--two-process``, in its own process: the
+    configurations measured), ``min(4, cores // 4)`` (at least 1); else 0 (one process does HTTP and the model).
 
     Measured on an H200 (2026-12-07; MovieLens 100K gpu-base model, 1,000-item histories, beam 60, 64 clients): 1,188
     requests a second with 4 fronts against 668 without. On a CPU server they stay opt-in: measured only on the 2-core
-    box at 64 clients (2 fronts 760-772 against 600-624 QPS), not at one client nor on a larger machine. Not by default
-    beside ``--two-process`` (never run behind fronts on a GPU) or ``--workers`` (which fronts replace)."""
-    if (not str(device).startswith("cuda") or workers > 1 or two_process or micro_batch <= 1
+    box at 64 clients (2 fronts 760-772 against 600-624 QPS), not at one client nor on a larger machine. Not beside
+    ``--workers`` (which fronts replace). Two-process mode on one H100 (Beauty gpu-base model, same shapes):
+    1,252 requests a second behind 4 fronts (2026-12-07, 78e15b2), 539-635 without (2026-12-08)."""
+    if (not str(device).startswith("cuda") or workers > 1 or micro_batch <= 1
             or micro_batch_policy != "busy"):
         return 0
     n = (os.cpu_count() if cpus is None else cpus) or 1
