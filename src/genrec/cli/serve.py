@@ -30,8 +30,8 @@ def serve(
         None, help="N > 0: N front processes answer HTTP (read, validate, serialise) and pass each request to this "
                    "process, which runs the model and batches requests from every front together: more requests a "
                    "second where one process's HTTP handling is the limit (a GPU server). 0: one process does both. "
-                   "Default: min(4, cores // 4) on a CUDA server in one process micro-batching under the busy "
-                   "policy, else 0."),
+                   "Default: min(4, cores // 4) on a CUDA server (one --workers) micro-batching under the busy "
+                   "policy, --two-process or not; else 0."),
     threads: Optional[int] = typer.Option(
         None, help="Requests that run inference at once, per server process. Default from the machine: "
                    "min(4, cores) (one at a time stalled the 2-core CPU box under load; past 4 they queue on the "
