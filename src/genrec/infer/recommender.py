@@ -129,7 +129,7 @@ class Recommender(SidStage):
         # the device funnel takes the encoder graph's plans as holding and checks them with its answers; False once
         # they did not (then every batch waits for the verdict, as the host path does): infer.device_funnel
         self.speculate_plans = True
-        self._utility_vectors: dict[tuple[Any, ...], torch.Tensor] = {}  # utility_vector's, by device and weights
+        self._utility_vectors: dict[tuple[float, ...], torch.Tensor] = {}  # utility_vector's, by weights
         self._leaves: tuple[Any, Any, PrefixLeaves] | None = None  # (leaf_rows, known_leaves) -> device copy
         self._leaf_t: torch.Tensor | None = None  # leaf_rows on the trie's device (beam_rows)
         self._leaf_src: np.ndarray | None = None  # the leaf_rows _leaf_t was made from
@@ -234,13 +234,13 @@ class Recommender(SidStage):
         unknown = sorted(set(u) - set(self.actions))
         if unknown:
             raise ConfigError(f"utility: unknown action(s) {unknown}; the actions are {self.actions}")
-        key = (str(self.device), *(float(u.get(a, 0.0)) for a in self.actions))
-        memo = self._utility_vectors
-        if key not in memo:
-            if len(memo) >= 64:
-                memo.clear()
-            memo[key] = torch.tensor(key[1:], dtype=torch.float32, device=self.device)
-        return memo[key]
+        key = tuple(float(u.get(a, 0.0)) for a in self.actions)
+        vec = self._utility_vectors.get(key)  # one lookup: another request thread may clear the memo meanwhile
+        if vec is None:
+            if len(self._utility_vectors) >= 64:
+                self._utility_vectors.clear()
+            vec = self._utility_vectors[key] = torch.tensor(key, dtype=torch.float32, device=self.device)
+        return vec
 
     vocab_index = staticmethod(vocab_index)  # action / surface name or index -> index (DataError naming ``where``)
 
