@@ -195,6 +195,42 @@ def test_the_engine_answers_the_same_on_the_device_path(run: Path, mode: str, mo
     assert len(calls) == n and got.l1_parts is not None
 
 
+def test_the_device_path_ranks_through_the_ranking_process_hook(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two-process mode's ranking hook (``Engine.run_many(remote_rank=...)``: the candidates' vectors and SID codes
+    as arrays in, logits out, as the ranking process gets and answers them), called once a batch on either path: the
+    device path's answers are the host path's with the same hook, and the hook is what ranked (its logits shifted
+    by a constant per action change the order that ``score_candidates`` would give)."""
+    from genrec.validation import trusted_inputs
+
+    on, off, calls = _engines(run, "cpu", "dense", monkeypatch)
+    model = on.rec.model
+    shift = torch.linspace(-2.0, 2.0, len(on.rec.actions))
+    hooked: list[tuple[int, ...]] = []
+
+    def remote(cache: Any, vecs: np.ndarray, sid: np.ndarray | None, surfaces: list[int],
+               request_ts: list[int] | None) -> torch.Tensor:
+        hooked.append(vecs.shape[:2])
+        assert isinstance(vecs, np.ndarray) and len(surfaces) == vecs.shape[0] == cache.batch_size
+        with torch.no_grad(), trusted_inputs():
+            logits = model.rank(cache, torch.from_numpy(vecs), None if sid is None else torch.from_numpy(sid),
+                                torch.tensor(surfaces), None if request_ts is None else torch.tensor(request_ts))
+        return logits + shift
+
+    for c, kw in enumerate(k for k in CASES if k["rank"]):
+        parsed = [on.read(h)[0] for h in _requests(on, 40 + c, 5)]
+        args: dict[str, Any] = dict(k=7, beam_width=12, diversity_lambda=0.0, **kw)
+        n, h = len(calls), len(hooked)
+        got = on.run_many(parsed, remote_rank=remote, **args)
+        assert len(calls) == n + 1 and len(hooked) == h + 1, kw  # the device path ran, ranked by the hook once
+        want = off.run_many(parsed, remote_rank=remote, **args)
+        assert len(hooked) == h + 2, kw  # the host path: once too (its candidates' width may differ: padding)
+        local = off.run_many(parsed, **args)
+        for g, w in zip(got, want, strict=True):
+            assert [r.item_id for r in g] == [r.item_id for r in w], kw
+            np.testing.assert_allclose([r.score for r in g], [r.score for r in w], rtol=0, atol=1e-5)
+        assert any([r.score for r in g] != [r.score for r in x] for g, x in zip(got, local)), kw
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("holds", [True, False])
 def test_speculated_plans_answer_as_decided_ones(run: Path, holds: bool, device: str,
