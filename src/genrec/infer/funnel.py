@@ -414,13 +414,13 @@ def run_funnel(rec: Recommender, mb: ModelBatch, *, k: int = 10, beam_width: int
     t: dict[str, float] = {}
     # the transition source runs where its term ranks (or parts are kept: choosing t, its rows are marked)
     t_src = trans if do_rank and (fw.transition_weight > 0 or keep_parts) else None
-    on_dev = serves(rec, srcs, keep_parts=keep_parts, rows=mb.actions.shape[0])  # the lists stay there: one copy back
+    b = mb.actions.shape[0]
+    on_dev = serves(rec, srcs, keep_parts=keep_parts, rows=b)  # the lists stay on the device: one copy back
     if on_dev:  # what the device funnel reads beside the encoding, copied before it
         d_in = device_inputs(rec, exclude_rows=exclude_rows, history_rows=history_rows if do_rank and
                              fw.history_weight != 0 else None, trans=t_src)
     with stage("encode", t):  # the device path reads the encoder's plan verdicts with its answers
         cache, user = rec.encode(mb, speculate=on_dev)
-    b = mb.actions.shape[0]
     n = k * overretrieve
     # each stage over-retrieves by the most rows a request excludes: k * r remain after excluding
     extra = 0 if exclude_rows is None else max((len(x) for x in exclude_rows), default=0)

@@ -218,12 +218,12 @@ class GraphedEncoder:
                           TokenMeta(cache.meta.pos.clone(), cache.meta.kind.clone(), cache.meta.tok.clone()),
                           clone(cache.lengths), clone(cache.last_hidden), cache.layout, clone(cache.last_ts))
             # memoised as beam_context and candidate_plan_ok would compute them: one sync for both, no launches
-            planned = [p for p in (plan, cplan) if p is not None]
-            if speculate and planned:  # taken as holding; the verdict stays on the device for the caller
-                res.plans["assumed"] = torch.stack([p[1] for p in planned]).all()
-                oks = [True] * len(planned)
+            verdicts = [p[1] for p in (plan, cplan) if p is not None]
+            if speculate and verdicts:  # taken as holding; the verdict stays on the device for the caller
+                res.plans["assumed"] = torch.stack(verdicts).all()
+                oks = [True] * len(verdicts)
             else:
-                oks = [bool(x) for x in torch.stack([p[1] for p in planned]).tolist()] if planned else []
+                oks = [bool(x) for x in torch.stack(verdicts).tolist()] if verdicts else []
             if plan is not None:
                 res.plans["hist_len"] = plan[0].clone() if oks[0] else None
             if cplan is not None:
